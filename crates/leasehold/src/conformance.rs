@@ -1,0 +1,401 @@
+//! The store conformance suite: one set of checks, written once, that every [`Store`] must pass
+//! against its real server.
+//!
+//! A store crate runs it from an integration test with [`conformance_tests!`](crate::conformance_tests):
+//!
+//! ```ignore
+//! leasehold::conformance_tests!(async { my_store().await });
+//! ```
+//!
+//! Every check works on lease names of its own (a random suffix), so the checks can share one
+//! server and run in parallel. They use the real clock with short ttls, so a store's own TTL
+//! handling is exercised.
+
+use std::time::Duration;
+
+use crate::store::{Acquisition, Release, Renewal, SlotClaim, Store};
+use crate::{FencingToken, HolderId, Lease, LeaseConfig, LeaseName, TryAcquire};
+
+/// Ttl used by checks that wait for expiry.
+pub const SHORT_TTL: Duration = Duration::from_millis(300);
+/// Ttl used by checks that must not see expiry.
+pub const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// A lease name no other check (or earlier run) uses.
+pub fn unique_name(prefix: &str) -> LeaseName {
+    LeaseName::new(format!("conf/{prefix}/{:016x}", fastrand::u64(..))).expect("valid name")
+}
+
+fn holder(tag: &str) -> HolderId {
+    HolderId::new(format!("{tag}-{:08x}", fastrand::u32(..))).expect("valid holder")
+}
+
+async fn acquired<S: Store>(
+    store: &S,
+    name: &LeaseName,
+    who: &HolderId,
+    ttl: Duration,
+) -> FencingToken {
+    match store
+        .acquire(name, who, ttl)
+        .await
+        .expect("acquire answered")
+    {
+        Acquisition::Acquired { token } => token,
+        busy => panic!("expected {who} to acquire {name}, got {busy:?}"),
+    }
+}
+
+/// A free lease is acquired; a second holder is told who holds it and for how long.
+pub async fn acquire_then_busy<S: Store>(store: S) {
+    let (name, a, b) = (unique_name("busy"), holder("a"), holder("b"));
+    let token = acquired(&store, &name, &a, LONG_TTL).await;
+    assert!(token.get() >= 1, "tokens start above zero");
+    match store.acquire(&name, &b, LONG_TTL).await.unwrap() {
+        Acquisition::Busy { holder, remaining } => {
+            assert_eq!(holder, a);
+            assert!(
+                remaining > LONG_TTL - Duration::from_secs(5) && remaining <= LONG_TTL,
+                "{remaining:?}"
+            );
+        }
+        other => panic!("second holder got {other:?}"),
+    }
+}
+
+/// Re-acquiring by the current holder renews and keeps the token (idempotent after a lost reply).
+pub async fn reacquire_by_holder_keeps_token<S: Store>(store: S) {
+    let (name, a) = (unique_name("reacquire"), holder("a"));
+    let first = acquired(&store, &name, &a, SHORT_TTL).await;
+    let second = acquired(&store, &name, &a, LONG_TTL).await;
+    assert_eq!(first, second);
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(100)).await;
+    let state = store.inspect(&name).await.unwrap().expect("lease exists");
+    assert_eq!(
+        state.holder.as_ref(),
+        Some(&a),
+        "re-acquire extended the ttl"
+    );
+}
+
+/// Only the holder with the right token renews; renewal extends the remaining time.
+pub async fn renew_only_by_holder_with_token<S: Store>(store: S) {
+    let (name, a, b) = (unique_name("renew"), holder("a"), holder("b"));
+    let token = acquired(&store, &name, &a, SHORT_TTL).await;
+    assert_eq!(
+        store.renew(&name, &b, token, LONG_TTL).await.unwrap(),
+        Renewal::Lost
+    );
+    assert_eq!(
+        store
+            .renew(&name, &a, FencingToken(token.get() + 1), LONG_TTL)
+            .await
+            .unwrap(),
+        Renewal::Lost
+    );
+    assert_eq!(
+        store.renew(&name, &a, token, LONG_TTL).await.unwrap(),
+        Renewal::Renewed
+    );
+    let state = store.inspect(&name).await.unwrap().unwrap();
+    assert!(
+        state.remaining > SHORT_TTL,
+        "renewal extended to the new ttl: {state:?}"
+    );
+    assert_eq!(state.token, token, "renewal keeps the token");
+}
+
+/// Only the holder with the right token releases; afterwards another holder gets a new token.
+pub async fn release_only_by_holder_with_token<S: Store>(store: S) {
+    let (name, a, b) = (unique_name("release"), holder("a"), holder("b"));
+    let token = acquired(&store, &name, &a, LONG_TTL).await;
+    assert_eq!(
+        store.release(&name, &b, token).await.unwrap(),
+        Release::NotHeld
+    );
+    assert_eq!(
+        store
+            .release(&name, &a, FencingToken(token.get() + 1))
+            .await
+            .unwrap(),
+        Release::NotHeld
+    );
+    assert_eq!(
+        store.release(&name, &a, token).await.unwrap(),
+        Release::Released
+    );
+    assert_eq!(
+        store.release(&name, &a, token).await.unwrap(),
+        Release::NotHeld
+    );
+    assert_eq!(
+        store.renew(&name, &a, token, LONG_TTL).await.unwrap(),
+        Renewal::Lost
+    );
+    let next = acquired(&store, &name, &b, LONG_TTL).await;
+    assert!(next > token, "{next} must exceed {token}");
+}
+
+/// An expired lease goes to the next holder with a higher token; the old holder can neither
+/// renew nor release it.
+pub async fn expiry_hands_over<S: Store>(store: S) {
+    let (name, a, b) = (unique_name("expiry"), holder("a"), holder("b"));
+    let token = acquired(&store, &name, &a, SHORT_TTL).await;
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(150)).await;
+    let state = store.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(
+        state.holder, None,
+        "expired lease shows no holder: {state:?}"
+    );
+    assert_eq!(state.remaining, Duration::ZERO);
+    assert_eq!(state.token, token, "expiry keeps the token");
+    let next = acquired(&store, &name, &b, LONG_TTL).await;
+    assert!(next > token);
+    assert_eq!(
+        store.renew(&name, &a, token, LONG_TTL).await.unwrap(),
+        Renewal::Lost
+    );
+    assert_eq!(
+        store.release(&name, &a, token).await.unwrap(),
+        Release::NotHeld
+    );
+}
+
+/// An expired lease that nobody took cannot be renewed back to life.
+pub async fn renew_after_expiry_is_lost<S: Store>(store: S) {
+    let (name, a) = (unique_name("late-renew"), holder("a"));
+    let token = acquired(&store, &name, &a, SHORT_TTL).await;
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(150)).await;
+    assert_eq!(
+        store.renew(&name, &a, token, LONG_TTL).await.unwrap(),
+        Renewal::Lost
+    );
+    // Re-acquiring after expiry is a new tenure: a new token.
+    let again = acquired(&store, &name, &a, LONG_TTL).await;
+    assert!(again > token);
+}
+
+/// Tokens strictly increase across releases and expiries, alternating holders.
+pub async fn tokens_strictly_increase<S: Store>(store: S) {
+    let name = unique_name("tokens");
+    let holders = [holder("a"), holder("b"), holder("c")];
+    let mut last = FencingToken(0);
+    for round in 0..12 {
+        let who = &holders[round % holders.len()];
+        let token = acquired(&store, &name, who, LONG_TTL).await;
+        assert!(token > last, "round {round}: {token} after {last}");
+        last = token;
+        assert_eq!(
+            store.release(&name, who, token).await.unwrap(),
+            Release::Released
+        );
+    }
+    let who = &holders[0];
+    let token = acquired(&store, &name, who, Duration::from_millis(100)).await;
+    assert!(token > last);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let after_expiry = acquired(&store, &name, &holders[1], LONG_TTL).await;
+    assert!(after_expiry > token);
+}
+
+/// Tokens are kept per name: acquiring one name does not move another's counter backwards.
+pub async fn tokens_are_per_name<S: Store>(store: S) {
+    let (x, y, a) = (
+        unique_name("per-name-x"),
+        unique_name("per-name-y"),
+        holder("a"),
+    );
+    let tx = acquired(&store, &x, &a, LONG_TTL).await;
+    store.release(&x, &a, tx).await.unwrap();
+    let tx2 = acquired(&store, &x, &a, LONG_TTL).await;
+    let _ty = acquired(&store, &y, &a, LONG_TTL).await;
+    assert!(tx2 > tx);
+    assert_eq!(store.inspect(&x).await.unwrap().unwrap().token, tx2);
+}
+
+/// Inspect shows nothing for an unknown name, the holder while held, and keeps the token after
+/// release.
+pub async fn inspect_reports_state<S: Store>(store: S) {
+    let (name, a) = (unique_name("inspect"), holder("a"));
+    assert_eq!(store.inspect(&name).await.unwrap(), None);
+    let token = acquired(&store, &name, &a, LONG_TTL).await;
+    let held = store.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(held.holder.as_ref(), Some(&a));
+    assert_eq!(held.token, token);
+    assert!(held.remaining > Duration::ZERO && held.remaining <= LONG_TTL);
+    store.release(&name, &a, token).await.unwrap();
+    let free = store.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(free.holder, None);
+    assert_eq!(free.token, token);
+    assert_eq!(free.remaining, Duration::ZERO);
+}
+
+/// Slot claims only move forward: the first claim of a slot wins, a repeat or an older slot
+/// does not, and tasks are independent.
+pub async fn slot_claims_move_forward<S: Store>(store: S) {
+    let (task, other) = (unique_name("slots"), unique_name("slots-other"));
+    assert_eq!(
+        store.claim_slot(&task, 10).await.unwrap(),
+        SlotClaim::Claimed
+    );
+    assert_eq!(
+        store.claim_slot(&task, 10).await.unwrap(),
+        SlotClaim::AlreadyRun { last: 10 }
+    );
+    assert_eq!(
+        store.claim_slot(&task, 9).await.unwrap(),
+        SlotClaim::AlreadyRun { last: 10 }
+    );
+    assert_eq!(
+        store.claim_slot(&task, 11).await.unwrap(),
+        SlotClaim::Claimed
+    );
+    assert_eq!(
+        store.claim_slot(&other, 3).await.unwrap(),
+        SlotClaim::Claimed
+    );
+    assert_eq!(
+        store.claim_slot(&task, 1_700_000_000_000).await.unwrap(),
+        SlotClaim::Claimed
+    );
+    assert_eq!(
+        store.claim_slot(&task, 1_700_000_000_000).await.unwrap(),
+        SlotClaim::AlreadyRun {
+            last: 1_700_000_000_000
+        }
+    );
+}
+
+/// Many racers for one free lease: exactly one wins. Many racers for one slot: exactly one claims.
+pub async fn concurrent_racers_one_winner<S: Store>(store: S) {
+    let name = unique_name("race");
+    let racers: Vec<_> = (0..16)
+        .map(|i| {
+            let (store, name) = (store.clone(), name.clone());
+            tokio::spawn(async move {
+                let who = holder(&format!("r{i}"));
+                store.acquire(&name, &who, LONG_TTL).await.unwrap()
+            })
+        })
+        .collect();
+    let mut winners = 0;
+    for r in racers {
+        if matches!(r.await.unwrap(), Acquisition::Acquired { .. }) {
+            winners += 1;
+        }
+    }
+    assert_eq!(winners, 1, "exactly one racer acquires");
+
+    let task = unique_name("race-slot");
+    let claims: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, task) = (store.clone(), task.clone());
+            tokio::spawn(async move { store.claim_slot(&task, 42).await.unwrap() })
+        })
+        .collect();
+    let mut claimed = 0;
+    for c in claims {
+        if c.await.unwrap() == SlotClaim::Claimed {
+            claimed += 1;
+        }
+    }
+    assert_eq!(claimed, 1, "exactly one racer claims the slot");
+}
+
+/// The store's clock is close to wall time and does not go backwards.
+pub async fn clock_is_sane<S: Store>(store: S) {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let a = store.now_millis().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let b = store.now_millis().await.unwrap();
+    assert!(a.abs_diff(wall) < 300_000, "store clock {a} vs wall {wall}");
+    assert!(b >= a + 10, "store clock advanced: {a} -> {b}");
+}
+
+/// Every allowed character and the longest allowed name work as lease names.
+pub async fn names_round_trip<S: Store>(store: S) {
+    let a = holder("a");
+    let odd = LeaseName::new(format!("a-b_c.d:e/F9/{:08x}", fastrand::u32(..))).unwrap();
+    let long = LeaseName::new(format!("{:016x}{}", fastrand::u64(..), "x".repeat(112))).unwrap();
+    for name in [odd, long] {
+        let token = acquired(&store, &name, &a, LONG_TTL).await;
+        let state = store.inspect(&name).await.unwrap().unwrap();
+        assert_eq!(state.holder.as_ref(), Some(&a), "{name}");
+        assert_eq!(
+            store.release(&name, &a, token).await.unwrap(),
+            Release::Released
+        );
+    }
+}
+
+/// Where the store has release notifications, a waiter hears about a release promptly.
+pub async fn release_notifies_waiters<S: Store>(store: S) {
+    let Some(mut sub) = store.subscribe_releases() else {
+        return;
+    };
+    let (name, a) = (unique_name("notify"), holder("a"));
+    let token = acquired(&store, &name, &a, LONG_TTL).await;
+    // Give a pub/sub subscription time to be registered on the server.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        store.release(&name, &a, token).await.unwrap(),
+        Release::Released
+    );
+    tokio::time::timeout(Duration::from_secs(5), sub.released(&name))
+        .await
+        .expect("release notification within 5s");
+}
+
+/// A [`Lease`] guard on this store keeps its lease across several ttls, then hands it over on
+/// release; a waiting [`Lease::acquire`] takes it.
+pub async fn guard_renews_and_hands_over<S: Store>(store: S) {
+    let name = unique_name("guard");
+    let config = LeaseConfig::new(SHORT_TTL);
+    let first = Lease::new(store.clone(), name.clone(), config).unwrap();
+    let second = Lease::new(store.clone(), name.clone(), config).unwrap();
+    let TryAcquire::Acquired(guard) = first.try_acquire().await.unwrap() else {
+        panic!("free lease not acquired");
+    };
+    tokio::time::sleep(SHORT_TTL * 3).await;
+    assert!(guard.is_held(), "renewed across three ttls");
+    assert!(matches!(
+        second.try_acquire().await.unwrap(),
+        TryAcquire::Busy { .. }
+    ));
+    let waiter = tokio::spawn(async move { second.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let token = guard.token();
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+    let next = tokio::time::timeout(SHORT_TTL * 4, waiter)
+        .await
+        .expect("waiter took over")
+        .unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+}
+
+/// Generates one `#[tokio::test]` per conformance check. `$make` is an expression evaluating to
+/// a future that yields a fresh store handle (it is evaluated once per test).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            acquire_then_busy, reacquire_by_holder_keeps_token, renew_only_by_holder_with_token,
+            release_only_by_holder_with_token, expiry_hands_over, renew_after_expiry_is_lost,
+            tokens_strictly_increase, tokens_are_per_name, inspect_reports_state,
+            slot_claims_move_forward, concurrent_racers_one_winner, clock_is_sane,
+            names_round_trip, release_notifies_waiters, guard_renews_and_hands_over);
+    };
+    (@each $make:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let store = $make.await;
+                $crate::conformance::$check(store).await;
+            }
+        )*
+    };
+}

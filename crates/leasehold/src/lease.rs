@@ -1,0 +1,446 @@
+//! [`Lease`] (a handle to acquire one named lease) and [`LeaseGuard`] (a held lease that renews
+//! itself and says the moment it is lost).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConfigError, LeaseConfig};
+use crate::store::{Acquisition, Release, Renewal, Store, StoreError};
+use crate::{FencingToken, HolderId, LeaseName};
+
+/// Why acquiring or releasing a lease failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The store could not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The store granted the lease, but the reply arrived after the local deadline computed from
+    /// when the request was sent, so the lease may already have expired: it is not treated as held.
+    #[error(
+        "the store's grant arrived {elapsed:?} after the request, past the lease's local deadline"
+    )]
+    LateReply {
+        /// Time from sending the request to reading the reply.
+        elapsed: Duration,
+    },
+    /// The lease timing is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl LeaseError {
+    /// Whether retrying later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Store(e) => e.is_transient(),
+            Self::LateReply { .. } => true,
+            Self::Config(_) => false,
+        }
+    }
+}
+
+/// Why a [`LeaseGuard`] stopped holding its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The store answered a renewal with "not yours": the lease expired there or was taken over.
+    Lost,
+    /// No renewal was confirmed before the local deadline (store unreachable, too slow, or this
+    /// process was paused).
+    Expired,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Lost => "the store reports the lease is no longer ours",
+            Self::Expired => "no renewal was confirmed before the local deadline",
+        })
+    }
+}
+
+/// Answer to [`Lease::try_acquire`].
+#[derive(Debug)]
+pub enum TryAcquire {
+    /// We hold the lease.
+    Acquired(LeaseGuard),
+    /// Someone else does.
+    Busy {
+        /// The current holder.
+        holder: HolderId,
+        /// Time left on their lease, on the store's clock.
+        remaining: Duration,
+    },
+}
+
+/// A named lease on a store, with this process's holder id and timing. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Lease<S> {
+    store: S,
+    name: LeaseName,
+    holder: HolderId,
+    config: LeaseConfig,
+}
+
+impl<S: Store> Lease<S> {
+    /// A lease handle with a fresh holder id. Fails if `config` is invalid.
+    pub fn new(store: S, name: LeaseName, config: LeaseConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            store,
+            name,
+            holder: HolderId::generate(),
+            config,
+        })
+    }
+
+    /// Uses `holder` as this handle's identity instead of a generated one.
+    pub fn with_holder(mut self, holder: HolderId) -> Self {
+        self.holder = holder;
+        self
+    }
+
+    /// The lease name.
+    pub fn name(&self) -> &LeaseName {
+        &self.name
+    }
+
+    /// This handle's holder id.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
+    }
+
+    /// The timing in use.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// One attempt: takes the lease if it is free, else reports who holds it.
+    pub async fn try_acquire(&self) -> Result<TryAcquire, LeaseError> {
+        let sent = Instant::now();
+        let deadline = sent + self.config.ttl - self.config.drift_margin;
+        let reply = tokio::time::timeout_at(
+            deadline,
+            self.store
+                .acquire(&self.name, &self.holder, self.config.ttl),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(deadline - sent))??;
+        match reply {
+            Acquisition::Busy { holder, remaining } => Ok(TryAcquire::Busy { holder, remaining }),
+            Acquisition::Acquired { token } => {
+                let now = Instant::now();
+                if now >= deadline {
+                    // The store may still list us; free it for others rather than wait for expiry.
+                    let (store, name, holder) =
+                        (self.store.clone(), self.name.clone(), self.holder.clone());
+                    tokio::spawn(async move {
+                        let _ = store.release(&name, &holder, token).await;
+                    });
+                    return Err(LeaseError::LateReply {
+                        elapsed: now - sent,
+                    });
+                }
+                tracing::debug!(lease = %self.name, holder = %self.holder, %token, "lease acquired");
+                Ok(TryAcquire::Acquired(LeaseGuard::start(
+                    self.store.clone(),
+                    self.name.clone(),
+                    self.holder.clone(),
+                    token,
+                    self.config,
+                    deadline,
+                    sent + self.config.renew_interval,
+                )))
+            }
+        }
+    }
+
+    /// Waits until the lease is ours. While it is busy, wakes on the store's release
+    /// notification or when the holder's lease is due to expire (plus a little jitter), not on a
+    /// fixed poll. Transient store errors are retried every `retry_interval`; a refusal
+    /// ([`StoreError::Rejected`]) is returned. Drop the future to stop waiting.
+    pub async fn acquire(&self) -> Result<LeaseGuard, LeaseError> {
+        let mut releases = self.store.subscribe_releases();
+        loop {
+            let wait = match self.try_acquire().await {
+                Ok(TryAcquire::Acquired(guard)) => return Ok(guard),
+                Ok(TryAcquire::Busy { remaining, .. }) => remaining + self.jitter(),
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(lease = %self.name, error = %e, "acquire failed; retrying");
+                    self.config.retry_interval
+                }
+                Err(e) => return Err(e),
+            };
+            match releases.as_mut() {
+                Some(sub) => {
+                    tokio::select! {
+                        () = sub.released(&self.name) => {}
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+                None => tokio::time::sleep(wait).await,
+            }
+        }
+    }
+
+    /// 1 ms plus up to a tenth of the retry interval (at most 10 ms more), so waiters that were
+    /// told the same expiry do not all knock at the same instant.
+    fn jitter(&self) -> Duration {
+        let spread = (self.config.retry_interval.as_micros() as u64 / 10).min(10_000);
+        Duration::from_millis(1) + Duration::from_micros(fastrand::u64(0..=spread))
+    }
+}
+
+type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
+
+/// State the guard and its renewer share.
+struct Shared {
+    deadline: Mutex<Instant>,
+    lost: OnceLock<LossReason>,
+}
+
+/// A held lease. A background task renews it; [`cancellation_token`](Self::cancellation_token)
+/// fires the moment it is lost. Call [`release`](Self::release) to hand over on shutdown;
+/// dropping the guard releases it best-effort.
+pub struct LeaseGuard {
+    name: LeaseName,
+    holder: HolderId,
+    token: FencingToken,
+    cancel: CancellationToken,
+    shared: Arc<Shared>,
+    release_tx: Option<oneshot::Sender<ReleaseReply>>,
+}
+
+impl fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("name", &self.name)
+            .field("holder", &self.holder)
+            .field("token", &self.token)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    fn start<S: Store>(
+        store: S,
+        name: LeaseName,
+        holder: HolderId,
+        token: FencingToken,
+        config: LeaseConfig,
+        deadline: Instant,
+        first_renewal: Instant,
+    ) -> Self {
+        let cancel = CancellationToken::new();
+        let shared = Arc::new(Shared {
+            deadline: Mutex::new(deadline),
+            lost: OnceLock::new(),
+        });
+        let (release_tx, release_rx) = oneshot::channel();
+        let renewer = Renewer {
+            store,
+            name: name.clone(),
+            holder: holder.clone(),
+            token,
+            config,
+            deadline,
+            next_renewal: first_renewal,
+            cancel: cancel.clone(),
+            shared: shared.clone(),
+        };
+        tokio::spawn(renewer.run(release_rx));
+        Self {
+            name,
+            holder,
+            token,
+            cancel,
+            shared,
+            release_tx: Some(release_tx),
+        }
+    }
+
+    /// The lease name.
+    pub fn name(&self) -> &LeaseName {
+        &self.name
+    }
+
+    /// Our holder id.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
+    }
+
+    /// The fencing token of this tenure; send it with every write the lease protects.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// A token cancelled when the lease is lost, released or dropped. Cancelling the returned
+    /// token yourself does not affect the guard.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.child_token()
+    }
+
+    /// Waits until the lease is lost (or released), returning the reason if it was lost.
+    pub async fn lost(&self) -> Option<LossReason> {
+        self.cancel.cancelled().await;
+        self.loss_reason()
+    }
+
+    /// Why the lease was lost, if it was.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.shared.lost.get().copied()
+    }
+
+    /// Whether we still hold the lease: not lost, and the local deadline not passed. Checked
+    /// against the clock at each call, so it is false at once after this process resumes from a
+    /// pause, before the renewer has run.
+    pub fn is_held(&self) -> bool {
+        !self.cancel.is_cancelled() && Instant::now() < self.deadline()
+    }
+
+    /// The instant (monotonic clock) until which the lease is known to be ours.
+    pub fn deadline(&self) -> Instant {
+        *self
+            .shared
+            .deadline
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops renewing and frees the lease in the store, so a waiting instance takes over at
+    /// once. Drain the work the lease protects first. Returns [`Release::NotHeld`] if the store
+    /// no longer had it.
+    pub async fn release(mut self) -> Result<Release, LeaseError> {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let sent = self
+            .release_tx
+            .take()
+            .map(|tx| tx.send(reply_tx).is_ok())
+            .unwrap_or(false);
+        if !sent {
+            return Ok(Release::NotHeld);
+        }
+        match reply_rx.await {
+            Ok(result) => Ok(result?),
+            // The renewer ended without answering (its runtime is shutting down).
+            Err(_) => Ok(Release::NotHeld),
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        // Dropping `release_tx` tells the renewer to release best-effort and stop.
+        self.cancel.cancel();
+    }
+}
+
+struct Renewer<S> {
+    store: S,
+    name: LeaseName,
+    holder: HolderId,
+    token: FencingToken,
+    config: LeaseConfig,
+    deadline: Instant,
+    next_renewal: Instant,
+    cancel: CancellationToken,
+    shared: Arc<Shared>,
+}
+
+impl<S: Store> Renewer<S> {
+    async fn run(mut self, mut release_rx: oneshot::Receiver<ReleaseReply>) {
+        loop {
+            let held = self.shared.lost.get().is_none();
+            tokio::select! {
+                biased;
+                // Checked first, so after a pause an overdue deadline wins over a due renewal.
+                () = sleep_until(self.deadline), if held => self.lose(LossReason::Expired),
+                cmd = &mut release_rx => {
+                    self.release(cmd.ok()).await;
+                    return;
+                }
+                () = sleep_until(self.next_renewal), if held => self.renew().await,
+            }
+        }
+    }
+
+    async fn renew(&mut self) {
+        let sent = Instant::now();
+        let reply = tokio::time::timeout_at(
+            self.deadline,
+            self.store
+                .renew(&self.name, &self.holder, self.token, self.config.ttl),
+        )
+        .await;
+        // A reply read after the deadline (this task was late to run) is not trusted.
+        if Instant::now() >= self.deadline {
+            self.lose(LossReason::Expired);
+            return;
+        }
+        match reply {
+            Ok(Ok(Renewal::Renewed)) => {
+                metrics::counter!("leasehold_lease_renewals_total", "result" => "succeeded")
+                    .increment(1);
+                self.deadline = sent + self.config.ttl - self.config.drift_margin;
+                self.next_renewal = sent + self.config.renew_interval;
+                *self
+                    .shared
+                    .deadline
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = self.deadline;
+            }
+            Ok(Ok(Renewal::Lost)) => self.lose(LossReason::Lost),
+            Ok(Err(e)) => {
+                metrics::counter!("leasehold_lease_renewals_total", "result" => "failed")
+                    .increment(1);
+                tracing::warn!(lease = %self.name, error = %e, "renewal failed; retrying");
+                self.next_renewal = Instant::now() + self.config.retry_interval;
+            }
+            // Timed out at the deadline: the next loop turn records the loss.
+            Err(_) => {}
+        }
+    }
+
+    fn lose(&mut self, reason: LossReason) {
+        if reason == LossReason::Lost {
+            metrics::counter!("leasehold_lease_renewals_total", "result" => "lost").increment(1);
+        }
+        if self.shared.lost.set(reason).is_ok() {
+            tracing::warn!(lease = %self.name, token = %self.token, %reason, "lease lost");
+        }
+        self.cancel.cancel();
+    }
+
+    /// Frees the lease in the store, even after a local loss: if the store still lists us (the
+    /// deadline passed locally first), others need not wait for expiry.
+    async fn release(&mut self, reply: Option<ReleaseReply>) {
+        self.cancel.cancel();
+        let result = tokio::time::timeout(
+            self.config.ttl,
+            self.store.release(&self.name, &self.holder, self.token),
+        )
+        .await
+        .unwrap_or(Err(StoreError::Timeout(self.config.ttl)));
+        match &result {
+            Ok(outcome) => {
+                tracing::debug!(lease = %self.name, token = %self.token, ?outcome, "lease released")
+            }
+            Err(e) => tracing::warn!(lease = %self.name, error = %e, "release failed"),
+        }
+        if let Some(reply) = reply {
+            let _ = reply.send(result);
+        }
+    }
+}

@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod lease;
+mod memory;
+mod name;
+mod notify;
+pub mod store;
+mod token;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use config::{ConfigError, LeaseConfig};
+pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
+pub use memory::MemoryStore;
+pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
+pub use notify::{ReleaseHub, ReleaseSubscription};
+pub use store::{
+    Acquisition, BoxStore, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,
+};
+pub use token::FencingToken;
+
+/// Re-exported so users need not depend on tokio-util to hold the guard's cancellation token.
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,217 @@
+//! The in-process store: leases shared by the tasks of one process.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use crate::notify::{ReleaseHub, ReleaseSubscription};
+use crate::store::{Acquisition, LeaseState, Release, Renewal, SlotClaim, Store, StoreResult};
+use crate::{FencingToken, HolderId, LeaseName};
+
+/// Leases kept in this process's memory: for single-process services, tests and examples.
+///
+/// Its clock is tokio's, so tests on a paused clock (`start_paused = true`) control expiry
+/// exactly. It cannot coordinate separate processes; use the SQLite store for that on one host,
+/// or Redis/PostgreSQL across hosts.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    releases: ReleaseHub,
+}
+
+struct State {
+    leases: HashMap<LeaseName, Entry>,
+    slots: HashMap<LeaseName, u64>,
+    /// Wall-clock time at `origin`, so `now_millis` advances with tokio's (maybe paused) clock.
+    origin: Instant,
+    origin_millis: u64,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            leases: HashMap::new(),
+            slots: HashMap::new(),
+            origin: Instant::now(),
+            origin_millis: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+}
+
+struct Entry {
+    holder: Option<HolderId>,
+    token: FencingToken,
+    expires_at: Instant,
+}
+
+impl Entry {
+    fn live_holder(&self, now: Instant) -> Option<&HolderId> {
+        self.holder.as_ref().filter(|_| self.expires_at > now)
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-written entry (every update is a
+        // single assignment), so a poisoned lock is still consistent.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryStore")
+    }
+}
+
+impl Store for MemoryStore {
+    fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let entry = state.leases.entry(name.clone()).or_insert(Entry {
+            holder: None,
+            token: FencingToken(0),
+            expires_at: now,
+        });
+        let answer = match entry.live_holder(now) {
+            Some(current) if current == holder => {
+                entry.expires_at = now + ttl;
+                Acquisition::Acquired { token: entry.token }
+            }
+            Some(current) => Acquisition::Busy {
+                holder: current.clone(),
+                remaining: entry.expires_at - now,
+            },
+            None => {
+                entry.token = FencingToken(entry.token.0 + 1);
+                entry.holder = Some(holder.clone());
+                entry.expires_at = now + ttl;
+                Acquisition::Acquired { token: entry.token }
+            }
+        };
+        std::future::ready(Ok(answer))
+    }
+
+    fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Renewal>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let answer = match state.leases.get_mut(name) {
+            Some(e) if e.token == token && e.live_holder(now) == Some(holder) => {
+                e.expires_at = now + ttl;
+                Renewal::Renewed
+            }
+            _ => Renewal::Lost,
+        };
+        std::future::ready(Ok(answer))
+    }
+
+    fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> impl Future<Output = StoreResult<Release>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let answer = match state.leases.get_mut(name) {
+            Some(e) if e.token == token && e.live_holder(now) == Some(holder) => {
+                e.holder = None;
+                e.expires_at = now;
+                Release::Released
+            }
+            _ => Release::NotHeld,
+        };
+        drop(state);
+        if answer == Release::Released {
+            self.inner.releases.publish(name.as_str());
+        }
+        std::future::ready(Ok(answer))
+    }
+
+    fn inspect(
+        &self,
+        name: &LeaseName,
+    ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
+        let now = Instant::now();
+        let state = self.state();
+        let answer = state.leases.get(name).map(|e| {
+            let holder = e.live_holder(now).cloned();
+            LeaseState {
+                remaining: if holder.is_some() {
+                    e.expires_at - now
+                } else {
+                    Duration::ZERO
+                },
+                holder,
+                token: e.token,
+            }
+        });
+        std::future::ready(Ok(answer))
+    }
+
+    fn claim_slot(
+        &self,
+        task: &LeaseName,
+        slot: u64,
+    ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
+        let mut state = self.state();
+        let answer = match state.slots.get(task) {
+            Some(&last) if last >= slot => SlotClaim::AlreadyRun { last },
+            _ => {
+                state.slots.insert(task.clone(), slot);
+                SlotClaim::Claimed
+            }
+        };
+        std::future::ready(Ok(answer))
+    }
+
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        let state = self.state();
+        let elapsed = Instant::now().duration_since(state.origin).as_millis() as u64;
+        std::future::ready(Ok(state.origin_millis + elapsed))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        Some(self.inner.releases.subscribe())
+    }
+
+    fn describe(&self) -> String {
+        "memory".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod conformance {
+    use super::MemoryStore;
+
+    crate::conformance_tests!(async { MemoryStore::new() });
+}

@@ -1,0 +1,415 @@
+//! The [`Store`] trait: the atomic operations on one lease that every backend provides.
+//!
+//! Each operation is one round trip and all timing happens on the store's own clock; the client
+//! clock is never compared with the store's. "Not acquired" is a value ([`Acquisition::Busy`]),
+//! never an error: `Err` means the store could not answer.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::notify::ReleaseSubscription;
+use crate::{FencingToken, HolderId, LeaseName};
+
+/// Boxed error type carried as the source of a [`StoreError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result of a store operation.
+pub type StoreResult<T> = std::result::Result<T, StoreError>;
+
+/// The store could not answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached, or the connection broke mid-request.
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What failed, without credentials.
+        message: String,
+        /// The driver's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The store did not answer within the operation timeout.
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store answered with a refusal: a key of the wrong type, scripts disabled, no permission.
+    #[error("store refused the operation: {message}")]
+    Rejected {
+        /// What the store said, without credentials.
+        message: String,
+        /// The driver's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The store holds a lease record this library cannot read.
+    #[error("unreadable lease record: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// An [`StoreError::Unavailable`] with a source.
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A [`StoreError::Rejected`] with a source.
+    pub fn rejected(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Rejected {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Whether retrying later may succeed (the store was unreachable or slow, not refusing).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable { .. } | Self::Timeout(_))
+    }
+}
+
+/// Answer to [`Store::acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquisition {
+    /// The caller holds the lease with this token. Re-acquiring while already holding it renews
+    /// and returns the same token.
+    Acquired {
+        /// The fencing token of this tenure.
+        token: FencingToken,
+    },
+    /// Someone else holds it.
+    Busy {
+        /// The current holder.
+        holder: HolderId,
+        /// Time left on the holder's lease, on the store's clock.
+        remaining: Duration,
+    },
+}
+
+/// Answer to [`Store::renew`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease was extended by the requested ttl from the store's now.
+    Renewed,
+    /// The caller no longer holds the lease with that token (expired, taken over or released).
+    Lost,
+}
+
+/// Answer to [`Store::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The lease is free now.
+    Released,
+    /// The caller did not hold it with that token; nothing changed.
+    NotHeld,
+}
+
+/// Answer to [`Store::claim_slot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotClaim {
+    /// First claim of this slot anywhere: run it.
+    Claimed,
+    /// This slot, or a later one, was already claimed: do not run it.
+    AlreadyRun {
+        /// The highest slot claimed so far.
+        last: u64,
+    },
+}
+
+/// What [`Store::inspect`] sees of a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseState {
+    /// The current holder, if the lease is held and not expired.
+    pub holder: Option<HolderId>,
+    /// The last token handed out for this name (kept after release and expiry).
+    pub token: FencingToken,
+    /// Time left on the current holder's lease; zero when free.
+    pub remaining: Duration,
+}
+
+/// A lease store. Every method is atomic and one round trip; timing uses the store's clock.
+///
+/// Implementations are cheap to clone (they share a connection or pool).
+pub trait Store: Send + Sync + Clone + 'static {
+    /// Takes the lease for `ttl` if it is free or expired (new token), or renews it if `holder`
+    /// already holds it (same token).
+    fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Acquisition>> + Send;
+
+    /// Extends the lease to `ttl` from now if `holder` holds it with `token` and it has not
+    /// expired.
+    fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Renewal>> + Send;
+
+    /// Frees the lease if `holder` holds it with `token`. The token counter is kept.
+    fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> impl Future<Output = StoreResult<Release>> + Send;
+
+    /// Reads the lease without changing it. `None` when the name was never acquired.
+    fn inspect(
+        &self,
+        name: &LeaseName,
+    ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send;
+
+    /// Records `slot` as run for `task` if it is above every slot claimed so far.
+    fn claim_slot(
+        &self,
+        task: &LeaseName,
+        slot: u64,
+    ) -> impl Future<Output = StoreResult<SlotClaim>> + Send;
+
+    /// The store's clock, in milliseconds since the Unix epoch. Schedules derive slots from it.
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send;
+
+    /// A subscription to release notifications, or `None` if this store has none (then waiters
+    /// poll). Subscribe *before* the acquire attempt whose `Busy` you will wait on.
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        None
+    }
+
+    /// A one-line description for logs and status, with any password removed.
+    fn describe(&self) -> String;
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe mirror of [`Store`], so a store chosen at run time (from a URL) fits in a
+/// [`BoxStore`].
+trait DynStore: Send + Sync {
+    fn acquire<'a>(
+        &'a self,
+        name: &'a LeaseName,
+        holder: &'a HolderId,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquisition>>;
+    fn renew<'a>(
+        &'a self,
+        name: &'a LeaseName,
+        holder: &'a HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Renewal>>;
+    fn release<'a>(
+        &'a self,
+        name: &'a LeaseName,
+        holder: &'a HolderId,
+        token: FencingToken,
+    ) -> BoxFuture<'a, StoreResult<Release>>;
+    fn inspect<'a>(&'a self, name: &'a LeaseName)
+    -> BoxFuture<'a, StoreResult<Option<LeaseState>>>;
+    fn claim_slot<'a>(
+        &'a self,
+        task: &'a LeaseName,
+        slot: u64,
+    ) -> BoxFuture<'a, StoreResult<SlotClaim>>;
+    fn now_millis(&self) -> BoxFuture<'_, StoreResult<u64>>;
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription>;
+    fn describe(&self) -> String;
+}
+
+impl<S: Store> DynStore for S {
+    fn acquire<'a>(
+        &'a self,
+        name: &'a LeaseName,
+        holder: &'a HolderId,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquisition>> {
+        Box::pin(Store::acquire(self, name, holder, ttl))
+    }
+    fn renew<'a>(
+        &'a self,
+        name: &'a LeaseName,
+        holder: &'a HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Renewal>> {
+        Box::pin(Store::renew(self, name, holder, token, ttl))
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a LeaseName,
+        holder: &'a HolderId,
+        token: FencingToken,
+    ) -> BoxFuture<'a, StoreResult<Release>> {
+        Box::pin(Store::release(self, name, holder, token))
+    }
+    fn inspect<'a>(
+        &'a self,
+        name: &'a LeaseName,
+    ) -> BoxFuture<'a, StoreResult<Option<LeaseState>>> {
+        Box::pin(Store::inspect(self, name))
+    }
+    fn claim_slot<'a>(
+        &'a self,
+        task: &'a LeaseName,
+        slot: u64,
+    ) -> BoxFuture<'a, StoreResult<SlotClaim>> {
+        Box::pin(Store::claim_slot(self, task, slot))
+    }
+    fn now_millis(&self) -> BoxFuture<'_, StoreResult<u64>> {
+        Box::pin(Store::now_millis(self))
+    }
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        Store::subscribe_releases(self)
+    }
+    fn describe(&self) -> String {
+        Store::describe(self)
+    }
+}
+
+/// Any [`Store`] behind one type, for stores chosen at run time (the CLI picks one from a URL).
+#[derive(Clone)]
+pub struct BoxStore(Arc<dyn DynStore>);
+
+impl BoxStore {
+    /// Erases the type of `store`.
+    pub fn new(store: impl Store) -> Self {
+        Self(Arc::new(store))
+    }
+}
+
+impl fmt::Debug for BoxStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BoxStore").field(&self.0.describe()).finish()
+    }
+}
+
+impl Store for BoxStore {
+    fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
+        // Owned copies: the boxed future cannot borrow several caller lifetimes at once.
+        let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
+        async move { store.acquire(&name, &holder, ttl).await }
+    }
+    fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Renewal>> + Send {
+        let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
+        async move { store.renew(&name, &holder, token, ttl).await }
+    }
+    fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> impl Future<Output = StoreResult<Release>> + Send {
+        let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
+        async move { store.release(&name, &holder, token).await }
+    }
+    fn inspect(
+        &self,
+        name: &LeaseName,
+    ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
+        let (store, name) = (self.0.clone(), name.clone());
+        async move { store.inspect(&name).await }
+    }
+    fn claim_slot(
+        &self,
+        task: &LeaseName,
+        slot: u64,
+    ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
+        let (store, task) = (self.0.clone(), task.clone());
+        async move { store.claim_slot(&task, slot).await }
+    }
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        self.0.now_millis()
+    }
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.0.subscribe_releases()
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
+/// Removes the password from a store URL (`scheme://user:secret@host` → `scheme://user:***@host`)
+/// so it can be printed.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let mut out = String::with_capacity(url.len());
+    out.push_str(&url[..scheme_end + 3]);
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            match userinfo.find(':') {
+                Some(colon) => {
+                    out.push_str(&userinfo[..colon]);
+                    out.push_str(":***");
+                }
+                None if url.starts_with("redis") => out.push_str("***"),
+                None => out.push_str(userinfo),
+            }
+            out.push_str(&authority[at..]);
+        }
+        None => out.push_str(authority),
+    }
+    out.push_str(&redact_query(&rest[authority_end..]));
+    out
+}
+
+/// Hides `password=` values in a URL's query string.
+fn redact_query(tail: &str) -> String {
+    let Some(q) = tail.find('?') else {
+        return tail.to_owned();
+    };
+    let (path, query) = tail.split_at(q + 1);
+    let parts: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{path}{}", parts.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("redis://app:hunter2@cache:6379/0"),
+            "redis://app:***@cache:6379/0"
+        );
+        // Redis URLs may carry a bare password in the user slot.
+        assert_eq!(redact_url("redis://hunter2@cache"), "redis://***@cache");
+        assert_eq!(
+            redact_url("postgres://u:p%40ss@db/app?sslmode=require&password=x"),
+            "postgres://u:***@db/app?sslmode=require&password=***"
+        );
+        assert_eq!(redact_url("postgres://u@db/app"), "postgres://u@db/app");
+        assert_eq!(redact_url("sqlite:./leases.db"), "sqlite:./leases.db");
+    }
+}
