@@ -1,0 +1,208 @@
+//! The lease engine's timing on a paused tokio clock: renewal schedule, the local deadline,
+//! cancellation on loss, late replies, handoff.
+
+mod support;
+
+use std::time::Duration;
+
+use leasehold::{
+    HolderId, Lease, LeaseConfig, LeaseError, LeaseName, LossReason, Release, Store, StoreError,
+    TryAcquire,
+};
+use support::FlakyStore;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(3);
+const MS: Duration = Duration::from_millis(1);
+
+fn lease(store: &FlakyStore) -> Lease<FlakyStore> {
+    Lease::new(
+        store.clone(),
+        LeaseName::new("job").unwrap(),
+        LeaseConfig::new(TTL),
+    )
+    .unwrap()
+}
+
+async fn held(lease: &Lease<FlakyStore>) -> leasehold::LeaseGuard {
+    match lease.try_acquire().await.unwrap() {
+        TryAcquire::Acquired(guard) => guard,
+        TryAcquire::Busy { holder, .. } => panic!("busy, held by {holder}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_every_third_of_the_ttl() {
+    let store = FlakyStore::new();
+    let start = Instant::now();
+    let guard = held(&lease(&store)).await;
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    let offsets: Vec<Duration> = store.renewal_times().iter().map(|t| *t - start).collect();
+    assert_eq!(offsets, vec![MS * 1000, MS * 2000, MS * 3000, MS * 4000]);
+    assert!(guard.is_held());
+    assert_eq!(
+        guard.deadline() - start,
+        MS * 4000 + TTL - LeaseConfig::new(TTL).drift_margin
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn unconfirmed_renewals_cancel_at_the_local_deadline() {
+    let store = FlakyStore::new();
+    let start = Instant::now();
+    let guard = held(&lease(&store)).await;
+    store.set(|f| &f.renew_hangs, true);
+    let token = guard.cancellation_token();
+    token.cancelled().await;
+    let drift = LeaseConfig::new(TTL).drift_margin;
+    // Measured from when the acquire was sent, minus the drift margin: before the store's expiry.
+    assert_eq!(Instant::now() - start, TTL - drift);
+    assert_eq!(guard.loss_reason(), Some(LossReason::Expired));
+    assert!(!guard.is_held());
+    // The store still lists us until its own ttl runs out: the local view ends first.
+    let state = store.inner.inspect(guard.name()).await.unwrap().unwrap();
+    assert_eq!(state.holder.as_ref(), Some(guard.holder()));
+    assert_eq!(state.remaining, drift);
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_answer_lost_cancels_at_once() {
+    let store = FlakyStore::new();
+    let start = Instant::now();
+    let guard = held(&lease(&store)).await;
+    store.set(|f| &f.renew_lost, true);
+    assert_eq!(guard.lost().await, Some(LossReason::Lost));
+    assert_eq!(Instant::now() - start, MS * 1000, "at the first renewal");
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_are_retried_and_a_recovery_keeps_the_lease() {
+    let store = FlakyStore::new();
+    let l = lease(&store);
+    let guard = held(&l).await;
+    let token = guard.token();
+    store.set(|f| &f.down, true);
+    tokio::time::sleep(MS * 2_100).await;
+    store.set(|f| &f.down, false);
+    tokio::time::sleep(MS * 300).await;
+    // First attempt at 1 s, then every retry interval (200 ms) until the outage ends at 2.1 s.
+    let attempts = store.renewal_times().len();
+    assert_eq!(attempts, 7, "1.0 1.2 1.4 1.6 1.8 2.0 2.2");
+    assert!(guard.is_held());
+    assert_eq!(guard.token(), token);
+    assert_eq!(guard.loss_reason(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_outage_loses_the_lease_before_the_store_expires_it() {
+    let store = FlakyStore::new();
+    let start = Instant::now();
+    let guard = held(&lease(&store)).await;
+    store.set(|f| &f.down, true);
+    assert_eq!(guard.lost().await, Some(LossReason::Expired));
+    assert!(Instant::now() - start < TTL);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_reply_after_the_deadline_is_not_trusted() {
+    let store = FlakyStore::new();
+    let start = Instant::now();
+    let guard = held(&lease(&store)).await;
+    // The store renews, but its answer takes longer than the lease has left.
+    store
+        .faults
+        .renew_delay_ms
+        .store(2_500, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(guard.lost().await, Some(LossReason::Expired));
+    assert_eq!(
+        Instant::now() - start,
+        TTL - LeaseConfig::new(TTL).drift_margin
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_reply_after_the_deadline_is_not_a_lease() {
+    let store = FlakyStore::new();
+    let l = lease(&store);
+    store
+        .faults
+        .acquire_delay_ms
+        .store(3_000, std::sync::atomic::Ordering::SeqCst);
+    match l.try_acquire().await {
+        Err(LeaseError::LateReply { elapsed }) => assert_eq!(elapsed, TTL),
+        other => panic!("expected a late reply, got {other:?}"),
+    }
+    store
+        .faults
+        .acquire_delay_ms
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    // The late grant is handed back rather than left to expire.
+    tokio::task::yield_now().await;
+    let state = store.inner.inspect(l.name()).await.unwrap().unwrap();
+    assert_eq!(state.holder, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_store_is_an_error_not_busy() {
+    let store = FlakyStore::new();
+    store.set(|f| &f.down, true);
+    let l = lease(&store);
+    assert!(matches!(
+        l.try_acquire().await,
+        Err(LeaseError::Store(StoreError::Unavailable { .. }))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_hands_over_to_a_waiter_at_once() {
+    let store = FlakyStore::new();
+    let first = held(&lease(&store)).await;
+    let second = lease(&store);
+    let waiter = tokio::spawn(async move { second.acquire().await.unwrap() });
+    tokio::time::sleep(MS * 500).await;
+    let released_at = Instant::now();
+    assert_eq!(first.release().await.unwrap(), Release::Released);
+    let next = waiter.await.unwrap();
+    assert_eq!(
+        Instant::now(),
+        released_at,
+        "woken by the notification, no poll"
+    );
+    assert!(next.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_takes_over_right_when_a_crashed_holder_expires() {
+    let store = FlakyStore::new();
+    let name = LeaseName::new("job").unwrap();
+    // A holder that crashed: it acquired and then never renewed.
+    let crashed = HolderId::new("crashed").unwrap();
+    store.inner.acquire(&name, &crashed, TTL).await.unwrap();
+    let start = Instant::now();
+    let guard = lease(&store).acquire().await.unwrap();
+    let waited = Instant::now() - start;
+    assert!(waited > TTL && waited <= TTL + MS * 12, "{waited:?}");
+    assert_eq!(guard.token().get(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_guard_releases_best_effort() {
+    let store = FlakyStore::new();
+    let l = lease(&store);
+    let guard = held(&l).await;
+    let token = guard.cancellation_token();
+    drop(guard);
+    token.cancelled().await;
+    tokio::time::sleep(MS).await;
+    let state = store.inner.inspect(l.name()).await.unwrap().unwrap();
+    assert_eq!(state.holder, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_the_callers_token_does_not_touch_the_guard() {
+    let store = FlakyStore::new();
+    let guard = held(&lease(&store)).await;
+    guard.cancellation_token().cancel();
+    tokio::time::sleep(MS * 5_000).await;
+    assert!(guard.is_held());
+}
