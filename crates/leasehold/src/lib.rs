@@ -1,10 +1,13 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+mod leader;
 mod lease;
 mod memory;
 mod name;
 mod notify;
+mod schedule;
+mod scheduler;
 pub mod store;
 mod token;
 
@@ -12,10 +15,16 @@ mod token;
 pub mod conformance;
 
 pub use config::{ConfigError, LeaseConfig};
+pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, RevokeReason};
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
 pub use notify::{ReleaseHub, ReleaseSubscription};
+pub use schedule::{CronSchedule, Schedule, ScheduleError, parse_duration};
+pub use scheduler::{
+    RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus, StoreDownPolicy, Task,
+    TaskContext, TaskStatus, TickOutcome, Trigger,
+};
 pub use store::{
     Acquisition, BoxStore, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,
 };

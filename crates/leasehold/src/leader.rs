@@ -1,0 +1,252 @@
+//! Leader election for a named group: campaign, hold, renew, step down.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::{Lease, LeaseError, LossReason};
+use crate::store::Store;
+use crate::{FencingToken, HolderId, LeaseName};
+
+/// Where this instance stands in its group.
+#[derive(Debug, Clone)]
+pub enum LeaderState {
+    /// Waiting to be elected.
+    Campaigning,
+    /// Leading. `cancel` fires the moment leadership is lost or given up.
+    Leading {
+        /// The fencing token of this term.
+        token: FencingToken,
+        /// Cancelled when this term ends.
+        cancel: CancellationToken,
+    },
+    /// The election loop ended (shutdown, or the store refused the lease).
+    Stopped,
+}
+
+impl LeaderState {
+    /// Whether this instance leads now.
+    pub fn is_leader(&self) -> bool {
+        matches!(self, Self::Leading { cancel, .. } if !cancel.is_cancelled())
+    }
+}
+
+/// A change of leadership, as given to [`Leader::on_event`] callbacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaderEvent {
+    /// This instance was elected.
+    Elected {
+        /// The fencing token of the new term.
+        token: FencingToken,
+    },
+    /// This instance stopped leading.
+    Revoked {
+        /// Why.
+        reason: RevokeReason,
+    },
+}
+
+/// Why a term ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RevokeReason {
+    /// The lease was lost (store said so, or no renewal was confirmed in time).
+    Lost(LossReason),
+    /// This instance stepped down (shutdown).
+    SteppedDown,
+}
+
+impl fmt::Display for RevokeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Lost(reason) => write!(f, "lease lost: {reason}"),
+            Self::SteppedDown => f.write_str("stepped down"),
+        }
+    }
+}
+
+type Callback = Arc<dyn Fn(&LeaderEvent) + Send + Sync>;
+
+/// An election for one group. Build it, optionally add callbacks, then [`start`](Self::start).
+pub struct Leader<S> {
+    lease: Lease<S>,
+    callbacks: Vec<Callback>,
+}
+
+impl<S: Store> Leader<S> {
+    /// An election whose term is the lease `lease` (its name is the group's name).
+    pub fn new(lease: Lease<S>) -> Self {
+        Self {
+            lease,
+            callbacks: Vec::new(),
+        }
+    }
+
+    /// Calls `f` on every election and revocation, from the election task; keep it short.
+    pub fn on_event(mut self, f: impl Fn(&LeaderEvent) + Send + Sync + 'static) -> Self {
+        self.callbacks.push(Arc::new(f));
+        self
+    }
+
+    /// Starts campaigning in a background task. Leadership is given up when `shutdown`
+    /// completes or [`LeaderHandle::step_down`] is called.
+    pub fn start(self, shutdown: impl Future<Output = ()> + Send + 'static) -> LeaderHandle {
+        let (tx, rx) = watch::channel(LeaderState::Campaigning);
+        let stop = CancellationToken::new();
+        let group = self.lease.name().clone();
+        let holder = self.lease.holder().clone();
+        let stop_on = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stop_on.cancel();
+        });
+        let task = tokio::spawn(self.run(tx, stop.clone()));
+        LeaderHandle {
+            group,
+            holder,
+            state: rx,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    fn emit(&self, event: LeaderEvent) {
+        for cb in &self.callbacks {
+            cb(&event);
+        }
+    }
+
+    async fn run(
+        self,
+        tx: watch::Sender<LeaderState>,
+        stop: CancellationToken,
+    ) -> Result<(), LeaseError> {
+        let group = self.lease.name().as_str().to_owned();
+        let gauge = metrics::gauge!("leasehold_leader", "group" => group.clone());
+        loop {
+            tx.send_replace(LeaderState::Campaigning);
+            gauge.set(0.0);
+            let campaign_start = Instant::now();
+            let guard = tokio::select! {
+                () = stop.cancelled() => break,
+                acquired = self.lease.acquire() => match acquired {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        tracing::error!(group = %group, error = %e, "leader election stopped");
+                        tx.send_replace(LeaderState::Stopped);
+                        return Err(e);
+                    }
+                },
+            };
+            let token = guard.token();
+            metrics::histogram!("leasehold_leader_campaign_seconds", "group" => group.clone())
+                .record(campaign_start.elapsed().as_secs_f64());
+            tracing::info!(group = %group, holder = %guard.holder(), %token, "elected leader");
+            gauge.set(1.0);
+            tx.send_replace(LeaderState::Leading {
+                token,
+                cancel: guard.cancellation_token(),
+            });
+            self.emit(LeaderEvent::Elected { token });
+            let reason = tokio::select! {
+                () = stop.cancelled() => None,
+                lost = guard.lost() => lost,
+            };
+            gauge.set(0.0);
+            match reason {
+                Some(reason) => {
+                    tracing::warn!(group = %group, %token, %reason, "leadership lost");
+                    self.emit(LeaderEvent::Revoked {
+                        reason: RevokeReason::Lost(reason),
+                    });
+                }
+                None => {
+                    if let Err(e) = guard.release().await {
+                        tracing::warn!(group = %group, error = %e, "release on step-down failed");
+                    }
+                    tracing::info!(group = %group, %token, "stepped down");
+                    self.emit(LeaderEvent::Revoked {
+                        reason: RevokeReason::SteppedDown,
+                    });
+                    break;
+                }
+            }
+        }
+        tx.send_replace(LeaderState::Stopped);
+        Ok(())
+    }
+}
+
+/// A running election.
+pub struct LeaderHandle {
+    group: LeaseName,
+    holder: HolderId,
+    state: watch::Receiver<LeaderState>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Result<(), LeaseError>>>,
+}
+
+impl LeaderHandle {
+    /// The group's name.
+    pub fn group(&self) -> &LeaseName {
+        &self.group
+    }
+
+    /// This instance's holder id.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
+    }
+
+    /// The current state.
+    pub fn state(&self) -> LeaderState {
+        self.state.borrow().clone()
+    }
+
+    /// Whether this instance leads now.
+    pub fn is_leader(&self) -> bool {
+        self.state.borrow().is_leader()
+    }
+
+    /// A watch on the state, to await changes.
+    pub fn watch(&self) -> watch::Receiver<LeaderState> {
+        self.state.clone()
+    }
+
+    /// Waits until this instance leads, returning the term's token and cancellation token, or
+    /// `None` if the election stopped.
+    pub async fn elected(&self) -> Option<(FencingToken, CancellationToken)> {
+        let mut rx = self.state.clone();
+        loop {
+            match &*rx.borrow_and_update() {
+                LeaderState::Leading { token, cancel } if !cancel.is_cancelled() => {
+                    return Some((*token, cancel.clone()));
+                }
+                LeaderState::Stopped => return None,
+                _ => {}
+            }
+            rx.changed().await.ok()?;
+        }
+    }
+
+    /// Gives up leadership (releasing the lease so another instance takes over at once) and
+    /// waits for the election loop to end.
+    pub async fn step_down(mut self) -> Result<(), LeaseError> {
+        self.stop.cancel();
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for LeaderHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,211 @@
+//! When a task's timer fires, and which slot each firing is.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A schedule that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The interval was below 1 ms.
+    #[error("interval must be at least 1ms")]
+    ZeroInterval,
+    /// The cron expression did not parse.
+    #[error("invalid cron expression {expr:?}: {reason}")]
+    BadCron {
+        /// The expression.
+        expr: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// The cron expression has no future occurrence.
+    #[error("cron expression {0:?} never fires again")]
+    NeverFires(String),
+}
+
+/// When a task's timer fires.
+///
+/// Every firing has a **slot** number that all instances compute alike from the store's clock,
+/// so a slot claim can tell whether that firing already ran anywhere:
+/// - `Every(interval)`: slot `n` fires at `n × interval` since the Unix epoch (store clock), so
+///   intervals are aligned across instances (every 30 s fires at :00 and :30).
+/// - `Cron(expr)`: each occurrence fires at its scheduled time (UTC); its slot is that time in
+///   Unix seconds.
+#[derive(Clone)]
+pub enum Schedule {
+    /// A fixed interval, aligned to the epoch.
+    Every(Duration),
+    /// A cron expression with a seconds field (`sec min hour day-of-month month day-of-week
+    /// [year]`), evaluated in UTC.
+    Cron(Box<CronSchedule>),
+}
+
+/// A parsed cron expression.
+#[derive(Clone)]
+pub struct CronSchedule {
+    expr: String,
+    parsed: cron::Schedule,
+}
+
+impl Schedule {
+    /// A fixed interval of at least 1 ms.
+    pub fn every(interval: Duration) -> Result<Self, ScheduleError> {
+        if interval < Duration::from_millis(1) {
+            return Err(ScheduleError::ZeroInterval);
+        }
+        Ok(Self::Every(interval))
+    }
+
+    /// A cron expression, with a seconds field: `"0 */5 * * * *"` fires every five minutes.
+    pub fn cron(expr: &str) -> Result<Self, ScheduleError> {
+        let parsed = cron::Schedule::from_str(expr).map_err(|e| ScheduleError::BadCron {
+            expr: expr.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if parsed.upcoming(chrono::Utc).next().is_none() {
+            return Err(ScheduleError::NeverFires(expr.to_owned()));
+        }
+        Ok(Self::Cron(Box::new(CronSchedule {
+            expr: expr.to_owned(),
+            parsed,
+        })))
+    }
+
+    /// The first firing strictly after `now_ms` (store clock): its slot and its time in ms.
+    pub fn next_after(&self, now_ms: u64) -> Option<(u64, u64)> {
+        match self {
+            Self::Every(interval) => {
+                let iv = interval.as_millis().max(1) as u64;
+                let slot = now_ms / iv + 1;
+                Some((slot, slot.checked_mul(iv)?))
+            }
+            Self::Cron(cron) => {
+                let after = chrono::DateTime::from_timestamp_millis(i64::try_from(now_ms).ok()?)?;
+                let at = cron.parsed.after(&after).next()?;
+                let secs = u64::try_from(at.timestamp()).ok()?;
+                Some((secs, secs * 1000))
+            }
+        }
+    }
+
+    /// The slot in progress at `now_ms`: the last firing at or before it.
+    pub fn current_slot(&self, now_ms: u64) -> Option<u64> {
+        match self {
+            Self::Every(interval) => Some(now_ms / interval.as_millis().max(1) as u64),
+            Self::Cron(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Every(d) => write!(f, "every {d:?}"),
+            Self::Cron(c) => write!(f, "cron {:?}", c.expr),
+        }
+    }
+}
+
+impl fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Parses a duration such as `500ms`, `30s`, `5m`, `1h`, `1m30s` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("invalid duration {text:?}: expected a number"));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            "" => {
+                return Err(format!(
+                    "invalid duration {text:?}: missing unit (ms, s, m, h)"
+                ));
+            }
+            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?}")),
+        };
+        total = total.saturating_add(part);
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_align_to_the_epoch() {
+        let s = Schedule::every(Duration::from_secs(30)).unwrap();
+        assert_eq!(s.next_after(0), Some((1, 30_000)));
+        assert_eq!(s.next_after(29_999), Some((1, 30_000)));
+        assert_eq!(s.next_after(30_000), Some((2, 60_000)));
+        assert_eq!(s.current_slot(59_999), Some(1));
+        assert_eq!(
+            Schedule::every(Duration::ZERO).unwrap_err(),
+            ScheduleError::ZeroInterval
+        );
+    }
+
+    #[test]
+    fn cron_slots_are_occurrence_times() {
+        let s = Schedule::cron("0 */5 * * * *").unwrap();
+        // 2026-01-01T00:02:00Z → next at 00:05:00Z.
+        let now = 1_767_225_720_000;
+        let (slot, at) = s.next_after(now).unwrap();
+        assert_eq!(at, 1_767_226_000_000);
+        assert_eq!(slot, 1_767_226_000);
+        assert_eq!(s.next_after(at).unwrap().1, at + 300_000);
+    }
+
+    #[test]
+    fn bad_cron_is_a_typed_error() {
+        assert!(matches!(
+            Schedule::cron("every tuesday"),
+            Err(ScheduleError::BadCron { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("0 0 0 1 1 * 2001"),
+            Err(ScheduleError::NeverFires(_))
+        ));
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
+        for bad in ["", "s", "10x", "1.5s", "ten"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+}
