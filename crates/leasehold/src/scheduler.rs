@@ -336,12 +336,11 @@ impl<S: Store> Scheduler<S> {
                 return Err(SchedulerError::GroupNamedLikeTask(group.clone()));
             }
         }
+        // `stop` ends the timers; leadership is given up only once running jobs have drained,
+        // so the next leader's first tick does not find the task lease still held.
         let stop = CancellationToken::new();
-        let stop_on = stop.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            stop_on.cancel();
-        });
+        let step_down = CancellationToken::new();
+        let done = CancellationToken::new();
         if self.local {
             tracing::warn!(
                 "leasehold scheduler in single-instance mode (no store): every tick runs here"
@@ -351,8 +350,8 @@ impl<S: Store> Scheduler<S> {
             (Some(group), false) => {
                 let lease = Lease::new(self.store.clone(), group.clone(), self.lease_config)?
                     .with_holder(self.holder.clone());
-                let stop = stop.clone();
-                Some(Leader::new(lease).start(async move { stop.cancelled().await }))
+                let step_down = step_down.clone();
+                Some(Leader::new(lease).start(async move { step_down.cancelled().await }))
             }
             _ => None,
         };
@@ -381,11 +380,19 @@ impl<S: Store> Scheduler<S> {
             tasks.insert(runner.task.name.clone(), runner.clone());
             loops.push(tokio::spawn(runner.timer_loop()));
         }
+        tokio::spawn(supervise(
+            shutdown,
+            stop.clone(),
+            loops,
+            step_down,
+            leader.clone(),
+            done.clone(),
+        ));
         Ok(SchedulerHandle {
             inner: Arc::new(HandleInner {
                 tasks,
                 stop,
-                loops: Mutex::new(loops),
+                done,
                 leader,
                 holder: self.holder,
                 store: if self.local {
@@ -396,6 +403,34 @@ impl<S: Store> Scheduler<S> {
             }),
         })
     }
+}
+
+/// Waits for shutdown, then drains the timer loops, steps down, and marks the scheduler done.
+async fn supervise(
+    shutdown: impl Future<Output = ()> + Send,
+    stop: CancellationToken,
+    loops: Vec<JoinHandle<()>>,
+    step_down: CancellationToken,
+    leader: Arc<Option<LeaderHandle>>,
+    done: CancellationToken,
+) {
+    tokio::select! {
+        () = shutdown => stop.cancel(),
+        () = stop.cancelled() => {}
+    }
+    for l in loops {
+        let _ = l.await;
+    }
+    step_down.cancel();
+    if let Some(leader) = leader.as_ref() {
+        let mut rx = leader.watch();
+        while !matches!(*rx.borrow_and_update(), crate::LeaderState::Stopped) {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+    }
+    done.cancel();
 }
 
 /// Counters per task, for status.
@@ -674,7 +709,7 @@ pub struct SchedulerStatus {
 struct HandleInner {
     tasks: HashMap<LeaseName, Arc<dyn RunNow>>,
     stop: CancellationToken,
-    loops: Mutex<Vec<JoinHandle<()>>>,
+    done: CancellationToken,
     leader: Arc<Option<LeaderHandle>>,
     holder: HolderId,
     store: String,
@@ -748,22 +783,10 @@ impl SchedulerHandle {
         self.wait().await;
     }
 
-    /// Waits until the scheduler has stopped (after `shutdown` completes or is called).
+    /// Waits until the scheduler has stopped: timers disarmed, running jobs drained, leases
+    /// released.
     pub async fn wait(&self) {
-        self.inner.stop.cancelled().await;
-        let loops: Vec<_> = lock(&self.inner.loops).drain(..).collect();
-        for l in loops {
-            let _ = l.await;
-        }
-        if let Some(leader) = self.inner.leader.as_ref() {
-            // Wait until the election loop has released the leader lease.
-            let mut rx = leader.watch();
-            while !matches!(*rx.borrow_and_update(), crate::LeaderState::Stopped) {
-                if rx.changed().await.is_err() {
-                    break;
-                }
-            }
-        }
+        self.inner.done.cancelled().await;
     }
 }
 
