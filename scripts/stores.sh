@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Makes sure the stores the tests need answer on loopback: Redis on 6379 and PostgreSQL on 5432
+# (trust auth, database `test`). Starts them if they are installed but stopped; installs them
+# from Debian's packages on a bare machine. Idempotent.
+set -euo pipefail
+
+log() { printf 'stores: %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_updated=""
+apt_install() {
+  if [ -z "$apt_updated" ]; then as_root apt-get update -qq; apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+ensure_redis() {
+  if command -v redis-cli >/dev/null && redis_up; then return; fi
+  if ! command -v redis-server >/dev/null; then log "installing redis-server"; apt_install redis-server redis-tools; fi
+  log "starting redis-server on 127.0.0.1:6379"
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /tmp --logfile /tmp/leasehold-redis.log
+  for _ in $(seq 50); do redis_up && return; sleep 0.1; done
+  log "redis did not come up"; exit 1
+}
+
+pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+psql_pg() { psql -h 127.0.0.1 -p 5432 -U postgres -qtAX "$@"; }
+ensure_postgres() {
+  if ! command -v pg_ctlcluster >/dev/null; then
+    log "installing postgresql"; apt_install postgresql postgresql-client
+  fi
+  if ! pg_up; then
+    local version; version=$(ls /etc/postgresql | sort -V | tail -1)
+    local hba="/etc/postgresql/$version/main/pg_hba.conf"
+    # A fresh install asks for passwords on TCP; the tests connect as postgres with trust auth.
+    if ! grep -qE '^host\s+all\s+all\s+127\.0\.0\.1/32\s+trust' "$hba"; then
+      log "allowing trust auth on loopback in $hba"
+      as_root sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    fi
+    log "starting PostgreSQL $version"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    for _ in $(seq 100); do pg_up && break; sleep 0.1; done
+    pg_up || { log "PostgreSQL did not come up"; exit 1; }
+  fi
+  if ! psql_pg -d postgres -c "select 1" >/dev/null 2>&1; then
+    log "cannot connect as postgres over TCP; check pg_hba.conf trust for 127.0.0.1"; exit 1
+  fi
+  if [ "$(psql_pg -d postgres -c "select 1 from pg_database where datname = 'test'")" != 1 ]; then
+    log "creating database test"; psql_pg -d postgres -c "create database test"
+  fi
+}
+
+ensure_redis
+ensure_postgres
+log "redis and postgres are up"

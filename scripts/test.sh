@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: stores, formatting, lints, unit/integration/doc tests, the short chaos run.
+# This is the command the README gives and CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/stores.sh
+export LEASEHOLD_TEST_REDIS_URL="${LEASEHOLD_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+export LEASEHOLD_TEST_POSTGRES_URL="${LEASEHOLD_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --all-features --locked --no-fail-fast
+else
+  cargo test --workspace --all-features --locked --no-fail-fast --lib --bins --tests
+fi
+echo "== doc tests"
+cargo test --workspace --all-features --locked --doc
