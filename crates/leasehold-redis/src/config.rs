@@ -1,0 +1,132 @@
+//! [`RedisConfig`]: the settings of a [`RedisStore`](crate::RedisStore).
+
+use std::fmt;
+use std::time::Duration;
+
+use leasehold::store::redact_url;
+
+use crate::error::{Error, Result};
+use crate::store::RedisStore;
+
+/// Default key prefix: keys are `leasehold:{NAME}:lease`, `leasehold:{NAME}:fence`,
+/// `leasehold:{TASK}:slot`, and releases are announced on `leasehold:released`.
+pub const DEFAULT_PREFIX: &str = "leasehold";
+
+/// Default time limit of one store operation.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Settings of a Redis store. Build with [`RedisConfig::new`], adjust the fields, then
+/// [`connect`](RedisConfig::connect).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Server URL: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` for TLS. No default.
+    pub url: String,
+    /// Prefix of every key and of the release channel. Default [`DEFAULT_PREFIX`]
+    /// (`leasehold`). Must be non-empty and free of braces and whitespace.
+    pub prefix: String,
+    /// Time limit of each store operation, after which it fails with
+    /// [`StoreError::Timeout`](leasehold::StoreError::Timeout). Default [`DEFAULT_OP_TIMEOUT`] (2 s).
+    pub op_timeout: Duration,
+    /// Time limit of establishing a connection (TCP, TLS, AUTH), at start and on each reconnect.
+    /// Default 2 s.
+    pub connect_timeout: Duration,
+    /// Whether to listen for release notifications (pub/sub) so waiters take over right after a
+    /// graceful release. Without them waiters retry at the lease's expiry. Default `true`.
+    pub notifications: bool,
+    /// Longest pause between attempts to re-establish the notification connection. Default 5 s.
+    pub max_reconnect_delay: Duration,
+    /// How often the notification connection is checked with a PING, so a silently dead
+    /// connection is replaced. Default 15 s.
+    pub keepalive: Duration,
+}
+
+impl RedisConfig {
+    /// Defaults for the server at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            connect_timeout: Duration::from_secs(2),
+            notifications: true,
+            max_reconnect_delay: Duration::from_secs(5),
+            keepalive: Duration::from_secs(15),
+        }
+    }
+
+    /// Sets [`prefix`](Self::prefix).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets [`op_timeout`](Self::op_timeout).
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// Sets [`connect_timeout`](Self::connect_timeout).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`notifications`](Self::notifications).
+    pub fn notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
+        self
+    }
+
+    /// The URL with its password removed.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        if self.prefix.is_empty()
+            || self
+                .prefix
+                .chars()
+                .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+        {
+            return Err(Error::Config(format!(
+                "key prefix {:?} must be non-empty, without braces or whitespace",
+                self.prefix
+            )));
+        }
+        for (what, d) in [
+            ("op_timeout", self.op_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("max_reconnect_delay", self.max_reconnect_delay),
+            ("keepalive", self.keepalive),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Config(format!("{what} must be above zero")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the settings, connects, and (with [`notifications`](Self::notifications)) starts
+    /// listening for releases.
+    pub async fn connect(self) -> Result<RedisStore> {
+        RedisStore::connect(self).await
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.redacted_url())
+            .field("prefix", &self.prefix)
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("notifications", &self.notifications)
+            .field("max_reconnect_delay", &self.max_reconnect_delay)
+            .field("keepalive", &self.keepalive)
+            .finish()
+    }
+}

@@ -1,0 +1,33 @@
+//! Errors from connecting and configuring; store operations report [`leasehold::StoreError`].
+
+use leasehold::StoreError;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a [`RedisStore`](crate::RedisStore) could not be set up. URLs in messages have their
+/// password removed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The URL is not a Redis URL the driver accepts.
+    #[error("invalid redis url {url}: {reason}")]
+    InvalidUrl {
+        /// The URL, password removed.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A configuration value is out of range.
+    #[error("invalid redis store configuration: {0}")]
+    Config(String),
+    /// The server could not be reached, timed out, or refused the connection or credentials.
+    #[error("could not connect to {url}: {source}")]
+    Connect {
+        /// The URL, password removed.
+        url: String,
+        /// What went wrong.
+        #[source]
+        source: StoreError,
+    },
+}

@@ -1,0 +1,132 @@
+//! The release listener: one pub/sub connection per store that feeds a [`ReleaseHub`], and
+//! comes back (with backoff) whenever that connection drops or stops answering PINGs.
+//!
+//! Releases announced while it is reconnecting are missed; waiters then fall back to retrying
+//! at the lease's expiry, which is the core's polling fallback.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use leasehold::ReleaseHub;
+use redis::aio::PubSub;
+use tokio::task::AbortHandle;
+
+use crate::config::RedisConfig;
+
+struct Settings {
+    client: redis::Client,
+    channel: String,
+    hub: ReleaseHub,
+    connect_timeout: Duration,
+    max_delay: Duration,
+    keepalive: Duration,
+    url: String,
+}
+
+/// Subscribes (waiting up to the connect timeout, so the first release after `connect` is
+/// heard), then keeps listening in a background task.
+pub(crate) async fn spawn(
+    client: redis::Client,
+    channel: String,
+    hub: ReleaseHub,
+    config: &RedisConfig,
+    url: &str,
+) -> AbortHandle {
+    let settings = Settings {
+        client,
+        channel,
+        hub,
+        connect_timeout: config.connect_timeout,
+        max_delay: config.max_reconnect_delay,
+        keepalive: config.keepalive,
+        url: url.to_owned(),
+    };
+    let first = match subscribe(&settings).await {
+        Ok(pubsub) => Some(pubsub),
+        Err(e) => {
+            tracing::warn!(
+                url = %settings.url,
+                channel = %settings.channel,
+                "release notifications unavailable, waiters poll until they come back: {e}"
+            );
+            None
+        }
+    };
+    tokio::spawn(run(settings, first)).abort_handle()
+}
+
+async fn subscribe(s: &Settings) -> Result<PubSub, String> {
+    let attempt = async {
+        let mut pubsub = s.client.get_async_pubsub().await?;
+        pubsub.subscribe(&s.channel).await?;
+        Ok::<_, redis::RedisError>(pubsub)
+    };
+    match tokio::time::timeout(s.connect_timeout, attempt).await {
+        Ok(Ok(pubsub)) => Ok(pubsub),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {:?}", s.connect_timeout)),
+    }
+}
+
+async fn run(s: Settings, mut current: Option<PubSub>) {
+    let min_delay = Duration::from_millis(100);
+    let mut delay = min_delay;
+    let mut failing = current.is_none();
+    loop {
+        let pubsub = match current.take() {
+            Some(pubsub) => pubsub,
+            None => match subscribe(&s).await {
+                Ok(pubsub) => {
+                    if failing {
+                        tracing::info!(url = %s.url, "release notifications restored");
+                    }
+                    failing = false;
+                    delay = min_delay;
+                    pubsub
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(url = %s.url, "release notifications lost, reconnecting: {e}");
+                        failing = true;
+                    } else {
+                        tracing::debug!(url = %s.url, "release listener reconnect failed: {e}");
+                    }
+                    let jitter = fastrand::u64(..=delay.as_millis() as u64 / 2);
+                    tokio::time::sleep(delay + Duration::from_millis(jitter)).await;
+                    delay = (delay * 2).min(s.max_delay);
+                    continue;
+                }
+            },
+        };
+        listen(&s, pubsub).await;
+        if !failing {
+            tracing::warn!(url = %s.url, "release notification connection closed, reconnecting");
+            failing = true;
+        }
+    }
+}
+
+/// Forwards messages until the connection closes or a keepalive PING goes unanswered.
+async fn listen(s: &Settings, pubsub: PubSub) {
+    let (mut sink, mut stream) = pubsub.split();
+    let mut keepalive = tokio::time::interval(s.keepalive);
+    keepalive.reset();
+    loop {
+        tokio::select! {
+            msg = stream.next() => match msg {
+                Some(msg) => {
+                    if let Ok(name) = msg.get_payload::<String>() {
+                        s.hub.publish(&name);
+                    }
+                }
+                None => return,
+            },
+            _ = keepalive.tick() => {
+                let ping = tokio::time::timeout(s.connect_timeout, sink.ping::<redis::Value>());
+                if !matches!(ping.await, Ok(Ok(_))) {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The Lua scripts behind every store operation. Each runs atomically on the server, so every
+//! operation is one round trip (EVALSHA, or EVAL the first time a server sees the script).
+//!
+//! A lease key holds `"<token> <holder>"` (holder ids contain no whitespace) with a `PX` expiry;
+//! its fencing counter is a plain integer key without expiry. Tokens travel as decimal strings:
+//! Lua numbers are doubles, so the scripts never turn a token into a number.
+
+use std::sync::LazyLock;
+
+/// A script and its SHA1, for EVALSHA.
+pub(crate) struct LuaScript {
+    pub(crate) code: String,
+    pub(crate) hash: String,
+}
+
+impl LuaScript {
+    fn new(body: &str) -> Self {
+        let code = format!("{PRELUDE}\n{body}");
+        let hash = redis::Script::new(&code).get_hash().to_owned();
+        Self { code, hash }
+    }
+}
+
+/// Shared helpers: refuse keys of another type with a message naming the key, and parse a
+/// lease value.
+const PRELUDE: &str = r#"
+for _, k in ipairs(KEYS) do
+  local t = redis.call('TYPE', k)['ok']
+  if t ~= 'string' and t ~= 'none' then
+    return redis.error_reply('WRONGTYPE key ' .. k .. ' holds a ' .. t .. ', not a leasehold value')
+  end
+end
+local function parse(v)
+  local sp = string.find(v, ' ', 1, true)
+  if not sp or sp == 1 or sp == #v then return nil end
+  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
+end
+local function corrupt(k, what)
+  return redis.error_reply('LEASEHOLD_CORRUPT key ' .. k .. ' ' .. what)
+end
+"#;
+
+/// KEYS: lease, fence. ARGV: holder, ttl ms.
+/// Returns `{1, token}` or `{0, holder, pttl}`.
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local tok, who = parse(cur)
+  if not tok then return corrupt(KEYS[1], 'is not a leasehold lease') end
+  if who == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tok}
+  end
+  return {0, who, redis.call('PTTL', KEYS[1])}
+end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  -- The counter is gone (first use, or the server lost its data): start from the server's
+  -- clock in milliseconds x 1000, above any token handed out before.
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  local ms = string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+  redis.call('SET', KEYS[2], t[1] .. ms .. '000')
+end
+local n = redis.pcall('INCR', KEYS[2])
+if type(n) == 'table' and n.err then return corrupt(KEYS[2], 'is not a fencing counter') end
+local tok = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[1], tok .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return {1, tok}
+"#,
+    )
+});
+
+/// KEYS: lease. ARGV: holder, token, ttl ms. Returns 1 (renewed) or 0 (lost).
+pub(crate) static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+if redis.call('GET', KEYS[1]) == ARGV[2] .. ' ' .. ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+return 0
+"#,
+    )
+});
+
+/// KEYS: lease. ARGV: holder, token, channel, name. Returns 1 (released, announced) or 0.
+pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+if redis.call('GET', KEYS[1]) == ARGV[2] .. ' ' .. ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  return 1
+end
+return 0
+"#,
+    )
+});
+
+/// KEYS: lease, fence. Returns nil (never acquired), `{0, token}` (free) or
+/// `{1, token, holder, pttl}` (held).
+pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local tok, who = parse(cur)
+  if not tok then return corrupt(KEYS[1], 'is not a leasehold lease') end
+  return {1, tok, who, redis.call('PTTL', KEYS[1])}
+end
+local fence = redis.call('GET', KEYS[2])
+if fence then return {0, fence} end
+return false
+"#,
+    )
+});
+
+/// KEYS: slot. ARGV: slot. Returns `{1}` (claimed) or `{0, last}`. Slots are compared as
+/// decimal strings (length, then digits) so u64 values keep their precision.
+pub(crate) static CLAIM_SLOT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local last = redis.call('GET', KEYS[1])
+if last then
+  if not string.match(last, '^%d+$') then return corrupt(KEYS[1], 'is not a slot number') end
+  if #last > #ARGV[1] or (#last == #ARGV[1] and last >= ARGV[1]) then
+    return {0, last}
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return {1}
+"#,
+    )
+});

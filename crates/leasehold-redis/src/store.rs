@@ -1,0 +1,537 @@
+//! [`RedisStore`]: the [`Store`] implementation.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::{
+    Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
+    ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::task::AbortHandle;
+
+use crate::config::{DEFAULT_PREFIX, RedisConfig};
+use crate::error::{Error, Result};
+use crate::listener;
+use crate::scripts::{ACQUIRE, CLAIM_SLOT, INSPECT, LuaScript, RELEASE, RENEW};
+
+/// Leases in Redis: each operation is one Lua script (EVALSHA, falling back to EVAL), atomic on
+/// the server and timed by the server's clock (`PX`, `PEXPIRE`, `PTTL`, `TIME`).
+///
+/// Keys, with the default prefix `leasehold`: `leasehold:{NAME}:lease` (holder and token, with
+/// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, no expiry) and
+/// `leasehold:{TASK}:slot` (the last claimed slot). The braces are a hash tag, so a lease's keys
+/// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
+///
+/// Cheap to clone: clones share one multiplexed connection (reconnected automatically after it
+/// drops) and one release listener.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    prefix: String,
+    channel: String,
+    op_timeout: Duration,
+    /// The URL without its password.
+    url: String,
+    hub: ReleaseHub,
+    listener: Option<AbortHandle>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
+    }
+}
+
+/// What an operation was about, for error messages.
+#[derive(Clone, Copy)]
+struct Op<'a> {
+    what: &'static str,
+    name: Option<&'a LeaseName>,
+}
+
+impl fmt::Display for Op<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name {
+            Some(name) => write!(f, "{} of {name}", self.what),
+            None => f.write_str(self.what),
+        }
+    }
+}
+
+impl RedisStore {
+    pub(crate) async fn connect(config: RedisConfig) -> Result<Self> {
+        config.validate()?;
+        let url = config.redacted_url();
+        let client = redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidUrl {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
+        #[cfg(feature = "tls")]
+        if config.url.starts_with("rediss") {
+            // Pick ring explicitly, in case another crate in the program enabled a second
+            // provider (then rustls cannot choose one by itself). Fails only if one is set.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let connect_err = |source| Error::Connect {
+            url: url.clone(),
+            source,
+        };
+        let conn = tokio::time::timeout(
+            config.connect_timeout * 3,
+            ConnectionManager::new_with_config(client.clone(), manager_config),
+        )
+        .await
+        .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
+        .map_err(|e| {
+            connect_err(classify(
+                e,
+                Op {
+                    what: "connect",
+                    name: None,
+                },
+                &config.prefix,
+                &url,
+            ))
+        })?;
+
+        let channel = format!("{}:released", config.prefix);
+        let hub = ReleaseHub::new();
+        let listener = if config.notifications {
+            Some(listener::spawn(client, channel.clone(), hub.clone(), &config, &url).await)
+        } else {
+            None
+        };
+        tracing::debug!(url = %url, prefix = %config.prefix, "connected to redis");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: config.prefix,
+                channel,
+                op_timeout: config.op_timeout,
+                url,
+                hub,
+                listener,
+            }),
+        })
+    }
+
+    /// The key prefix in use.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The key holding `name`'s lease (holder and token, with the lease's expiry).
+    pub fn lease_key(&self, name: &LeaseName) -> String {
+        format!("{}:{{{name}}}:lease", self.inner.prefix)
+    }
+
+    /// The key holding `name`'s fencing counter (no expiry).
+    pub fn fence_key(&self, name: &LeaseName) -> String {
+        format!("{}:{{{name}}}:fence", self.inner.prefix)
+    }
+
+    /// The key holding the last slot claimed for `task`.
+    pub fn slot_key(&self, task: &LeaseName) -> String {
+        format!("{}:{{{task}}}:slot", self.inner.prefix)
+    }
+
+    /// The pub/sub channel on which releases are announced (the payload is the lease name).
+    pub fn release_channel(&self) -> &str {
+        &self.inner.channel
+    }
+
+    /// A handle on the shared connection, for commands of your own.
+    pub fn connection(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    /// Runs `script` (EVALSHA, then EVAL if the server does not have it) within the operation
+    /// timeout. An `idempotent` operation is retried once on a fresh connection if the connection
+    /// broke under it; the others (release, claim_slot) are not, since a lost reply would turn a
+    /// success into a misleading `NotHeld`/`AlreadyRun`.
+    async fn eval(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+        op: Op<'_>,
+        idempotent: bool,
+    ) -> StoreResult<Value> {
+        let attempt = async {
+            let mut retried = false;
+            loop {
+                match self.eval_once(script, keys, args).await {
+                    Err(e) if idempotent && !retried && e.is_unrecoverable_error() => {
+                        tracing::debug!(error = %e, "{op}: connection broke, retrying once");
+                        retried = true;
+                    }
+                    result => return result.map_err(|e| self.classify(e, op)),
+                }
+            }
+        };
+        self.timed(attempt).await
+    }
+
+    async fn eval_once(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::RedisResult<Value> {
+        let mut conn = self.inner.conn.clone();
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(&script.hash)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        match evalsha.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(&script.code).arg(keys.len()).arg(keys).arg(args);
+                eval.query_async(&mut conn).await
+            }
+            result => result,
+        }
+    }
+
+    async fn timed<T>(&self, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        tokio::time::timeout(self.inner.op_timeout, fut)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.inner.op_timeout)))
+    }
+
+    fn classify(&self, e: RedisError, op: Op<'_>) -> StoreError {
+        classify(e, op, &self.inner.prefix, &self.inner.url)
+    }
+}
+
+/// Maps a driver error to the core's [`StoreError`], with a message a person can act on.
+fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
+    let detail = e.detail().unwrap_or_default().to_owned();
+    let code = e.code().unwrap_or_default().to_owned();
+    let unavailable = |e: RedisError| StoreError::unavailable(format!("{op} at {url}: {e}"), e);
+    match e.kind() {
+        ErrorKind::Io | ErrorKind::Client | ErrorKind::ClusterConnectionNotFound => unavailable(e),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly,
+        ) => unavailable(e),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => StoreError::rejected(
+            format!(
+                "{op}: the redis user lacks a permission ({detail}); it needs the scripting \
+                 commands (+eval +evalsha, or +@scripting), +time, read/write on keys \
+                 '{prefix}:*' and publish/subscribe on channel '{prefix}:released'"
+            ),
+            e,
+        ),
+        ErrorKind::Server(ServerErrorKind::NoScript) => StoreError::rejected(
+            format!("{op}: the server does not run scripts (NOSCRIPT even after EVAL): {e}"),
+            e,
+        ),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => StoreError::rejected(
+            format!("{op}: {url} is a Redis Cluster node that redirected the request ({e})"),
+            e,
+        ),
+        ErrorKind::AuthenticationFailed => StoreError::rejected(
+            format!("{op}: redis authentication failed (check the user and password in the url)"),
+            e,
+        ),
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+            StoreError::Corrupt(format!("{op}: unexpected reply from redis: {e}"))
+        }
+        _ => match code.as_str() {
+            "WRONGTYPE" => StoreError::rejected(
+                format!(
+                    "{op}: {}; delete that key or choose another key prefix",
+                    if detail.starts_with("key ") {
+                        detail.clone()
+                    } else {
+                        format!("a key holds the wrong type of value ({detail})")
+                    }
+                ),
+                e,
+            ),
+            "LEASEHOLD_CORRUPT" => StoreError::Corrupt(format!("{op}: {detail}")),
+            "NOAUTH" | "WRONGPASS" => StoreError::rejected(
+                format!("{op}: redis authentication failed ({code} {detail})"),
+                e,
+            ),
+            "ERR" if detail.contains("unknown command") || detail.contains("disabled") => {
+                StoreError::rejected(
+                    format!("{op}: scripts are not allowed on this server ({detail})"),
+                    e,
+                )
+            }
+            _ => StoreError::rejected(format!("{op}: redis refused: {e}"), e),
+        },
+    }
+}
+
+fn ttl_millis(ttl: Duration) -> String {
+    u64::try_from(ttl.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+        .to_string()
+}
+
+fn corrupt(op: Op<'_>, what: impl fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{op}: {what}"))
+}
+
+fn items(op: Op<'_>, v: Value) -> StoreResult<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(corrupt(
+            op,
+            format_args!("unexpected script reply {other:?}"),
+        )),
+    }
+}
+
+fn int(op: Op<'_>, v: Option<&Value>) -> StoreResult<i64> {
+    match v {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(corrupt(
+            op,
+            format_args!("expected an integer, got {other:?}"),
+        )),
+    }
+}
+
+fn text(op: Op<'_>, v: Option<&Value>) -> StoreResult<String> {
+    match v {
+        Some(Value::BulkString(b)) => {
+            String::from_utf8(b.clone()).map_err(|_| corrupt(op, "a stored value is not UTF-8"))
+        }
+        Some(Value::SimpleString(s)) => Ok(s.clone()),
+        other => Err(corrupt(
+            op,
+            format_args!("expected a string, got {other:?}"),
+        )),
+    }
+}
+
+fn token(op: Op<'_>, v: Option<&Value>) -> StoreResult<FencingToken> {
+    let s = text(op, v)?;
+    s.parse()
+        .map(FencingToken)
+        .map_err(|_| corrupt(op, format_args!("fencing token {s:?} is not a u64")))
+}
+
+fn holder(op: Op<'_>, v: Option<&Value>) -> StoreResult<HolderId> {
+    let s = text(op, v)?;
+    HolderId::new(&s).map_err(|_| corrupt(op, format_args!("holder {s:?} is not a holder id")))
+}
+
+fn remaining(op: Op<'_>, v: Option<&Value>) -> StoreResult<Duration> {
+    match int(op, v)? {
+        -1 => Err(corrupt(op, "the lease key has no expiry")),
+        ms => Ok(Duration::from_millis(ms.max(0) as u64)),
+    }
+}
+
+impl Store for RedisStore {
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        holder_id: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Acquisition> {
+        let op = Op {
+            what: "acquire",
+            name: Some(name),
+        };
+        let (lease, fence) = (self.lease_key(name), self.fence_key(name));
+        let reply = self
+            .eval(
+                &ACQUIRE,
+                &[&lease, &fence],
+                &[holder_id.as_str(), &ttl_millis(ttl)],
+                op,
+                true,
+            )
+            .await?;
+        let reply = items(op, reply)?;
+        match int(op, reply.first())? {
+            1 => Ok(Acquisition::Acquired {
+                token: token(op, reply.get(1))?,
+            }),
+            _ => Ok(Acquisition::Busy {
+                holder: holder(op, reply.get(1))?,
+                remaining: remaining(op, reply.get(2))?,
+            }),
+        }
+    }
+
+    async fn renew(
+        &self,
+        name: &LeaseName,
+        holder_id: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> StoreResult<Renewal> {
+        let op = Op {
+            what: "renew",
+            name: Some(name),
+        };
+        let lease = self.lease_key(name);
+        let reply = self
+            .eval(
+                &RENEW,
+                &[&lease],
+                &[
+                    holder_id.as_str(),
+                    &token.get().to_string(),
+                    &ttl_millis(ttl),
+                ],
+                op,
+                true,
+            )
+            .await?;
+        Ok(match int(op, Some(&reply))? {
+            1 => Renewal::Renewed,
+            _ => Renewal::Lost,
+        })
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        holder_id: &HolderId,
+        token: FencingToken,
+    ) -> StoreResult<Release> {
+        let op = Op {
+            what: "release",
+            name: Some(name),
+        };
+        let lease = self.lease_key(name);
+        let reply = self
+            .eval(
+                &RELEASE,
+                &[&lease],
+                &[
+                    holder_id.as_str(),
+                    &token.get().to_string(),
+                    &self.inner.channel,
+                    name.as_str(),
+                ],
+                op,
+                false,
+            )
+            .await?;
+        Ok(match int(op, Some(&reply))? {
+            1 => Release::Released,
+            _ => Release::NotHeld,
+        })
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
+        let op = Op {
+            what: "inspect",
+            name: Some(name),
+        };
+        let (lease, fence) = (self.lease_key(name), self.fence_key(name));
+        let reply = self
+            .eval(&INSPECT, &[&lease, &fence], &[], op, true)
+            .await?;
+        if reply == Value::Nil {
+            return Ok(None);
+        }
+        let reply = items(op, reply)?;
+        let state = match int(op, reply.first())? {
+            1 => LeaseState {
+                token: token(op, reply.get(1))?,
+                holder: Some(holder(op, reply.get(2))?),
+                remaining: remaining(op, reply.get(3))?,
+            },
+            _ => LeaseState {
+                token: token(op, reply.get(1))?,
+                holder: None,
+                remaining: Duration::ZERO,
+            },
+        };
+        Ok(Some(state))
+    }
+
+    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
+        let op = Op {
+            what: "claim_slot",
+            name: Some(task),
+        };
+        let key = self.slot_key(task);
+        let reply = self
+            .eval(&CLAIM_SLOT, &[&key], &[&slot.to_string()], op, false)
+            .await?;
+        let reply = items(op, reply)?;
+        match int(op, reply.first())? {
+            1 => Ok(SlotClaim::Claimed),
+            _ => {
+                let last = text(op, reply.get(1))?;
+                let last = last
+                    .parse()
+                    .map_err(|_| corrupt(op, format_args!("slot {last:?} is not a u64")))?;
+                Ok(SlotClaim::AlreadyRun { last })
+            }
+        }
+    }
+
+    async fn now_millis(&self) -> StoreResult<u64> {
+        let op = Op {
+            what: "time",
+            name: None,
+        };
+        let attempt = async {
+            let mut conn = self.inner.conn.clone();
+            let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.classify(e, op))?;
+            Ok(secs * 1000 + micros / 1000)
+        };
+        self.timed(attempt).await
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner
+            .listener
+            .as_ref()
+            .map(|_| self.inner.hub.subscribe())
+    }
+
+    fn describe(&self) -> String {
+        if self.inner.prefix == DEFAULT_PREFIX {
+            self.inner.url.clone()
+        } else {
+            format!("{} (prefix {})", self.inner.url, self.inner.prefix)
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.url)
+            .field("prefix", &self.inner.prefix)
+            .field("op_timeout", &self.inner.op_timeout)
+            .field("notifications", &self.inner.listener.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,108 @@
+//! Shared test helpers: the local Redis URL, per-run key prefixes, and redis-server instances
+//! of a test's own.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use leasehold_redis::{RedisConfig, RedisStore};
+
+/// The shared local Redis: `LEASEHOLD_TEST_REDIS_URL`, default `redis://127.0.0.1:6379`.
+pub fn redis_url() -> String {
+    std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A key prefix no other test run uses.
+pub fn test_prefix() -> String {
+    format!("leasehold-test-{:012x}", fastrand::u64(..) >> 16)
+}
+
+/// A store on the shared local Redis, with a prefix of its own.
+pub async fn make_store() -> RedisStore {
+    RedisConfig::new(redis_url())
+        .prefix(test_prefix())
+        .connect()
+        .await
+        .expect("connect to the local redis (set LEASEHOLD_TEST_REDIS_URL)")
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A redis-server of the test's own, without persistence; killed on drop.
+pub struct OwnRedis {
+    pub port: u16,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    /// Starts `redis-server --port <free port> --save "" --appendonly no` plus `extra` arguments.
+    pub fn start(extra: &[&str]) -> Self {
+        let mut me = Self {
+            port: free_port(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        me.spawn();
+        me
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL, so nothing is saved) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills and starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Runs a redis-cli command against it.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli on PATH");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
