@@ -3,7 +3,7 @@
 //!
 //! A store crate runs it from an integration test with [`conformance_tests!`](crate::conformance_tests):
 //!
-//! ```ignore
+//! ```text
 //! leasehold::conformance_tests!(async { my_store().await });
 //! ```
 //!
