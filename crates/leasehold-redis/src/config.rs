@@ -39,6 +39,9 @@ pub struct RedisConfig {
     /// How often the notification connection is checked with a PING, so a silently dead
     /// connection is replaced. Default 15 s.
     pub keepalive: Duration,
+    /// PEM root certificates to trust for `rediss://` instead of the system's (for a private CA).
+    /// Needs the `tls` feature. Default `None`: the system's root certificates.
+    pub tls_ca_pem: Option<Vec<u8>>,
 }
 
 impl RedisConfig {
@@ -52,6 +55,7 @@ impl RedisConfig {
             notifications: true,
             max_reconnect_delay: Duration::from_secs(5),
             keepalive: Duration::from_secs(15),
+            tls_ca_pem: None,
         }
     }
 
@@ -76,6 +80,12 @@ impl RedisConfig {
     /// Sets [`notifications`](Self::notifications).
     pub fn notifications(mut self, on: bool) -> Self {
         self.notifications = on;
+        self
+    }
+
+    /// Sets [`tls_ca_pem`](Self::tls_ca_pem).
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca_pem = Some(pem.into());
         self
     }
 
@@ -127,6 +137,7 @@ impl fmt::Debug for RedisConfig {
             .field("notifications", &self.notifications)
             .field("max_reconnect_delay", &self.max_reconnect_delay)
             .field("keepalive", &self.keepalive)
+            .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|_| "set"))
             .finish()
     }
 }

@@ -72,7 +72,7 @@ impl RedisStore {
     pub(crate) async fn connect(config: RedisConfig) -> Result<Self> {
         config.validate()?;
         let url = config.redacted_url();
-        let client = redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidUrl {
+        let client = open_client(&config).map_err(|e| Error::InvalidUrl {
             url: url.clone(),
             reason: e.to_string(),
         })?;
@@ -220,6 +220,25 @@ impl RedisStore {
     }
 }
 
+fn open_client(config: &RedisConfig) -> redis::RedisResult<redis::Client> {
+    match &config.tls_ca_pem {
+        None => redis::Client::open(config.url.as_str()),
+        #[cfg(feature = "tls")]
+        Some(pem) => redis::Client::build_with_tls(
+            config.url.as_str(),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            },
+        ),
+        #[cfg(not(feature = "tls"))]
+        Some(_) => Err(redis::RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "tls_ca_pem needs the `tls` feature of leasehold-redis",
+        ))),
+    }
+}
+
 /// Maps a driver error to the core's [`StoreError`], with a message a person can act on.
 fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
     let detail = e.detail().unwrap_or_default().to_owned();
@@ -234,6 +253,16 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
             | ServerErrorKind::MasterDown
             | ServerErrorKind::ReadOnly,
         ) => unavailable(e),
+        ErrorKind::Server(ServerErrorKind::NoPerm) if detail.contains("'eval") => {
+            StoreError::rejected(
+                format!(
+                    "{op}: scripts are not allowed for this redis user ({detail}); leasehold \
+                     runs every operation as a Lua script, so grant +@scripting \
+                     (or at least +eval +evalsha)"
+                ),
+                e,
+            )
+        }
         ErrorKind::Server(ServerErrorKind::NoPerm) => StoreError::rejected(
             format!(
                 "{op}: the redis user lacks a permission ({detail}); it needs the scripting \

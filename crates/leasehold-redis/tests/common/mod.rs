@@ -44,11 +44,16 @@ pub struct OwnRedis {
 }
 
 impl OwnRedis {
-    /// Starts `redis-server --port <free port> --save "" --appendonly no` plus `extra` arguments.
+    /// Starts `redis-server --port <free port> --save "" --appendonly no` plus `extra` arguments
+    /// (in which `{port}` stands for the chosen port).
     pub fn start(extra: &[&str]) -> Self {
+        let port = free_port();
         let mut me = Self {
-            port: free_port(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            port,
+            extra: extra
+                .iter()
+                .map(|s| s.replace("{port}", &port.to_string()))
+                .collect(),
             child: None,
         };
         me.spawn();

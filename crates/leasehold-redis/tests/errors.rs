@@ -1,0 +1,281 @@
+//! Clear errors, and no password in any of them.
+
+mod common;
+
+use std::time::Duration;
+
+use common::OwnRedis;
+use leasehold::{FencingToken, HolderId, LeaseName, Store, StoreError};
+use leasehold_redis::{Error, RedisConfig};
+
+const SECRET: &str = "s3cret-Pa55word";
+
+fn name(tag: &str) -> LeaseName {
+    LeaseName::new(format!("{tag}/{:08x}", fastrand::u32(..))).unwrap()
+}
+
+fn holder() -> HolderId {
+    HolderId::new(format!("h-{:08x}", fastrand::u32(..))).unwrap()
+}
+
+/// Display, Debug and every source's Display of `e`.
+fn all_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = format!("{e}\n{e:?}\n");
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!("{s}\n{s:?}\n"));
+        source = s.source();
+    }
+    text
+}
+
+fn assert_no_secret(text: &str) {
+    assert!(!text.contains(SECRET), "password leaked: {text}");
+}
+
+#[tokio::test]
+async fn password_never_appears_when_the_server_is_unreachable() {
+    let port = common::free_port();
+    for url in [
+        format!("redis://app:{SECRET}@127.0.0.1:{port}"),
+        format!("redis://:{SECRET}@127.0.0.1:{port}/0"),
+        format!("rediss://app:{SECRET}@127.0.0.1:{port}"),
+    ] {
+        let config = RedisConfig::new(&url).connect_timeout(Duration::from_millis(500));
+        assert_no_secret(&format!("{config:?}"));
+        let err = config.connect().await.expect_err("nothing listens there");
+        let text = all_text(&err);
+        println!("{text}");
+        assert_no_secret(&text);
+        assert!(text.contains("***"), "the redacted url is shown: {text}");
+        match err {
+            Error::Connect {
+                source: StoreError::Unavailable { .. } | StoreError::Timeout(_),
+                ..
+            } => {}
+            other => panic!("expected an unavailable store, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn password_never_appears_with_a_wrong_or_right_password() {
+    let server = OwnRedis::start(&[]);
+    server.cli(&[
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        &format!(">{SECRET}"),
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    // Wrong password: the server refuses.
+    let wrong = format!("redis://app:{SECRET}x@127.0.0.1:{}", server.port);
+    let err = leasehold_redis::connect(&wrong)
+        .await
+        .expect_err("wrong password");
+    let text = all_text(&err);
+    println!("{text}");
+    assert!(
+        !text.contains(&format!("{SECRET}x")),
+        "password leaked: {text}"
+    );
+    assert!(
+        matches!(
+            err,
+            Error::Connect {
+                source: StoreError::Rejected { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Right password: describe() and Debug hide it.
+    let right = format!("redis://app:{SECRET}@127.0.0.1:{}", server.port);
+    let store = leasehold_redis::connect(&right).await.unwrap();
+    let shown = format!("{}\n{store:?}", store.describe());
+    println!("{shown}");
+    assert_no_secret(&shown);
+    assert!(store.describe().contains("app:***@"));
+    store.now_millis().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_rejected_naming_the_key() {
+    let store = common::make_store().await;
+    let lease = name("wrongtype");
+    let key = store.lease_key(&lease);
+    let mut conn = store.connection();
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("field")
+        .arg("value")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let who = holder();
+    let errors = [
+        store
+            .acquire(&lease, &who, Duration::from_secs(5))
+            .await
+            .map(drop),
+        store
+            .renew(&lease, &who, FencingToken(1), Duration::from_secs(5))
+            .await
+            .map(drop),
+        store.release(&lease, &who, FencingToken(1)).await.map(drop),
+        store.inspect(&lease).await.map(drop),
+    ];
+    for result in errors {
+        let err = result.expect_err("wrong type refused");
+        println!("{err}");
+        match &err {
+            StoreError::Rejected { message, .. } => {
+                assert!(message.contains(&key), "names the key: {message}");
+                assert!(message.contains("hash"), "{message}");
+            }
+            other => panic!("expected Rejected, got {other:?}"),
+        }
+    }
+    // The fencing counter and the slot key are checked too.
+    let other = name("wrongtype-fence");
+    let _: () = redis::cmd("LPUSH")
+        .arg(store.fence_key(&other))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = store
+        .acquire(&other, &who, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(&store.fence_key(&other)), "{err}");
+    let task = name("wrongtype-slot");
+    let _: () = redis::cmd("SADD")
+        .arg(store.slot_key(&task))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = store.claim_slot(&task, 1).await.unwrap_err();
+    assert!(err.to_string().contains(&store.slot_key(&task)), "{err}");
+    for k in [key, store.fence_key(&other), store.slot_key(&task)] {
+        let _: () = redis::cmd("DEL")
+            .arg(k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_value_is_reported_as_corrupt() {
+    let store = common::make_store().await;
+    let lease = name("corrupt");
+    let mut conn = store.connection();
+    let _: () = redis::cmd("SET")
+        .arg(store.lease_key(&lease))
+        .arg("garbage")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = store
+        .acquire(&lease, &holder(), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(store.lease_key(&lease))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn scripts_denied_by_acl_are_rejected_clearly() {
+    let server = OwnRedis::start(&[]);
+    // No scripting at all, and a user that may EVALSHA but not EVAL (so NOSCRIPT cannot be
+    // recovered from on a server that has not seen the scripts).
+    server.cli(&[
+        "ACL",
+        "SETUSER",
+        "noscript",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-@scripting",
+    ]);
+    server.cli(&[
+        "ACL", "SETUSER", "shaonly", "on", ">pw", "~*", "&*", "+@all", "-eval",
+    ]);
+    for user in ["noscript", "shaonly"] {
+        let url = format!("redis://{user}:pw@127.0.0.1:{}", server.port);
+        let store = leasehold_redis::connect(&url).await.unwrap();
+        let err = store
+            .acquire(&name("acl"), &holder(), Duration::from_secs(5))
+            .await
+            .expect_err("scripts denied");
+        println!("{user}: {err}");
+        match &err {
+            StoreError::Rejected { message, .. } => {
+                assert!(message.contains("scripting"), "{message}");
+                assert!(!message.contains("pw@"), "{message}");
+            }
+            other => panic!("expected Rejected, got {other:?}"),
+        }
+        assert!(!err.is_transient());
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_server_times_out() {
+    let server = OwnRedis::start(&["--enable-debug-command", "yes"]);
+    let store = RedisConfig::new(server.url())
+        .op_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let port = server.port.to_string();
+    let sleeper = std::thread::spawn(move || {
+        std::process::Command::new("redis-cli")
+            .args(["-p", &port, "DEBUG", "SLEEP", "1.5"])
+            .output()
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = store
+        .acquire(&name("stalled"), &holder(), Duration::from_secs(5))
+        .await
+        .expect_err("no answer in time");
+    assert!(
+        matches!(err, StoreError::Timeout(d) if d == Duration::from_millis(300)),
+        "{err:?}"
+    );
+    sleeper.join().unwrap();
+    // The connection is still good afterwards.
+    store.now_millis().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_urls_and_settings_are_refused() {
+    let err = leasehold_redis::connect("http://127.0.0.1:6379")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    let err = leasehold_redis::connect(&format!("redis://u:{SECRET}@[::1"))
+        .await
+        .unwrap_err();
+    assert_no_secret(&all_text(&err));
+    let err = RedisConfig::new(common::redis_url())
+        .prefix("a{b}")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+}
