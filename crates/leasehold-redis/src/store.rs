@@ -303,6 +303,13 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
                 format!("{op}: redis authentication failed ({code} {detail})"),
                 e,
             ),
+            "ERR" if detail.contains("can't run this command") => StoreError::rejected(
+                format!(
+                    "{op}: the redis user may not run a command the script uses ({detail}); \
+                     see the leasehold-redis README for the ACL it needs"
+                ),
+                e,
+            ),
             "ERR" if detail.contains("unknown command") || detail.contains("disabled") => {
                 StoreError::rejected(
                     format!("{op}: scripts are not allowed on this server ({detail})"),

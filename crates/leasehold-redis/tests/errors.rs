@@ -279,3 +279,40 @@ async fn bad_urls_and_settings_are_refused() {
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_least_privilege_acl_user_works() {
+    let server = OwnRedis::start(&[]);
+    // The ACL line of the README, word for word.
+    let readme = include_str!("../README.md");
+    let line = readme
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("ACL SETUSER leasehold "))
+        .expect("the README has the ACL line");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let ok = server.cli(&words);
+    assert_eq!(ok.trim(), "OK", "{line}");
+    let url = format!("redis://leasehold:PASSWORD@127.0.0.1:{}", server.port);
+    let store = leasehold_redis::connect(&url).await.unwrap();
+    let mut sub = store.subscribe_releases().unwrap();
+    let (lease, who) = (name("acl-ok"), holder());
+    let leasehold::Acquisition::Acquired { token } = store
+        .acquire(&lease, &who, Duration::from_secs(5))
+        .await
+        .unwrap()
+    else {
+        panic!("free lease not acquired");
+    };
+    store
+        .renew(&lease, &who, token, Duration::from_secs(5))
+        .await
+        .unwrap();
+    store.inspect(&lease).await.unwrap().unwrap();
+    store.claim_slot(&lease, 1).await.unwrap();
+    store.now_millis().await.unwrap();
+    store.release(&lease, &who, token).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), sub.released(&lease))
+        .await
+        .expect("notification with the least-privilege user");
+}
