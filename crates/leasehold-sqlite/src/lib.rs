@@ -1,0 +1,32 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod poller;
+#[macro_use]
+mod schema;
+mod store;
+
+pub use config::{
+    DEFAULT_BUSY_TIMEOUT, DEFAULT_NOTIFY_POLL_INTERVAL, DEFAULT_OP_TIMEOUT, SqliteConfig, parse_url,
+};
+pub use error::{Error, Result};
+pub use store::SqliteStore;
+
+/// The SQLite driver this crate is built on (with SQLite bundled), so users need one dependency.
+pub use rusqlite;
+
+/// Opens the database file named by `url` with the default [`SqliteConfig`].
+///
+/// Accepted forms: `sqlite:relative/path.db`, `sqlite:/absolute/path.db` and
+/// `sqlite:///absolute/path.db`. The file is created if missing; its directory must exist.
+/// Fails with [`Error::InvalidUrl`] for other forms and with the errors of
+/// [`SqliteStore::open`] for an unusable file.
+pub async fn connect(url: &str) -> Result<SqliteStore> {
+    connect_with(url, SqliteConfig::default()).await
+}
+
+/// [`connect`] with the given settings.
+pub async fn connect_with(url: &str, config: SqliteConfig) -> Result<SqliteStore> {
+    SqliteStore::open(parse_url(url)?, config).await
+}

@@ -1,0 +1,98 @@
+//! The tables, created idempotently on open, and the SQL of each operation.
+
+/// The store's clock in the statements: milliseconds since the Unix epoch, from SQLite itself
+/// (stable within one statement).
+macro_rules! now_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+/// `PRAGMA user_version` of the schema below.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// Version 1. A lease row is kept after release and expiry so its token counter survives.
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS leases (
+    name          TEXT PRIMARY KEY NOT NULL,
+    holder        TEXT NULL,
+    token         INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS slots (
+    task      TEXT PRIMARY KEY NOT NULL,
+    last_slot INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS releases (
+    seq   INTEGER PRIMARY KEY AUTOINCREMENT,
+    name  TEXT NOT NULL,
+    at_ms INTEGER NOT NULL
+);
+";
+
+/// Release rows older than this are pruned.
+pub(crate) const RELEASE_RETENTION_MS: i64 = 60_000;
+/// Pruning runs in the release transaction whose log sequence number is a multiple of this.
+pub(crate) const PRUNE_EVERY: i64 = 64;
+
+pub(crate) const NOW: &str = concat!("SELECT ", now_ms!());
+
+/// The store's now and the lease row (all NULL when there is none).
+pub(crate) const READ_FOR_ACQUIRE: &str = concat!(
+    "SELECT n.now, l.holder, l.token, l.expires_at_ms FROM (SELECT ",
+    now_ms!(),
+    " AS now) AS n LEFT JOIN leases AS l ON l.name = ?1"
+);
+
+pub(crate) const EXTEND: &str = concat!(
+    "UPDATE leases SET expires_at_ms = ",
+    now_ms!(),
+    " + ?2 WHERE name = ?1"
+);
+
+pub(crate) const TAKE: &str = concat!(
+    "INSERT INTO leases (name, holder, token, expires_at_ms) VALUES (?1, ?2, ?3, ",
+    now_ms!(),
+    " + ?4) ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token, \
+     expires_at_ms = excluded.expires_at_ms"
+);
+
+pub(crate) const RENEW: &str = concat!(
+    "UPDATE leases SET expires_at_ms = ",
+    now_ms!(),
+    " + ?4 WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ",
+    now_ms!()
+);
+
+pub(crate) const RELEASE: &str = concat!(
+    "UPDATE leases SET holder = NULL, expires_at_ms = ",
+    now_ms!(),
+    " WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ",
+    now_ms!()
+);
+
+pub(crate) const LOG_RELEASE: &str = concat!(
+    "INSERT INTO releases (name, at_ms) VALUES (?1, ",
+    now_ms!(),
+    ")"
+);
+
+pub(crate) const PRUNE_RELEASES: &str =
+    concat!("DELETE FROM releases WHERE at_ms < ", now_ms!(), " - ?1");
+
+pub(crate) const INSPECT: &str = concat!(
+    "SELECT holder, token, expires_at_ms, ",
+    now_ms!(),
+    " FROM leases WHERE name = ?1"
+);
+
+pub(crate) const CLAIM_SLOT: &str = "INSERT INTO slots (task, last_slot) VALUES (?1, ?2) \
+     ON CONFLICT (task) DO UPDATE SET last_slot = excluded.last_slot \
+     WHERE slots.last_slot < excluded.last_slot";
+
+pub(crate) const LAST_SLOT: &str = "SELECT last_slot FROM slots WHERE task = ?1";
+
+pub(crate) const LAST_RELEASE: &str = "SELECT COALESCE(MAX(seq), 0) FROM releases";
+
+pub(crate) const RELEASES_AFTER: &str =
+    "SELECT seq, name FROM releases WHERE seq > ?1 ORDER BY seq";

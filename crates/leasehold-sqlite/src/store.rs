@@ -1,0 +1,552 @@
+//! [`SqliteStore`]: the [`Store`] on one SQLite file.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::fs::OpenOptions;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use leasehold::store::{
+    Acquisition, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,
+};
+use leasehold::{FencingToken, HolderId, LeaseName, ReleaseHub, ReleaseSubscription};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use tokio::sync::Mutex;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::config::SqliteConfig;
+use crate::error::{Error, Result};
+use crate::poller::{self, LocalReleases, Poller};
+use crate::schema;
+
+/// Leases in one SQLite file, shared by every process on this host that opens it.
+///
+/// Cheap to clone: clones share one connection (operations of one handle run one at a time) and
+/// one release poller, which stops when the last clone is dropped. Open the file once per
+/// process and clone the handle.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+    config: SqliteConfig,
+    /// Present when notifications are on.
+    hub: Option<ReleaseHub>,
+    local_releases: LocalReleases,
+    /// Stops the poller when the last handle goes.
+    _stop_poller: Option<DropGuard>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens the database file at `path`, creating the file (not its directory) and the schema
+    /// if needed, in WAL mode. With notifications on, starts the release poller (needs a tokio
+    /// runtime, as do all operations).
+    ///
+    /// Errors: [`Error::Config`] for bad settings, [`Error::MissingDirectory`],
+    /// [`Error::NotAFile`], [`Error::Io`] (e.g. permission denied) for an unusable path,
+    /// [`Error::Open`] / [`Error::NoWal`] / [`Error::SchemaTooNew`] when SQLite cannot use it.
+    pub async fn open(path: impl AsRef<Path>, config: SqliteConfig) -> Result<Self> {
+        config.validate()?;
+        let path = path.as_ref().to_path_buf();
+        let (conn, poller) = {
+            let (path, config) = (path.clone(), config.clone());
+            tokio::task::spawn_blocking(move || open_blocking(&path, &config))
+                .await
+                .map_err(|e| Error::Runtime(e.to_string()))??
+        };
+        let local_releases: LocalReleases = Arc::new(StdMutex::new(HashSet::new()));
+        let (hub, stop) = match poller {
+            Some(poller) => {
+                let hub = ReleaseHub::new();
+                let stop = CancellationToken::new();
+                tokio::spawn(poller::run(
+                    poller,
+                    hub.clone(),
+                    local_releases.clone(),
+                    config.notify_poll_interval,
+                    stop.clone(),
+                ));
+                (Some(hub), Some(stop.drop_guard()))
+            }
+            None => (None, None),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn: Arc::new(Mutex::new(conn)),
+                path,
+                config,
+                hub,
+                local_releases,
+                _stop_poller: stop,
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The settings this store was opened with.
+    pub fn config(&self) -> &SqliteConfig {
+        &self.inner.config
+    }
+
+    /// Runs `op` on this handle's connection on the blocking pool, within the op timeout.
+    async fn run<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> std::result::Result<T, Fail> + Send + 'static,
+    {
+        let conn = self.inner.conn.clone();
+        let limit = self.inner.config.op_timeout;
+        let work = async move {
+            let mut conn = conn.lock_owned().await;
+            tokio::task::spawn_blocking(move || op(&mut conn)).await
+        };
+        match tokio::time::timeout(limit, work).await {
+            Err(_) => Err(StoreError::Timeout(limit)),
+            Ok(Err(join)) => Err(StoreError::unavailable("sqlite operation failed", join)),
+            Ok(Ok(result)) => result.map_err(Fail::into_store_error),
+        }
+    }
+}
+
+/// Opens a connection with the settings every connection of the store uses.
+pub(crate) fn open_connection(path: &Path, config: &SqliteConfig) -> rusqlite::Result<Connection> {
+    // No SQLITE_OPEN_URI: the path is a file name, never a `file:` URI.
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(config.busy_timeout)?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        if config.durable { "FULL" } else { "NORMAL" },
+    )?;
+    Ok(conn)
+}
+
+fn open_blocking(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<Poller>)> {
+    check_path(path)?;
+    let open_err = |source| Error::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut conn = open_connection(path, config).map_err(open_err)?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(open_err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::NoWal {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(open_err)?;
+    if version != schema::SCHEMA_VERSION {
+        // Several processes may open a new file at once: the write lock serializes them and
+        // the version is read again under it.
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(open_err)?;
+        let version: i64 = tx
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(open_err)?;
+        if version > schema::SCHEMA_VERSION {
+            return Err(Error::SchemaTooNew {
+                path: path.to_path_buf(),
+                found: version,
+                supported: schema::SCHEMA_VERSION,
+            });
+        }
+        tx.execute_batch(schema::SCHEMA).map_err(open_err)?;
+        tx.pragma_update(None, "user_version", schema::SCHEMA_VERSION)
+            .map_err(open_err)?;
+        tx.commit().map_err(open_err)?;
+    }
+    let poller = if config.notifications {
+        Some(Poller::open(path, config).map_err(open_err)?)
+    } else {
+        None
+    };
+    Ok((conn, poller))
+}
+
+/// Turns the common ways a path is unusable into clear errors before SQLite sees it.
+fn check_path(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Error::NotAFile {
+                path: dir.to_path_buf(),
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::MissingDirectory {
+                path: path.to_path_buf(),
+                dir: dir.to_path_buf(),
+            });
+        }
+        Err(source) => {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(Error::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(drop)
+        .map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Why an operation failed, before it becomes a [`StoreError`].
+pub(crate) enum Fail {
+    Sql(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl From<rusqlite::Error> for Fail {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl Fail {
+    fn into_store_error(self) -> StoreError {
+        match self {
+            Self::Store(e) => e,
+            Self::Sql(e) => store_error(e),
+        }
+    }
+}
+
+/// Maps SQLite's errors: lock contention and I/O trouble are transient (`Unavailable`), a
+/// refusal (read-only file, no permission, constraint) is `Rejected`, an unreadable file or row
+/// is `Corrupt`.
+fn store_error(e: rusqlite::Error) -> StoreError {
+    use rusqlite::Error as E;
+    match &e {
+        E::SqliteFailure(f, _) => match f.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => StoreError::unavailable(
+                "sqlite database is locked by another connection past the busy timeout",
+                e,
+            ),
+            ErrorCode::ReadOnly
+            | ErrorCode::PermissionDenied
+            | ErrorCode::AuthorizationForStatementDenied
+            | ErrorCode::ConstraintViolation
+            | ErrorCode::TooBig
+            | ErrorCode::TypeMismatch => StoreError::rejected("sqlite refused the operation", e),
+            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                StoreError::Corrupt(format!("sqlite database: {e}"))
+            }
+            _ => StoreError::unavailable("sqlite operation failed", e),
+        },
+        E::FromSqlConversionFailure(..)
+        | E::IntegralValueOutOfRange(..)
+        | E::InvalidColumnType(..) => StoreError::Corrupt(format!("lease row: {e}")),
+        _ => StoreError::unavailable("sqlite operation failed", e),
+    }
+}
+
+/// A ttl in whole milliseconds, rounded up, capped far beyond any real lease so `now + ttl`
+/// cannot overflow.
+fn ttl_ms(ttl: Duration) -> i64 {
+    const CAP: u128 = 1 << 50;
+    ttl.as_micros().div_ceil(1000).min(CAP) as i64
+}
+
+/// A token as SQLite stores it; tokens past `i64::MAX` never exist, so such a token matches
+/// nothing.
+fn token_sql(token: FencingToken) -> i64 {
+    i64::try_from(token.get()).unwrap_or(-1)
+}
+
+fn token_from_sql(raw: i64) -> std::result::Result<FencingToken, StoreError> {
+    u64::try_from(raw)
+        .map(FencingToken)
+        .map_err(|_| StoreError::Corrupt(format!("negative fencing token {raw}")))
+}
+
+fn holder_from_sql(raw: String) -> std::result::Result<HolderId, StoreError> {
+    HolderId::new(&raw).map_err(|e| StoreError::Corrupt(format!("holder {raw:?}: {e}")))
+}
+
+fn remaining(expires_at_ms: i64, now_ms: i64) -> Duration {
+    Duration::from_millis(expires_at_ms.saturating_sub(now_ms).max(0) as u64)
+}
+
+fn acquire_tx(
+    conn: &mut Connection,
+    name: &str,
+    holder: &HolderId,
+    ttl: i64,
+) -> std::result::Result<Acquisition, Fail> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let (now, current, token, expires): (i64, Option<String>, Option<i64>, Option<i64>) = tx
+        .prepare_cached(schema::READ_FOR_ACQUIRE)?
+        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    let live = match (current, expires) {
+        (Some(h), Some(exp)) if exp > now => Some((h, exp)),
+        _ => None,
+    };
+    let answer = match live {
+        Some((h, _)) if h == holder.as_str() => {
+            tx.prepare_cached(schema::EXTEND)?
+                .execute(rusqlite::params![name, ttl])?;
+            Acquisition::Acquired {
+                token: token_from_sql(token.unwrap_or_default())?,
+            }
+        }
+        Some((h, exp)) => Acquisition::Busy {
+            holder: holder_from_sql(h)?,
+            remaining: remaining(exp, now),
+        },
+        None => {
+            let next = token
+                .unwrap_or(0)
+                .checked_add(1)
+                .ok_or_else(|| StoreError::Corrupt("fencing token overflow".to_owned()))?;
+            tx.prepare_cached(schema::TAKE)?.execute(rusqlite::params![
+                name,
+                holder.as_str(),
+                next,
+                ttl
+            ])?;
+            Acquisition::Acquired {
+                token: token_from_sql(next)?,
+            }
+        }
+    };
+    tx.commit()?;
+    Ok(answer)
+}
+
+fn release_tx(
+    conn: &mut Connection,
+    name: &str,
+    holder: &str,
+    token: i64,
+    local: Option<&LocalReleases>,
+) -> std::result::Result<Release, Fail> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let changed = tx
+        .prepare_cached(schema::RELEASE)?
+        .execute(rusqlite::params![name, holder, token])?;
+    if changed == 0 {
+        tx.commit()?;
+        return Ok(Release::NotHeld);
+    }
+    tx.prepare_cached(schema::LOG_RELEASE)?.execute([name])?;
+    let seq = tx.last_insert_rowid();
+    if seq % schema::PRUNE_EVERY == 0 {
+        tx.prepare_cached(schema::PRUNE_RELEASES)?
+            .execute([schema::RELEASE_RETENTION_MS])?;
+    }
+    // Recorded before the commit makes the row visible to the poller, so it is published once.
+    if let Some(local) = local {
+        local.lock().unwrap_or_else(|p| p.into_inner()).insert(seq);
+    }
+    if let Err(e) = tx.commit() {
+        if let Some(local) = local {
+            local.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq);
+        }
+        return Err(e.into());
+    }
+    Ok(Release::Released)
+}
+
+fn claim_slot_tx(
+    conn: &mut Connection,
+    task: &str,
+    slot: i64,
+) -> std::result::Result<SlotClaim, Fail> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let changed = tx
+        .prepare_cached(schema::CLAIM_SLOT)?
+        .execute(rusqlite::params![task, slot])?;
+    let answer = if changed == 1 {
+        SlotClaim::Claimed
+    } else {
+        let last: i64 = tx
+            .prepare_cached(schema::LAST_SLOT)?
+            .query_row([task], |r| r.get(0))?;
+        SlotClaim::AlreadyRun {
+            last: u64::try_from(last)
+                .map_err(|_| StoreError::Corrupt(format!("negative slot {last}")))?,
+        }
+    };
+    tx.commit()?;
+    Ok(answer)
+}
+
+impl Store for SqliteStore {
+    fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
+        let (name, holder, ttl) = (name.as_str().to_owned(), holder.clone(), ttl_ms(ttl));
+        self.run(move |conn| acquire_tx(conn, &name, &holder, ttl))
+    }
+
+    fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Renewal>> + Send {
+        let (name, holder) = (name.as_str().to_owned(), holder.as_str().to_owned());
+        let (token, ttl) = (token_sql(token), ttl_ms(ttl));
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let changed = tx
+                .prepare_cached(schema::RENEW)?
+                .execute(rusqlite::params![name, holder, token, ttl])?;
+            tx.commit()?;
+            Ok(if changed == 1 {
+                Renewal::Renewed
+            } else {
+                Renewal::Lost
+            })
+        })
+    }
+
+    fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> impl Future<Output = StoreResult<Release>> + Send {
+        let (name, holder, token) = (name.clone(), holder.as_str().to_owned(), token_sql(token));
+        let local = self
+            .inner
+            .hub
+            .as_ref()
+            .map(|_| self.inner.local_releases.clone());
+        let hub = self.inner.hub.clone();
+        let op = {
+            let name = name.as_str().to_owned();
+            self.run(move |conn| release_tx(conn, &name, &holder, token, local.as_ref()))
+        };
+        async move {
+            let answer = op.await?;
+            if let (Release::Released, Some(hub)) = (answer, hub) {
+                hub.publish(name.as_str());
+            }
+            Ok(answer)
+        }
+    }
+
+    fn inspect(
+        &self,
+        name: &LeaseName,
+    ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
+        let name = name.as_str().to_owned();
+        self.run(move |conn| {
+            let row: Option<(Option<String>, i64, i64, i64)> = conn
+                .prepare_cached(schema::INSPECT)?
+                .query_row([&name], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .optional()?;
+            let Some((holder, token, expires, now)) = row else {
+                return Ok(None);
+            };
+            let holder = match holder {
+                Some(h) if expires > now => Some(holder_from_sql(h)?),
+                _ => None,
+            };
+            Ok(Some(LeaseState {
+                remaining: if holder.is_some() {
+                    remaining(expires, now)
+                } else {
+                    Duration::ZERO
+                },
+                holder,
+                token: token_from_sql(token)?,
+            }))
+        })
+    }
+
+    fn claim_slot(
+        &self,
+        task: &LeaseName,
+        slot: u64,
+    ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
+        let task = task.as_str().to_owned();
+        let slot = i64::try_from(slot);
+        async move {
+            let Ok(slot) = slot else {
+                return Err(StoreError::Rejected {
+                    message: "slot numbers above 2^63-1 do not fit in sqlite".to_owned(),
+                    source: None,
+                });
+            };
+            self.run(move |conn| claim_slot_tx(conn, &task, slot)).await
+        }
+    }
+
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        self.run(|conn| {
+            let now: i64 = conn
+                .prepare_cached(schema::NOW)?
+                .query_row([], |r| r.get(0))?;
+            u64::try_from(now)
+                .map_err(|_| Fail::Store(StoreError::Corrupt(format!("store clock {now}"))))
+        })
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.hub.as_ref().map(ReleaseHub::subscribe)
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.inner.path.display())
+    }
+}
