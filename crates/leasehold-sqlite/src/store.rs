@@ -146,6 +146,30 @@ pub(crate) fn open_connection(path: &Path, config: &SqliteConfig) -> rusqlite::R
 
 fn open_blocking(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<Poller>)> {
     check_path(path)?;
+    // Switching a new file to WAL mode takes an exclusive lock, and SQLite reports some lock
+    // conflicts while several processes open the same new file without calling the busy
+    // handler; retry those until the busy timeout has passed.
+    let started = std::time::Instant::now();
+    loop {
+        match open_once(path, config) {
+            Err(Error::Open { source, .. })
+                if is_busy(&source) && started.elapsed() < config.busy_timeout =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            result => return result,
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<Poller>)> {
     let open_err = |source| Error::Open {
         path: path.to_path_buf(),
         source,
