@@ -1,0 +1,256 @@
+#![doc = include_str!("../README.md")]
+
+mod common;
+mod memory;
+mod redis;
+mod report;
+mod sqlite;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::report::Report;
+
+/// A store `leasehold bench` can measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    /// The embedded SQLite store (a file in `--sqlite-dir`).
+    Sqlite,
+    /// The Redis store at `--redis-url`.
+    Redis,
+    /// The PostgreSQL store at `--postgres-url`.
+    Postgres,
+    /// The in-process memory store: the library's own cost, without a network or a disk.
+    Memory,
+}
+
+impl StoreKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Redis => "redis",
+            Self::Postgres => "postgres",
+            Self::Memory => "memory",
+        }
+    }
+}
+
+/// `leasehold bench`: latency and throughput of acquire, renew, release and handoff per store,
+/// next to the store's own floor measured in the same run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,redis,postgres")]
+    pub stores: Vec<StoreKind>,
+    /// The Redis server to measure (keys use a per-run prefix and are deleted afterwards).
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// The PostgreSQL database to measure (rows use per-run names and are deleted afterwards).
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    pub postgres_url: String,
+    /// Directory for the SQLite database file, created per run and deleted afterwards
+    /// [default: the system temporary directory].
+    #[arg(long, value_name = "DIR")]
+    pub sqlite_dir: Option<PathBuf>,
+    /// Rounds per figure; the median round is reported with the min–max [default: 5, 2 with
+    /// --quick].
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Sequential operations per round [default: 2000, 200 with --quick].
+    #[arg(long)]
+    pub ops: Option<usize>,
+    /// Leases held by one process for the renewal benchmark [default: 10000, 1000 with --quick].
+    #[arg(long)]
+    pub held: Option<usize>,
+    /// Print the figures as one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// A smoke run: few rounds, operations and trials.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// What one run does, with every default filled in.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) stores: Vec<StoreKind>,
+    pub(crate) redis_url: String,
+    pub(crate) postgres_url: String,
+    pub(crate) sqlite_dir: PathBuf,
+    pub(crate) rounds: usize,
+    pub(crate) ops: usize,
+    pub(crate) held: usize,
+    /// Leases renewed one by one per round in the held-lease benchmark.
+    pub(crate) held_sample: usize,
+    pub(crate) graceful_trials: usize,
+    pub(crate) expiry_trials: usize,
+    pub(crate) expiry_ttl: Duration,
+    pub(crate) memory_leases: usize,
+    pub(crate) quick: bool,
+    /// Unique per run: key prefixes and lease names start with it.
+    pub(crate) run_id: String,
+}
+
+impl Plan {
+    fn new(args: &BenchArgs) -> anyhow::Result<Self> {
+        let q = args.quick;
+        let plan = Self {
+            stores: dedup(&args.stores),
+            redis_url: args.redis_url.clone(),
+            postgres_url: args.postgres_url.clone(),
+            sqlite_dir: args.sqlite_dir.clone().unwrap_or_else(std::env::temp_dir),
+            rounds: args.rounds.unwrap_or(if q { 2 } else { 5 }),
+            ops: args.ops.unwrap_or(if q { 200 } else { 2000 }),
+            held: args.held.unwrap_or(if q { 1000 } else { 10_000 }),
+            held_sample: if q { 200 } else { 2000 },
+            graceful_trials: if q { 5 } else { 20 },
+            expiry_trials: if q { 3 } else { 10 },
+            expiry_ttl: Duration::from_millis(300),
+            memory_leases: 10_000,
+            quick: q,
+            run_id: run_id(),
+        };
+        anyhow::ensure!(plan.rounds > 0, "--rounds must be at least 1");
+        anyhow::ensure!(plan.ops > 0, "--ops must be at least 1");
+        anyhow::ensure!(plan.held > 0, "--held must be at least 1");
+        Ok(plan)
+    }
+
+    /// The lease-name prefix of this run on `store`.
+    pub(crate) fn prefix(&self, store: StoreKind) -> String {
+        format!("bench-{}/{}", self.run_id, store.name())
+    }
+}
+
+fn dedup(stores: &[StoreKind]) -> Vec<StoreKind> {
+    let mut out = Vec::new();
+    for &s in stores {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// Process id and clock, in hex: unique enough that two runs never share a key.
+fn run_id() -> String {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    format!("{:x}{:x}", std::process::id(), micros & 0xff_ffff_ffff)
+}
+
+/// Runs the benchmarks in `args` and prints the report (tables, or JSON with `--json`).
+///
+/// Returns the exit status: 0 when every store asked for was measured (missed targets are
+/// reported, not failures), 1 when a store could not be measured (its error is in the report).
+pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
+    let plan = Plan::new(&args)?;
+    let report = bench(&plan).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(if report.failures.is_empty() { 0 } else { 1 })
+}
+
+/// Measures everything in `plan`.
+pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
+    let mut report = Report {
+        run_id: plan.run_id.clone(),
+        rounds: plan.rounds,
+        ops: plan.ops,
+        quick: plan.quick,
+        ..Report::default()
+    };
+    // First, while the heap is small and nothing else runs.
+    report
+        .memory
+        .push(common::memory_per_lease(&plan.prefix(StoreKind::Memory), plan.memory_leases).await?);
+    report.notes.push(format!(
+        "memory per held lease: resident set size (/proc/self/statm) before and after taking \
+         {} leases on the memory store with Lease::try_acquire and keeping the LeaseGuards \
+         (each has a renewer task), divided by the count; it includes the store's own entry",
+        plan.memory_leases
+    ));
+    for &store in &plan.stores {
+        let result = match store {
+            StoreKind::Memory => memory::bench(plan, &mut report).await,
+            StoreKind::Sqlite => sqlite::bench(plan, &mut report).await,
+            StoreKind::Redis => redis::bench(plan, &mut report).await,
+            StoreKind::Postgres => Err(anyhow::anyhow!(
+                "the postgres store ({}) is not built into this benchmark yet",
+                leasehold::store::redact_url(&plan.postgres_url)
+            )),
+        };
+        if let Err(e) = result {
+            report
+                .failures
+                .push((store.name().to_owned(), format!("{e:#}").replace('\n', " ")));
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quick_plan(stores: Vec<StoreKind>) -> Plan {
+        let args = BenchArgs {
+            stores,
+            redis_url: String::new(),
+            postgres_url: String::new(),
+            sqlite_dir: None,
+            rounds: None,
+            ops: Some(50),
+            held: None,
+            json: false,
+            quick: true,
+        };
+        let mut plan = Plan::new(&args).unwrap();
+        plan.memory_leases = 2000;
+        plan
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn memory_store_smoke_run() {
+        let plan = quick_plan(vec![StoreKind::Memory]);
+        let report = bench(&plan).await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let ops: Vec<&str> = report.ops_rows.iter().map(|r| r.op.as_str()).collect();
+        assert_eq!(ops, ["acquire", "renew", "release", "acquire+release"]);
+        for r in &report.ops_rows {
+            assert_eq!(r.figure.rounds, 2);
+            assert_eq!(r.figure.ops_per_round, 50);
+            assert!(r.figure.ops_per_sec.median > 0.0);
+            assert!(r.figure.p50_us.median <= r.figure.p99_us.median);
+        }
+        let paths: Vec<&str> = report.takeover_rows.iter().map(|r| r.path).collect();
+        assert_eq!(paths, ["graceful", "expiry"]);
+        let expiry = &report.takeover_rows[1];
+        assert!(expiry.max_ms < 1000.0, "{expiry:?}");
+        assert_eq!(report.memory.len(), 1);
+        assert!(report.memory[0].rss_after > 0);
+
+        let table = report.table();
+        assert!(table.contains("acquire+release"), "{table}");
+        assert!(table.contains("memory per held lease"), "{table}");
+        let json = report.json();
+        assert_eq!(json["operations"].as_array().unwrap().len(), 4);
+        assert_eq!(json["takeover"].as_array().unwrap().len(), 2);
+        assert!(json["memory"][0]["bytes_per_lease"].is_number());
+    }
+
+    #[test]
+    fn quick_defaults_and_unique_run_ids() {
+        let plan = quick_plan(vec![StoreKind::Redis, StoreKind::Redis]);
+        assert_eq!(plan.stores, [StoreKind::Redis]);
+        assert_eq!(plan.rounds, 2);
+        assert_eq!(plan.held, 1000);
+        assert!(plan.prefix(StoreKind::Redis).starts_with("bench-"));
+        leasehold::LeaseName::new(format!("{}/op/1", plan.prefix(StoreKind::Redis))).unwrap();
+    }
+}

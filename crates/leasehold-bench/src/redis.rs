@@ -1,0 +1,313 @@
+//! The Redis store, next to PING and SET on the store's own connection (the same `redis` crate
+//! and `ConnectionManager`), and next to the `rslock` crate's lock+unlock on the same server.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::{FencingToken, HolderId, LeaseName};
+use leasehold_redis::redis::{self, aio::ConnectionManager};
+use leasehold_redis::{RedisConfig, RedisStore};
+
+use crate::common::{self, BatchRenew, HeldPlan, OpBench, OpRounds};
+use crate::report::{Kind, OpRow, Report, Target};
+use crate::stats::{Figure, Recorder, Round};
+use crate::{Plan, StoreKind};
+
+/// Renews many leases in one script call, with the store's renew rule (leasehold-redis's
+/// `RENEW` script: the value must be `"<token> <holder>"`, then `PEXPIRE`). KEYS: lease keys.
+/// ARGV: holder, ttl ms, then one token per key. Returns how many were renewed.
+const RENEW_MANY: &str = r#"
+local n = 0
+for i, k in ipairs(KEYS) do
+  if redis.call('GET', k) == ARGV[i + 2] .. ' ' .. ARGV[1] then
+    redis.call('PEXPIRE', k, ARGV[2])
+    n = n + 1
+  end
+end
+return n
+"#;
+
+/// Leases per script call in the batched renewal; the calls go in one pipeline.
+const CHUNK: usize = 500;
+
+pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+    let key_prefix = format!("leasehold-bench-{}", plan.run_id);
+    let connect = || async {
+        RedisConfig::new(plan.redis_url.clone())
+            .prefix(key_prefix.clone())
+            .connect()
+            .await
+            .with_context(|| {
+                format!(
+                    "connect to {}",
+                    leasehold::store::redact_url(&plan.redis_url)
+                )
+            })
+    };
+    let store = connect().await?;
+    let result = async {
+        // A second store handle, as another process would have: its own connection and
+        // release listener.
+        let waiter = connect().await?;
+        bench_with(plan, report, &store, &waiter, &key_prefix).await
+    }
+    .await;
+    let cleaned = cleanup(&store, &key_prefix).await;
+    result.and(cleaned)
+}
+
+async fn bench_with(
+    plan: &Plan,
+    report: &mut Report,
+    store: &RedisStore,
+    waiter: &RedisStore,
+    key_prefix: &str,
+) -> anyhow::Result<()> {
+    let mut conn = store.connection();
+    let prefix = plan.prefix(StoreKind::Redis);
+    let ops = OpBench::new(store.clone(), &prefix, plan.ops)?;
+    let peer = rslock::LockManager::new(vec![plan.redis_url.clone()]);
+    let resources: Vec<String> = (0..plan.ops)
+        .map(|i| format!("{key_prefix}:rslock:{i}"))
+        .collect();
+    let floor_key = format!("{key_prefix}:floor");
+
+    ops.warm_up().await?;
+    ping_round(&mut conn, plan.ops.min(200)).await?;
+    rslock_round(&peer, &resources).await?;
+
+    let mut rounds = OpRounds::default();
+    let (mut pings, mut sets, mut peers) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..plan.rounds {
+        pings.push(ping_round(&mut conn, plan.ops).await?);
+        sets.push(set_round(&mut conn, &floor_key, plan.ops).await?);
+        ops.round(&mut rounds).await?;
+        peers.push(rslock_round(&peer, &resources).await?);
+    }
+
+    let name = || "redis".to_owned();
+    let ping = Figure::of(&pings);
+    let within = |rounds: &[Round], factor: f64| {
+        let p50 = Figure::of(rounds).p50_us.median;
+        Target::new(
+            format!("p50 ≤ {factor}× PING"),
+            p50 <= factor * ping.p50_us.median,
+        )
+    };
+    let peer_rate = Figure::of(&peers).ops_per_sec.median;
+    let pair_rate = Figure::of(&rounds.acquire_release).ops_per_sec.median;
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: "PING".to_owned(),
+        kind: Kind::Floor,
+        figure: ping,
+        ratio: None,
+        target: None,
+    });
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: "SET".to_owned(),
+        kind: Kind::Floor,
+        figure: Figure::of(&sets),
+        ratio: common::ratio(&sets, &pings, "PING"),
+        target: None,
+    });
+    for (op, r, target) in [
+        (
+            "acquire",
+            &rounds.acquire,
+            Some(within(&rounds.acquire, 1.1)),
+        ),
+        ("renew", &rounds.renew, Some(within(&rounds.renew, 1.1))),
+        ("release", &rounds.release, None),
+        (
+            "acquire+release",
+            &rounds.acquire_release,
+            Some(Target::new(
+                format!("ops/s ≥ rslock ({})", crate::report::fmt_count(peer_rate)),
+                pair_rate >= peer_rate,
+            )),
+        ),
+    ] {
+        report.ops_rows.push(OpRow {
+            store: name(),
+            op: op.to_owned(),
+            kind: Kind::Lease,
+            figure: Figure::of(r),
+            ratio: common::ratio(r, &pings, "PING"),
+            target,
+        });
+    }
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: "rslock lock+unlock".to_owned(),
+        kind: Kind::Peer,
+        figure: Figure::of(&peers),
+        ratio: common::ratio(&peers, &pings, "PING"),
+        target: None,
+    });
+    report.notes.push(
+        "redis: PING and SET run on the store's own ConnectionManager (redis crate); rslock 0.10 \
+         (same redis crate) uses one server and its own multiplexed connection; acquire+release \
+         and lock+unlock are two round trips each"
+            .to_owned(),
+    );
+
+    let batch = Batch::new(store).await?;
+    report.held_rows.push(
+        common::held_renewal(
+            store,
+            &batch,
+            &HeldPlan {
+                store_name: "redis",
+                prefix: &prefix,
+                held: plan.held,
+                sample: plan.held_sample,
+                rounds: plan.rounds,
+                concurrency: 64,
+            },
+        )
+        .await?,
+    );
+    report.takeover_rows.push(
+        common::graceful_takeover(
+            "redis",
+            store,
+            waiter,
+            &prefix,
+            plan.graceful_trials,
+            Some(1.0),
+        )
+        .await?,
+    );
+    report.takeover_rows.push(
+        common::expiry_takeover(
+            "redis",
+            store,
+            waiter,
+            &prefix,
+            plan.expiry_trials,
+            plan.expiry_ttl,
+        )
+        .await?,
+    );
+    Ok(())
+}
+
+async fn ping_round(conn: &mut ConnectionManager, ops: usize) -> anyhow::Result<Round> {
+    let mut rec = Recorder::new(ops);
+    for _ in 0..ops {
+        rec.start();
+        let _: String = redis::cmd("PING").query_async(conn).await?;
+        rec.stop();
+    }
+    Ok(rec.finish())
+}
+
+async fn set_round(conn: &mut ConnectionManager, key: &str, ops: usize) -> anyhow::Result<Round> {
+    let mut rec = Recorder::new(ops);
+    for i in 0..ops {
+        rec.start();
+        let () = redis::cmd("SET").arg(key).arg(i).query_async(conn).await?;
+        rec.stop();
+    }
+    Ok(rec.finish())
+}
+
+async fn rslock_round(peer: &rslock::LockManager, resources: &[String]) -> anyhow::Result<Round> {
+    let mut rec = Recorder::new(resources.len());
+    for resource in resources {
+        rec.start();
+        let lock = peer
+            .lock(resource.as_str(), Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("rslock lock of {resource}: {e}"))?;
+        peer.unlock(&lock).await;
+        rec.stop();
+    }
+    Ok(rec.finish())
+}
+
+/// Batched renewal against the store's key layout: one pipeline of EVALSHA calls of
+/// [`RENEW_MANY`], each over [`CHUNK`] leases.
+struct Batch {
+    store: RedisStore,
+    hash: String,
+}
+
+impl Batch {
+    async fn new(store: &RedisStore) -> anyhow::Result<Self> {
+        let mut conn = store.connection();
+        let hash: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(RENEW_MANY)
+            .query_async(&mut conn)
+            .await
+            .context("SCRIPT LOAD of the batched renew script")?;
+        Ok(Self {
+            store: store.clone(),
+            hash,
+        })
+    }
+}
+
+impl BatchRenew for Batch {
+    fn method(&self) -> String {
+        format!(
+            "one pipeline of EVALSHA calls, each a script renewing {CHUNK} lease keys with the \
+             store's renew rule (the store has no batch call; done in this crate against its key \
+             layout)"
+        )
+    }
+
+    async fn renew_all(
+        &self,
+        leases: &[(LeaseName, FencingToken)],
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> anyhow::Result<usize> {
+        let ttl = ttl.as_millis().to_string();
+        let mut pipe = redis::pipe();
+        for chunk in leases.chunks(CHUNK) {
+            let cmd = pipe.cmd("EVALSHA").arg(&self.hash).arg(chunk.len());
+            for (name, _) in chunk {
+                cmd.arg(self.store.lease_key(name));
+            }
+            cmd.arg(holder.as_str()).arg(&ttl);
+            for (_, token) in chunk {
+                cmd.arg(token.get().to_string());
+            }
+        }
+        let counts: Vec<i64> = pipe.query_async(&mut self.store.connection()).await?;
+        Ok(counts.iter().map(|&n| n.max(0) as usize).sum())
+    }
+}
+
+/// Deletes every key of this run.
+async fn cleanup(store: &RedisStore, key_prefix: &str) -> anyhow::Result<()> {
+    let mut conn = store.connection();
+    let pattern = format!("{key_prefix}:*");
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .context("cleanup: SCAN")?;
+        if !keys.is_empty() {
+            let () = redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async(&mut conn)
+                .await
+                .context("cleanup: UNLINK")?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}

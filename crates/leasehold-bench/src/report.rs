@@ -1,0 +1,499 @@
+//! The figures of one run, printed as aligned tables or as JSON.
+
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use crate::stats::{Figure, Spread};
+
+/// What a row of the operations table measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A leasehold operation.
+    Lease,
+    /// The store's floor: the cheapest round trip of the same client.
+    Floor,
+    /// A peer crate doing the same job.
+    Peer,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Lease => "lease",
+            Self::Floor => "floor",
+            Self::Peer => "peer",
+        }
+    }
+}
+
+/// A target from the issue and whether this run met it.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) text: String,
+    pub(crate) pass: bool,
+}
+
+impl Target {
+    pub(crate) fn new(text: impl Into<String>, pass: bool) -> Self {
+        Self {
+            text: text.into(),
+            pass,
+        }
+    }
+
+    fn cell(&self) -> String {
+        format!("{} {}", if self.pass { "PASS" } else { "MISS" }, self.text)
+    }
+
+    fn json(&self) -> Value {
+        json!({ "text": self.text, "pass": self.pass })
+    }
+}
+
+/// `figure p50 / floor p50`, taken within one run.
+#[derive(Debug, Clone)]
+pub(crate) struct Ratio {
+    pub(crate) floor: String,
+    pub(crate) p50: f64,
+}
+
+/// One row of the operations table.
+#[derive(Debug, Clone)]
+pub(crate) struct OpRow {
+    pub(crate) store: String,
+    pub(crate) op: String,
+    pub(crate) kind: Kind,
+    pub(crate) figure: Figure,
+    pub(crate) ratio: Option<Ratio>,
+    pub(crate) target: Option<Target>,
+}
+
+/// Renewing many leases held by one process: one by one, and batched.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldRow {
+    pub(crate) store: String,
+    pub(crate) held: usize,
+    /// Renewals per second, one store call per lease.
+    pub(crate) one_by_one: Spread,
+    /// How many leases the one-by-one rate was measured over, per round.
+    pub(crate) one_by_one_sample: usize,
+    /// Renewals per second, all held leases in one batch.
+    pub(crate) batched: Spread,
+    /// Milliseconds to renew all held leases in one batch.
+    pub(crate) batch_ms: Spread,
+    /// How the batch was done.
+    pub(crate) method: String,
+    pub(crate) target: Target,
+}
+
+/// Takeover latency on one store by one path.
+#[derive(Debug, Clone)]
+pub(crate) struct TakeoverRow {
+    pub(crate) store: String,
+    /// `graceful` or `expiry`.
+    pub(crate) path: &'static str,
+    pub(crate) trials: usize,
+    pub(crate) p50_ms: f64,
+    pub(crate) max_ms: f64,
+    /// What the figure measures.
+    pub(crate) measures: String,
+    pub(crate) target: Option<Target>,
+}
+
+/// Resident memory per held lease.
+#[derive(Debug, Clone)]
+pub(crate) struct MemoryRow {
+    pub(crate) store: String,
+    pub(crate) leases: usize,
+    pub(crate) rss_before: u64,
+    pub(crate) rss_after: u64,
+}
+
+impl MemoryRow {
+    pub(crate) fn bytes_per_lease(&self) -> f64 {
+        self.rss_after.saturating_sub(self.rss_before) as f64 / self.leases.max(1) as f64
+    }
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Report {
+    pub(crate) run_id: String,
+    pub(crate) rounds: usize,
+    pub(crate) ops: usize,
+    pub(crate) quick: bool,
+    pub(crate) ops_rows: Vec<OpRow>,
+    pub(crate) held_rows: Vec<HeldRow>,
+    pub(crate) takeover_rows: Vec<TakeoverRow>,
+    pub(crate) memory: Vec<MemoryRow>,
+    /// Stores that could not be benchmarked, with the error.
+    pub(crate) failures: Vec<(String, String)>,
+    /// How figures were obtained, where it is not obvious.
+    pub(crate) notes: Vec<String>,
+}
+
+impl Report {
+    /// Every target with its figure's name.
+    pub(crate) fn targets(&self) -> Vec<(String, &Target)> {
+        let mut out = Vec::new();
+        for r in &self.ops_rows {
+            if let Some(t) = &r.target {
+                out.push((format!("{} {}", r.store, r.op), t));
+            }
+        }
+        for r in &self.held_rows {
+            out.push((format!("{} renew {} held", r.store, r.held), &r.target));
+        }
+        for r in &self.takeover_rows {
+            if let Some(t) = &r.target {
+                out.push((format!("{} {} takeover", r.store, r.path), t));
+            }
+        }
+        out
+    }
+
+    pub(crate) fn json(&self) -> Value {
+        let ops: Vec<Value> = self
+            .ops_rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "store": r.store,
+                    "operation": r.op,
+                    "kind": r.kind.as_str(),
+                    "figure": r.figure.json(),
+                    "ratio": r.ratio.as_ref().map(|x| json!({ "floor": x.floor, "p50": x.p50 })),
+                    "target": r.target.as_ref().map(Target::json),
+                })
+            })
+            .collect();
+        let held: Vec<Value> = self
+            .held_rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "store": r.store,
+                    "held": r.held,
+                    "one_by_one_per_sec": r.one_by_one.json(),
+                    "one_by_one_sample": r.one_by_one_sample,
+                    "batched_per_sec": r.batched.json(),
+                    "batch_ms": r.batch_ms.json(),
+                    "speedup": speedup(r),
+                    "method": r.method,
+                    "target": r.target.json(),
+                })
+            })
+            .collect();
+        let takeover: Vec<Value> = self
+            .takeover_rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "store": r.store,
+                    "path": r.path,
+                    "trials": r.trials,
+                    "p50_ms": r.p50_ms,
+                    "max_ms": r.max_ms,
+                    "measures": r.measures,
+                    "target": r.target.as_ref().map(Target::json),
+                })
+            })
+            .collect();
+        let memory: Vec<Value> = self
+            .memory
+            .iter()
+            .map(|m| {
+                json!({
+                    "store": m.store,
+                    "leases": m.leases,
+                    "rss_before_bytes": m.rss_before,
+                    "rss_after_bytes": m.rss_after,
+                    "bytes_per_lease": m.bytes_per_lease(),
+                })
+            })
+            .collect();
+        let targets: Vec<Value> = self
+            .targets()
+            .into_iter()
+            .map(|(figure, t)| json!({ "figure": figure, "text": t.text, "pass": t.pass }))
+            .collect();
+        let failures: Vec<Value> = self
+            .failures
+            .iter()
+            .map(|(store, error)| json!({ "store": store, "error": error }))
+            .collect();
+        json!({
+            "run_id": self.run_id,
+            "rounds": self.rounds,
+            "ops_per_round": self.ops,
+            "quick": self.quick,
+            "operations": ops,
+            "held_renewal": held,
+            "takeover": takeover,
+            "memory": memory,
+            "targets": targets,
+            "failures": failures,
+            "notes": self.notes,
+        })
+    }
+
+    pub(crate) fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "leasehold bench: run {}, {} rounds of {} sequential operations per figure; \
+             median of the rounds with (min–max); ratios are p50 ÷ the floor's p50 in this run",
+            self.run_id, self.rounds, self.ops
+        );
+        if !self.ops_rows.is_empty() {
+            let rows = self
+                .ops_rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.store.clone(),
+                        match r.kind {
+                            Kind::Lease => r.op.clone(),
+                            Kind::Floor => format!("{} (floor)", r.op),
+                            Kind::Peer => format!("{} (peer)", r.op),
+                        },
+                        fmt_rate_spread(&r.figure.ops_per_sec),
+                        fmt_us_spread(&r.figure.p50_us),
+                        fmt_us_spread(&r.figure.p99_us),
+                        r.ratio
+                            .as_ref()
+                            .map_or_else(String::new, |x| format!("{:.2}× {}", x.p50, x.floor)),
+                        r.target.as_ref().map_or_else(String::new, Target::cell),
+                    ]
+                })
+                .collect();
+            out.push('\n');
+            out.push_str(&table(
+                &[
+                    "store",
+                    "operation",
+                    "ops/s",
+                    "p50",
+                    "p99",
+                    "p50 vs floor",
+                    "target",
+                ],
+                rows,
+            ));
+        }
+        if !self.held_rows.is_empty() {
+            let rows = self
+                .held_rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.store.clone(),
+                        fmt_count(r.held as f64),
+                        format!(
+                            "{} (over {})",
+                            fmt_rate_spread(&r.one_by_one),
+                            fmt_count(r.one_by_one_sample as f64)
+                        ),
+                        fmt_rate_spread(&r.batched),
+                        fmt_ms_spread(&r.batch_ms),
+                        format!("{:.1}×", speedup(r)),
+                        r.target.cell(),
+                    ]
+                })
+                .collect();
+            out.push_str("\nrenewing leases held by one process (renewals/s)\n");
+            out.push_str(&table(
+                &[
+                    "store",
+                    "held",
+                    "one by one",
+                    "batched",
+                    "batch of all",
+                    "speedup",
+                    "target",
+                ],
+                rows,
+            ));
+            for r in &self.held_rows {
+                let _ = writeln!(out, "  {}: {}", r.store, r.method);
+            }
+        }
+        if !self.takeover_rows.is_empty() {
+            let rows = self
+                .takeover_rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.store.clone(),
+                        r.path.to_owned(),
+                        r.trials.to_string(),
+                        format!("{:.2}ms", r.p50_ms),
+                        format!("{:.2}ms", r.max_ms),
+                        r.target.as_ref().map_or_else(String::new, Target::cell),
+                    ]
+                })
+                .collect();
+            out.push_str("\ntakeover\n");
+            out.push_str(&table(
+                &["store", "after", "trials", "p50", "max", "target"],
+                rows,
+            ));
+            let mut seen = Vec::new();
+            for r in &self.takeover_rows {
+                if !seen.contains(&r.path) {
+                    seen.push(r.path);
+                    let _ = writeln!(out, "  {}: {}", r.path, r.measures);
+                }
+            }
+        }
+        for m in &self.memory {
+            let _ = writeln!(
+                out,
+                "\nmemory per held lease: {:.0} bytes ({} LeaseGuards on the {} store; \
+                 RSS {:.1} MiB → {:.1} MiB)",
+                m.bytes_per_lease(),
+                fmt_count(m.leases as f64),
+                m.store,
+                m.rss_before as f64 / 1048576.0,
+                m.rss_after as f64 / 1048576.0,
+            );
+        }
+        let targets = self.targets();
+        if !targets.is_empty() {
+            let passed = targets.iter().filter(|(_, t)| t.pass).count();
+            let _ = writeln!(
+                out,
+                "\ntargets: {passed} PASS, {} MISS",
+                targets.len() - passed
+            );
+            for (figure, t) in targets.iter().filter(|(_, t)| !t.pass) {
+                let _ = writeln!(out, "  MISS {figure}: {}", t.text);
+            }
+        }
+        for (store, error) in &self.failures {
+            let _ = writeln!(out, "\n{store}: not benchmarked: {error}");
+        }
+        if !self.notes.is_empty() {
+            out.push_str("\nnotes\n");
+            for n in &self.notes {
+                let _ = writeln!(out, "  - {n}");
+            }
+        }
+        out
+    }
+}
+
+fn speedup(r: &HeldRow) -> f64 {
+    if r.one_by_one.median > 0.0 {
+        r.batched.median / r.one_by_one.median
+    } else {
+        0.0
+    }
+}
+
+/// Left-aligned columns, two spaces apart, a rule under the header.
+pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i > 0 {
+                s.push_str("  ");
+            }
+            s.push_str(cell);
+            s.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    let rules: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
+    line(&mut rules.iter().map(String::as_str));
+    for row in &rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// `12,345`.
+pub(crate) fn fmt_count(v: f64) -> String {
+    let digits = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn fmt_rate_spread(s: &Spread) -> String {
+    format!(
+        "{} ({}–{})",
+        fmt_count(s.median),
+        fmt_count(s.min),
+        fmt_count(s.max)
+    )
+}
+
+/// Microseconds below 1 ms, else milliseconds; min and max in the median's unit.
+fn fmt_us_spread(s: &Spread) -> String {
+    if s.median < 1000.0 {
+        let f = |v: f64| {
+            if v < 10.0 {
+                format!("{v:.1}")
+            } else {
+                format!("{v:.0}")
+            }
+        };
+        format!("{}µs ({}–{})", f(s.median), f(s.min), f(s.max))
+    } else {
+        let f = |v: f64| format!("{:.2}", v / 1000.0);
+        format!("{}ms ({}–{})", f(s.median), f(s.min), f(s.max))
+    }
+}
+
+fn fmt_ms_spread(s: &Spread) -> String {
+    format!("{:.1}ms ({:.1}–{:.1})", s.median, s.min, s.max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_numbers_and_aligns_columns() {
+        assert_eq!(fmt_count(0.0), "0");
+        assert_eq!(fmt_count(999.4), "999");
+        assert_eq!(fmt_count(1234.0), "1,234");
+        assert_eq!(fmt_count(1234567.0), "1,234,567");
+        let s = Spread {
+            median: 45.2,
+            min: 9.5,
+            max: 120.0,
+        };
+        assert_eq!(fmt_us_spread(&s), "45µs (9.5–120)");
+        let s = Spread {
+            median: 1500.0,
+            min: 1200.0,
+            max: 2000.0,
+        };
+        assert_eq!(fmt_us_spread(&s), "1.50ms (1.20–2.00)");
+        let t = table(
+            &["a", "bb"],
+            vec![
+                vec!["µµµ".into(), "x".into()],
+                vec!["z".into(), "yyy".into()],
+            ],
+        );
+        assert_eq!(t, "a    bb\n---  ---\nµµµ  x\nz    yyy\n");
+    }
+}
