@@ -72,15 +72,24 @@ async fn bench_with(
         .collect();
     let floor_key = format!("{key_prefix}:floor");
 
+    let noop: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return 1")
+        .query_async(&mut conn)
+        .await
+        .context("SCRIPT LOAD of a no-op script")?;
+
     ops.warm_up().await?;
     ping_round(&mut conn, plan.ops.min(200)).await?;
     rslock_round(&peer, &resources).await?;
 
     let mut rounds = OpRounds::default();
-    let (mut pings, mut sets, mut peers) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pings, mut sets, mut evals, mut peers) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..plan.rounds {
         pings.push(ping_round(&mut conn, plan.ops).await?);
         sets.push(set_round(&mut conn, &floor_key, plan.ops).await?);
+        evals.push(evalsha_round(&mut conn, &noop, plan.ops).await?);
         ops.round(&mut rounds).await?;
         peers.push(rslock_round(&peer, &resources).await?);
     }
@@ -110,6 +119,14 @@ async fn bench_with(
         kind: Kind::Floor,
         figure: Figure::of(&sets),
         ratio: common::ratio(&sets, &pings, "PING"),
+        target: None,
+    });
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: "EVALSHA no-op".to_owned(),
+        kind: Kind::Floor,
+        figure: Figure::of(&evals),
+        ratio: common::ratio(&evals, &pings, "PING"),
         target: None,
     });
     for (op, r, target) in [
@@ -147,8 +164,8 @@ async fn bench_with(
         target: None,
     });
     report.notes.push(
-        "redis: PING and SET run on the store's own ConnectionManager (redis crate); rslock 0.10 \
-         (same redis crate) uses one server and its own multiplexed connection; acquire+release \
+        "redis: PING, SET and EVALSHA of `return 1` run on the store's own ConnectionManager \
+         (redis crate); every store operation is one EVALSHA; rslock 0.10 (same redis crate) uses one server and its own multiplexed connection; acquire+release \
          and lock+unlock are two round trips each"
             .to_owned(),
     );
@@ -209,6 +226,25 @@ async fn set_round(conn: &mut ConnectionManager, key: &str, ops: usize) -> anyho
     for i in 0..ops {
         rec.start();
         let () = redis::cmd("SET").arg(key).arg(i).query_async(conn).await?;
+        rec.stop();
+    }
+    Ok(rec.finish())
+}
+
+/// A script that does nothing: what running any Lua script costs over PING.
+async fn evalsha_round(
+    conn: &mut ConnectionManager,
+    hash: &str,
+    ops: usize,
+) -> anyhow::Result<Round> {
+    let mut rec = Recorder::new(ops);
+    for _ in 0..ops {
+        rec.start();
+        let _: i64 = redis::cmd("EVALSHA")
+            .arg(hash)
+            .arg(0)
+            .query_async(conn)
+            .await?;
         rec.stop();
     }
     Ok(rec.finish())
