@@ -76,13 +76,8 @@ impl<S: Store> OpBench<S> {
         let mut rec = Recorder::new(n);
         for (name, &token) in self.names.iter().zip(&tokens) {
             rec.start();
-            let renewal = self
-                .store
-                .renew(name, &self.holder, token, OP_TTL)
-                .await
-                .context("renew")?;
+            self.renew(name, token).await?;
             rec.stop();
-            ensure!(renewal == Renewal::Renewed, "renew of {name}: {renewal:?}");
         }
         out.renew.push(rec.finish());
 
@@ -102,6 +97,41 @@ impl<S: Store> OpBench<S> {
             rec.stop();
         }
         out.acquire_release.push(rec.finish());
+        Ok(())
+    }
+
+    /// Acquires every name, untimed.
+    pub(crate) async fn acquire_all(&self) -> anyhow::Result<Vec<FencingToken>> {
+        let mut tokens = Vec::with_capacity(self.names.len());
+        for name in &self.names {
+            tokens.push(self.acquire(name).await?);
+        }
+        Ok(tokens)
+    }
+
+    /// Renews every name acquired by [`acquire_all`](Self::acquire_all), untimed.
+    pub(crate) async fn renew_all(&self, tokens: &[FencingToken]) -> anyhow::Result<()> {
+        for (name, &token) in self.names.iter().zip(tokens) {
+            self.renew(name, token).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases every name acquired by [`acquire_all`](Self::acquire_all), untimed.
+    pub(crate) async fn release_all(&self, tokens: &[FencingToken]) -> anyhow::Result<()> {
+        for (name, &token) in self.names.iter().zip(tokens) {
+            self.release(name, token).await?;
+        }
+        Ok(())
+    }
+
+    async fn renew(&self, name: &LeaseName, token: FencingToken) -> anyhow::Result<()> {
+        let renewal = self
+            .store
+            .renew(name, &self.holder, token, OP_TTL)
+            .await
+            .context("renew")?;
+        ensure!(renewal == Renewal::Renewed, "renew of {name}: {renewal:?}");
         Ok(())
     }
 

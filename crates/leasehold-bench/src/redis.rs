@@ -170,6 +170,13 @@ async fn bench_with(
             .to_owned(),
     );
 
+    match server_time(store, &ops, &noop).await {
+        Ok(note) => report.notes.push(note),
+        Err(e) => report
+            .notes
+            .push(format!("redis: server time per call not measured: {e:#}")),
+    }
+
     let batch = Batch::new(store).await?;
     report.held_rows.push(
         common::held_renewal(
@@ -229,6 +236,59 @@ async fn set_round(conn: &mut ConnectionManager, key: &str, ops: usize) -> anyho
         rec.stop();
     }
     Ok(rec.finish())
+}
+
+/// `(calls, usec)` of one command in `INFO commandstats`.
+async fn command_stat(conn: &mut ConnectionManager, command: &str) -> anyhow::Result<(u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+        return Ok((0, 0));
+    };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Ok((field("calls"), field("usec")))
+}
+
+/// Microseconds the server spent per EVALSHA of each operation (from `INFO commandstats`
+/// around one pass of each), to tell the server's script work from the client's share.
+async fn server_time(
+    store: &RedisStore,
+    ops: &OpBench<RedisStore>,
+    noop: &str,
+) -> anyhow::Result<String> {
+    let mut conn = store.connection();
+    let mut per_call = Vec::new();
+    let mut tokens = Vec::new();
+    for what in ["PING", "no-op script", "acquire", "renew", "release"] {
+        let command = if what == "PING" { "ping" } else { "evalsha" };
+        let (calls0, usec0) = command_stat(&mut conn, command).await?;
+        match what {
+            "PING" => drop(ping_round(&mut conn, 200).await?),
+            "no-op script" => drop(evalsha_round(&mut conn, noop, 200).await?),
+            "acquire" => tokens = ops.acquire_all().await?,
+            "renew" => ops.renew_all(&tokens).await?,
+            _ => ops.release_all(&tokens).await?,
+        }
+        let (calls1, usec1) = command_stat(&mut conn, command).await?;
+        let calls = calls1.saturating_sub(calls0).max(1);
+        per_call.push(format!(
+            "{what} {:.1} µs",
+            usec1.saturating_sub(usec0) as f64 / calls as f64
+        ));
+    }
+    Ok(format!(
+        "redis: server time per call (INFO commandstats; includes other clients' calls made \
+         meanwhile): {}; the rest of each p50 is the round trip and the client",
+        per_call.join(", ")
+    ))
 }
 
 /// A script that does nothing: what running any Lua script costs over PING.
