@@ -1,0 +1,340 @@
+//! The checker: what the ledger says about the guarantees.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::ledger::{Fenced, LedgerEntry};
+
+/// A stretch of time in which the store lost acknowledged writes (the harness restarted its own
+/// Redis without persistence). Overlaps and duplicate slots that begin inside one are a documented
+/// non-guarantee: they are reported, as excused, and do not fail the run. Fencing must hold even
+/// there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossWindow {
+    /// Start, ms since the Unix epoch.
+    pub from_ms: u64,
+    /// End, ms since the Unix epoch.
+    pub to_ms: u64,
+}
+
+impl LossWindow {
+    fn contains(&self, ms: u64) -> bool {
+        self.from_ms <= ms && ms <= self.to_ms
+    }
+}
+
+/// What the checker found. The first three counts must be zero.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Runs in the ledger (every outcome).
+    pub executions: usize,
+    /// Runs whose write was accepted.
+    pub accepted: usize,
+    /// Runs stopped (SIGTERM) before their write.
+    pub aborted: usize,
+    /// Pairs of runs that overlap in time and both had their write accepted, outside store
+    /// write-loss windows. Must be 0.
+    pub overlapping_accepted: usize,
+    /// Such pairs that began inside a store write-loss window (a documented non-guarantee).
+    pub overlapping_accepted_excused: usize,
+    /// Pairs of runs of any outcome that overlap in time (information: a paused holder that
+    /// resumes overlaps the new holder in wall time, and must be fenced).
+    pub raw_overlaps: usize,
+    /// Extra accepted runs of a slot that already had an accepted run, outside write-loss
+    /// windows. Must be 0.
+    pub duplicate_slots: usize,
+    /// Such duplicates inside a store write-loss window.
+    pub duplicate_slots_excused: usize,
+    /// Accepted writes whose token was below one accepted before them. Must be 0.
+    pub stale_accepted: usize,
+    /// Writes refused by the fence.
+    pub stale_rejected: usize,
+    /// Accepted writes that carried no token or no slot.
+    pub unfenced_accepted: usize,
+    /// Lowest slot seen.
+    pub first_slot: Option<u64>,
+    /// Highest slot seen.
+    pub last_slot: Option<u64>,
+    /// Slots between the first and the last with no run at all.
+    pub missed_slots: usize,
+    /// Up to 20 human-readable descriptions of each violation found.
+    pub violations: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether every guarantee the ledger can show held.
+    pub fn ok(&self) -> bool {
+        self.overlapping_accepted == 0
+            && self.duplicate_slots == 0
+            && self.stale_accepted == 0
+            && self.unfenced_accepted == 0
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "executions": self.executions,
+            "accepted": self.accepted,
+            "aborted": self.aborted,
+            "overlapping_accepted": self.overlapping_accepted,
+            "overlapping_accepted_excused": self.overlapping_accepted_excused,
+            "raw_overlaps": self.raw_overlaps,
+            "duplicate_slots": self.duplicate_slots,
+            "duplicate_slots_excused": self.duplicate_slots_excused,
+            "stale_accepted": self.stale_accepted,
+            "stale_rejected": self.stale_rejected,
+            "unfenced_accepted": self.unfenced_accepted,
+            "first_slot": self.first_slot,
+            "last_slot": self.last_slot,
+            "missed_slots": self.missed_slots,
+            "violations": self.violations,
+            "ok": self.ok(),
+        })
+    }
+
+    fn note(&mut self, what: String) {
+        if self.violations.len() < 20 {
+            self.violations.push(what);
+        }
+    }
+}
+
+fn describe(e: &LedgerEntry) -> String {
+    format!(
+        "slot {} token {} by {} (pid {}, {}..{} ms, {})",
+        e.slot.map_or("-".into(), |s| s.to_string()),
+        e.token.map_or("-".into(), |t| t.to_string()),
+        e.holder,
+        e.pid,
+        e.start_ms,
+        e.end_ms,
+        e.fenced.as_str()
+    )
+}
+
+/// Checks a ledger, given in the order it was written (the order of the fence's decisions).
+pub fn check(entries: &[LedgerEntry], loss: &[LossWindow]) -> CheckReport {
+    let mut r = CheckReport {
+        executions: entries.len(),
+        ..CheckReport::default()
+    };
+    let excused = |ms: u64| loss.iter().any(|w| w.contains(ms));
+
+    // Fencing, in decision order.
+    let mut max_accepted: Option<u64> = None;
+    for e in entries {
+        match e.fenced {
+            Fenced::Accepted => {
+                r.accepted += 1;
+                match (e.token, e.slot) {
+                    (Some(token), Some(_)) => {
+                        if max_accepted.is_some_and(|max| token < max) {
+                            r.stale_accepted += 1;
+                            r.note(format!(
+                                "stale write accepted: {} after token {}",
+                                describe(e),
+                                max_accepted.unwrap_or_default()
+                            ));
+                        }
+                        max_accepted = max_accepted.max(Some(token));
+                    }
+                    _ => {
+                        r.unfenced_accepted += 1;
+                        r.note(format!(
+                            "write accepted without token or slot: {}",
+                            describe(e)
+                        ));
+                    }
+                }
+            }
+            Fenced::Rejected => r.stale_rejected += 1,
+            Fenced::Aborted => r.aborted += 1,
+        }
+    }
+
+    // Overlaps: sweep over runs sorted by start.
+    let mut by_start: Vec<&LedgerEntry> = entries.iter().collect();
+    by_start.sort_by_key(|e| (e.start_ms, e.end_ms));
+    for (i, a) in by_start.iter().enumerate() {
+        for b in &by_start[i + 1..] {
+            if b.start_ms >= a.end_ms {
+                break;
+            }
+            if !a.overlaps(b) {
+                continue;
+            }
+            r.raw_overlaps += 1;
+            if a.fenced == Fenced::Accepted && b.fenced == Fenced::Accepted {
+                if excused(b.start_ms) {
+                    r.overlapping_accepted_excused += 1;
+                } else {
+                    r.overlapping_accepted += 1;
+                    r.note(format!(
+                        "overlapping accepted runs: {} and {}",
+                        describe(a),
+                        describe(b)
+                    ));
+                }
+            }
+        }
+    }
+
+    // Duplicate slots among accepted writes.
+    let mut slots: BTreeMap<u64, Vec<&LedgerEntry>> = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.fenced == Fenced::Accepted) {
+        if let Some(slot) = e.slot {
+            slots.entry(slot).or_default().push(e);
+        }
+    }
+    for runs in slots.values_mut() {
+        runs.sort_by_key(|e| e.start_ms);
+        for dup in &runs[1..] {
+            if excused(dup.start_ms) {
+                r.duplicate_slots_excused += 1;
+            } else {
+                r.duplicate_slots += 1;
+                r.note(format!(
+                    "slot run twice: {} and {}",
+                    describe(runs[0]),
+                    describe(dup)
+                ));
+            }
+        }
+    }
+
+    // Missed slots: no run of any outcome.
+    let seen: BTreeSet<u64> = entries.iter().filter_map(|e| e.slot).collect();
+    r.first_slot = seen.first().copied();
+    r.last_slot = seen.last().copied();
+    if let (Some(first), Some(last)) = (r.first_slot, r.last_slot) {
+        r.missed_slots = usize::try_from(last - first + 1).unwrap_or(usize::MAX) - seen.len();
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(slot: u64, token: u64, start: u64, end: u64, fenced: Fenced) -> LedgerEntry {
+        LedgerEntry {
+            task: "t".into(),
+            slot: Some(slot),
+            token: Some(token),
+            holder: format!("r{token}"),
+            pid: 1000 + u32::try_from(slot).unwrap(),
+            start_ms: start,
+            end_ms: end,
+            fenced,
+            fence_max: None,
+        }
+    }
+
+    fn clean() -> Vec<LedgerEntry> {
+        vec![
+            run(10, 1, 5000, 5100, Fenced::Accepted),
+            run(11, 2, 5500, 5600, Fenced::Accepted),
+            run(12, 3, 6000, 6100, Fenced::Accepted),
+            // slot 13 missed (takeover), 14 ran
+            run(14, 4, 7000, 7100, Fenced::Accepted),
+        ]
+    }
+
+    #[test]
+    fn a_clean_ledger_passes() {
+        let r = check(&clean(), &[]);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.executions, 4);
+        assert_eq!(r.accepted, 4);
+        assert_eq!(r.raw_overlaps, 0);
+        assert_eq!(r.missed_slots, 1);
+        assert_eq!((r.first_slot, r.last_slot), (Some(10), Some(14)));
+        assert!(r.violations.is_empty());
+    }
+
+    #[test]
+    fn overlapping_accepted_runs_are_detected() {
+        let mut l = clean();
+        l.push(run(15, 5, 7050, 7150, Fenced::Accepted));
+        let r = check(&l, &[]);
+        assert!(!r.ok());
+        assert_eq!(r.overlapping_accepted, 1);
+        assert_eq!(r.raw_overlaps, 1);
+        assert_eq!(r.violations.len(), 1);
+    }
+
+    #[test]
+    fn a_fenced_stale_holder_overlaps_but_passes() {
+        let mut l = clean();
+        // A holder with token 2 paused from 5990 to 8000 writes after tokens 3 and 4: refused.
+        l.push(run(12, 2, 5990, 8000, Fenced::Rejected));
+        let r = check(&l, &[]);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.stale_rejected, 1);
+        assert_eq!(r.raw_overlaps, 2);
+        assert_eq!(r.overlapping_accepted, 0);
+        assert_eq!(r.duplicate_slots, 0);
+    }
+
+    #[test]
+    fn duplicate_slots_are_detected() {
+        let mut l = clean();
+        l.push(run(14, 5, 7200, 7300, Fenced::Accepted));
+        let r = check(&l, &[]);
+        assert!(!r.ok());
+        assert_eq!(r.duplicate_slots, 1);
+        assert_eq!(r.overlapping_accepted, 0);
+    }
+
+    #[test]
+    fn stale_accepted_writes_are_detected() {
+        let mut l = clean();
+        l.push(run(15, 3, 7500, 7600, Fenced::Accepted));
+        let r = check(&l, &[]);
+        assert!(!r.ok());
+        assert_eq!(r.stale_accepted, 1);
+    }
+
+    #[test]
+    fn writes_without_tokens_are_violations() {
+        let mut l = clean();
+        let mut e = run(15, 9, 7500, 7600, Fenced::Accepted);
+        e.token = None;
+        l.push(e);
+        assert_eq!(check(&l, &[]).unfenced_accepted, 1);
+    }
+
+    #[test]
+    fn store_write_loss_excuses_overlaps_and_duplicates_but_not_stale_writes() {
+        let mut l = clean();
+        l.push(run(14, 50, 7050, 7150, Fenced::Accepted));
+        let loss = [LossWindow {
+            from_ms: 7000,
+            to_ms: 9000,
+        }];
+        let r = check(&l, &loss);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.overlapping_accepted_excused, 1);
+        assert_eq!(r.duplicate_slots_excused, 1);
+        l.push(run(16, 40, 8000, 8100, Fenced::Accepted));
+        assert_eq!(check(&l, &loss).stale_accepted, 1);
+    }
+
+    #[test]
+    fn aborted_runs_count_as_runs_not_writes() {
+        let mut l = clean();
+        l.push(run(13, 5, 6500, 6550, Fenced::Aborted));
+        let r = check(&l, &[]);
+        assert!(r.ok());
+        assert_eq!((r.aborted, r.missed_slots), (1, 0));
+    }
+
+    #[test]
+    fn ledger_lines_round_trip() {
+        for e in clean() {
+            assert_eq!(LedgerEntry::parse(&e.to_json().to_string()), Some(e));
+        }
+        assert_eq!(LedgerEntry::parse("not json"), None);
+    }
+}

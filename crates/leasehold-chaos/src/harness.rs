@@ -1,0 +1,826 @@
+//! The chaos run: replicas, the store, the proxy, the poller, the faults, then the report.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use leasehold::{BoxStore, LeaseName, Store};
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use crate::check::{self, CheckReport, LossWindow};
+use crate::fence;
+use crate::ledger::{self, Fenced, LedgerEntry};
+use crate::procs::{self, RedisServer, Replica, epoch_ms};
+use crate::proxy::FaultProxy;
+use crate::schedule::{self, FaultKind, PlannedFault};
+use crate::svg::{Marker, Span, Timeline};
+use crate::{ChaosArgs, StoreKind};
+
+mod report;
+
+/// Poll interval of the harness's own view of the leader lease.
+const POLL: Duration = Duration::from_millis(5);
+
+/// One tenure of the leader lease as the poller saw it.
+#[derive(Debug, Clone)]
+struct Tenure {
+    holder: String,
+    token: u64,
+    from_ms: u64,
+    to_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct PollState {
+    tenures: Vec<Tenure>,
+    current: Option<String>,
+    polls: u64,
+    errors: u64,
+    last_error: Option<String>,
+}
+
+/// Polls `inspect(NAME)` on the store directly (not through the proxy).
+struct Poller {
+    state: Arc<Mutex<PollState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Poller {
+    fn start(store: BoxStore, name: LeaseName) -> Self {
+        let state = Arc::new(Mutex::new(PollState::default()));
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let seen =
+                    tokio::time::timeout(Duration::from_millis(500), store.inspect(&name)).await;
+                let now = epoch_ms();
+                let mut st = shared.lock().unwrap_or_else(|e| e.into_inner());
+                st.polls += 1;
+                let state = match seen {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        st.errors += 1;
+                        st.last_error = Some(e.to_string());
+                        continue;
+                    }
+                    Err(_) => {
+                        st.errors += 1;
+                        st.last_error = Some("inspect timed out".into());
+                        continue;
+                    }
+                };
+                let held = state.and_then(|s| s.holder.map(|h| (h.to_string(), s.token.get())));
+                match held {
+                    Some((holder, token)) => {
+                        let same = st.current.as_deref() == Some(holder.as_str())
+                            && st.tenures.last().is_some_and(|t| t.token == token);
+                        if same {
+                            if let Some(t) = st.tenures.last_mut() {
+                                t.to_ms = now;
+                            }
+                        } else {
+                            st.tenures.push(Tenure {
+                                holder: holder.clone(),
+                                token,
+                                from_ms: now,
+                                to_ms: now,
+                            });
+                            st.current = Some(holder);
+                        }
+                    }
+                    None => st.current = None,
+                }
+            }
+        });
+        Self { state, task }
+    }
+
+    fn current(&self) -> Option<String> {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .current
+            .clone()
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A fault as it was injected.
+#[derive(Debug, Clone)]
+struct FaultRecord {
+    kind: FaultKind,
+    at_ms: u64,
+    until_ms: Option<u64>,
+    target: Option<String>,
+    detail: String,
+    skipped: bool,
+}
+
+/// A paused holder whose command resumed with a stale token.
+#[derive(Debug, Clone)]
+struct FencingCheck {
+    holder: String,
+    pid: u32,
+    token: u64,
+    paused_ms: u64,
+    resumed_ms: u64,
+    fence_max_at_resume: Option<u64>,
+}
+
+/// A kill or graceful stop of the holder, to measure the takeover from.
+#[derive(Debug, Clone)]
+struct TakeoverProbe {
+    kind: FaultKind,
+    at_ms: u64,
+    old_holder: String,
+}
+
+struct Settings {
+    store: StoreKind,
+    replicas: usize,
+    duration: Duration,
+    faults: usize,
+    seed: u64,
+    ttl: Duration,
+    every: Duration,
+    work: Duration,
+    grace: Duration,
+    bin: PathBuf,
+}
+
+fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+/// Everything the run owns; dropping it stops every child process and server.
+struct Harness {
+    s: Settings,
+    out: PathBuf,
+    ledger: PathBuf,
+    fence: PathBuf,
+    logs: PathBuf,
+    lease: String,
+    replica_url: String,
+    // Declared before the servers so that replicas stop first.
+    replicas: Vec<Replica>,
+    retired: Vec<Replica>,
+    poller: Option<Poller>,
+    polled: PollState,
+    proxy: Option<FaultProxy>,
+    redis: Option<RedisServer>,
+    _sqlite_dir: Option<tempfile::TempDir>,
+    faults: Vec<FaultRecord>,
+    checks: Vec<FencingCheck>,
+    probes: Vec<TakeoverProbe>,
+    loss: Vec<LossWindow>,
+    notes: Vec<String>,
+}
+
+fn loopback_addr(host: &str, port: u16) -> Result<SocketAddr> {
+    let addr = (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {host}"))?
+        .find(|a| a.ip().is_loopback())
+        .with_context(|| {
+            format!("{host}:{port} is not a loopback address; chaos runs stay on this machine")
+        })?;
+    Ok(addr)
+}
+
+/// Splits `scheme://[user@]host[:port]/rest` into (prefix up to the host, host, port, rest).
+fn split_url(url: &str, default_port: u16) -> Result<(String, String, u16, String)> {
+    let scheme_end = url.find("://").context("not a URL")? + 3;
+    let rest = &url[scheme_end..];
+    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..auth_end];
+    let (userinfo, hostport) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().context("bad port")?),
+        None => (hostport, default_port),
+    };
+    Ok((
+        format!("{}{userinfo}", &url[..scheme_end]),
+        host.to_owned(),
+        port,
+        rest[auth_end..].to_owned(),
+    ))
+}
+
+pub(crate) async fn run(args: ChaosArgs) -> Result<u8> {
+    let mut h = Harness::new(args).await?;
+    let outcome = tokio::select! {
+        r = h.drive() => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    if let Err(e) = outcome {
+        h.shutdown().await;
+        return Err(e.context(format!("chaos run failed; logs in {}", h.out.display())));
+    }
+    h.shutdown().await;
+    h.report()
+}
+
+impl Harness {
+    async fn new(args: ChaosArgs) -> Result<Self> {
+        if args.replicas < 2 {
+            bail!("--replicas must be at least 2 (someone has to take over)");
+        }
+        if args.ttl < Duration::from_millis(300) {
+            bail!("--ttl must be at least 300ms");
+        }
+        if args.duration < Duration::from_secs(10) {
+            bail!("--duration must be at least 10s");
+        }
+        let faults = args.faults.unwrap_or_else(|| {
+            usize::try_from(args.duration.as_secs() / 8)
+                .unwrap_or(10)
+                .max(10)
+        });
+        let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+        let bin = match args.bin.clone() {
+            Some(b) => b,
+            None => {
+                std::env::current_exe().context("cannot find this program's path; pass --bin")?
+            }
+        };
+        let out = match args.out.clone() {
+            Some(dir) => {
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                dir
+            }
+            None => tempfile::Builder::new()
+                .prefix("leasehold-chaos-")
+                .tempdir()
+                .context("cannot create a temporary directory")?
+                .keep(),
+        };
+        let out = out.canonicalize().unwrap_or(out);
+        let logs = out.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let ledger = out.join("ledger.jsonl");
+        let fence = out.join("fence");
+        for stale in [&ledger, &fence] {
+            match std::fs::remove_file(stale) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot remove {}", stale.display()));
+                }
+            }
+        }
+        let lease = format!("chaos-{seed:016x}-{}", std::process::id());
+        let s = Settings {
+            store: args.store,
+            replicas: args.replicas,
+            duration: args.duration,
+            faults,
+            seed,
+            ttl: args.ttl,
+            every: args.every,
+            work: args.work,
+            grace: args.ttl.max(Duration::from_secs(1)),
+            bin,
+        };
+        let mut notes = Vec::new();
+        let (mut redis, mut proxy, mut sqlite_dir) = (None, None, None);
+        let (replica_url, poll_url) = match args.store {
+            StoreKind::Sqlite => {
+                let dir = tempfile::Builder::new()
+                    .prefix("leasehold-chaos-db-")
+                    .tempdir()?;
+                let url = format!("sqlite:{}", dir.path().join("chaos.db").display());
+                sqlite_dir = Some(dir);
+                notes.push(
+                    "sqlite: one file on this machine; no proxy faults, no store restart".into(),
+                );
+                (url.clone(), url)
+            }
+            StoreKind::Redis => {
+                let server =
+                    RedisServer::start(&args.redis_server, &logs.join("redis-server.log")).await?;
+                let p = FaultProxy::start(server.addr()).await?;
+                let urls = (
+                    format!("redis://{}/0", p.addr()),
+                    format!("redis://{}/0", server.addr()),
+                );
+                redis = Some(server);
+                proxy = Some(p);
+                notes.push("redis: the harness's own redis-server without persistence; a restart loses every lease and slot (a documented non-guarantee), so overlaps and duplicate slots that begin in the window after a restart are reported as excused; fencing must hold there too".into());
+                urls
+            }
+            StoreKind::Postgres => {
+                let (prefix, host, port, rest) = split_url(&args.postgres_url, 5432)?;
+                let upstream = loopback_addr(&host, port)?;
+                let p = FaultProxy::start(upstream).await?;
+                let url = format!("{prefix}{}{rest}", p.addr());
+                proxy = Some(p);
+                notes.push("postgres: the shared local server, through the proxy; it is not restarted (store-restart faults are not injected)".into());
+                (url, args.postgres_url.clone())
+            }
+        };
+        let name = LeaseName::new(&lease)?;
+        let store = crate::open::open_store(&poll_url)
+            .await
+            .context("cannot open the store to watch the lease")?;
+        let poller = Poller::start(store, name);
+        Ok(Self {
+            s,
+            out,
+            ledger,
+            fence,
+            logs,
+            lease,
+            replica_url,
+            replicas: Vec::new(),
+            retired: Vec::new(),
+            poller: Some(poller),
+            polled: PollState::default(),
+            proxy,
+            redis,
+            _sqlite_dir: sqlite_dir,
+            faults: Vec::new(),
+            checks: Vec::new(),
+            probes: Vec::new(),
+            loss: Vec::new(),
+            notes,
+        })
+    }
+
+    fn replica_args(&self, holder: &str) -> Vec<String> {
+        let bin = self.s.bin.display().to_string();
+        let retry = (self.s.ttl / 5).min(Duration::from_millis(200));
+        let mut a: Vec<String> = [
+            "run",
+            "--store",
+            &self.replica_url,
+            "--lease",
+            &self.lease,
+            "--every",
+            &ms(self.s.every),
+            "--ttl",
+            &ms(self.s.ttl),
+            "--retry",
+            &ms(retry),
+            "--grace",
+            &ms(self.s.grace),
+            "--holder",
+            holder,
+            "--on-store-down",
+            "fail-closed",
+            "--",
+            &bin,
+            "witness",
+            "--ledger",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        a.push(self.ledger.display().to_string());
+        a.push("--fence".into());
+        a.push(self.fence.display().to_string());
+        a.push("--work".into());
+        a.push(ms(self.s.work));
+        a.push("--harness-pid".into());
+        a.push(std::process::id().to_string());
+        a
+    }
+
+    fn spawn(&self, row: usize, generation: usize) -> Result<Replica> {
+        let holder = Replica::holder_id(row, generation);
+        let log = self.logs.join(format!("{holder}.log"));
+        Replica::spawn(
+            row,
+            generation,
+            &self.s.bin,
+            &self.replica_args(&holder),
+            &log,
+        )
+    }
+
+    /// Starts a new generation in `row`; the old replica is kept for the report.
+    fn replace(&mut self, row: usize) -> Result<()> {
+        let generation = self.replicas[row].generation + 1;
+        let fresh = self.spawn(row, generation)?;
+        let old = std::mem::replace(&mut self.replicas[row], fresh);
+        self.retired.push(old);
+        Ok(())
+    }
+
+    fn poller(&self) -> &Poller {
+        self.poller
+            .as_ref()
+            .expect("the poller runs until shutdown")
+    }
+
+    /// The row of the replica that holds the leader lease, waiting up to `limit` for one.
+    async fn holder_row(&mut self, limit: Duration) -> Option<usize> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(h) = self.poller().current()
+                && let Some(row) = Replica::row_of(&h)
+                && let Some(r) = self.replicas.get_mut(row)
+                && r.holder == h
+                && r.alive()
+            {
+                return Some(row);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn drive(&mut self) -> Result<()> {
+        let s = &self.s;
+        let kinds = s.store.faults();
+        let settle = (s.ttl * 3).max(Duration::from_secs(3));
+        let warmup = (s.ttl * 2).max(Duration::from_secs(3));
+        let plan = schedule::plan(
+            s.seed,
+            warmup,
+            s.duration.saturating_sub(settle),
+            s.faults,
+            kinds,
+            s.ttl,
+        );
+        println!(
+            "chaos: store {}, {} replicas, {:?}, {} faults, seed {} (replay: --seed {}), out {}",
+            s.store.as_str(),
+            s.replicas,
+            s.duration,
+            plan.len(),
+            s.seed,
+            s.seed,
+            self.out.display()
+        );
+        let start = Instant::now();
+        for row in 0..self.s.replicas {
+            let r = self.spawn(row, 0)?;
+            self.replicas.push(r);
+        }
+        if self.holder_row(Duration::from_secs(15)).await.is_none() {
+            bail!(
+                "no replica acquired the lease within 15s (last store error: {:?}); see {}",
+                self.poller()
+                    .state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .last_error,
+                self.logs.display()
+            );
+        }
+        let hard_stop = self.s.duration + Duration::from_secs(8);
+        for (i, f) in plan.iter().enumerate() {
+            if start.elapsed() >= hard_stop {
+                self.notes.push(format!(
+                    "{} planned faults were not injected: the run reached its time limit",
+                    plan.len() - i
+                ));
+                break;
+            }
+            tokio::time::sleep_until((start + f.at).into()).await;
+            self.inject(f).await?;
+            self.top_up()?;
+            println!(
+                "  {:>6.1}s  {:<13} {}",
+                start.elapsed().as_secs_f64(),
+                f.kind.as_str(),
+                self.faults
+                    .last()
+                    .map_or(String::new(), |r| r.detail.clone())
+            );
+        }
+        tokio::time::sleep_until((start + self.s.duration).into()).await;
+        // The fencing check is part of every run: retry it if no pause caught a command mid-run.
+        let mut extra = 0;
+        while !self.fencing_exercised() && extra < 3 && start.elapsed() < hard_stop {
+            extra += 1;
+            let f = PlannedFault {
+                at: start.elapsed(),
+                kind: FaultKind::Pause,
+                hold: self.s.ttl * 2,
+                latency: Duration::ZERO,
+            };
+            self.inject(&f).await?;
+            self.top_up()?;
+            println!(
+                "  {:>6.1}s  {:<13} {} (extra fencing check)",
+                start.elapsed().as_secs_f64(),
+                "pause",
+                self.faults
+                    .last()
+                    .map_or(String::new(), |r| r.detail.clone())
+            );
+        }
+        // Let the last run finish and land in the ledger.
+        tokio::time::sleep(self.s.work + self.s.every).await;
+        Ok(())
+    }
+
+    /// Whether a paused holder's stale write was attempted after a newer write.
+    fn fencing_exercised(&self) -> bool {
+        let (entries, _) = ledger::read(&self.ledger).unwrap_or_default();
+        self.checks.iter().any(|c| {
+            c.fence_max_at_resume.is_some_and(|m| m > c.token)
+                && entries
+                    .iter()
+                    .any(|e| e.pid == c.pid && e.fenced == Fenced::Rejected)
+        })
+    }
+
+    /// Replaces replicas that exited without being told to.
+    fn top_up(&mut self) -> Result<()> {
+        for row in 0..self.replicas.len() {
+            if !self.replicas[row].alive() {
+                let r = &self.replicas[row];
+                self.notes.push(format!(
+                    "replica {} exited on its own ({}); replaced",
+                    r.holder,
+                    r.exit.as_deref().unwrap_or("?")
+                ));
+                self.replace(row)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, kind: FaultKind, at_ms: u64, target: Option<String>, detail: String) {
+        self.faults.push(FaultRecord {
+            kind,
+            at_ms,
+            until_ms: None,
+            target,
+            detail,
+            skipped: false,
+        });
+    }
+
+    fn skip(&mut self, kind: FaultKind, why: &str) {
+        self.faults.push(FaultRecord {
+            kind,
+            at_ms: epoch_ms(),
+            until_ms: None,
+            target: None,
+            detail: format!("skipped: {why}"),
+            skipped: true,
+        });
+    }
+
+    async fn inject(&mut self, f: &PlannedFault) -> Result<()> {
+        let holder_wait = (self.s.ttl * 3).max(Duration::from_secs(3));
+        match f.kind {
+            FaultKind::Kill => {
+                let Some(row) = self.holder_row(holder_wait).await else {
+                    self.skip(f.kind, "no holder");
+                    return Ok(());
+                };
+                let at = epoch_ms();
+                let r = &mut self.replicas[row];
+                let holder = r.holder.clone();
+                r.kill_all();
+                r.wait(Duration::from_secs(2)).await;
+                self.probes.push(TakeoverProbe {
+                    kind: f.kind,
+                    at_ms: at,
+                    old_holder: holder.clone(),
+                });
+                self.replace(row)?;
+                self.record(
+                    f.kind,
+                    at,
+                    Some(holder.clone()),
+                    format!("SIGKILL {holder} and its command; replacement started"),
+                );
+            }
+            FaultKind::Terminate => {
+                let Some(row) = self.holder_row(holder_wait).await else {
+                    self.skip(f.kind, "no holder");
+                    return Ok(());
+                };
+                let at = epoch_ms();
+                let holder = self.replicas[row].holder.clone();
+                procs::signal(self.replicas[row].pid, Signal::SIGTERM);
+                self.probes.push(TakeoverProbe {
+                    kind: f.kind,
+                    at_ms: at,
+                    old_holder: holder.clone(),
+                });
+                self.replace(row)?;
+                let grace = self.s.grace + Duration::from_secs(2);
+                let old = self.retired.last_mut().expect("just retired");
+                let exited = old.wait(grace).await;
+                let detail = if exited {
+                    format!(
+                        "SIGTERM {holder}: exited {}; replacement started",
+                        old.exit.as_deref().unwrap_or("?")
+                    )
+                } else {
+                    old.kill_all();
+                    format!(
+                        "SIGTERM {holder}: still running after {grace:?}, killed; replacement started"
+                    )
+                };
+                if !exited || old.exit.as_deref() != Some("exit status: 0") {
+                    self.notes
+                        .push(format!("graceful stop of {holder}: {detail}"));
+                }
+                self.record(f.kind, at, Some(holder), detail);
+            }
+            FaultKind::Pause => self.pause(f).await?,
+            FaultKind::DropConnections => {
+                let Some(p) = &self.proxy else {
+                    self.skip(f.kind, "no proxy");
+                    return Ok(());
+                };
+                p.drop_connections();
+                self.record(
+                    f.kind,
+                    epoch_ms(),
+                    None,
+                    "proxy closed every connection".into(),
+                );
+            }
+            FaultKind::Blackhole | FaultKind::Delay => {
+                let Some(p) = &self.proxy else {
+                    self.skip(f.kind, "no proxy");
+                    return Ok(());
+                };
+                let at = epoch_ms();
+                let detail = if f.kind == FaultKind::Blackhole {
+                    p.blackhole();
+                    format!("proxy forwarded nothing for {}", ms(f.hold))
+                } else {
+                    p.delay(f.latency);
+                    format!("proxy added {} each way for {}", ms(f.latency), ms(f.hold))
+                };
+                tokio::time::sleep(f.hold).await;
+                if let Some(p) = &self.proxy {
+                    p.repair();
+                }
+                self.record(f.kind, at, None, detail);
+                if let Some(r) = self.faults.last_mut() {
+                    r.until_ms = Some(epoch_ms());
+                }
+            }
+            FaultKind::StoreRestart => {
+                let Some(redis) = self.redis.as_mut() else {
+                    self.skip(f.kind, "the harness runs no store server");
+                    return Ok(());
+                };
+                let (killed, ready) = redis.restart().await?;
+                let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
+                let tail =
+                    u64::try_from((self.s.every + self.s.work * 2).as_millis()).unwrap_or(0) + 250;
+                self.loss.push(LossWindow {
+                    from_ms: killed,
+                    to_ms: ready.max(killed + ttl) + tail,
+                });
+                self.record(
+                    f.kind,
+                    killed,
+                    None,
+                    format!(
+                        "redis-server SIGKILLed and restarted (down {} ms; every lease forgotten)",
+                        ready - killed
+                    ),
+                );
+                if let Some(r) = self.faults.last_mut() {
+                    r.until_ms = Some(ready);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP of the holder and its running command past the ttl; the command resumes first,
+    /// once a newer holder has written, and must be refused by the fence.
+    async fn pause(&mut self, f: &PlannedFault) -> Result<()> {
+        let Some(row) = self
+            .holder_row((self.s.ttl * 3).max(Duration::from_secs(3)))
+            .await
+        else {
+            self.skip(f.kind, "no holder");
+            return Ok(());
+        };
+        let (runner, holder) = (self.replicas[row].pid, self.replicas[row].holder.clone());
+        // Catch the holder mid-run: its command is the one that must be fenced.
+        let deadline = Instant::now() + self.s.every * 2 + self.s.work + Duration::from_secs(1);
+        let mut command = None;
+        while Instant::now() < deadline {
+            if let Some(&c) = self.replicas[row].commands().first()
+                && let Some(token) =
+                    procs::env_of(c, "LEASEHOLD_TOKEN").and_then(|t| t.parse::<u64>().ok())
+            {
+                command = Some((c, token));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let at = epoch_ms();
+        let Some((cmd, token)) = command else {
+            procs::signal(runner, Signal::SIGSTOP);
+            tokio::time::sleep(f.hold).await;
+            procs::signal(runner, Signal::SIGCONT);
+            self.record(
+                f.kind,
+                at,
+                Some(holder.clone()),
+                format!(
+                    "SIGSTOP {holder} for {} (no command was running)",
+                    ms(f.hold)
+                ),
+            );
+            if let Some(r) = self.faults.last_mut() {
+                r.until_ms = Some(epoch_ms());
+            }
+            return Ok(());
+        };
+        procs::signal_group(cmd, Signal::SIGSTOP);
+        procs::signal(runner, Signal::SIGSTOP);
+        let paused = Instant::now();
+        let longest = self.s.ttl * 4 + self.s.every * 4 + Duration::from_secs(2);
+        let newer = loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let max = fence::current(&self.fence).ok().flatten();
+            let written = max.is_some_and(|m| m > token);
+            if (paused.elapsed() >= f.hold && written) || paused.elapsed() >= longest {
+                break max;
+            }
+        };
+        // The command first: it wakes with its work done and writes with its stale token
+        // before its runner can notice the lease is gone and stop it.
+        let resumed = epoch_ms();
+        procs::signal_group(cmd, Signal::SIGCONT);
+        let wait_write = Instant::now();
+        while wait_write.elapsed() < Duration::from_secs(3) && !procs::finished(cmd) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        procs::signal(runner, Signal::SIGCONT);
+        let detail = format!(
+            "SIGSTOP {holder} and its command (pid {cmd}, token {token}) for {} ms; resumed after the fence reached {}",
+            resumed - at,
+            newer.map_or("-".into(), |m| m.to_string())
+        );
+        self.checks.push(FencingCheck {
+            holder: holder.clone(),
+            pid: cmd,
+            token,
+            paused_ms: at,
+            resumed_ms: resumed,
+            fence_max_at_resume: newer,
+        });
+        self.record(f.kind, at, Some(holder), detail);
+        if let Some(r) = self.faults.last_mut() {
+            r.until_ms = Some(resumed);
+        }
+        Ok(())
+    }
+
+    /// Stops every replica (SIGTERM, then SIGKILL), the poller, the proxy and the server.
+    async fn shutdown(&mut self) {
+        for r in self.replicas.iter_mut().chain(self.retired.iter_mut()) {
+            if r.alive() {
+                // A paused replica cannot handle SIGTERM.
+                for c in r.commands() {
+                    procs::signal_group(c, Signal::SIGCONT);
+                }
+                procs::signal(r.pid, Signal::SIGCONT);
+                procs::signal(r.pid, Signal::SIGTERM);
+            }
+        }
+        let limit = self.s.grace + Duration::from_secs(3);
+        let deadline = Instant::now() + limit;
+        for r in self.replicas.iter_mut().chain(self.retired.iter_mut()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !r.wait(left).await {
+                r.kill_all();
+                r.wait(Duration::from_secs(2)).await;
+            }
+        }
+        if let Some(p) = self.poller.take() {
+            p.task.abort();
+            self.polled = std::mem::take(&mut *p.state.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        self.proxy = None;
+        if let Some(mut redis) = self.redis.take() {
+            redis.stop().await;
+        }
+    }
+}

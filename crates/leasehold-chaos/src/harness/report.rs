@@ -1,0 +1,418 @@
+//! The end of a run: check the ledger, measure takeovers, write report.json and timeline.svg.
+
+use super::*;
+
+/// p50 (nearest rank) and max of samples, in ms.
+pub(super) fn p50_max(samples: &[u64]) -> Option<(u64, u64)> {
+    let mut v = samples.to_vec();
+    v.sort_unstable();
+    let p50 = *v.get(v.len().div_ceil(2).checked_sub(1)?)?;
+    Some((p50, *v.last()?))
+}
+
+/// The time from `at_ms` until the poller first saw someone other than `old` hold the lease.
+fn takeover_ms(tenures: &[Tenure], at_ms: u64, old: &str, limit_ms: u64) -> Option<(u64, String)> {
+    tenures
+        .iter()
+        .find(|t| t.from_ms >= at_ms && t.holder != old)
+        .map(|t| (t.from_ms - at_ms, t.holder.clone()))
+        .filter(|(d, _)| *d <= limit_ms)
+}
+
+struct Line {
+    what: String,
+    value: String,
+    required: &'static str,
+    ok: Option<bool>,
+}
+
+fn line(
+    what: impl Into<String>,
+    value: impl ToString,
+    required: &'static str,
+    ok: Option<bool>,
+) -> Line {
+    Line {
+        what: what.into(),
+        value: value.to_string(),
+        required,
+        ok,
+    }
+}
+
+impl Harness {
+    pub(super) fn report(&self) -> Result<u8> {
+        let (entries, unreadable) = ledger::read(&self.ledger).context("cannot read the ledger")?;
+        let checked: CheckReport = check::check(&entries, &self.loss);
+        let tenures = &self.polled.tenures;
+
+        // Fencing checks: what the paused command's write became.
+        let fencing: Vec<(FencingCheck, &'static str)> = self
+            .checks
+            .iter()
+            .map(|c| {
+                let write = entries.iter().find(|e| e.pid == c.pid);
+                let newer = c.fence_max_at_resume.is_some_and(|m| m > c.token);
+                let outcome = match (write.map(|e| e.fenced), newer) {
+                    (Some(Fenced::Rejected), true) => "rejected",
+                    (Some(Fenced::Accepted), true) => "ACCEPTED",
+                    (Some(Fenced::Accepted), false) => "accepted (no newer write yet)",
+                    (Some(Fenced::Aborted), _) => "aborted before its write",
+                    (Some(Fenced::Rejected), false) => "rejected",
+                    (None, _) => "no write (command gone)",
+                };
+                (c.clone(), outcome)
+            })
+            .collect();
+        let fenced_ok = fencing.iter().filter(|(_, o)| *o == "rejected").count();
+
+        // Takeovers.
+        let limit = u64::try_from((self.s.ttl * 10).as_millis()).unwrap_or(u64::MAX);
+        let mut takeovers: BTreeMap<FaultKind, Vec<u64>> = BTreeMap::new();
+        let mut probes_json = Vec::new();
+        for p in &self.probes {
+            let t = takeover_ms(tenures, p.at_ms, &p.old_holder, limit);
+            if let Some((d, _)) = &t {
+                takeovers.entry(p.kind).or_default().push(*d);
+            }
+            probes_json.push(json!({
+                "kind": p.kind.as_str(),
+                "at_ms": p.at_ms,
+                "old_holder": p.old_holder,
+                "new_holder": t.as_ref().map(|(_, h)| h.clone()),
+                "takeover_ms": t.map(|(d, _)| d),
+            }));
+        }
+
+        // Faults by kind.
+        let mut by_kind: BTreeMap<FaultKind, usize> = BTreeMap::new();
+        for f in self.faults.iter().filter(|f| !f.skipped) {
+            *by_kind.entry(f.kind).or_default() += 1;
+        }
+        let injected: usize = by_kind.values().sum();
+        let skipped = self.faults.iter().filter(|f| f.skipped).count();
+
+        let mut lines = vec![
+            line("executions", checked.executions, "", None),
+            line("  writes accepted", checked.accepted, "", None),
+            line("  stopped before their write", checked.aborted, "", None),
+            line(
+                "overlapping runs, both writes accepted",
+                checked.overlapping_accepted,
+                "= 0",
+                Some(checked.overlapping_accepted == 0),
+            ),
+            line(
+                "overlapping runs, any outcome (info)",
+                checked.raw_overlaps,
+                "",
+                None,
+            ),
+            line(
+                "duplicate slots among accepted writes",
+                checked.duplicate_slots,
+                "= 0",
+                Some(checked.duplicate_slots == 0),
+            ),
+            line(
+                "stale fenced writes accepted",
+                checked.stale_accepted,
+                "= 0",
+                Some(checked.stale_accepted == 0),
+            ),
+            line(
+                "stale fenced writes rejected",
+                checked.stale_rejected,
+                "",
+                None,
+            ),
+            line(
+                "paused holder's stale write rejected",
+                format!("{fenced_ok} of {}", fencing.len()),
+                ">= 1",
+                Some(fenced_ok >= 1),
+            ),
+            line("missed slots", checked.missed_slots, "", None),
+        ];
+        if checked.unfenced_accepted > 0 {
+            lines.push(line(
+                "writes accepted without a token",
+                checked.unfenced_accepted,
+                "= 0",
+                Some(false),
+            ));
+        }
+        if !self.loss.is_empty() {
+            lines.push(line(
+                "  excused after store restart: overlaps",
+                checked.overlapping_accepted_excused,
+                "",
+                None,
+            ));
+            lines.push(line(
+                "  excused after store restart: duplicate slots",
+                checked.duplicate_slots_excused,
+                "",
+                None,
+            ));
+        }
+        lines.push(line(
+            "executions recorded",
+            checked.executions,
+            "> 0",
+            Some(checked.executions > 0),
+        ));
+        for kind in [FaultKind::Kill, FaultKind::Terminate] {
+            let label = if kind == FaultKind::Kill {
+                "takeover after SIGKILL"
+            } else {
+                "takeover after SIGTERM (graceful)"
+            };
+            let value = match p50_max(takeovers.get(&kind).map_or(&[][..], Vec::as_slice)) {
+                Some((p50, max)) => {
+                    format!("p50 {p50} ms, max {max} ms (n={})", takeovers[&kind].len())
+                }
+                None => "-".into(),
+            };
+            lines.push(line(label, value, "", None));
+        }
+        let kinds: Vec<String> = by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        lines.push(line(
+            "faults injected",
+            format!("{injected} ({})", kinds.join(", ")),
+            ">= --faults",
+            Some(injected >= self.s.faults),
+        ));
+        if skipped > 0 {
+            lines.push(line("faults skipped", skipped, "", None));
+        }
+        let ok = checked.ok()
+            && fenced_ok >= 1
+            && checked.executions > 0
+            && injected >= self.s.faults
+            && unreadable == 0;
+        if unreadable > 0 {
+            lines.push(line(
+                "unreadable ledger lines",
+                unreadable,
+                "= 0",
+                Some(false),
+            ));
+        }
+
+        // The table.
+        let width = lines.iter().map(|l| l.what.len()).max().unwrap_or(0);
+        println!();
+        println!(
+            "chaos report: store {}, seed {}, lease {}",
+            self.s.store.as_str(),
+            self.s.seed,
+            self.lease
+        );
+        for l in &lines {
+            let verdict = match l.ok {
+                Some(true) => "ok",
+                Some(false) => "FAIL",
+                None => "",
+            };
+            println!(
+                "  {:<width$}  {:<40} {:<11} {verdict}",
+                l.what, l.value, l.required
+            );
+        }
+        for v in &checked.violations {
+            println!("  violation: {v}");
+        }
+        for (c, outcome) in &fencing {
+            println!(
+                "  fencing check: {} paused with token {} (pid {}), fence at {} on resume: {outcome}",
+                c.holder,
+                c.token,
+                c.pid,
+                c.fence_max_at_resume.map_or("-".into(), |m| m.to_string())
+            );
+        }
+        for n in &self.notes {
+            println!("  note: {n}");
+        }
+
+        // report.json
+        let report = json!({
+            "ok": ok,
+            "store": self.s.store.as_str(),
+            "seed": self.s.seed,
+            "lease": self.lease,
+            "replicas": self.s.replicas,
+            "duration_ms": self.s.duration.as_millis() as u64,
+            "ttl_ms": self.s.ttl.as_millis() as u64,
+            "every_ms": self.s.every.as_millis() as u64,
+            "work_ms": self.s.work.as_millis() as u64,
+            "faults_requested": self.s.faults,
+            "check": checked.to_json(),
+            "unreadable_ledger_lines": unreadable,
+            "fencing_checks": fencing.iter().map(|(c, outcome)| json!({
+                "holder": c.holder, "pid": c.pid, "token": c.token,
+                "paused_ms": c.paused_ms, "resumed_ms": c.resumed_ms,
+                "fence_max_at_resume": c.fence_max_at_resume, "outcome": outcome,
+            })).collect::<Vec<_>>(),
+            "takeover_ms": takeovers.iter().map(|(k, v)| {
+                let (p50, max) = p50_max(v).unwrap_or_default();
+                (k.as_str().to_owned(), json!({"n": v.len(), "p50": p50, "max": max, "samples": v}))
+            }).collect::<serde_json::Map<String, Value>>(),
+            "takeovers": probes_json,
+            "faults_by_kind": by_kind.iter().map(|(k, n)| (k.as_str().to_owned(), json!(n))).collect::<serde_json::Map<String, Value>>(),
+            "faults": self.faults.iter().map(|f| json!({
+                "kind": f.kind.as_str(), "at_ms": f.at_ms, "until_ms": f.until_ms,
+                "target": f.target, "detail": f.detail, "skipped": f.skipped,
+            })).collect::<Vec<_>>(),
+            "store_loss_windows": self.loss.iter().map(|w| json!({"from_ms": w.from_ms, "to_ms": w.to_ms})).collect::<Vec<_>>(),
+            "poller": {"polls": self.polled.polls, "errors": self.polled.errors, "tenures": tenures.len()},
+            "replicas_started": self.replicas.len() + self.retired.len(),
+            "notes": self.notes,
+        });
+        let report_path = self.out.join("report.json");
+        std::fs::write(&report_path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("cannot write {}", report_path.display()))?;
+
+        // timeline.svg
+        let all: Vec<&Replica> = self.retired.iter().chain(self.replicas.iter()).collect();
+        let start_ms = all
+            .iter()
+            .map(|r| r.started_ms)
+            .min()
+            .unwrap_or_else(epoch_ms);
+        let end_ms = all
+            .iter()
+            .filter_map(|r| r.ended_ms)
+            .max()
+            .unwrap_or_else(epoch_ms);
+        let row_of = |h: &str| Replica::row_of(h).filter(|r| *r < self.s.replicas);
+        let timeline = Timeline {
+            title: format!(
+                "leasehold chaos: {} replicas on {}, ttl {}, every {}, {} faults, seed {}",
+                self.s.replicas,
+                self.s.store.as_str(),
+                ms(self.s.ttl),
+                ms(self.s.every),
+                injected,
+                self.s.seed
+            ),
+            start_ms,
+            end_ms,
+            rows: (0..self.s.replicas)
+                .map(|r| format!("replica {r}"))
+                .collect(),
+            lifetimes: all
+                .iter()
+                .map(|r| Span {
+                    row: r.row,
+                    from_ms: r.started_ms,
+                    to_ms: r.ended_ms.unwrap_or(end_ms),
+                    class: format!("{} ({})", r.holder, r.exit.as_deref().unwrap_or("running")),
+                })
+                .collect(),
+            tenures: tenures
+                .iter()
+                .filter_map(|t| {
+                    Some(Span {
+                        row: row_of(&t.holder)?,
+                        from_ms: t.from_ms,
+                        to_ms: t.to_ms,
+                        class: format!("{} holds the lease, token {}", t.holder, t.token),
+                    })
+                })
+                .collect(),
+            runs: entries
+                .iter()
+                .filter_map(|e: &LedgerEntry| {
+                    Some(Span {
+                        row: row_of(&e.holder)?,
+                        from_ms: e.start_ms,
+                        to_ms: e.end_ms,
+                        class: e.fenced.as_str().to_owned(),
+                    })
+                })
+                .collect(),
+            faults: self
+                .faults
+                .iter()
+                .filter(|f| !f.skipped)
+                .map(|f| Marker {
+                    at_ms: f.at_ms,
+                    until_ms: f.until_ms,
+                    kind: f.kind.as_str().to_owned(),
+                    label: match &f.target {
+                        Some(t) => format!("{} {t}", f.kind),
+                        None => f.kind.to_string(),
+                    },
+                })
+                .collect(),
+        };
+        let svg_path = self.out.join("timeline.svg");
+        std::fs::write(&svg_path, timeline.render())
+            .with_context(|| format!("cannot write {}", svg_path.display()))?;
+        println!();
+        println!(
+            "{}: {} and {}",
+            if ok { "PASS" } else { "FAIL" },
+            report_path.display(),
+            svg_path.display()
+        );
+        Ok(if ok { 0 } else { 1 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p50_and_max() {
+        assert_eq!(p50_max(&[]), None);
+        assert_eq!(p50_max(&[7]), Some((7, 7)));
+        assert_eq!(p50_max(&[30, 10, 20]), Some((20, 30)));
+        assert_eq!(p50_max(&[40, 10, 30, 20]), Some((20, 40)));
+    }
+
+    #[test]
+    fn takeover_is_the_first_other_holder_after_the_fault() {
+        let t = |holder: &str, from_ms| Tenure {
+            holder: holder.into(),
+            token: 1,
+            from_ms,
+            to_ms: from_ms + 10,
+        };
+        let tenures = [
+            t("r0.0", 100),
+            t("r0.0", 900),
+            t("r1.0", 1150),
+            t("r2.0", 1300),
+        ];
+        assert_eq!(
+            takeover_ms(&tenures, 1000, "r0.0", 5000),
+            Some((150, "r1.0".into()))
+        );
+        assert_eq!(
+            takeover_ms(&tenures, 1000, "r1.0", 5000),
+            Some((300, "r2.0".into()))
+        );
+        assert_eq!(takeover_ms(&tenures, 1000, "r0.0", 100), None);
+    }
+
+    #[test]
+    fn store_urls_split_around_the_host() {
+        let (prefix, host, port, rest) =
+            split_url("postgres://postgres:pw@127.0.0.1:5432/test?x=1", 5432).unwrap();
+        assert_eq!(
+            (prefix.as_str(), host.as_str(), port, rest.as_str()),
+            ("postgres://postgres:pw@", "127.0.0.1", 5432, "/test?x=1")
+        );
+        let (prefix, host, port, rest) = split_url("postgres://localhost/db", 5432).unwrap();
+        assert_eq!(
+            (prefix.as_str(), host.as_str(), port, rest.as_str()),
+            ("postgres://", "localhost", 5432, "/db")
+        );
+        assert!(loopback_addr("127.0.0.1", 5432).is_ok());
+        assert!(loopback_addr("192.0.2.1", 5432).is_err());
+    }
+}

@@ -1,0 +1,137 @@
+#![doc = include_str!("../README.md")]
+
+mod check;
+mod fence;
+mod harness;
+mod ledger;
+mod open;
+mod procs;
+mod proxy;
+mod schedule;
+mod svg;
+mod witness;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use check::{CheckReport, LossWindow, check};
+pub use fence::{FenceDecision, decide as fence_decide};
+pub use ledger::{Fenced, LedgerEntry, read as read_ledger};
+pub use proxy::{FaultProxy, ProxyMode};
+pub use schedule::{FaultKind, PlannedFault, plan};
+pub use svg::{Marker, Span, Timeline};
+
+/// The store a chaos run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    /// A SQLite file in a temporary directory (no proxy, no restart).
+    Sqlite,
+    /// A `redis-server` the harness starts itself, behind the fault proxy, restarted as a fault.
+    Redis,
+    /// The local PostgreSQL server (`--postgres-url`), behind the fault proxy; not restarted.
+    Postgres,
+}
+
+impl StoreKind {
+    /// The name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Redis => "redis",
+            Self::Postgres => "postgres",
+        }
+    }
+
+    /// The faults that apply to this store.
+    pub fn faults(self) -> &'static [FaultKind] {
+        use FaultKind::*;
+        match self {
+            Self::Sqlite => &[Kill, Pause, Terminate],
+            Self::Postgres => &[Kill, Pause, Terminate, DropConnections, Blackhole, Delay],
+            Self::Redis => &FaultKind::ALL,
+        }
+    }
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    leasehold::parse_duration(s)
+}
+
+/// `leasehold chaos`: replicas of a fenced task under kills, pauses, dropped, blackholed and
+/// delayed connections and store restarts, then a check of the witness ledger.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChaosArgs {
+    /// The store to run against.
+    #[arg(long, value_enum)]
+    pub store: StoreKind,
+    /// How many replicas of `leasehold run` to keep running.
+    #[arg(long, default_value_t = 5)]
+    pub replicas: usize,
+    /// How long to inject faults for.
+    #[arg(long, default_value = "120s", value_parser = duration_arg)]
+    pub duration: Duration,
+    /// How many faults to inject (at least), spread over the duration [default: one per 8 s,
+    /// at least 10].
+    #[arg(long)]
+    pub faults: Option<usize>,
+    /// Seed of the fault schedule; printed, so a run can be replayed [default: random].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Lease ttl of the replicas.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    pub ttl: Duration,
+    /// Tick interval of the replicas' schedule.
+    #[arg(long, default_value = "500ms", value_parser = duration_arg)]
+    pub every: Duration,
+    /// How long each run of the witness works before its fenced write.
+    #[arg(long, default_value = "100ms", value_parser = duration_arg)]
+    pub work: Duration,
+    /// Where to write report.json, timeline.svg, the ledger and the replica logs [default: a
+    /// new temporary directory, kept and printed].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The `leasehold` binary the replicas run [default: this program].
+    #[arg(long)]
+    pub bin: Option<PathBuf>,
+    /// The PostgreSQL database for `--store postgres` (must be on a loopback address).
+    #[arg(
+        long,
+        env = "LEASEHOLD_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test",
+        hide_env_values = true
+    )]
+    pub postgres_url: String,
+    /// The Redis server program for `--store redis`.
+    #[arg(long, default_value = "redis-server")]
+    pub redis_server: PathBuf,
+}
+
+/// `leasehold witness`: the command chaos replicas run. Works for `--work`, then makes a fenced
+/// write of `LEASEHOLD_TOKEN` to `--fence` and appends a line to `--ledger`. On SIGTERM before
+/// its write it records the run as aborted and writes nothing.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WitnessArgs {
+    /// The ledger (JSON lines, appended under the fence lock).
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// The fence file: the highest token written so far, guarded by an exclusive flock.
+    #[arg(long)]
+    pub fence: PathBuf,
+    /// How long the work takes before the write.
+    #[arg(long, default_value = "100ms", value_parser = duration_arg)]
+    pub work: Duration,
+    /// The chaos harness's pid: if it is gone, the witness stops its replica (SIGTERM to its
+    /// parent) instead of working, so replicas do not outlive a harness that was killed.
+    #[arg(long)]
+    pub harness_pid: Option<u32>,
+}
+
+/// Runs the chaos harness. Returns the exit status: 0 if every guarantee held, 1 otherwise.
+pub async fn run(args: ChaosArgs) -> anyhow::Result<u8> {
+    harness::run(args).await
+}
+
+/// Runs one witness (the replicas' command). Returns its exit status.
+pub async fn witness(args: WitnessArgs) -> anyhow::Result<u8> {
+    witness::witness(args).await
+}

@@ -1,0 +1,73 @@
+//! The witness: the command every replica runs. One fenced write, one ledger line.
+
+use anyhow::Context;
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::WitnessArgs;
+use crate::fence::{self, FenceDecision};
+use crate::ledger::{self, Fenced, LedgerEntry};
+use crate::procs::{self, epoch_ms};
+
+fn var(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+pub(crate) async fn witness(args: WitnessArgs) -> anyhow::Result<u8> {
+    let start_ms = epoch_ms();
+    if let Some(harness) = args.harness_pid
+        && !procs::signal_exists(harness)
+    {
+        // Orphaned: the harness was killed. Stop the replica that started us.
+        let parent = std::os::unix::process::parent_id();
+        procs::signal(parent, Signal::SIGTERM);
+        return Ok(0);
+    }
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut entry = LedgerEntry {
+        task: var("LEASEHOLD_LEASE").unwrap_or_default(),
+        slot: var("LEASEHOLD_SLOT").and_then(|s| s.parse().ok()),
+        token: var("LEASEHOLD_TOKEN").and_then(|s| s.parse().ok()),
+        holder: var("LEASEHOLD_HOLDER").unwrap_or_default(),
+        pid: std::process::id(),
+        start_ms,
+        end_ms: 0,
+        fenced: Fenced::Aborted,
+        fence_max: None,
+    };
+    let stopped = tokio::select! {
+        () = tokio::time::sleep(args.work) => false,
+        _ = term.recv() => true,
+    };
+    let append = |entry: &mut LedgerEntry, fenced: Fenced, max: Option<u64>| {
+        entry.end_ms = epoch_ms();
+        entry.fenced = fenced;
+        entry.fence_max = max;
+        ledger::append(&args.ledger, entry)
+    };
+    let context = || {
+        format!(
+            "cannot write {} or {}",
+            args.fence.display(),
+            args.ledger.display()
+        )
+    };
+    match (stopped, entry.token) {
+        (false, Some(token)) => fence::write(&args.fence, token, |decision, max| {
+            let fenced = match decision {
+                FenceDecision::Accepted => Fenced::Accepted,
+                FenceDecision::Rejected { .. } => Fenced::Rejected,
+            };
+            append(&mut entry, fenced, max)
+        })
+        .with_context(context)?,
+        // Stopped before the write, or no token to fence with: nothing is written.
+        (true, _) => fence::with_lock(&args.fence, |max| append(&mut entry, Fenced::Aborted, max))
+            .with_context(context)?,
+        (false, None) => {
+            fence::with_lock(&args.fence, |max| append(&mut entry, Fenced::Rejected, max))
+                .with_context(context)?
+        }
+    }
+    Ok(0)
+}
