@@ -25,6 +25,9 @@ mod report;
 /// Poll interval of the harness's own view of the leader lease.
 const POLL: Duration = Duration::from_millis(5);
 
+/// How long after a witness's runtime is up the harness waits before pausing it mid-work.
+const WORK_SETTLE: Duration = Duration::from_millis(15);
+
 /// One tenure of the leader lease as the poller saw it.
 #[derive(Debug, Clone)]
 struct Tenure {
@@ -724,10 +727,14 @@ impl Harness {
         let deadline = Instant::now() + self.s.every * 2 + self.s.work + Duration::from_secs(1);
         let mut command = None;
         while Instant::now() < deadline {
+            // The witness is in its work once its runtime's worker threads run (it records its
+            // start first thing); a few ms more and it is asleep in its work.
             if let Some(&c) = self.replicas[row].commands().first()
+                && procs::threads_of(c) >= 2
                 && let Some(token) =
                     procs::env_of(c, "LEASEHOLD_TOKEN").and_then(|t| t.parse::<u64>().ok())
             {
+                tokio::time::sleep(WORK_SETTLE.min(self.s.work / 4)).await;
                 command = Some((c, token));
                 break;
             }

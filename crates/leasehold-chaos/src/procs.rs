@@ -96,6 +96,18 @@ pub fn finished(raw: u32) -> bool {
     matches!(state.as_deref(), None | Some("Z") | Some("X"))
 }
 
+/// How many threads a process has (`Threads:` in `/proc/<pid>/status`); 0 if it is gone.
+pub fn threads_of(raw: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{raw}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// One variable of a process's environment.
 pub fn env_of(raw: u32, key: &str) -> Option<String> {
     let env = std::fs::read(format!("/proc/{raw}/environ")).ok()?;
@@ -383,6 +395,7 @@ mod tests {
         assert_eq!(kids.len(), 1);
         assert_eq!(parent_of(kids[0]), Some(pid));
         assert!(!finished(pid));
+        assert_eq!(threads_of(pid), 1);
         for k in kids {
             signal(k, Signal::SIGKILL);
         }

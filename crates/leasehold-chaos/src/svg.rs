@@ -153,12 +153,17 @@ impl Timeline {
         }
         for l in &self.lifetimes {
             let ly = y(l.row) + ROW - 4.0;
+            let (x1, x2) = (x(l.from_ms), x(l.to_ms));
+            let name = l.class.split(' ').next().unwrap_or_default();
             let _ = writeln!(
                 s,
-                r##"<line x1="{:.1}" y1="{ly}" x2="{:.1}" y2="{ly}" stroke="#888" stroke-width="1.5"><title>{}</title></line>"##,
-                x(l.from_ms),
-                x(l.to_ms),
-                esc(&l.class)
+                r##"<g><title>{}</title><line x1="{x1:.1}" y1="{ly}" x2="{x2:.1}" y2="{ly}" stroke="#888" stroke-width="1.5"/><line x1="{x1:.1}" y1="{}" x2="{x1:.1}" y2="{}" stroke="#555" stroke-width="1.5"/><text x="{:.1}" y="{}" font-size="9" fill="#555">{}</text></g>"##,
+                esc(&l.class),
+                ly - 5.0,
+                ly + 2.0,
+                x1 + 2.0,
+                ly - 1.0,
+                esc(name)
             );
         }
         for t in &self.tenures {

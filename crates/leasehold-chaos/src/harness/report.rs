@@ -47,7 +47,7 @@ impl Harness {
         let tenures = &self.polled.tenures;
 
         // Fencing checks: what the paused command's write became.
-        let fencing: Vec<(FencingCheck, &'static str)> = self
+        let fencing: Vec<(FencingCheck, &'static str, Option<&LedgerEntry>)> = self
             .checks
             .iter()
             .map(|c| {
@@ -61,10 +61,10 @@ impl Harness {
                     (Some(Fenced::Rejected), false) => "rejected",
                     (None, _) => "no write (command gone)",
                 };
-                (c.clone(), outcome)
+                (c.clone(), outcome, write)
             })
             .collect();
-        let fenced_ok = fencing.iter().filter(|(_, o)| *o == "rejected").count();
+        let fenced_ok = fencing.iter().filter(|(_, o, _)| *o == "rejected").count();
 
         // Takeovers.
         let limit = u64::try_from((self.s.ttl * 10).as_millis()).unwrap_or(u64::MAX);
@@ -223,9 +223,19 @@ impl Harness {
         for v in &checked.violations {
             println!("  violation: {v}");
         }
-        for (c, outcome) in &fencing {
+        for (c, outcome, write) in &fencing {
+            let run = match write {
+                Some(e) if e.start_ms < c.paused_ms => format!(
+                    "run {}..{} ms, paused {} ms into its work",
+                    e.start_ms,
+                    e.end_ms,
+                    c.paused_ms - e.start_ms
+                ),
+                Some(e) => format!("run {}..{} ms, paused while starting", e.start_ms, e.end_ms),
+                None => "no ledger line".into(),
+            };
             println!(
-                "  fencing check: {} paused with token {} (pid {}), fence at {} on resume: {outcome}",
+                "  fencing check: {} paused with token {} (pid {}; {run}), fence at {} on resume: {outcome}",
                 c.holder,
                 c.token,
                 c.pid,
@@ -250,10 +260,12 @@ impl Harness {
             "faults_requested": self.s.faults,
             "check": checked.to_json(),
             "unreadable_ledger_lines": unreadable,
-            "fencing_checks": fencing.iter().map(|(c, outcome)| json!({
+            "fencing_checks": fencing.iter().map(|(c, outcome, write)| json!({
                 "holder": c.holder, "pid": c.pid, "token": c.token,
                 "paused_ms": c.paused_ms, "resumed_ms": c.resumed_ms,
                 "fence_max_at_resume": c.fence_max_at_resume, "outcome": outcome,
+                "run_start_ms": write.map(|e| e.start_ms), "write_ms": write.map(|e| e.end_ms),
+                "paused_mid_work": write.is_some_and(|e| e.start_ms < c.paused_ms),
             })).collect::<Vec<_>>(),
             "takeover_ms": takeovers.iter().map(|(k, v)| {
                 let (p50, max) = p50_max(v).unwrap_or_default();
