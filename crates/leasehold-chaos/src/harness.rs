@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::check::{self, CheckReport, LossWindow};
 use crate::fence;
 use crate::ledger::{self, Fenced, LedgerEntry};
-use crate::procs::{self, RedisServer, Replica, epoch_ms};
+use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
 use crate::schedule::{self, FaultKind, PlannedFault};
 use crate::svg::{Marker, Span, Timeline};
@@ -183,6 +183,7 @@ struct Harness {
     polled: PollState,
     proxy: Option<FaultProxy>,
     redis: Option<RedisServer>,
+    watchdog: Watchdog,
     _sqlite_dir: Option<tempfile::TempDir>,
     faults: Vec<FaultRecord>,
     checks: Vec<FencingCheck>,
@@ -278,7 +279,7 @@ impl Harness {
         std::fs::create_dir_all(&logs)?;
         let ledger = out.join("ledger.jsonl");
         let fence = out.join("fence");
-        for stale in [&ledger, &fence] {
+        for stale in [&ledger, &fence, &out.join("paused-groups")] {
             match std::fs::remove_file(stale) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -300,6 +301,7 @@ impl Harness {
             grace: args.ttl.max(Duration::from_secs(1)),
             bin,
         };
+        let watchdog = Watchdog::start(&out.join("paused-groups"))?;
         let mut notes = Vec::new();
         let (mut redis, mut proxy, mut sqlite_dir) = (None, None, None);
         let (replica_url, poll_url) = match args.store {
@@ -315,8 +317,12 @@ impl Harness {
                 (url.clone(), url)
             }
             StoreKind::Redis => {
-                let server =
-                    RedisServer::start(&args.redis_server, &logs.join("redis-server.log")).await?;
+                let server = RedisServer::start(
+                    &args.redis_server,
+                    &logs.join("redis-server.log"),
+                    watchdog.group(),
+                )
+                .await?;
                 let p = FaultProxy::start(server.addr()).await?;
                 let urls = (
                     format!("redis://{}/0", p.addr()),
@@ -356,6 +362,7 @@ impl Harness {
             polled: PollState::default(),
             proxy,
             redis,
+            watchdog,
             _sqlite_dir: sqlite_dir,
             faults: Vec::new(),
             checks: Vec::new(),
@@ -413,6 +420,7 @@ impl Harness {
             &self.s.bin,
             &self.replica_args(&holder),
             &log,
+            self.watchdog.group(),
         )
     }
 
@@ -759,6 +767,7 @@ impl Harness {
             }
             return Ok(());
         };
+        self.watchdog.note_paused(cmd);
         procs::signal_group(cmd, Signal::SIGSTOP);
         procs::signal(runner, Signal::SIGSTOP);
         let paused = Instant::now();
@@ -780,6 +789,7 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         procs::signal(runner, Signal::SIGCONT);
+        self.watchdog.clear_paused();
         let detail = format!(
             "SIGSTOP {holder} and its command (pid {cmd}, token {token}) for {} ms; resumed after the fence reached {}",
             resumed - at,
@@ -829,5 +839,6 @@ impl Harness {
         if let Some(mut redis) = self.redis.take() {
             redis.stop().await;
         }
+        self.watchdog.stop();
     }
 }

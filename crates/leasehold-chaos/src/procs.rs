@@ -156,6 +156,7 @@ impl Replica {
         program: &Path,
         args: &[String],
         log: &Path,
+        group: i32,
     ) -> Result<Self> {
         let out = std::fs::File::create(log)
             .with_context(|| format!("cannot create {}", log.display()))?;
@@ -166,6 +167,7 @@ impl Replica {
             .stdout(out)
             .stderr(err)
             .env("LEASEHOLD_LOG", "info")
+            .process_group(group)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {}", program.display()))?;
@@ -253,22 +255,91 @@ impl Drop for Replica {
     }
 }
 
+/// The watchdog: a shell that leads the process group of every replica and server the harness
+/// starts. Should the harness die without cleaning up (SIGKILL), it kills that group, and the
+/// process groups of paused commands listed in its file.
+#[derive(Debug)]
+pub struct Watchdog {
+    child: Child,
+    group: i32,
+    paused: PathBuf,
+}
+
+impl Watchdog {
+    /// Starts the watchdog of this process; `paused` is the file of paused process groups.
+    pub fn start(paused: &Path) -> Result<Self> {
+        const SCRIPT: &str = r#"h=$1; f=$2
+while kill -0 "$h" 2>/dev/null; do sleep 0.5; done
+for g in $(cat "$f" 2>/dev/null); do kill -CONT -"$g"; kill -KILL -"$g"; done 2>/dev/null
+kill -KILL 0"#;
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(SCRIPT)
+            .arg("leasehold-chaos-watchdog")
+            .arg(std::process::id().to_string())
+            .arg(paused)
+            .stdin(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the watchdog shell")?;
+        let group = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .context("the watchdog exited at once")?;
+        Ok(Self {
+            child,
+            group,
+            paused: paused.to_owned(),
+        })
+    }
+
+    /// The process group children join.
+    pub fn group(&self) -> i32 {
+        self.group
+    }
+
+    /// Records a process group about to be paused, so the watchdog can end it.
+    pub fn note_paused(&self, group: u32) {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.paused)
+        {
+            let _ = writeln!(f, "{group}");
+        }
+    }
+
+    /// Forgets the paused groups (they were resumed; their ids may be reused).
+    pub fn clear_paused(&self) {
+        let _ = std::fs::write(&self.paused, "");
+    }
+
+    /// Stops the watchdog (its group's members are left alone).
+    pub fn stop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
 /// A `redis-server` the harness started itself (so it can restart it), with no persistence.
 #[derive(Debug)]
 pub struct RedisServer {
     program: PathBuf,
     port: u16,
     log: PathBuf,
+    group: i32,
     child: Option<Child>,
 }
 
 impl RedisServer {
     /// Starts `program` on a free loopback port and waits until it answers PING.
-    pub async fn start(program: &Path, log: &Path) -> Result<Self> {
+    pub async fn start(program: &Path, log: &Path, group: i32) -> Result<Self> {
         let mut s = Self {
             program: program.to_owned(),
             port: free_port()?,
             log: log.to_owned(),
+            group,
             child: None,
         };
         s.spawn().await?;
@@ -292,6 +363,7 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
+            .process_group(self.group)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| {
