@@ -1,0 +1,137 @@
+//! A service with two sweeps that must each run on one replica per tick.
+//!
+//! ```sh
+//! # three replicas on one machine, sharing a SQLite file (or pass --store redis://… / postgres://…)
+//! cargo run -p leasehold-examples --bin sweeps -- --port 8081 &
+//! cargo run -p leasehold-examples --bin sweeps -- --port 8082 &
+//! cargo run -p leasehold-examples --bin sweeps -- --port 8083 &
+//! curl -X POST localhost:8082/tasks/repin/run   # a manual run, here, whoever leads
+//! curl localhost:8081/status
+//! ```
+//!
+//! Flags: `--store URL` (default `$LEASEHOLD_STORE`, else `sqlite:leasehold.db`), `--port N`,
+//! `--every DURATION` (expire sweep; the re-pin sweep runs at 1.5×), `--ledger FILE` (append one
+//! JSON line per run, for tests), `--name NAME` (this replica's holder id).
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use leasehold::{
+    HolderId, LeaseConfig, LeaseName, RunResult, Schedule, Scheduler, SchedulerError,
+    SchedulerHandle, Task, TaskContext,
+};
+
+struct Options {
+    store: Option<String>,
+    port: u16,
+    every: Duration,
+    ledger: Option<std::path::PathBuf>,
+    name: Option<String>,
+}
+
+fn options() -> Result<Options, String> {
+    let mut o = Options { store: None, port: 8080, every: Duration::from_secs(10), ledger: None, name: None };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--store" => o.store = Some(value()?),
+            "--port" => o.port = value()?.parse().map_err(|e| format!("--port: {e}"))?,
+            "--every" => o.every = leasehold::parse_duration(&value()?)?,
+            "--ledger" => o.ledger = Some(value()?.into()),
+            "--name" => o.name = Some(value()?),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(o)
+}
+
+/// One sweep: here it only logs and, for tests, appends to the ledger.
+fn sweep(name: &'static str, every: Duration, ledger: Option<Arc<std::path::PathBuf>>) -> Task {
+    let schedule = Schedule::every(every).expect("a positive interval");
+    Task::new(LeaseName::new(name).expect("valid name"), schedule, move |ctx: TaskContext| {
+        let ledger = ledger.clone();
+        async move {
+            tracing::info!(task = %ctx.task, slot = ?ctx.slot, token = ?ctx.token, trigger = ?ctx.trigger, "sweeping");
+            // Real work goes here, checking ctx.cancel between batches and sending ctx.token
+            // with every write so a stale holder's write is refused.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Some(path) = ledger {
+                let line = serde_json::json!({
+                    "task": ctx.task.as_str(), "slot": ctx.slot, "token": ctx.token.map(|t| t.get()),
+                    "holder": ctx.holder.as_str(), "manual": ctx.trigger == leasehold::Trigger::Manual,
+                });
+                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&*path)?;
+                f.write_all(format!("{line}\n").as_bytes())?;
+            }
+            Ok::<(), std::io::Error>(())
+        }
+    })
+}
+
+async fn run_task(State(s): State<SchedulerHandle>, Path(name): Path<String>) -> (StatusCode, Json<serde_json::Value>) {
+    match s.run_now(&name).await {
+        Ok(RunResult::Succeeded) => (StatusCode::OK, Json(serde_json::json!({ "task": name, "result": "succeeded", "holder": s.status().holder.as_str() }))),
+        Ok(other) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "task": name, "result": format!("{other:?}") }))),
+        Err(e @ SchedulerError::UnknownTask(_)) => (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": e.to_string() }))),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": e.to_string() }))),
+    }
+}
+
+async fn status(State(s): State<SchedulerHandle>) -> Json<serde_json::Value> {
+    let st = s.status();
+    let tasks: Vec<_> = st.tasks.iter().map(|t| serde_json::json!({
+        "name": t.name.as_str(), "schedule": t.schedule, "policy": t.policy.as_str(),
+        "ticks": t.ticks, "runs": t.runs, "failures": t.failures, "running": t.running,
+        "last": t.last.map(|(o, slot)| serde_json::json!({ "outcome": o.as_str(), "slot": slot })),
+    })).collect();
+    Json(serde_json::json!({ "store": st.store, "holder": st.holder.as_str(), "leader": st.leader, "tasks": tasks }))
+}
+
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        },
+        Err(_) => { let _ = tokio::signal::ctrl_c().await; }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG").unwrap_or_else(|_| "info".into()),
+    ).init();
+    let o = options()?;
+    let store = leasehold_connect::open_store(&leasehold_connect::store_url(o.store)).await?;
+    let ledger = o.ledger.map(Arc::new);
+    let mut scheduler = Scheduler::new(store)
+        .leader_group(LeaseName::new("sweepers")?)
+        .lease_config(LeaseConfig::new((o.every * 3).max(Duration::from_secs(1))))
+        .grace_period(Duration::from_secs(5))
+        .task(sweep("expire", o.every, ledger.clone()))
+        .task(sweep("repin", o.every * 3 / 2, ledger));
+    if let Some(name) = o.name {
+        scheduler = scheduler.holder(HolderId::new(name)?);
+    }
+    let handle = scheduler.start(terminated())?;
+    let app = Router::new()
+        .route("/tasks/{name}/run", post(run_task))
+        .route("/status", get(status))
+        .with_state(handle.clone());
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", o.port)).await?;
+    tracing::info!(port = o.port, "listening");
+    let server_handle = handle.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { server_handle.wait().await })
+        .await?;
+    handle.wait().await;
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! `leasehold demo`: three instances on one SQLite file, a kill, a graceful stop, a summary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+use leasehold::{LeaseName, Store};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::Failure;
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Number of instances.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=9))]
+    instances: u16,
+    /// Tick interval.
+    #[arg(long, default_value = "1s", value_parser = crate::duration_arg)]
+    every: Duration,
+    /// Lease ttl (how long a killed leader blocks the others).
+    #[arg(long, default_value = "3s", value_parser = crate::duration_arg)]
+    ttl: Duration,
+    /// Ticks to watch in each phase.
+    #[arg(long, default_value_t = 4)]
+    ticks: u32,
+    /// Keep the SQLite file, ledger and logs in this directory instead of a temporary one.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+const LEASE: &str = "demo-sweep";
+
+struct Instance {
+    name: String,
+    child: Option<Child>,
+}
+
+/// What the demo has seen so far.
+#[derive(Default)]
+struct Observed {
+    /// slot → instances that ran it.
+    runs: BTreeMap<u64, Vec<String>>,
+    ledger_offset: usize,
+    leader: Option<String>,
+}
+
+struct Demo {
+    dir: PathBuf,
+    instances: Vec<Instance>,
+    store: leasehold::BoxStore,
+    seen: Observed,
+    started: Instant,
+}
+
+fn stamp(started: Instant) -> String {
+    format!("[{:>5.1}s]", started.elapsed().as_secs_f64())
+}
+
+impl Demo {
+    fn spawn(&mut self, idx: usize, every: Duration, ttl: Duration) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("cannot find the leasehold binary")?;
+        let name = format!("instance-{}", idx + 1);
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let db = self.dir.join("demo.db");
+        let ledger = self.dir.join("ledger.jsonl");
+        let child = Command::new(&exe)
+            .arg("run")
+            .arg("--store")
+            .arg(format!("sqlite:{}", db.display()))
+            .args(["--lease", LEASE, "--holder", &name])
+            .arg("--every")
+            .arg(format!("{}ms", every.as_millis()))
+            .arg("--ttl")
+            .arg(format!("{}ms", ttl.as_millis()))
+            .args(["--grace", "2s", "--"])
+            .arg(&exe)
+            .arg("record")
+            .arg(&ledger)
+            .args(["--sleep", "100ms"])
+            .env("LEASEHOLD_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start an instance")?;
+        self.instances.push(Instance {
+            name,
+            child: Some(child),
+        });
+        Ok(())
+    }
+
+    /// Reads new ledger lines and the current leader, printing what changed.
+    async fn observe(&mut self) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(self.dir.join("ledger.jsonl")).unwrap_or_default();
+        // Only whole lines: a writer may be mid-line.
+        let complete = text.rfind('\n').map_or(0, |i| i + 1);
+        for line in text[self.seen.ledger_offset.min(complete)..complete].lines() {
+            let v: serde_json::Value = serde_json::from_str(line).context("bad ledger line")?;
+            let slot = v["slot"].as_u64().ok_or_else(|| anyhow!("ledger line without slot"))?;
+            let holder = v["holder"].as_str().unwrap_or("?").to_owned();
+            let token = v["token"].as_u64().unwrap_or(0);
+            let ran = self.seen.runs.entry(slot).or_default();
+            ran.push(holder.clone());
+            let dup = if ran.len() > 1 { "   << DUPLICATE" } else { "" };
+            println!("{} tick {slot}: ran on {holder} (fencing token {token}){dup}", stamp(self.started));
+        }
+        self.seen.ledger_offset = complete;
+        let state = self.store.inspect(&LeaseName::new(LEASE)?).await?;
+        let leader = state.and_then(|s| s.holder).map(|h| h.to_string());
+        if leader != self.seen.leader {
+            match &leader {
+                Some(l) => println!("{} leader is now {l}", stamp(self.started)),
+                None => println!("{} no leader", stamp(self.started)),
+            }
+            self.seen.leader = leader;
+        }
+        Ok(())
+    }
+
+    async fn watch_for(&mut self, d: Duration) -> anyhow::Result<()> {
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            self.observe().await?;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    async fn wait_for_leader(&mut self, not: Option<&str>, limit: Duration) -> anyhow::Result<(String, Duration)> {
+        let start = Instant::now();
+        loop {
+            self.observe().await?;
+            if let Some(l) = &self.seen.leader {
+                if Some(l.as_str()) != not {
+                    return Ok((l.clone(), start.elapsed()));
+                }
+            }
+            if start.elapsed() > limit {
+                return Err(anyhow!("no new leader within {limit:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    fn signal(&mut self, name: &str, sig: Signal) -> anyhow::Result<()> {
+        let inst = self
+            .instances
+            .iter_mut()
+            .find(|i| i.name == name)
+            .ok_or_else(|| anyhow!("unknown instance {name}"))?;
+        let pid = inst.child.as_ref().and_then(|c| c.id()).ok_or_else(|| anyhow!("{name} is not running"))?;
+        kill(Pid::from_raw(pid as i32), sig).with_context(|| format!("cannot signal {name}"))?;
+        Ok(())
+    }
+
+    async fn stop_all(&mut self) {
+        for inst in &mut self.instances {
+            if let Some(child) = inst.child.as_mut() {
+                if let Some(pid) = child.id() {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+                }
+            }
+        }
+        for inst in &mut self.instances {
+            if let Some(mut child) = inst.child.take() {
+                if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                    let _ = child.kill().await;
+                }
+            }
+        }
+    }
+}
+
+pub async fn demo(args: DemoArgs) -> Result<u8, Failure> {
+    let tmp;
+    let dir: PathBuf = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
+            tmp.path().to_owned()
+        }
+    };
+    let result = run_demo(&args, &dir).await;
+    result.map_err(Failure::from)
+}
+
+async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
+    let db = dir.join("demo.db");
+    let store = leasehold_connect::open_store(&format!("sqlite:{}", db.display())).await?;
+    println!("leasehold demo: {} instances of `leasehold run --every {:?} --ttl {:?}` share one SQLite file.", args.instances, args.every, args.ttl);
+    println!("Each tick must run on exactly one instance; the command each runs appends to a ledger.");
+    println!("files: {}\n", dir.display());
+    let mut demo = Demo {
+        dir: dir.to_owned(),
+        instances: Vec::new(),
+        store,
+        seen: Observed::default(),
+        started: Instant::now(),
+    };
+    for i in 0..args.instances as usize {
+        demo.spawn(i, args.every, args.ttl)?;
+    }
+    let outcome = phases(args, &mut demo).await;
+    demo.stop_all().await;
+    demo.observe().await?;
+    let (kill_takeover, handoff) = outcome?;
+
+    let runs = &demo.seen.runs;
+    let executions: usize = runs.values().map(Vec::len).sum();
+    let duplicates = runs.values().filter(|r| r.len() > 1).count();
+    let (first, last) = (
+        runs.keys().next().copied().unwrap_or(0),
+        runs.keys().last().copied().unwrap_or(0),
+    );
+    let missed = (last - first + 1) as usize - runs.len();
+    let mut per_instance: BTreeMap<&str, usize> = BTreeMap::new();
+    for holder in runs.values().flatten() {
+        *per_instance.entry(holder.as_str()).or_default() += 1;
+    }
+    println!("\nsummary");
+    println!("  ticks run            {}", runs.len());
+    println!("  executions           {executions}");
+    println!("  duplicate ticks      {duplicates}   (must be 0)");
+    println!("  missed ticks         {missed}   (ticks that fell while the killed leader's lease ran out)");
+    for (who, n) in per_instance {
+        println!("  runs on {who:<12} {n}");
+    }
+    println!("  takeover after SIGKILL          {:>7.0} ms   (bounded by the ttl, {:?})", kill_takeover.as_secs_f64() * 1e3, args.ttl);
+    println!("  handoff after graceful stop     {:>7.0} ms   (release, then notification)", handoff.as_secs_f64() * 1e3);
+    if duplicates > 0 {
+        println!("\nFAILED: a tick ran more than once");
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+async fn phases(args: &DemoArgs, demo: &mut Demo) -> anyhow::Result<(Duration, Duration)> {
+    let phase = args.every * args.ticks;
+    let (leader, _) = demo.wait_for_leader(None, args.ttl * 3).await?;
+    demo.watch_for(phase).await?;
+
+    let leader = demo.seen.leader.clone().unwrap_or(leader);
+    println!("{} >>> SIGKILL {leader} (the leader): it cannot release; the others wait for its lease to expire", stamp(demo.started));
+    demo.signal(&leader, Signal::SIGKILL)?;
+    let (next, kill_takeover) = demo.wait_for_leader(Some(&leader), args.ttl * 3).await?;
+    println!("{} >>> {next} took over {:.0} ms after the kill", stamp(demo.started), kill_takeover.as_secs_f64() * 1e3);
+    demo.watch_for(phase).await?;
+
+    let leader = demo.seen.leader.clone().unwrap_or(next);
+    println!("{} >>> SIGTERM {leader}: it finishes its run, releases the lease and exits", stamp(demo.started));
+    let stop_at = Instant::now();
+    demo.signal(&leader, Signal::SIGTERM)?;
+    let (next, _) = demo.wait_for_leader(Some(&leader), args.ttl * 3).await?;
+    let handoff = stop_at.elapsed();
+    println!("{} >>> {next} took over {:.0} ms after the stop", stamp(demo.started), handoff.as_secs_f64() * 1e3);
+    demo.watch_for(phase).await?;
+    Ok((kill_takeover, handoff))
+}

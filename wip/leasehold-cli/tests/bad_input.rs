@@ -1,0 +1,118 @@
+//! Every bad input is one line on stderr and a non-zero exit, never a panic.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+fn fails_in_one_line(args: &[&str], expect: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(dir.path())
+        .env_remove("LEASEHOLD_STORE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?} printed {} lines: {stderr}", lines.len());
+    assert!(lines[0].starts_with("leasehold: error: "), "{args:?}: {stderr}");
+    assert!(lines[0].contains(expect), "{args:?}: {stderr} lacks {expect:?}");
+}
+
+fn run(extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["run", "--store", "sqlite:t.db", "--every", "1s"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v.extend(["--", "true"].iter().map(|s| s.to_string()));
+    v
+}
+
+fn check(extra: &[&str], expect: &str) {
+    let args = run(extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_in_one_line(&refs, expect);
+}
+
+#[test]
+fn empty_lease_name() {
+    check(&["--lease", ""], "lease name is empty");
+}
+
+#[test]
+fn over_long_lease_name() {
+    check(&["--lease", &"x".repeat(200)], "200 bytes long, the limit is 128");
+}
+
+#[test]
+fn ill_formed_lease_name() {
+    check(&["--lease", "has space"], "use only letters, digits");
+}
+
+#[test]
+fn zero_ttl() {
+    check(&["--lease", "a", "--ttl", "0s"], "ttl must be greater than zero");
+}
+
+#[test]
+fn renew_not_below_ttl() {
+    check(&["--lease", "a", "--ttl", "3s", "--renew", "3s"], "must be greater than zero and less than the ttl");
+}
+
+#[test]
+fn retry_above_renew() {
+    check(&["--lease", "a", "--ttl", "3s", "--renew", "1s", "--retry", "2s"], "retry interval");
+}
+
+#[test]
+fn unknown_url_scheme() {
+    check(&["--lease", "a", "--store", "mysql://root:hunter2@localhost/db"], "unknown store URL scheme");
+    // And the password is not echoed.
+    let out = Command::new(BIN)
+        .args(run(&["--lease", "a", "--store", "mysql://root:hunter2@localhost/db"]))
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+}
+
+#[test]
+fn unreachable_store() {
+    let args = run(&["--lease", "a", "--store", "redis://:s3cretpw@127.0.0.1:1"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_in_one_line(&refs, "cannot open store");
+    let out = Command::new(BIN).args(&refs).output().unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cretpw"));
+}
+
+#[test]
+fn bad_duration() {
+    check(&["--lease", "a", "--ttl", "ten"], "invalid duration");
+}
+
+#[test]
+fn bad_cron() {
+    fails_in_one_line(
+        &["run", "--store", "sqlite:t.db", "--lease", "a", "--cron", "every day", "--", "true"],
+        "invalid cron expression",
+    );
+}
+
+#[test]
+fn bad_policy() {
+    check(&["--lease", "a", "--on-store-down", "maybe"], "unknown store-down policy");
+}
+
+#[test]
+fn missing_command() {
+    fails_in_one_line(&["run", "--lease", "a", "--every", "1s"], "required");
+}
+
+#[test]
+fn status_without_names() {
+    fails_in_one_line(&["status", "--store", "sqlite:t.db"], "required");
+}

@@ -1,0 +1,127 @@
+//! Running `leasehold` processes from tests, and reading the ledger their commands write.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+/// A `leasehold run` process, killed when dropped.
+pub struct Instance {
+    pub name: String,
+    pub child: Child,
+}
+
+impl Instance {
+    /// Starts `leasehold run --holder NAME ARGS -- leasehold record LEDGER --sleep WORK`.
+    pub fn start(name: &str, args: &[&str], ledger: &Path, work: &str, log_dir: &Path) -> Self {
+        let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(BIN)
+            .arg("run")
+            .args(["--holder", name])
+            .args(args)
+            .arg("--")
+            .arg(BIN)
+            .arg("record")
+            .arg(ledger)
+            .args(["--sleep", work])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start leasehold run");
+        Self {
+            name: name.to_owned(),
+            child,
+        }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} {}", self.name);
+    }
+
+    /// SIGTERM, then wait (at most `limit`) for a clean exit.
+    pub fn stop(mut self, limit: Duration) -> i32 {
+        self.signal("TERM");
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(std::time::Instant::now() < deadline, "{} did not stop", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One ledger line.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub holder: String,
+    pub slot: Option<u64>,
+    pub token: Option<u64>,
+    pub start_ms: u64,
+    pub end_ms: u64,
+}
+
+pub fn read_ledger(path: &Path) -> Vec<Run> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("ledger line is JSON");
+            Run {
+                holder: v["holder"].as_str().unwrap().to_owned(),
+                slot: v["slot"].as_u64(),
+                token: v["token"].as_u64(),
+                start_ms: v["start_ms"].as_u64().unwrap(),
+                end_ms: v["end_ms"].as_u64().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// Asserts every slot ran exactly once and no two runs overlapped in time; returns runs per slot.
+pub fn assert_exactly_once(runs: &[Run]) -> BTreeMap<u64, Run> {
+    let mut by_slot = BTreeMap::new();
+    for r in runs {
+        let slot = r.slot.expect("scheduled runs carry a slot");
+        if let Some(prev) = by_slot.insert(slot, r.clone()) {
+            panic!("slot {slot} ran twice: {prev:?} and {r:?}");
+        }
+    }
+    let mut sorted = runs.to_vec();
+    sorted.sort_by_key(|r| r.start_ms);
+    for w in sorted.windows(2) {
+        assert!(w[1].start_ms >= w[0].end_ms, "runs overlap: {:?} {:?}", w[0], w[1]);
+    }
+    let tokens: Vec<u64> = sorted.iter().filter_map(|r| r.token).collect();
+    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "tokens strictly increase: {tokens:?}");
+    by_slot
+}
+
+pub fn temp_dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.to_str().unwrap().to_owned()
+}
+
+pub fn ledger_in(dir: &Path) -> PathBuf {
+    dir.join("ledger.jsonl")
+}
