@@ -1,0 +1,510 @@
+//! [`PgConfig`]: the settings of a [`PgStore`](crate::PgStore), and URL/TLS handling.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio_postgres::config::SslMode;
+
+use crate::error::{Error, Result};
+use crate::store::PgStore;
+
+/// Default schema of the lease, slot and fence tables.
+pub const DEFAULT_SCHEMA: &str = "leasehold";
+/// Default name of the lease table.
+pub const DEFAULT_LEASE_TABLE: &str = "leases";
+/// Default name of the slot table.
+pub const DEFAULT_SLOT_TABLE: &str = "slots";
+/// Default name of the fence table (see [`Fence`](crate::Fence)).
+pub const DEFAULT_FENCE_TABLE: &str = "fences";
+/// Default time limit of one store operation.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default `application_name` of the store's connections.
+pub const DEFAULT_APPLICATION_NAME: &str = "leasehold";
+
+/// Longest PostgreSQL identifier (NAMEDATALEN - 1).
+const MAX_IDENT_LEN: usize = 63;
+
+/// Settings of a PostgreSQL store. Build with [`PgConfig::new`], adjust the fields, then
+/// [`connect`](PgConfig::connect).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct PgConfig {
+    /// Server URL, `postgres://[user[:password]@]host[:port]/dbname[?sslmode=...]`, or a
+    /// `key=value` connection string. No default.
+    pub url: String,
+    /// Schema of the tables; created if missing (when [`migrate`](Self::migrate) is on).
+    /// Default [`DEFAULT_SCHEMA`] (`leasehold`). A plain identifier: ASCII letters, digits and
+    /// underscores, not starting with a digit, at most 63 bytes.
+    pub schema: String,
+    /// The lease table: `name text PRIMARY KEY, holder text, token bigint, expires_at
+    /// timestamptz`. Default [`DEFAULT_LEASE_TABLE`] (`leases`). A plain identifier.
+    pub lease_table: String,
+    /// The slot table: `task text PRIMARY KEY, last_slot bigint`. Default
+    /// [`DEFAULT_SLOT_TABLE`] (`slots`). A plain identifier.
+    pub slot_table: String,
+    /// The LISTEN/NOTIFY channel releases are announced on. Default `None`: `SCHEMA.LEASE_TABLE`
+    /// (`leasehold.leases`), so stores on different tables do not wake each other. At most 63
+    /// bytes.
+    pub channel: Option<String>,
+    /// Whether [`connect`](Self::connect) creates the schema and tables if they are missing
+    /// (an idempotent migration, safe when many instances start at once). Default `true`; turn
+    /// it off when the application's role may not run DDL and the tables were created in
+    /// advance (the SQL is in the README).
+    pub migrate: bool,
+    /// Most connections in the pool (the release listener has one more of its own). Default 4.
+    pub pool_size: usize,
+    /// Time limit of each store operation, after which it fails with
+    /// [`StoreError::Timeout`](leasehold::StoreError::Timeout). It is also set as the
+    /// connections' `statement_timeout`, so the server gives up on the statement too. Default
+    /// [`DEFAULT_OP_TIMEOUT`] (2 s).
+    pub op_timeout: Duration,
+    /// Time limit of establishing a connection (TCP, TLS, authentication), at start and on each
+    /// reconnect. Default 5 s.
+    pub connect_timeout: Duration,
+    /// `application_name` of the store's connections, as shown in `pg_stat_activity` (the
+    /// release listener's connection gets `-listen` appended). Default
+    /// [`DEFAULT_APPLICATION_NAME`] (`leasehold`); an `application_name` in the URL wins.
+    pub application_name: String,
+    /// Whether to LISTEN for release notifications so waiters take over right after a graceful
+    /// release. Without them waiters retry at the lease's expiry. Default `true`.
+    pub notifications: bool,
+    /// Longest pause between attempts to re-establish the notification connection. Default 5 s.
+    pub max_reconnect_delay: Duration,
+    /// How often the notification connection is checked with a query, so a silently dead
+    /// connection is replaced. Default 15 s.
+    pub keepalive: Duration,
+    /// PEM root certificates to trust for TLS instead of the system's (for a private CA). An
+    /// `sslrootcert=PATH` in the URL sets this from the file. Needs the `tls` feature. Default
+    /// `None`: the system's root certificates.
+    pub tls_ca_pem: Option<Vec<u8>>,
+}
+
+impl PgConfig {
+    /// Defaults for the server at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            lease_table: DEFAULT_LEASE_TABLE.to_owned(),
+            slot_table: DEFAULT_SLOT_TABLE.to_owned(),
+            channel: None,
+            migrate: true,
+            pool_size: 4,
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            connect_timeout: Duration::from_secs(5),
+            application_name: DEFAULT_APPLICATION_NAME.to_owned(),
+            notifications: true,
+            max_reconnect_delay: Duration::from_secs(5),
+            keepalive: Duration::from_secs(15),
+            tls_ca_pem: None,
+        }
+    }
+
+    /// Sets [`schema`](Self::schema).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Sets [`lease_table`](Self::lease_table).
+    pub fn lease_table(mut self, table: impl Into<String>) -> Self {
+        self.lease_table = table.into();
+        self
+    }
+
+    /// Sets [`slot_table`](Self::slot_table).
+    pub fn slot_table(mut self, table: impl Into<String>) -> Self {
+        self.slot_table = table.into();
+        self
+    }
+
+    /// Sets [`channel`](Self::channel).
+    pub fn channel(mut self, channel: impl Into<String>) -> Self {
+        self.channel = Some(channel.into());
+        self
+    }
+
+    /// Sets [`migrate`](Self::migrate).
+    pub fn migrate(mut self, on: bool) -> Self {
+        self.migrate = on;
+        self
+    }
+
+    /// Sets [`pool_size`](Self::pool_size).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Sets [`op_timeout`](Self::op_timeout).
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// Sets [`connect_timeout`](Self::connect_timeout).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`application_name`](Self::application_name).
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = name.into();
+        self
+    }
+
+    /// Sets [`notifications`](Self::notifications).
+    pub fn notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
+        self
+    }
+
+    /// Sets [`tls_ca_pem`](Self::tls_ca_pem).
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca_pem = Some(pem.into());
+        self
+    }
+
+    /// The URL with its password removed.
+    pub fn redacted_url(&self) -> String {
+        redact(&self.url)
+    }
+
+    /// The release channel in use: [`channel`](Self::channel), or `SCHEMA.LEASE_TABLE`.
+    pub fn channel_name(&self) -> String {
+        self.channel
+            .clone()
+            .unwrap_or_else(|| format!("{}.{}", self.schema, self.lease_table))
+    }
+
+    /// Checks the settings (identifiers, durations, pool size); does not parse the URL.
+    pub fn validate(&self) -> Result<()> {
+        check_identifier("schema", &self.schema)?;
+        check_identifier("lease_table", &self.lease_table)?;
+        check_identifier("slot_table", &self.slot_table)?;
+        if self.lease_table == self.slot_table {
+            return Err(Error::Config(
+                "lease_table and slot_table must differ".to_owned(),
+            ));
+        }
+        let channel = self.channel_name();
+        if channel.is_empty()
+            || channel.len() > MAX_IDENT_LEN
+            || channel.chars().any(|c| c == '"' || c.is_control())
+        {
+            return Err(Error::Config(format!(
+                "release channel {channel:?} must be 1 to 63 bytes without quotes; set `channel`"
+            )));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::Config("pool_size must be at least 1".to_owned()));
+        }
+        for (what, d) in [
+            ("op_timeout", self.op_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("max_reconnect_delay", self.max_reconnect_delay),
+            ("keepalive", self.keepalive),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Config(format!("{what} must be above zero")));
+            }
+        }
+        if self.application_name.len() > MAX_IDENT_LEN - "-listen".len() {
+            return Err(Error::Config(
+                "application_name must be at most 56 bytes".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the settings, connects, runs the migration (with [`migrate`](Self::migrate)) and
+    /// (with [`notifications`](Self::notifications)) starts listening for releases.
+    pub async fn connect(self) -> Result<PgStore> {
+        PgStore::connect(self).await
+    }
+
+    /// Parses the URL into the driver's config and the TLS choice.
+    pub(crate) fn driver_config(&self) -> Result<(tokio_postgres::Config, Tls)> {
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: self.redacted_url(),
+            reason,
+        };
+        let (rest, params) = take_params(&self.url, &["sslmode", "sslrootcert"]);
+        let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| invalid(e.to_string()))?;
+        let sslmode = params[0].clone();
+        let rootcert = params[1].clone();
+        let tls_wanted = match sslmode.as_deref() {
+            None | Some("disable" | "allow" | "prefer") => false,
+            Some("require" | "verify-ca" | "verify-full") => true,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "unknown sslmode {other:?} (use disable, require, verify-ca or verify-full)"
+                )));
+            }
+        };
+        if pg.get_application_name().is_none() {
+            pg.application_name(&self.application_name);
+        }
+        // The server cancels a statement that runs past the operation timeout, so an abandoned
+        // statement never holds a row lock for long.
+        let timeout_opt = format!("-c statement_timeout={}", self.op_timeout.as_millis());
+        let options = match pg.get_options() {
+            Some(existing) if !existing.is_empty() => format!("{existing} {timeout_opt}"),
+            _ => timeout_opt,
+        };
+        pg.options(&options);
+        pg.connect_timeout(self.connect_timeout);
+        pg.keepalives(true);
+        pg.keepalives_idle(Duration::from_secs(30));
+        if !tls_wanted {
+            pg.ssl_mode(SslMode::Disable);
+            return Ok((pg, Tls::None));
+        }
+        pg.ssl_mode(SslMode::Require);
+        #[cfg(feature = "tls")]
+        {
+            let pem = match (&self.tls_ca_pem, rootcert) {
+                (Some(pem), _) => Some(pem.clone()),
+                (None, Some(path)) => Some(
+                    std::fs::read(&path)
+                        .map_err(|e| Error::Tls(format!("cannot read sslrootcert {path}: {e}")))?,
+                ),
+                (None, None) => None,
+            };
+            Ok((pg, Tls::Rustls(tls::connector(pem.as_deref())?)))
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = rootcert;
+            Err(Error::Config(
+                "sslmode=require/verify-* needs the `tls` feature of leasehold-postgres".to_owned(),
+            ))
+        }
+    }
+}
+
+impl fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("url", &self.redacted_url())
+            .field("schema", &self.schema)
+            .field("lease_table", &self.lease_table)
+            .field("slot_table", &self.slot_table)
+            .field("channel", &self.channel)
+            .field("migrate", &self.migrate)
+            .field("pool_size", &self.pool_size)
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("application_name", &self.application_name)
+            .field("notifications", &self.notifications)
+            .field("max_reconnect_delay", &self.max_reconnect_delay)
+            .field("keepalive", &self.keepalive)
+            .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|_| "set"))
+            .finish()
+    }
+}
+
+/// How connections are encrypted.
+#[derive(Clone)]
+pub(crate) enum Tls {
+    /// Plain TCP (or a Unix socket).
+    None,
+    /// rustls on the ring provider.
+    #[cfg(feature = "tls")]
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+#[cfg(feature = "tls")]
+mod tls {
+    use std::sync::Arc;
+
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    use crate::error::{Error, Result};
+
+    /// A connector that verifies the server's certificate chain and host name against `ca_pem`
+    /// or, without it, the system's root certificates.
+    pub(crate) fn connector(
+        ca_pem: Option<&[u8]>,
+    ) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
+        let mut roots = rustls::RootCertStore::empty();
+        match ca_pem {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+                }
+            }
+            None => {
+                for cert in rustls_native_certs::load_native_certs().certs {
+                    // Skip the odd unparsable system certificate; the rest still work.
+                    let _ = roots.add(cert);
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err(Error::Tls(
+                "no root certificates to verify the server with".to_owned(),
+            ));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+    }
+}
+
+/// Checks that `value` is a plain identifier, safe to put in double quotes in SQL.
+pub(crate) fn check_identifier(what: &'static str, value: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= MAX_IDENT_LEN
+        && !value.starts_with(|c: char| c.is_ascii_digit())
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidIdentifier {
+            what,
+            value: value.to_owned(),
+        })
+    }
+}
+
+/// `"schema"."table"`, for identifiers already checked.
+pub(crate) fn qualified(schema: &str, table: &str) -> String {
+    format!("\"{schema}\".\"{table}\"")
+}
+
+/// Removes the parameters `keys` from a URL's query string or a `key=value` string, returning
+/// the rest and the values found (in the order of `keys`). tokio-postgres knows neither
+/// `verify-ca`/`verify-full` nor `sslrootcert`, so the store handles them itself.
+fn take_params(url: &str, keys: &[&str]) -> (String, Vec<Option<String>>) {
+    let mut found = vec![None; keys.len()];
+    let keep = |kv: &str, found: &mut Vec<Option<String>>| -> bool {
+        if let Some((k, v)) = kv.split_once('=') {
+            if let Some(i) = keys.iter().position(|key| key.eq_ignore_ascii_case(k)) {
+                found[i] = Some(v.to_owned());
+                return false;
+            }
+        }
+        true
+    };
+    if url.contains("://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return (url.to_owned(), found);
+        };
+        let rest: Vec<&str> = query.split('&').filter(|kv| keep(kv, &mut found)).collect();
+        let out = if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        (out, found)
+    } else {
+        let rest: Vec<&str> = url
+            .split_whitespace()
+            .filter(|kv| keep(kv, &mut found))
+            .collect();
+        (rest.join(" "), found)
+    }
+}
+
+/// The URL (or `key=value` string) with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    if url.contains("://") {
+        return leasehold::store::redact_url(url);
+    }
+    url.split_whitespace()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        assert!(check_identifier("schema", "leasehold").is_ok());
+        assert!(check_identifier("schema", "Lh_test_2").is_ok());
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a\"b",
+            "a b",
+            "a;drop",
+            "ä",
+            &"x".repeat(64),
+        ] {
+            assert!(
+                matches!(
+                    check_identifier("schema", bad),
+                    Err(Error::InvalidIdentifier { what: "schema", .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        let err = PgConfig::new("postgres://h/db")
+            .lease_table("leases; drop table x")
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("lease_table"), "{err}");
+    }
+
+    #[test]
+    fn sslmode_is_taken_out() {
+        let (rest, found) = take_params(
+            "postgres://u:p@h/db?sslmode=verify-full&application_name=x",
+            &["sslmode", "sslrootcert"],
+        );
+        assert_eq!(rest, "postgres://u:p@h/db?application_name=x");
+        assert_eq!(found, vec![Some("verify-full".to_owned()), None]);
+        let (rest, found) = take_params("host=h sslmode=require user=u", &["sslmode"]);
+        assert_eq!(rest, "host=h user=u");
+        assert_eq!(found, vec![Some("require".to_owned())]);
+        let (rest, _) = take_params("postgres://h/db?sslmode=disable", &["sslmode"]);
+        assert_eq!(rest, "postgres://h/db");
+    }
+
+    #[test]
+    fn tls_choice() {
+        let (_, tls) = PgConfig::new("postgres://h/db").driver_config().unwrap();
+        assert!(matches!(tls, Tls::None));
+        let (_, tls) = PgConfig::new("postgres://h/db?sslmode=disable")
+            .driver_config()
+            .unwrap();
+        assert!(matches!(tls, Tls::None));
+        let err = PgConfig::new("postgres://h/db?sslmode=sometimes")
+            .driver_config()
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("sslmode"), "{err}");
+    }
+
+    #[test]
+    fn redacts_key_value_passwords() {
+        assert_eq!(
+            redact("host=h password=s3cretpw user=u"),
+            "host=h password=*** user=u"
+        );
+        assert_eq!(
+            redact("postgres://u:s3cretpw@h/db"),
+            "postgres://u:***@h/db"
+        );
+        let debug = format!("{:?}", PgConfig::new("postgres://u:s3cretpw@h/db"));
+        assert!(!debug.contains("s3cretpw"), "{debug}");
+    }
+}

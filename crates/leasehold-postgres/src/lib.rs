@@ -1,0 +1,34 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod fence;
+mod listener;
+mod store;
+
+pub use config::{
+    DEFAULT_APPLICATION_NAME, DEFAULT_FENCE_TABLE, DEFAULT_LEASE_TABLE, DEFAULT_OP_TIMEOUT,
+    DEFAULT_SCHEMA, DEFAULT_SLOT_TABLE, PgConfig,
+};
+pub use error::{Error, Result};
+pub use fence::{Fence, FenceError};
+pub use store::{PgStore, Statements};
+
+/// The PostgreSQL driver this crate is built on, so users need one dependency.
+pub use tokio_postgres;
+
+/// The connection pool behind [`PgStore::pool`].
+pub use deadpool_postgres;
+
+/// Connects to the PostgreSQL server at `url` with the default [`PgConfig`]: tables
+/// `leasehold.leases` and `leasehold.slots` (created if missing), 2 s per operation, release
+/// notifications on.
+///
+/// Accepted forms: `postgres://[user[:password]@]host[:port]/dbname[?param=value&...]`
+/// (`postgresql://` too) or a `key=value` connection string. `sslmode=require`, `verify-ca` or
+/// `verify-full` turn on TLS; `disable`, `prefer` or no `sslmode` connect without it. Fails with
+/// [`Error::Connect`] if the server cannot be reached or refuses the credentials; the password
+/// never appears in the error.
+pub async fn connect(url: &str) -> Result<PgStore> {
+    PgConfig::new(url).connect().await
+}

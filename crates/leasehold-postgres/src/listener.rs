@@ -1,0 +1,148 @@
+//! The release listener: one dedicated connection that LISTENs on the release channel and feeds
+//! a [`ReleaseHub`], reconnecting with backoff whenever the connection drops.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use leasehold::ReleaseHub;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{AsyncMessage, NoTls, Socket};
+
+use crate::config::{PgConfig, Tls};
+
+/// Settings the listener task needs.
+struct Settings {
+    channel: String,
+    hub: ReleaseHub,
+    keepalive: Duration,
+    connect_timeout: Duration,
+    max_delay: Duration,
+    url: String,
+}
+
+/// Starts the listener and waits (up to the connect timeout) until its first LISTEN is active,
+/// so a subscription taken right after `connect` hears every later release. If that first
+/// attempt fails the task keeps retrying in the background.
+pub(crate) async fn spawn(
+    mut pg: tokio_postgres::Config,
+    tls: Tls,
+    channel: String,
+    hub: ReleaseHub,
+    config: &PgConfig,
+    url: &str,
+) -> AbortHandle {
+    let app = format!(
+        "{}-listen",
+        pg.get_application_name().unwrap_or("leasehold")
+    );
+    pg.application_name(&app);
+    let settings = Settings {
+        channel,
+        hub,
+        keepalive: config.keepalive,
+        connect_timeout: config.connect_timeout,
+        max_delay: config.max_reconnect_delay,
+        url: url.to_owned(),
+    };
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let task = tokio::spawn(run(pg, tls, settings, ready_tx));
+    let _ = tokio::time::timeout(config.connect_timeout, ready_rx).await;
+    task.abort_handle()
+}
+
+async fn run(pg: tokio_postgres::Config, tls: Tls, settings: Settings, ready: oneshot::Sender<()>) {
+    let mut ready = Some(ready);
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let result = match &tls {
+            Tls::None => session(&pg, NoTls, &settings, &mut ready).await,
+            #[cfg(feature = "tls")]
+            Tls::Rustls(t) => session(&pg, t.clone(), &settings, &mut ready).await,
+        };
+        match result {
+            Ok(()) => {
+                // The session was up, so start the backoff afresh.
+                delay = Duration::from_millis(100);
+                tracing::warn!(url = %settings.url, "release listener connection closed; reconnecting");
+            }
+            Err(message) => {
+                tracing::warn!(url = %settings.url, error = %message, retry_in = ?delay,
+                    "release listener could not listen; retrying");
+            }
+        }
+        tokio::time::sleep(delay + Duration::from_millis(fastrand::u64(0..100))).await;
+        delay = (delay * 2).min(settings.max_delay);
+    }
+}
+
+/// One connection's life: connect, LISTEN, forward notifications until the connection ends.
+/// `Ok` if LISTEN was established (the connection dropped later), `Err` if it never was.
+async fn session<T>(
+    pg: &tokio_postgres::Config,
+    tls: T,
+    settings: &Settings,
+    ready: &mut Option<oneshot::Sender<()>>,
+) -> Result<(), String>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: AsyncRead + AsyncWrite + Unpin + Send,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let (client, mut connection) =
+        match tokio::time::timeout(settings.connect_timeout * 2, pg.connect(tls)).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("connect timed out".to_owned()),
+        };
+    let hub = settings.hub.clone();
+    // Drives the connection: nothing reaches the server unless this is polled.
+    let driver = async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => hub.publish(n.payload()),
+                Ok(_) => {}
+                Err(e) => return e.to_string(),
+            }
+        }
+        "connection closed".to_owned()
+    };
+    let mut listening = false;
+    let control = async {
+        let listen = format!("LISTEN \"{}\"", settings.channel);
+        match tokio::time::timeout(settings.connect_timeout, client.batch_execute(&listen)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return e.to_string(),
+            Err(_) => return "LISTEN timed out".to_owned(),
+        }
+        listening = true;
+        tracing::debug!(url = %settings.url, channel = %settings.channel, "listening for releases");
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(());
+        }
+        loop {
+            tokio::time::sleep(settings.keepalive).await;
+            match tokio::time::timeout(settings.connect_timeout, client.simple_query("SELECT 1"))
+                .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return e.to_string(),
+                Err(_) => return "keepalive query timed out".to_owned(),
+            }
+        }
+    };
+    let reason = tokio::select! {
+        reason = driver => reason,
+        reason = control => reason,
+    };
+    if listening {
+        tracing::debug!(reason = %reason, "release listener session ended");
+        Ok(())
+    } else {
+        Err(reason)
+    }
+}

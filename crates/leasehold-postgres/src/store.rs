@@ -1,0 +1,604 @@
+//! [`PgStore`]: the [`Store`] implementation.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use leasehold::{
+    Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
+    ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
+};
+use tokio::task::AbortHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use crate::config::{PgConfig, Tls, qualified};
+use crate::error::{Error, Result};
+use crate::listener;
+
+/// How often an acquire or slot claim is re-run when a concurrent writer changed the row after
+/// the statement's snapshot was taken (see [`Statements::acquire`]).
+const MAX_ATTEMPTS: usize = 4;
+
+/// Leases in PostgreSQL: each operation is one conditional statement on a pooled connection,
+/// timed by the server's `clock_timestamp()`.
+///
+/// Cheap to clone: clones share one connection pool and one release listener.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    sql: Statements,
+    channel: String,
+    op_timeout: Duration,
+    /// The URL without its password.
+    url: String,
+    schema: String,
+    lease_table: String,
+    hub: ReleaseHub,
+    listener: Option<AbortHandle>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
+        self.pool.close();
+    }
+}
+
+/// The SQL this store runs, one statement per operation, for review and for tests that run a
+/// statement inside a transaction of their own. Every timing decision uses
+/// `clock_timestamp()`, the server's current time, never `now()` (the start of the
+/// transaction).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Statements {
+    /// Acquire: `$1` name, `$2` holder, `$3` ttl in milliseconds. One row: `(token bigint,
+    /// holder text, remaining_us bigint)`; `token` is set when acquired, otherwise `holder` and
+    /// `remaining_us` describe the current holder as of the statement's snapshot. If that
+    /// snapshot does not show a live holder (a concurrent writer committed in between) the store
+    /// runs the statement again.
+    pub acquire: String,
+    /// Renew: `$1` name, `$2` holder, `$3` token, `$4` ttl in milliseconds. One row when renewed.
+    pub renew: String,
+    /// Release, with `pg_notify` in the same statement: `$1` name, `$2` holder, `$3` token,
+    /// `$4` channel. One row when released.
+    pub release: String,
+    /// Inspect: `$1` name. `(holder text, token bigint, remaining_us bigint)`, no row when the
+    /// name was never acquired.
+    pub inspect: String,
+    /// Claim a slot: `$1` task, `$2` slot. One row `(claimed bool, last_slot bigint)`.
+    pub claim_slot: String,
+    /// The server's clock in milliseconds since the Unix epoch.
+    pub now_millis: String,
+    /// The migration: creates the schema's tables if missing (run after the schema exists,
+    /// under `pg_advisory_xact_lock`).
+    pub create_tables: String,
+}
+
+impl Statements {
+    fn new(schema: &str, lease_table: &str, slot_table: &str) -> Self {
+        let leases = qualified(schema, lease_table);
+        let slots = qualified(schema, slot_table);
+        let ms = "* interval '1 millisecond'";
+        Self {
+            // The row is locked by the upsert; a concurrent acquirer waits for this statement's
+            // commit and then re-checks the WHERE against the committed row (READ COMMITTED),
+            // so exactly one of them takes a free or expired lease. EXCLUDED.expires_at - ttl
+            // is this statement's clock_timestamp(), evaluated once.
+            acquire: format!(
+                "WITH acq AS (
+  INSERT INTO {leases} AS l (name, holder, token, expires_at)
+  VALUES ($1::text, $2::text, 1, clock_timestamp() + $3::bigint {ms})
+  ON CONFLICT (name) DO UPDATE SET
+    holder = EXCLUDED.holder,
+    token = CASE WHEN l.holder = EXCLUDED.holder
+                  AND l.expires_at > EXCLUDED.expires_at - $3::bigint {ms}
+             THEN l.token ELSE l.token + 1 END,
+    expires_at = EXCLUDED.expires_at
+  WHERE l.holder IS NULL
+     OR l.holder = EXCLUDED.holder
+     OR l.expires_at <= EXCLUDED.expires_at - $3::bigint {ms}
+  RETURNING l.token
+)
+SELECT acq.token, NULL::text AS holder, NULL::bigint AS remaining_us FROM acq
+UNION ALL
+SELECT NULL::bigint, cur.holder,
+       floor(extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM {leases} cur
+ WHERE cur.name = $1::text AND NOT EXISTS (SELECT 1 FROM acq)"
+            ),
+            renew: format!(
+                "UPDATE {leases} SET expires_at = clock_timestamp() + $4::bigint {ms}
+ WHERE name = $1::text AND holder = $2::text AND token = $3::bigint
+   AND expires_at > clock_timestamp()
+RETURNING 1"
+            ),
+            release: format!(
+                "WITH rel AS (
+  UPDATE {leases} SET holder = NULL, expires_at = clock_timestamp()
+   WHERE name = $1::text AND holder = $2::text AND token = $3::bigint
+     AND expires_at > clock_timestamp()
+  RETURNING name
+)
+SELECT pg_notify($4::text, rel.name)::text FROM rel"
+            ),
+            inspect: format!(
+                "SELECT l.holder, l.token,
+       floor(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM {leases} l WHERE l.name = $1::text"
+            ),
+            claim_slot: format!(
+                "WITH c AS (
+  INSERT INTO {slots} AS s (task, last_slot) VALUES ($1::text, $2::bigint)
+  ON CONFLICT (task) DO UPDATE SET last_slot = EXCLUDED.last_slot
+  WHERE s.last_slot < EXCLUDED.last_slot
+  RETURNING s.last_slot
+)
+SELECT true AS claimed, c.last_slot FROM c
+UNION ALL
+SELECT false, s.last_slot FROM {slots} s
+ WHERE s.task = $1::text AND NOT EXISTS (SELECT 1 FROM c)"
+            ),
+            now_millis: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+                .to_owned(),
+            create_tables: format!(
+                "CREATE TABLE IF NOT EXISTS {leases} (
+  name text PRIMARY KEY,
+  holder text NULL,
+  token bigint NOT NULL,
+  expires_at timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {slots} (
+  task text PRIMARY KEY,
+  last_slot bigint NOT NULL
+);"
+            ),
+        }
+    }
+}
+
+/// What an operation was about, for error messages.
+#[derive(Clone, Copy)]
+pub(crate) struct Op<'a> {
+    pub(crate) what: &'static str,
+    pub(crate) name: Option<&'a LeaseName>,
+}
+
+impl fmt::Display for Op<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name {
+            Some(name) => write!(f, "{} of {name}", self.what),
+            None => f.write_str(self.what),
+        }
+    }
+}
+
+impl PgStore {
+    pub(crate) async fn connect(config: PgConfig) -> Result<Self> {
+        config.validate()?;
+        let url = config.redacted_url();
+        let (pg, tls) = config.driver_config()?;
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            Tls::None => Manager::from_config(pg.clone(), NoTls, manager_config),
+            #[cfg(feature = "tls")]
+            Tls::Rustls(t) => Manager::from_config(pg.clone(), t.clone(), manager_config),
+        };
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(config.op_timeout))
+            .create_timeout(Some(config.connect_timeout))
+            .recycle_timeout(Some(config.op_timeout))
+            .build()
+            .map_err(|e| Error::Config(e.to_string()))?;
+
+        let connect_err = |source| Error::Connect {
+            url: url.clone(),
+            source,
+        };
+        let op = Op {
+            what: "connect",
+            name: None,
+        };
+        let mut client = tokio::time::timeout(config.connect_timeout * 2, pool.get())
+            .await
+            .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
+            .map_err(|e| connect_err(pool_error(e, op, config.op_timeout)))?;
+
+        let sql = Statements::new(&config.schema, &config.lease_table, &config.slot_table);
+        if config.migrate {
+            migrate(&mut client, &config.schema, &sql.create_tables)
+                .await
+                .map_err(|e| Error::Migrate {
+                    url: url.clone(),
+                    source: classify(
+                        e,
+                        Op {
+                            what: "migration",
+                            name: None,
+                        },
+                        config.op_timeout,
+                    ),
+                })?;
+        }
+        drop(client);
+
+        let channel = config.channel_name();
+        let hub = ReleaseHub::new();
+        let listener = if config.notifications {
+            Some(listener::spawn(pg, tls, channel.clone(), hub.clone(), &config, &url).await)
+        } else {
+            None
+        };
+        tracing::debug!(url = %url, schema = %config.schema, "connected to postgres");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                channel,
+                op_timeout: config.op_timeout,
+                url,
+                schema: config.schema,
+                lease_table: config.lease_table,
+                hub,
+                listener,
+            }),
+        })
+    }
+
+    /// The SQL statements this store runs.
+    pub fn sql(&self) -> &Statements {
+        &self.inner.sql
+    }
+
+    /// The schema of the store's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The LISTEN/NOTIFY channel releases are announced on.
+    pub fn channel(&self) -> &str {
+        &self.inner.channel
+    }
+
+    /// The store's connection pool (connections carry the store's `statement_timeout`).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Runs `sql` on a pooled connection (a cached prepared statement: one round trip once the
+    /// connection has seen it), all within the operation timeout.
+    async fn query(
+        &self,
+        op: Op<'_>,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Vec<Row>> {
+        let limit = self.inner.op_timeout;
+        let work = async {
+            let client = self
+                .inner
+                .pool
+                .get()
+                .await
+                .map_err(|e| pool_error(e, op, limit))?;
+            let statement = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| classify(e, op, limit))?;
+            client
+                .query(&statement, params)
+                .await
+                .map_err(|e| classify(e, op, limit))
+        };
+        match tokio::time::timeout(limit, work).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(limit)),
+        }
+    }
+}
+
+/// Creates the schema (if missing) and the tables, under a transaction-scoped advisory lock so
+/// instances starting at once do not race on the catalog.
+pub(crate) async fn migrate(
+    client: &mut tokio_postgres::Client,
+    schema: &str,
+    create_tables: &str,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('leasehold migration')::bigint)",
+        &[],
+    )
+    .await?;
+    // CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the database even when the
+    // schema exists, so it only runs when the schema is missing.
+    let exists = tx
+        .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
+        .await?
+        .is_some();
+    if !exists {
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+            .await?;
+    }
+    tx.batch_execute(create_tables).await?;
+    tx.commit().await
+}
+
+fn pool_error(e: PoolError, op: Op<'_>, limit: Duration) -> StoreError {
+    match e {
+        PoolError::Timeout(_) => StoreError::Timeout(limit),
+        PoolError::Backend(e) => classify(e, op, limit),
+        other => StoreError::unavailable(format!("{op}: connection pool: {other}"), other),
+    }
+}
+
+/// Maps a driver error to a [`StoreError`]: lost connections, shutdowns and resource shortages
+/// are transient ([`StoreError::Unavailable`]), a cancelled statement is a
+/// [`StoreError::Timeout`], anything else the server refused is [`StoreError::Rejected`].
+pub(crate) fn classify(e: tokio_postgres::Error, op: Op<'_>, limit: Duration) -> StoreError {
+    let Some(db) = e.as_db_error() else {
+        let message = format!("{op} failed: {e}");
+        return StoreError::unavailable(message, e);
+    };
+    let code = db.code().clone();
+    let message = format!("{op} failed: {} ({})", db.message(), code.code());
+    if code == SqlState::QUERY_CANCELED {
+        return StoreError::Timeout(limit);
+    }
+    let class = &code.code()[..2];
+    let transient = matches!(class, "08" | "53" | "57" | "58" | "40")
+        || code == SqlState::READ_ONLY_SQL_TRANSACTION;
+    if transient {
+        StoreError::unavailable(message, e)
+    } else {
+        StoreError::rejected(message, e)
+    }
+}
+
+fn to_i64(n: u64) -> Option<i64> {
+    i64::try_from(n).ok()
+}
+
+fn token_of(raw: i64) -> StoreResult<FencingToken> {
+    u64::try_from(raw)
+        .map(FencingToken)
+        .map_err(|_| StoreError::Corrupt(format!("negative fencing token {raw}")))
+}
+
+fn holder_of(raw: String) -> StoreResult<HolderId> {
+    HolderId::new(&raw).map_err(|e| StoreError::Corrupt(format!("holder {raw:?}: {e}")))
+}
+
+fn remaining_of(micros: Option<i64>) -> Duration {
+    Duration::from_micros(micros.unwrap_or(0).max(0) as u64)
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> StoreResult<T> {
+    row.try_get(i)
+        .map_err(|e| StoreError::Corrupt(format!("unexpected column {i}: {e}")))
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("url", &self.inner.url)
+            .field("schema", &self.inner.schema)
+            .field("lease_table", &self.inner.lease_table)
+            .field("channel", &self.inner.channel)
+            .finish()
+    }
+}
+
+impl Store for PgStore {
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Acquisition> {
+        let op = Op {
+            what: "acquire",
+            name: Some(name),
+        };
+        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
+        for _ in 0..MAX_ATTEMPTS {
+            let rows = self
+                .query(
+                    op,
+                    &self.inner.sql.acquire,
+                    &[&name.as_str(), &holder.as_str(), &ttl_ms],
+                )
+                .await?;
+            let Some(row) = rows.first() else {
+                // The row was inserted after this statement's snapshot: run it again.
+                continue;
+            };
+            if let Some(token) = get::<Option<i64>>(row, 0)? {
+                return Ok(Acquisition::Acquired {
+                    token: token_of(token)?,
+                });
+            }
+            let current = get::<Option<String>>(row, 1)?;
+            let remaining = get::<Option<i64>>(row, 2)?;
+            match current {
+                Some(current) if remaining.is_some_and(|r| r > 0) && current != holder.as_str() => {
+                    return Ok(Acquisition::Busy {
+                        holder: holder_of(current)?,
+                        remaining: remaining_of(remaining),
+                    });
+                }
+                // The snapshot shows a free or expired lease, yet the upsert saw a live
+                // one: another acquirer committed in between. Ask again.
+                _ => continue,
+            }
+        }
+        Err(StoreError::Unavailable {
+            message: format!("{op}: the lease kept changing under concurrent acquirers"),
+            source: None,
+        })
+    }
+
+    async fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> StoreResult<Renewal> {
+        let Some(token) = to_i64(token.get()) else {
+            return Ok(Renewal::Lost);
+        };
+        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
+        let op = Op {
+            what: "renew",
+            name: Some(name),
+        };
+        let rows = self
+            .query(
+                op,
+                &self.inner.sql.renew,
+                &[&name.as_str(), &holder.as_str(), &token, &ttl_ms],
+            )
+            .await?;
+        Ok(if rows.is_empty() {
+            Renewal::Lost
+        } else {
+            Renewal::Renewed
+        })
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> StoreResult<Release> {
+        let Some(token) = to_i64(token.get()) else {
+            return Ok(Release::NotHeld);
+        };
+        let op = Op {
+            what: "release",
+            name: Some(name),
+        };
+        let rows = self
+            .query(
+                op,
+                &self.inner.sql.release,
+                &[
+                    &name.as_str(),
+                    &holder.as_str(),
+                    &token,
+                    &self.inner.channel.as_str(),
+                ],
+            )
+            .await?;
+        Ok(if rows.is_empty() {
+            Release::NotHeld
+        } else {
+            Release::Released
+        })
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
+        let op = Op {
+            what: "inspect",
+            name: Some(name),
+        };
+        let rows = self
+            .query(op, &self.inner.sql.inspect, &[&name.as_str()])
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let holder = get::<Option<String>>(row, 0)?;
+        let token = token_of(get::<i64>(row, 1)?)?;
+        let remaining = get::<Option<i64>>(row, 2)?;
+        let live = remaining.is_some_and(|r| r > 0);
+        let holder = match holder {
+            Some(h) if live => Some(holder_of(h)?),
+            _ => None,
+        };
+        Ok(Some(LeaseState {
+            remaining: if holder.is_some() {
+                remaining_of(remaining)
+            } else {
+                Duration::ZERO
+            },
+            holder,
+            token,
+        }))
+    }
+
+    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
+        let op = Op {
+            what: "claim_slot",
+            name: Some(task),
+        };
+        let Some(slot_i) = to_i64(slot) else {
+            return Err(StoreError::Rejected {
+                message: format!("{op}: slot {slot} does not fit a bigint"),
+                source: None,
+            });
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let rows = self
+                .query(op, &self.inner.sql.claim_slot, &[&task.as_str(), &slot_i])
+                .await?;
+            let Some(row) = rows.first() else {
+                continue;
+            };
+            let claimed: bool = get(row, 0)?;
+            let last: i64 = get(row, 1)?;
+            if claimed {
+                return Ok(SlotClaim::Claimed);
+            }
+            if last >= slot_i {
+                return Ok(SlotClaim::AlreadyRun { last: last as u64 });
+            }
+            // The snapshot predates a concurrent claim that the upsert saw: ask again.
+        }
+        Err(StoreError::Unavailable {
+            message: format!("{op}: the slot kept changing under concurrent claims"),
+            source: None,
+        })
+    }
+
+    async fn now_millis(&self) -> StoreResult<u64> {
+        let op = Op {
+            what: "clock",
+            name: None,
+        };
+        let rows = self.query(op, &self.inner.sql.now_millis, &[]).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
+        let ms: i64 = get(row, 0)?;
+        u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner
+            .listener
+            .as_ref()
+            .map(|_| self.inner.hub.subscribe())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "postgres {} (table {}.{})",
+            self.inner.url, self.inner.schema, self.inner.lease_table
+        )
+    }
+}
