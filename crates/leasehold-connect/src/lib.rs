@@ -74,6 +74,8 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
             .await
             .map(BoxStore::new)
             .map_err(|e| connect_err(e.to_string())),
+        // Reached only for a store whose feature is off.
+        #[allow(unreachable_patterns)]
         "sqlite" | "redis" | "rediss" | "postgres" | "postgresql" => Err(OpenError::NotBuilt {
             scheme: scheme.clone(),
         }),
