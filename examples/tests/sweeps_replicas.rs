@@ -24,7 +24,11 @@ impl Drop for Replica {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn http(port: u16, method: &str, path: &str) -> Option<(u16, serde_json::Value)> {
@@ -42,7 +46,16 @@ fn start(store: &str, name: &str, ledger: &Path, log_dir: &Path) -> Replica {
     let port = free_port();
     let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
     let child = Command::new(BIN)
-        .args(["--store", store, "--every", "300ms", "--name", name, "--port", &port.to_string()])
+        .args([
+            "--store",
+            store,
+            "--every",
+            "300ms",
+            "--name",
+            name,
+            "--port",
+            &port.to_string(),
+        ])
         .arg("--ledger")
         .arg(ledger)
         .stdin(Stdio::null())
@@ -50,10 +63,17 @@ fn start(store: &str, name: &str, ledger: &Path, log_dir: &Path) -> Replica {
         .stderr(log)
         .spawn()
         .unwrap();
-    let r = Replica { name: name.to_owned(), port, child };
+    let r = Replica {
+        name: name.to_owned(),
+        port,
+        child,
+    };
     let start = Instant::now();
     while http(port, "GET", "/status").is_none() {
-        assert!(start.elapsed() < Duration::from_secs(20), "{name} did not come up");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{name} did not come up"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     r
@@ -62,8 +82,9 @@ fn start(store: &str, name: &str, ledger: &Path, log_dir: &Path) -> Replica {
 fn exercise(store: &str) {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.jsonl");
-    let replicas: Vec<Replica> =
-        (1..=3).map(|i| start(store, &format!("replica-{i}"), &ledger, dir.path())).collect();
+    let replicas: Vec<Replica> = (1..=3)
+        .map(|i| start(store, &format!("replica-{i}"), &ledger, dir.path()))
+        .collect();
     // At least 20 ticks of the 300 ms sweep.
     std::thread::sleep(Duration::from_millis(300 * 24));
     let follower = replicas
@@ -76,7 +97,10 @@ fn exercise(store: &str) {
     let (code, _) = http(follower.port, "POST", "/tasks/nope/run").unwrap();
     assert_eq!(code, 404);
     for r in &replicas {
-        Command::new("kill").args(["-TERM", &r.child.id().to_string()]).status().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &r.child.id().to_string()])
+            .status()
+            .unwrap();
     }
     for mut rep in replicas {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -86,29 +110,49 @@ fn exercise(store: &str) {
         }
     }
     let text = std::fs::read_to_string(&ledger).unwrap();
-    let runs: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let mut seen = BTreeSet::new();
     let mut expire_slots = Vec::new();
     for r in runs.iter().filter(|r| r["manual"] == false) {
-        let key = (r["task"].as_str().unwrap().to_owned(), r["slot"].as_u64().unwrap());
+        let key = (
+            r["task"].as_str().unwrap().to_owned(),
+            r["slot"].as_u64().unwrap(),
+        );
         assert!(seen.insert(key.clone()), "{key:?} ran twice");
         if key.0 == "expire" {
             expire_slots.push(key.1);
         }
     }
     expire_slots.sort_unstable();
-    assert!(expire_slots.len() >= 20, "{} expire ticks", expire_slots.len());
-    assert!(expire_slots.windows(2).all(|w| w[1] == w[0] + 1), "missed: {expire_slots:?}");
+    assert!(
+        expire_slots.len() >= 20,
+        "{} expire ticks",
+        expire_slots.len()
+    );
+    assert!(
+        expire_slots.windows(2).all(|w| w[1] == w[0] + 1),
+        "missed: {expire_slots:?}"
+    );
     assert!(seen.iter().any(|(t, _)| t == "repin"));
     let manual: Vec<_> = runs.iter().filter(|r| r["manual"] == true).collect();
     assert_eq!(manual.len(), 1);
-    assert_eq!(manual[0]["holder"].as_str(), Some(follower_name.as_str()), "ran on the follower");
+    assert_eq!(
+        manual[0]["holder"].as_str(),
+        Some(follower_name.as_str()),
+        "ran on the follower"
+    );
 }
 
 #[test]
 fn sqlite_replicas() {
     let dir = tempfile::tempdir().unwrap();
-    exercise(&format!("sqlite:{}", dir.path().join("leases.db").display()));
+    exercise(&format!(
+        "sqlite:{}",
+        dir.path().join("leases.db").display()
+    ));
 }
 
 #[test]

@@ -4,10 +4,10 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use leasehold::CancellationToken;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
-use leasehold::CancellationToken;
 
 /// The command to run and what it is told about its lease.
 #[derive(Debug, Clone)]

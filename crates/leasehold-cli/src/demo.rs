@@ -104,13 +104,18 @@ impl Demo {
         let complete = text.rfind('\n').map_or(0, |i| i + 1);
         for line in text[self.seen.ledger_offset.min(complete)..complete].lines() {
             let v: serde_json::Value = serde_json::from_str(line).context("bad ledger line")?;
-            let slot = v["slot"].as_u64().ok_or_else(|| anyhow!("ledger line without slot"))?;
+            let slot = v["slot"]
+                .as_u64()
+                .ok_or_else(|| anyhow!("ledger line without slot"))?;
             let holder = v["holder"].as_str().unwrap_or("?").to_owned();
             let token = v["token"].as_u64().unwrap_or(0);
             let ran = self.seen.runs.entry(slot).or_default();
             ran.push(holder.clone());
             let dup = if ran.len() > 1 { "   << DUPLICATE" } else { "" };
-            println!("{} tick {slot}: ran on {holder} (fencing token {token}){dup}", stamp(self.started));
+            println!(
+                "{} tick {slot}: ran on {holder} (fencing token {token}){dup}",
+                stamp(self.started)
+            );
         }
         self.seen.ledger_offset = complete;
         let state = self.store.inspect(&LeaseName::new(LEASE)?).await?;
@@ -134,14 +139,18 @@ impl Demo {
         Ok(())
     }
 
-    async fn wait_for_leader(&mut self, not: Option<&str>, limit: Duration) -> anyhow::Result<(String, Duration)> {
+    async fn wait_for_leader(
+        &mut self,
+        not: Option<&str>,
+        limit: Duration,
+    ) -> anyhow::Result<(String, Duration)> {
         let start = Instant::now();
         loop {
             self.observe().await?;
-            if let Some(l) = &self.seen.leader {
-                if Some(l.as_str()) != not {
-                    return Ok((l.clone(), start.elapsed()));
-                }
+            if let Some(l) = &self.seen.leader
+                && Some(l.as_str()) != not
+            {
+                return Ok((l.clone(), start.elapsed()));
             }
             if start.elapsed() > limit {
                 return Err(anyhow!("no new leader within {limit:?}"));
@@ -156,24 +165,30 @@ impl Demo {
             .iter_mut()
             .find(|i| i.name == name)
             .ok_or_else(|| anyhow!("unknown instance {name}"))?;
-        let pid = inst.child.as_ref().and_then(|c| c.id()).ok_or_else(|| anyhow!("{name} is not running"))?;
+        let pid = inst
+            .child
+            .as_ref()
+            .and_then(|c| c.id())
+            .ok_or_else(|| anyhow!("{name} is not running"))?;
         kill(Pid::from_raw(pid as i32), sig).with_context(|| format!("cannot signal {name}"))?;
         Ok(())
     }
 
     async fn stop_all(&mut self) {
         for inst in &mut self.instances {
-            if let Some(child) = inst.child.as_mut() {
-                if let Some(pid) = child.id() {
-                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-                }
+            if let Some(child) = inst.child.as_mut()
+                && let Some(pid) = child.id()
+            {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
             }
         }
         for inst in &mut self.instances {
-            if let Some(mut child) = inst.child.take() {
-                if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
-                    let _ = child.kill().await;
-                }
+            if let Some(mut child) = inst.child.take()
+                && tokio::time::timeout(Duration::from_secs(5), child.wait())
+                    .await
+                    .is_err()
+            {
+                let _ = child.kill().await;
             }
         }
     }
@@ -198,8 +213,13 @@ pub async fn demo(args: DemoArgs) -> Result<u8, Failure> {
 async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
     let db = dir.join("demo.db");
     let store = leasehold_connect::open_store(&format!("sqlite:{}", db.display())).await?;
-    println!("leasehold demo: {} instances of `leasehold run --every {:?} --ttl {:?}` share one SQLite file.", args.instances, args.every, args.ttl);
-    println!("Each tick must run on exactly one instance; the command each runs appends to a ledger.");
+    println!(
+        "leasehold demo: {} instances of `leasehold run --every {:?} --ttl {:?}` share one SQLite file.",
+        args.instances, args.every, args.ttl
+    );
+    println!(
+        "Each tick must run on exactly one instance; the command each runs appends to a ledger."
+    );
     println!("files: {}\n", dir.display());
     let mut demo = Demo {
         dir: dir.to_owned(),
@@ -232,12 +252,21 @@ async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
     println!("  ticks run            {}", runs.len());
     println!("  executions           {executions}");
     println!("  duplicate ticks      {duplicates}   (must be 0)");
-    println!("  missed ticks         {missed}   (ticks that fell while the killed leader's lease ran out)");
+    println!(
+        "  missed ticks         {missed}   (ticks that fell while the killed leader's lease ran out)"
+    );
     for (who, n) in per_instance {
         println!("  runs on {who:<12} {n}");
     }
-    println!("  takeover after SIGKILL          {:>7.0} ms   (bounded by the ttl, {:?})", kill_takeover.as_secs_f64() * 1e3, args.ttl);
-    println!("  handoff after graceful stop     {:>7.0} ms   (release, then notification)", handoff.as_secs_f64() * 1e3);
+    println!(
+        "  takeover after SIGKILL          {:>7.0} ms   (bounded by the ttl, {:?})",
+        kill_takeover.as_secs_f64() * 1e3,
+        args.ttl
+    );
+    println!(
+        "  handoff after graceful stop     {:>7.0} ms   (release, then notification)",
+        handoff.as_secs_f64() * 1e3
+    );
     if duplicates > 0 {
         println!("\nFAILED: a tick ran more than once");
         return Ok(1);
@@ -251,19 +280,33 @@ async fn phases(args: &DemoArgs, demo: &mut Demo) -> anyhow::Result<(Duration, D
     demo.watch_for(phase).await?;
 
     let leader = demo.seen.leader.clone().unwrap_or(leader);
-    println!("{} >>> SIGKILL {leader} (the leader): it cannot release; the others wait for its lease to expire", stamp(demo.started));
+    println!(
+        "{} >>> SIGKILL {leader} (the leader): it cannot release; the others wait for its lease to expire",
+        stamp(demo.started)
+    );
     demo.signal(&leader, Signal::SIGKILL)?;
     let (next, kill_takeover) = demo.wait_for_leader(Some(&leader), args.ttl * 3).await?;
-    println!("{} >>> {next} took over {:.0} ms after the kill", stamp(demo.started), kill_takeover.as_secs_f64() * 1e3);
+    println!(
+        "{} >>> {next} took over {:.0} ms after the kill",
+        stamp(demo.started),
+        kill_takeover.as_secs_f64() * 1e3
+    );
     demo.watch_for(phase).await?;
 
     let leader = demo.seen.leader.clone().unwrap_or(next);
-    println!("{} >>> SIGTERM {leader}: it finishes its run, releases the lease and exits", stamp(demo.started));
+    println!(
+        "{} >>> SIGTERM {leader}: it finishes its run, releases the lease and exits",
+        stamp(demo.started)
+    );
     let stop_at = Instant::now();
     demo.signal(&leader, Signal::SIGTERM)?;
     let (next, _) = demo.wait_for_leader(Some(&leader), args.ttl * 3).await?;
     let handoff = stop_at.elapsed();
-    println!("{} >>> {next} took over {:.0} ms after the stop", stamp(demo.started), handoff.as_secs_f64() * 1e3);
+    println!(
+        "{} >>> {next} took over {:.0} ms after the stop",
+        stamp(demo.started),
+        handoff.as_secs_f64() * 1e3
+    );
     demo.watch_for(phase).await?;
     Ok((kill_takeover, handoff))
 }

@@ -101,7 +101,11 @@ async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
             tracing::warn!(error = %e, "store unreachable; single-instance mode (--on-store-down local): every tick runs here");
             Ok(None)
         }
-        Err(e) if args.on_store_down == StoreDownPolicy::FailOpen && args.every.is_none() && args.cron.is_none() => {
+        Err(e)
+            if args.on_store_down == StoreDownPolicy::FailOpen
+                && args.every.is_none()
+                && args.cron.is_none() =>
+        {
             tracing::warn!(error = %e, "store unreachable; running the command without the lease (--on-store-down fail-open)");
             Ok(None)
         }

@@ -27,10 +27,12 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
     let url = leasehold_connect::store_url(args.store);
-    let store = leasehold_connect::open_store(&url).await.map_err(|e| match e {
-        leasehold_connect::OpenError::UnknownScheme { .. } => Failure::usage(e),
-        _ => Failure::store(e),
-    })?;
+    let store = leasehold_connect::open_store(&url)
+        .await
+        .map_err(|e| match e {
+            leasehold_connect::OpenError::UnknownScheme { .. } => Failure::usage(e),
+            _ => Failure::store(e),
+        })?;
     let mut rows = Vec::new();
     for name in &names {
         let state = store
@@ -60,8 +62,16 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         return Ok(0);
     }
     println!("store: {}", store.describe());
-    let width = names.iter().map(|n| n.as_str().len()).max().unwrap_or(4).max(5);
-    println!("{:<width$}  {:<7}  {:>20}  {:>10}  HOLDER", "LEASE", "STATE", "TOKEN", "REMAINING");
+    let width = names
+        .iter()
+        .map(|n| n.as_str().len())
+        .max()
+        .unwrap_or(4)
+        .max(5);
+    println!(
+        "{:<width$}  {:<7}  {:>20}  {:>10}  HOLDER",
+        "LEASE", "STATE", "TOKEN", "REMAINING"
+    );
     for (name, state) in rows {
         match state {
             Some(s) => {
@@ -76,7 +86,13 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     format!("{:.1?}", s.remaining),
                 );
             }
-            None => println!("{:<width$}  {:<7}  {:>20}  {:>10}  -", name.as_str(), "never", "-", "-"),
+            None => println!(
+                "{:<width$}  {:<7}  {:>20}  {:>10}  -",
+                name.as_str(),
+                "never",
+                "-",
+                "-"
+            ),
         }
     }
     Ok(0)

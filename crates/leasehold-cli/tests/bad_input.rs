@@ -17,9 +17,20 @@ fn fails_in_one_line(args: &[&str], expect: &str) {
     assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {stderr}");
     assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?} printed {} lines: {stderr}", lines.len());
-    assert!(lines[0].starts_with("leasehold: error: "), "{args:?}: {stderr}");
-    assert!(lines[0].contains(expect), "{args:?}: {stderr} lacks {expect:?}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "{args:?} printed {} lines: {stderr}",
+        lines.len()
+    );
+    assert!(
+        lines[0].starts_with("leasehold: error: "),
+        "{args:?}: {stderr}"
+    );
+    assert!(
+        lines[0].contains(expect),
+        "{args:?}: {stderr} lacks {expect:?}"
+    );
 }
 
 fn run(extra: &[&str]) -> Vec<String> {
@@ -45,7 +56,10 @@ fn empty_lease_name() {
 
 #[test]
 fn over_long_lease_name() {
-    check(&["--lease", &"x".repeat(200)], "200 bytes long, the limit is 128");
+    check(
+        &["--lease", &"x".repeat(200)],
+        "200 bytes long, the limit is 128",
+    );
 }
 
 #[test]
@@ -55,25 +69,49 @@ fn ill_formed_lease_name() {
 
 #[test]
 fn zero_ttl() {
-    check(&["--lease", "a", "--ttl", "0s"], "ttl must be greater than zero");
+    check(
+        &["--lease", "a", "--ttl", "0s"],
+        "ttl must be greater than zero",
+    );
 }
 
 #[test]
 fn renew_not_below_ttl() {
-    check(&["--lease", "a", "--ttl", "3s", "--renew", "3s"], "must be greater than zero and less than the ttl");
+    check(
+        &["--lease", "a", "--ttl", "3s", "--renew", "3s"],
+        "must be greater than zero and less than the ttl",
+    );
 }
 
 #[test]
 fn retry_above_renew() {
-    check(&["--lease", "a", "--ttl", "3s", "--renew", "1s", "--retry", "2s"], "retry interval");
+    check(
+        &[
+            "--lease", "a", "--ttl", "3s", "--renew", "1s", "--retry", "2s",
+        ],
+        "retry interval",
+    );
 }
 
 #[test]
 fn unknown_url_scheme() {
-    check(&["--lease", "a", "--store", "mysql://root:hunter2@localhost/db"], "unknown store URL scheme");
+    check(
+        &[
+            "--lease",
+            "a",
+            "--store",
+            "mysql://root:hunter2@localhost/db",
+        ],
+        "unknown store URL scheme",
+    );
     // And the password is not echoed.
     let out = Command::new(BIN)
-        .args(run(&["--lease", "a", "--store", "mysql://root:hunter2@localhost/db"]))
+        .args(run(&[
+            "--lease",
+            "a",
+            "--store",
+            "mysql://root:hunter2@localhost/db",
+        ]))
         .output()
         .unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
@@ -97,14 +135,27 @@ fn bad_duration() {
 #[test]
 fn bad_cron() {
     fails_in_one_line(
-        &["run", "--store", "sqlite:t.db", "--lease", "a", "--cron", "every day", "--", "true"],
+        &[
+            "run",
+            "--store",
+            "sqlite:t.db",
+            "--lease",
+            "a",
+            "--cron",
+            "every day",
+            "--",
+            "true",
+        ],
         "invalid cron expression",
     );
 }
 
 #[test]
 fn bad_policy() {
-    check(&["--lease", "a", "--on-store-down", "maybe"], "unknown store-down policy");
+    check(
+        &["--lease", "a", "--on-store-down", "maybe"],
+        "unknown store-down policy",
+    );
 }
 
 #[test]

@@ -8,7 +8,10 @@ use common::*;
 use leasehold::{LeaseName, Store};
 
 async fn leader(store: &leasehold_sqlite::SqliteStore, lease: &str) -> Option<String> {
-    let state = store.inspect(&LeaseName::new(lease).unwrap()).await.unwrap()?;
+    let state = store
+        .inspect(&LeaseName::new(lease).unwrap())
+        .await
+        .unwrap()?;
     state.holder.map(|h| h.to_string())
 }
 
@@ -20,10 +23,10 @@ async fn wait_for_leader(
 ) -> (String, Duration) {
     let start = Instant::now();
     loop {
-        if let Some(l) = leader(store, lease).await {
-            if Some(l.as_str()) != not {
-                return (l, start.elapsed());
-            }
+        if let Some(l) = leader(store, lease).await
+            && Some(l.as_str()) != not
+        {
+            return (l, start.elapsed());
         }
         assert!(start.elapsed() < limit, "no new leader within {limit:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -35,7 +38,9 @@ async fn three_instances_run_each_tick_exactly_once() {
     let dir = temp_dir();
     let store_url = format!("sqlite:{}", path_str(&dir.path().join("leases.db")));
     let ledger = ledger_in(dir.path());
-    let args = ["--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "2s"];
+    let args = [
+        "--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "2s",
+    ];
     let instances: Vec<Instance> = (1..=3)
         .map(|i| Instance::start(&format!("i{i}"), &args, &ledger, "50ms", dir.path()))
         .collect();
@@ -45,9 +50,16 @@ async fn three_instances_run_each_tick_exactly_once() {
     }
     let runs = read_ledger(&ledger);
     let by_slot = assert_exactly_once(&runs);
-    assert!(by_slot.len() >= 12, "only {} ticks ran in 8 s", by_slot.len());
+    assert!(
+        by_slot.len() >= 12,
+        "only {} ticks ran in 8 s",
+        by_slot.len()
+    );
     let slots: Vec<u64> = by_slot.keys().copied().collect();
-    assert!(slots.windows(2).all(|w| w[1] == w[0] + 1), "no tick missed: {slots:?}");
+    assert!(
+        slots.windows(2).all(|w| w[1] == w[0] + 1),
+        "no tick missed: {slots:?}"
+    );
     for r in &runs {
         assert!(["i1", "i2", "i3"].contains(&r.holder.as_str()));
     }
@@ -60,7 +72,10 @@ async fn a_killed_leader_is_replaced_within_ttl_plus_retry() {
     let store_url = format!("sqlite:{}", path_str(&db));
     let ledger = ledger_in(dir.path());
     let (ttl, retry) = (Duration::from_secs(2), Duration::from_millis(200));
-    let args = ["--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "2s", "--retry", "200ms"];
+    let args = [
+        "--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "2s", "--retry",
+        "200ms",
+    ];
     let instances: Vec<Instance> = (1..=3)
         .map(|i| Instance::start(&format!("i{i}"), &args, &ledger, "20ms", dir.path()))
         .collect();
@@ -69,15 +84,22 @@ async fn a_killed_leader_is_replaced_within_ttl_plus_retry() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let victim = instances.iter().find(|i| i.name == first).unwrap();
     victim.signal("KILL");
-    let (next, took) = wait_for_leader(&store, "sweep", Some(&first), Duration::from_secs(10)).await;
+    let (next, took) =
+        wait_for_leader(&store, "sweep", Some(&first), Duration::from_secs(10)).await;
     assert_ne!(next, first);
     // The dead leader's lease had at most a ttl left; a follower retries when it is due.
-    assert!(took <= ttl + retry + Duration::from_millis(300), "takeover took {took:?}");
+    assert!(
+        took <= ttl + retry + Duration::from_millis(300),
+        "takeover took {took:?}"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     drop(instances);
     let runs = read_ledger(&ledger);
     assert_exactly_once(&runs);
-    assert!(runs.iter().any(|r| r.holder == next), "the new leader ran ticks");
+    assert!(
+        runs.iter().any(|r| r.holder == next),
+        "the new leader ran ticks"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +107,9 @@ async fn a_graceful_stop_hands_over_at_once() {
     let dir = temp_dir();
     let store_url = format!("sqlite:{}", path_str(&dir.path().join("leases.db")));
     let ledger = ledger_in(dir.path());
-    let args = ["--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "10s"];
+    let args = [
+        "--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "10s",
+    ];
     let mut instances: Vec<Instance> = (1..=2)
         .map(|i| Instance::start(&format!("i{i}"), &args, &ledger, "20ms", dir.path()))
         .collect();
@@ -110,7 +134,9 @@ async fn without_a_schedule_it_is_a_distributed_flock() {
     let store_url = format!("sqlite:{}", path_str(&dir.path().join("leases.db")));
     let ledger = ledger_in(dir.path());
     let holder = std::process::Command::new(BIN)
-        .args(["run", "--store", &store_url, "--lease", "once", "--ttl", "5s", "--", BIN, "record"])
+        .args([
+            "run", "--store", &store_url, "--lease", "once", "--ttl", "5s", "--", BIN, "record",
+        ])
         .arg(&ledger)
         .args(["--sleep", "3s"])
         .spawn()
@@ -119,7 +145,9 @@ async fn without_a_schedule_it_is_a_distributed_flock() {
     let store = leasehold_sqlite::connect(&store_url).await.unwrap();
     wait_for_leader(&store, "once", None, Duration::from_secs(10)).await;
     let busy = std::process::Command::new(BIN)
-        .args(["run", "--store", &store_url, "--lease", "once", "--", "true"])
+        .args([
+            "run", "--store", &store_url, "--lease", "once", "--", "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(busy.status.code(), Some(75), "busy lease exits 75");
@@ -129,10 +157,16 @@ async fn without_a_schedule_it_is_a_distributed_flock() {
     let runs = read_ledger(&ledger);
     assert_eq!(runs.len(), 1);
     assert!(runs[0].token.is_some() && runs[0].slot.is_none());
-    assert_eq!(leader(&store, "once").await, None, "released after the command");
+    assert_eq!(
+        leader(&store, "once").await,
+        None,
+        "released after the command"
+    );
     // The command's own status comes back.
     let failing = std::process::Command::new(BIN)
-        .args(["run", "--store", &store_url, "--lease", "once", "--", "sh", "-c", "exit 7"])
+        .args([
+            "run", "--store", &store_url, "--lease", "once", "--", "sh", "-c", "exit 7",
+        ])
         .status()
         .unwrap();
     assert_eq!(failing.code(), Some(7));
@@ -145,9 +179,19 @@ async fn status_shows_holder_and_token() {
     let store = leasehold_sqlite::connect(&store_url).await.unwrap();
     let name = LeaseName::new("shown").unwrap();
     let me = leasehold::HolderId::new("tester").unwrap();
-    store.acquire(&name, &me, Duration::from_secs(60)).await.unwrap();
+    store
+        .acquire(&name, &me, Duration::from_secs(60))
+        .await
+        .unwrap();
     let out = std::process::Command::new(BIN)
-        .args(["status", "--store", &store_url, "shown", "never-used", "--json"])
+        .args([
+            "status",
+            "--store",
+            &store_url,
+            "shown",
+            "never-used",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());

@@ -22,7 +22,9 @@ pub const DEFAULT_STORE: &str = "sqlite:leasehold.db";
 #[non_exhaustive]
 pub enum OpenError {
     /// The URL's scheme names no store.
-    #[error("unknown store URL scheme in {url:?}; use sqlite:PATH, redis://, rediss:// or postgres://")]
+    #[error(
+        "unknown store URL scheme in {url:?}; use sqlite:PATH, redis://, rediss:// or postgres://"
+    )]
     UnknownScheme {
         /// The URL, password removed.
         url: String,
@@ -45,8 +47,12 @@ pub enum OpenError {
 
 /// The store URL from `--store`, else `LEASEHOLD_STORE`, else [`DEFAULT_STORE`].
 pub fn store_url(flag: Option<String>) -> String {
-    flag.or_else(|| std::env::var("LEASEHOLD_STORE").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| DEFAULT_STORE.to_owned())
+    flag.or_else(|| {
+        std::env::var("LEASEHOLD_STORE")
+            .ok()
+            .filter(|s| !s.is_empty())
+    })
+    .unwrap_or_else(|| DEFAULT_STORE.to_owned())
 }
 
 /// Opens the store a URL names: `sqlite:PATH`, `redis://…`, `rediss://…`, `postgres://…` (or
@@ -57,7 +63,11 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
         url: shown.clone(),
         message: redact_message(&message, url),
     };
-    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    let scheme = url
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     match scheme.as_str() {
         #[cfg(feature = "sqlite")]
         "sqlite" => leasehold_sqlite::connect(url)
@@ -105,7 +115,9 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_schemes_are_named() {
-        let err = open_store("mysql://root:pw@localhost/db").await.unwrap_err();
+        let err = open_store("mysql://root:pw@localhost/db")
+            .await
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "unknown store URL scheme in \"mysql://root:***@localhost/db\"; use sqlite:PATH, redis://, rediss:// or postgres://"

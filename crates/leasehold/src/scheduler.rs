@@ -331,10 +331,10 @@ impl<S: Store> Scheduler<S> {
                 return Err(SchedulerError::DuplicateTask(t.name.clone()));
             }
         }
-        if let Some(group) = &self.leader_group {
-            if names.contains_key(group) {
-                return Err(SchedulerError::GroupNamedLikeTask(group.clone()));
-            }
+        if let Some(group) = &self.leader_group
+            && names.contains_key(group)
+        {
+            return Err(SchedulerError::GroupNamedLikeTask(group.clone()));
         }
         // `stop` ends the timers; leadership is given up only once running jobs have drained,
         // so the next leader's first tick does not find the task lease still held.

@@ -35,7 +35,13 @@ struct Options {
 }
 
 fn options() -> Result<Options, String> {
-    let mut o = Options { store: None, port: 8080, every: Duration::from_secs(10), ledger: None, name: None };
+    let mut o = Options {
+        store: None,
+        port: 8080,
+        every: Duration::from_secs(10),
+        ledger: None,
+        name: None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -54,32 +60,56 @@ fn options() -> Result<Options, String> {
 /// One sweep: here it only logs and, for tests, appends to the ledger.
 fn sweep(name: &'static str, every: Duration, ledger: Option<Arc<std::path::PathBuf>>) -> Task {
     let schedule = Schedule::every(every).expect("a positive interval");
-    Task::new(LeaseName::new(name).expect("valid name"), schedule, move |ctx: TaskContext| {
-        let ledger = ledger.clone();
-        async move {
-            tracing::info!(task = %ctx.task, slot = ?ctx.slot, token = ?ctx.token, trigger = ?ctx.trigger, "sweeping");
-            // Real work goes here, checking ctx.cancel between batches and sending ctx.token
-            // with every write so a stale holder's write is refused.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if let Some(path) = ledger {
-                let line = serde_json::json!({
-                    "task": ctx.task.as_str(), "slot": ctx.slot, "token": ctx.token.map(|t| t.get()),
-                    "holder": ctx.holder.as_str(), "manual": ctx.trigger == leasehold::Trigger::Manual,
-                });
-                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&*path)?;
-                f.write_all(format!("{line}\n").as_bytes())?;
+    Task::new(
+        LeaseName::new(name).expect("valid name"),
+        schedule,
+        move |ctx: TaskContext| {
+            let ledger = ledger.clone();
+            async move {
+                tracing::info!(task = %ctx.task, slot = ?ctx.slot, token = ?ctx.token, trigger = ?ctx.trigger, "sweeping");
+                // Real work goes here, checking ctx.cancel between batches and sending ctx.token
+                // with every write so a stale holder's write is refused.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if let Some(path) = ledger {
+                    let line = serde_json::json!({
+                        "task": ctx.task.as_str(), "slot": ctx.slot, "token": ctx.token.map(|t| t.get()),
+                        "holder": ctx.holder.as_str(), "manual": ctx.trigger == leasehold::Trigger::Manual,
+                    });
+                    let mut f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&*path)?;
+                    f.write_all(format!("{line}\n").as_bytes())?;
+                }
+                Ok::<(), std::io::Error>(())
             }
-            Ok::<(), std::io::Error>(())
-        }
-    })
+        },
+    )
 }
 
-async fn run_task(State(s): State<SchedulerHandle>, Path(name): Path<String>) -> (StatusCode, Json<serde_json::Value>) {
+async fn run_task(
+    State(s): State<SchedulerHandle>,
+    Path(name): Path<String>,
+) -> (StatusCode, Json<serde_json::Value>) {
     match s.run_now(&name).await {
-        Ok(RunResult::Succeeded) => (StatusCode::OK, Json(serde_json::json!({ "task": name, "result": "succeeded", "holder": s.status().holder.as_str() }))),
-        Ok(other) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "task": name, "result": format!("{other:?}") }))),
-        Err(e @ SchedulerError::UnknownTask(_)) => (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": e.to_string() }))),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": e.to_string() }))),
+        Ok(RunResult::Succeeded) => (
+            StatusCode::OK,
+            Json(
+                serde_json::json!({ "task": name, "result": "succeeded", "holder": s.status().holder.as_str() }),
+            ),
+        ),
+        Ok(other) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({ "task": name, "result": format!("{other:?}") })),
+        ),
+        Err(e @ SchedulerError::UnknownTask(_)) => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        ),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        ),
     }
 }
 
@@ -90,7 +120,9 @@ async fn status(State(s): State<SchedulerHandle>) -> Json<serde_json::Value> {
         "ticks": t.ticks, "runs": t.runs, "failures": t.failures, "running": t.running,
         "last": t.last.map(|(o, slot)| serde_json::json!({ "outcome": o.as_str(), "slot": slot })),
     })).collect();
-    Json(serde_json::json!({ "store": st.store, "holder": st.holder.as_str(), "leader": st.leader, "tasks": tasks }))
+    Json(
+        serde_json::json!({ "store": st.store, "holder": st.holder.as_str(), "leader": st.leader, "tasks": tasks }),
+    )
 }
 
 async fn terminated() {
@@ -100,15 +132,20 @@ async fn terminated() {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
         },
-        Err(_) => { let _ = tokio::signal::ctrl_c().await; }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG").unwrap_or_else(|_| "info".into()),
-    ).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
     let o = options()?;
     let store = leasehold_connect::open_store(&leasehold_connect::store_url(o.store)).await?;
     let ledger = o.ledger.map(Arc::new);

@@ -56,7 +56,11 @@ impl Instance {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.code().unwrap_or(-1);
             }
-            assert!(std::time::Instant::now() < deadline, "{} did not stop", self.name);
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} did not stop",
+                self.name
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -107,10 +111,18 @@ pub fn assert_exactly_once(runs: &[Run]) -> BTreeMap<u64, Run> {
     let mut sorted = runs.to_vec();
     sorted.sort_by_key(|r| r.start_ms);
     for w in sorted.windows(2) {
-        assert!(w[1].start_ms >= w[0].end_ms, "runs overlap: {:?} {:?}", w[0], w[1]);
+        assert!(
+            w[1].start_ms >= w[0].end_ms,
+            "runs overlap: {:?} {:?}",
+            w[0],
+            w[1]
+        );
     }
     let tokens: Vec<u64> = sorted.iter().filter_map(|r| r.token).collect();
-    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "tokens strictly increase: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[1] > w[0]),
+        "tokens strictly increase: {tokens:?}"
+    );
     by_slot
 }
 
