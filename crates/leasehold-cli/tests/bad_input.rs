@@ -33,11 +33,15 @@ fn fails_in_one_line(args: &[&str], expect: &str) {
     );
 }
 
+/// `leasehold run --every 1s EXTRA -- true`, on a SQLite file unless EXTRA names a store.
 fn run(extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = ["run", "--store", "sqlite:t.db", "--every", "1s"]
+    let mut v: Vec<String> = ["run", "--every", "1s"]
         .iter()
         .map(|s| s.to_string())
         .collect();
+    if !extra.contains(&"--store") {
+        v.extend(["--store".to_owned(), "sqlite:t.db".to_owned()]);
+    }
     v.extend(extra.iter().map(|s| s.to_string()));
     v.extend(["--", "true"].iter().map(|s| s.to_string()));
     v

@@ -180,8 +180,8 @@ mod tests {
         // 2026-01-01T00:02:00Z → next at 00:05:00Z.
         let now = 1_767_225_720_000;
         let (slot, at) = s.next_after(now).unwrap();
-        assert_eq!(at, 1_767_226_000_000);
-        assert_eq!(slot, 1_767_226_000);
+        assert_eq!(at, 1_767_225_900_000);
+        assert_eq!(slot, 1_767_225_900);
         assert_eq!(s.next_after(at).unwrap().1, at + 300_000);
     }
 
