@@ -1,4 +1,4 @@
-//! `leasehold run` processes sharing one SQLite file.
+//! `leasehold run` as a distributed flock, and `leasehold status`, on a SQLite file.
 
 mod common;
 
@@ -31,101 +31,6 @@ async fn wait_for_leader(
         assert!(start.elapsed() < limit, "no new leader within {limit:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_instances_run_each_tick_exactly_once() {
-    let dir = temp_dir();
-    let store_url = format!("sqlite:{}", path_str(&dir.path().join("leases.db")));
-    let ledger = ledger_in(dir.path());
-    let args = [
-        "--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "2s",
-    ];
-    let instances: Vec<Instance> = (1..=3)
-        .map(|i| Instance::start(&format!("i{i}"), &args, &ledger, "50ms", dir.path()))
-        .collect();
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    for i in instances {
-        assert_eq!(i.stop(Duration::from_secs(10)), 0, "clean exit on SIGTERM");
-    }
-    let runs = read_ledger(&ledger);
-    let by_slot = assert_exactly_once(&runs);
-    assert!(
-        by_slot.len() >= 12,
-        "only {} ticks ran in 8 s",
-        by_slot.len()
-    );
-    let slots: Vec<u64> = by_slot.keys().copied().collect();
-    assert!(
-        slots.windows(2).all(|w| w[1] == w[0] + 1),
-        "no tick missed: {slots:?}"
-    );
-    for r in &runs {
-        assert!(["i1", "i2", "i3"].contains(&r.holder.as_str()));
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_leader_is_replaced_within_ttl_plus_retry() {
-    let dir = temp_dir();
-    let db = dir.path().join("leases.db");
-    let store_url = format!("sqlite:{}", path_str(&db));
-    let ledger = ledger_in(dir.path());
-    let (ttl, retry) = (Duration::from_secs(2), Duration::from_millis(200));
-    let args = [
-        "--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "2s", "--retry",
-        "200ms",
-    ];
-    let instances: Vec<Instance> = (1..=3)
-        .map(|i| Instance::start(&format!("i{i}"), &args, &ledger, "20ms", dir.path()))
-        .collect();
-    let store = leasehold_sqlite::connect(&store_url).await.unwrap();
-    let (first, _) = wait_for_leader(&store, "sweep", None, Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let victim = instances.iter().find(|i| i.name == first).unwrap();
-    victim.signal("KILL");
-    let (next, took) =
-        wait_for_leader(&store, "sweep", Some(&first), Duration::from_secs(10)).await;
-    assert_ne!(next, first);
-    // The dead leader's lease had at most a ttl left; a follower retries when it is due.
-    assert!(
-        took <= ttl + retry + Duration::from_millis(300),
-        "takeover took {took:?}"
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    drop(instances);
-    let runs = read_ledger(&ledger);
-    assert_exactly_once(&runs);
-    assert!(
-        runs.iter().any(|r| r.holder == next),
-        "the new leader ran ticks"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_graceful_stop_hands_over_at_once() {
-    let dir = temp_dir();
-    let store_url = format!("sqlite:{}", path_str(&dir.path().join("leases.db")));
-    let ledger = ledger_in(dir.path());
-    let args = [
-        "--store", &store_url, "--lease", "sweep", "--every", "500ms", "--ttl", "10s",
-    ];
-    let mut instances: Vec<Instance> = (1..=2)
-        .map(|i| Instance::start(&format!("i{i}"), &args, &ledger, "20ms", dir.path()))
-        .collect();
-    let store = leasehold_sqlite::connect(&store_url).await.unwrap();
-    let (first, _) = wait_for_leader(&store, "sweep", None, Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let idx = instances.iter().position(|i| i.name == first).unwrap();
-    let leaving = instances.remove(idx);
-    let stopped = Instant::now();
-    leaving.signal("TERM");
-    let (_, _) = wait_for_leader(&store, "sweep", Some(&first), Duration::from_secs(5)).await;
-    let took = stopped.elapsed();
-    // Far below the 10 s ttl: release plus notification, not expiry.
-    assert!(took < Duration::from_secs(2), "handoff took {took:?}");
-    println!("graceful handoff: {took:?}");
-    assert_eq!(leaving.stop(Duration::from_secs(5)), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
