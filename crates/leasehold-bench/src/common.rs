@@ -206,6 +206,7 @@ pub(crate) async fn held_renewal<S: Store, B: BatchRenew>(
     let holder = HolderId::generate();
     let ttl = Duration::from_secs(120);
     let names = names(plan.prefix, "held", plan.held)?;
+    check_batch(store, batch, plan.prefix, &holder).await?;
     let leases = acquire_many(store, &names, &holder, ttl, plan.concurrency).await?;
     let sample = plan.sample.min(leases.len());
     let (mut one, mut batched, mut batch_ms) = (Vec::new(), Vec::new(), Vec::new());
@@ -244,6 +245,59 @@ pub(crate) async fn held_renewal<S: Store, B: BatchRenew>(
         method: batch.method(),
         target: Target::new("batched ≥ 10× one by one", speedup >= 10.0),
     })
+}
+
+/// Checks, untimed, that `batch` follows the store's renew rule: of four leases it renews only
+/// the one `holder` holds with the right token; a wrong token, another holder's lease and an
+/// expired lease are left alone (and the expired one stays free).
+async fn check_batch<S: Store, B: BatchRenew>(
+    store: &S,
+    batch: &B,
+    prefix: &str,
+    holder: &HolderId,
+) -> anyhow::Result<()> {
+    let [live, wrong_token, other, expired]: [LeaseName; 4] = names(prefix, "batch-check", 4)?
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("four names"))?;
+    let ttl = Duration::from_secs(30);
+    let take =
+        async |name: &LeaseName, who: &HolderId, ttl: Duration| -> anyhow::Result<FencingToken> {
+            match store.acquire(name, who, ttl).await? {
+                Acquisition::Acquired { token } => Ok(token),
+                busy => bail!("acquire of {name}: {busy:?}"),
+            }
+        };
+    let stranger = HolderId::generate();
+    let t_live = take(&live, holder, ttl).await?;
+    let t_wrong = take(&wrong_token, holder, ttl).await?;
+    let t_other = take(&other, &stranger, ttl).await?;
+    let t_expired = take(&expired, holder, Duration::from_millis(20)).await?;
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let leases = [
+        (live.clone(), t_live),
+        (wrong_token.clone(), FencingToken(t_wrong.get() + 1)),
+        (other.clone(), t_other),
+        (expired.clone(), t_expired),
+    ];
+    let renewed = batch.renew_all(&leases, holder, ttl).await?;
+    ensure!(
+        renewed == 1,
+        "the batched renewal renewed {renewed} of 4 check leases, expected only the live one \
+         (wrong token, other holder and expired must not be renewed)"
+    );
+    let still_free = store
+        .inspect(&expired)
+        .await?
+        .is_none_or(|s| s.holder.is_none());
+    ensure!(still_free, "the batched renewal revived an expired lease");
+    for (name, token, who) in [
+        (&live, t_live, holder),
+        (&wrong_token, t_wrong, holder),
+        (&other, t_other, &stranger),
+    ] {
+        store.release(name, who, token).await?;
+    }
+    Ok(())
 }
 
 /// Acquires every name for `holder`, `concurrency` at a time.

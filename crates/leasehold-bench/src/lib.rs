@@ -2,6 +2,7 @@
 
 mod common;
 mod memory;
+mod postgres;
 mod redis;
 mod report;
 mod sqlite;
@@ -180,10 +181,7 @@ pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
             StoreKind::Memory => memory::bench(plan, &mut report).await,
             StoreKind::Sqlite => sqlite::bench(plan, &mut report).await,
             StoreKind::Redis => redis::bench(plan, &mut report).await,
-            StoreKind::Postgres => Err(anyhow::anyhow!(
-                "the postgres store ({}) is not built into this benchmark yet",
-                leasehold::store::redact_url(&plan.postgres_url)
-            )),
+            StoreKind::Postgres => postgres::bench(plan, &mut report).await,
         };
         if let Err(e) = result {
             report

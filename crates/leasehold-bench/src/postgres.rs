@@ -1,0 +1,285 @@
+//! The PostgreSQL store, next to a one-row `UPDATE` of a scratch table run the way the store
+//! runs its statements: through the store's own connection pool (deadpool-postgres over
+//! tokio-postgres, re-exported by leasehold-postgres), as a cached prepared statement, in
+//! autocommit.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::{FencingToken, HolderId, LeaseName};
+use leasehold_postgres::{PgConfig, PgStore};
+
+use crate::common::{self, BatchRenew, HeldPlan, OpBench, OpRounds};
+use crate::report::{Kind, OpRow, Report, Target};
+use crate::stats::{Figure, Recorder, Round};
+use crate::{Plan, StoreKind};
+
+const FLOOR: &str = "UPDATE";
+
+pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+    let url = leasehold::store::redact_url(&plan.postgres_url);
+    let config = PgConfig::new(plan.postgres_url.clone());
+    // `"schema"."table"`: the store checks both are plain identifiers.
+    let leases = format!("\"{}\".\"{}\"", config.schema, config.lease_table);
+    let scratch = format!("\"{}\".\"bench_floor_{}\"", config.schema, plan.run_id);
+    let store = config
+        .clone()
+        .connect()
+        .await
+        .with_context(|| format!("connect to {url}"))?;
+    let prefix = plan.prefix(StoreKind::Postgres);
+    let result = async {
+        // A second store handle, as another process would have: its own pool and LISTEN
+        // connection.
+        let waiter = config
+            .connect()
+            .await
+            .with_context(|| format!("connect to {url}"))?;
+        let tables = Tables {
+            leases: &leases,
+            scratch: &scratch,
+        };
+        bench_with(plan, report, &store, &waiter, &tables, &prefix).await
+    }
+    .await;
+    let cleaned = cleanup(&store, &leases, &scratch, &prefix).await;
+    result.and(cleaned)
+}
+
+/// The store's lease table and this run's scratch table, both schema-qualified and quoted.
+struct Tables<'a> {
+    leases: &'a str,
+    scratch: &'a str,
+}
+
+async fn bench_with(
+    plan: &Plan,
+    report: &mut Report,
+    store: &PgStore,
+    waiter: &PgStore,
+    tables: &Tables<'_>,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    let scratch = tables.scratch;
+    store
+        .pool()
+        .get()
+        .await?
+        .batch_execute(&format!(
+            "CREATE TABLE {scratch} (id integer PRIMARY KEY, v bigint NOT NULL); \
+             INSERT INTO {scratch} VALUES (1, 0);"
+        ))
+        .await
+        .context("create the scratch table")?;
+    let update = format!("UPDATE {scratch} SET v = v + 1 WHERE id = 1");
+    let floor = Floor {
+        store,
+        sql: &update,
+    };
+    let select = Floor {
+        store,
+        sql: "SELECT 1",
+    };
+
+    let ops = OpBench::new(store.clone(), prefix, plan.ops)?;
+    ops.warm_up().await?;
+    floor.round(plan.ops.min(200)).await?;
+    select.round(plan.ops.min(200)).await?;
+    let (mut rounds, mut floors, mut selects) = (OpRounds::default(), Vec::new(), Vec::new());
+    for _ in 0..plan.rounds {
+        floors.push(floor.round(plan.ops).await?);
+        selects.push(select.round(plan.ops).await?);
+        ops.round(&mut rounds).await?;
+    }
+    let name = || "postgres".to_owned();
+    let floor_fig = Figure::of(&floors);
+    let acquire = Figure::of(&rounds.acquire);
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: FLOOR.to_owned(),
+        kind: Kind::Floor,
+        figure: floor_fig,
+        ratio: None,
+        target: None,
+    });
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: "SELECT 1".to_owned(),
+        kind: Kind::Floor,
+        figure: Figure::of(&selects),
+        ratio: common::ratio(&selects, &floors, FLOOR),
+        target: None,
+    });
+    for (op, r, target) in [
+        (
+            "acquire",
+            &rounds.acquire,
+            Some(Target::new(
+                "p50 ≤ 1.2× UPDATE",
+                acquire.p50_us.median <= 1.2 * floor_fig.p50_us.median,
+            )),
+        ),
+        ("renew", &rounds.renew, None),
+        ("release", &rounds.release, None),
+        ("acquire+release", &rounds.acquire_release, None),
+    ] {
+        report.ops_rows.push(OpRow {
+            store: name(),
+            op: op.to_owned(),
+            kind: Kind::Lease,
+            figure: Figure::of(r),
+            ratio: common::ratio(r, &floors, FLOOR),
+            target,
+        });
+    }
+    report.notes.push(
+        "postgres: floors = a one-row UPDATE of a scratch table (a commit, like every store \
+         operation) and SELECT 1 (a round trip, no commit), each a cached prepared statement on \
+         a connection from the store's own pool (deadpool-postgres, tokio-postgres), in \
+         autocommit, as the store runs its statements; acquire is one INSERT … ON CONFLICT DO \
+         UPDATE inside a CTE, renew one UPDATE, release one UPDATE in a CTE with pg_notify"
+            .to_owned(),
+    );
+
+    let batch = Batch::new(store, tables.leases);
+    report.held_rows.push(
+        common::held_renewal(
+            store,
+            &batch,
+            &HeldPlan {
+                store_name: "postgres",
+                prefix,
+                held: plan.held,
+                sample: plan.held_sample,
+                rounds: plan.rounds,
+                concurrency: 32,
+            },
+        )
+        .await?,
+    );
+    report.takeover_rows.push(
+        common::graceful_takeover(
+            "postgres",
+            store,
+            waiter,
+            prefix,
+            plan.graceful_trials,
+            Some(5.0),
+        )
+        .await?,
+    );
+    report.takeover_rows.push(
+        common::expiry_takeover(
+            "postgres",
+            store,
+            waiter,
+            prefix,
+            plan.expiry_trials,
+            plan.expiry_ttl,
+        )
+        .await?,
+    );
+    Ok(())
+}
+
+/// A floor statement, run exactly as the store runs one of its own: a connection from the
+/// store's pool, the statement from the connection's prepared-statement cache, one round trip.
+struct Floor<'a> {
+    store: &'a PgStore,
+    sql: &'a str,
+}
+
+impl Floor<'_> {
+    async fn round(&self, ops: usize) -> anyhow::Result<Round> {
+        let mut rec = Recorder::new(ops);
+        for _ in 0..ops {
+            rec.start();
+            let client = self.store.pool().get().await?;
+            let stmt = client.prepare_cached(self.sql).await?;
+            client.query(&stmt, &[]).await?;
+            drop(client);
+            rec.stop();
+        }
+        Ok(rec.finish())
+    }
+}
+
+/// The store's renew statement (leasehold-postgres `Statements::renew`) over many rows: the
+/// same conditions (holder and token match, `expires_at > clock_timestamp()`) and the same new
+/// expiry (`clock_timestamp()` + ttl), with the names and tokens from two arrays. `$1` names,
+/// `$2` tokens, `$3` holder, `$4` ttl in milliseconds.
+fn renew_many_sql(leases: &str) -> String {
+    format!(
+        "UPDATE {leases} AS l
+    SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+   FROM unnest($1::text[], $2::bigint[]) AS b(name, token)
+  WHERE l.name = b.name AND l.holder = $3::text AND l.token = b.token
+    AND l.expires_at > clock_timestamp()"
+    )
+}
+
+/// Batched renewal: one `UPDATE … FROM unnest(…)` statement for all leases, on a connection
+/// from the store's pool.
+struct Batch<'a> {
+    store: &'a PgStore,
+    sql: String,
+}
+
+impl<'a> Batch<'a> {
+    fn new(store: &'a PgStore, leases: &str) -> Self {
+        Self {
+            store,
+            sql: renew_many_sql(leases),
+        }
+    }
+}
+
+impl BatchRenew for Batch<'_> {
+    fn method(&self) -> String {
+        "one statement renewing all N rows with the store's renew SQL: UPDATE … FROM \
+         unnest($1::text[], $2::bigint[]) with the same holder/token/expires_at > \
+         clock_timestamp() conditions (the store has no batch call; done in this crate \
+         against its table, on a connection from its pool)"
+            .to_owned()
+    }
+
+    async fn renew_all(
+        &self,
+        leases: &[(LeaseName, FencingToken)],
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> anyhow::Result<usize> {
+        let names: Vec<&str> = leases.iter().map(|(n, _)| n.as_str()).collect();
+        let tokens: Vec<i64> = leases
+            .iter()
+            .map(|(_, t)| i64::try_from(t.get()).unwrap_or(-1))
+            .collect();
+        let ttl_ms = i64::try_from(ttl.as_millis())?;
+        let client = self.store.pool().get().await?;
+        let stmt = client
+            .prepare_cached(&self.sql)
+            .await
+            .context("prepare the batched renew statement")?;
+        let n = client
+            .execute(&stmt, &[&names, &tokens, &holder.as_str(), &ttl_ms])
+            .await?;
+        Ok(usize::try_from(n)?)
+    }
+}
+
+/// Deletes this run's rows and the scratch table.
+async fn cleanup(store: &PgStore, leases: &str, scratch: &str, prefix: &str) -> anyhow::Result<()> {
+    let client = store.pool().get().await.context("cleanup: connect")?;
+    client
+        .batch_execute(&format!("DROP TABLE IF EXISTS {scratch}"))
+        .await
+        .context("cleanup: drop the scratch table")?;
+    client
+        .execute(
+            &format!("DELETE FROM {leases} WHERE starts_with(name, $1)"),
+            &[&format!("{prefix}/")],
+        )
+        .await
+        .context("cleanup: delete this run's leases")?;
+    Ok(())
+}
