@@ -50,6 +50,13 @@ ensure_postgres() {
   fi
 }
 
+# The Redis TLS test makes its certificates with the openssl tool; the bundled SQLite is C.
+ensure_tools() {
+  if ! command -v openssl >/dev/null; then log "installing openssl"; apt_install openssl; fi
+  if ! command -v cc >/dev/null; then log "installing a C compiler"; apt_install gcc libc6-dev; fi
+}
+
 ensure_redis
 ensure_postgres
+ensure_tools
 log "redis and postgres are up"
