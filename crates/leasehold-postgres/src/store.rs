@@ -78,6 +78,10 @@ pub struct Statements {
     pub claim_slot: String,
     /// The server's clock in milliseconds since the Unix epoch.
     pub now_millis: String,
+    /// The names released within the last `$1` milliseconds (at most 1000): the release
+    /// listener announces them after it reconnects, since notifications sent while it was away
+    /// are lost.
+    pub recent_releases: String,
     /// The migration: creates the schema's tables if missing (run after the schema exists,
     /// under `pg_advisory_xact_lock`).
     pub create_tables: String,
@@ -149,6 +153,12 @@ SELECT false, s.last_slot FROM {slots} s
             ),
             now_millis: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
                 .to_owned(),
+            // A release sets `holder = NULL, expires_at = clock_timestamp()`.
+            recent_releases: format!(
+                "SELECT name FROM {leases}
+ WHERE holder IS NULL AND expires_at > clock_timestamp() - $1::bigint {ms}
+ ORDER BY expires_at DESC LIMIT 1000"
+            ),
             create_tables: format!(
                 "CREATE TABLE IF NOT EXISTS {leases} (
   name text PRIMARY KEY,
@@ -237,7 +247,18 @@ impl PgStore {
         let channel = config.channel_name();
         let hub = ReleaseHub::new();
         let listener = if config.notifications {
-            Some(listener::spawn(pg, tls, channel.clone(), hub.clone(), &config, &url).await)
+            Some(
+                listener::spawn(
+                    pg,
+                    tls,
+                    channel.clone(),
+                    sql.recent_releases.clone(),
+                    hub.clone(),
+                    &config,
+                    &url,
+                )
+                .await,
+            )
         } else {
             None
         };
