@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::config::SslMode;
 
+use crate::conninfo::{redact, take_params};
 use crate::error::{Error, Result};
 use crate::store::PgStore;
 
@@ -383,54 +384,6 @@ pub(crate) fn qualified(schema: &str, table: &str) -> String {
     format!("\"{schema}\".\"{table}\"")
 }
 
-/// Removes the parameters `keys` from a URL's query string or a `key=value` string, returning
-/// the rest and the values found (in the order of `keys`). tokio-postgres knows neither
-/// `verify-ca`/`verify-full` nor `sslrootcert`, so the store handles them itself.
-fn take_params(url: &str, keys: &[&str]) -> (String, Vec<Option<String>>) {
-    let mut found = vec![None; keys.len()];
-    let keep = |kv: &str, found: &mut Vec<Option<String>>| -> bool {
-        if let Some((k, v)) = kv.split_once('=') {
-            if let Some(i) = keys.iter().position(|key| key.eq_ignore_ascii_case(k)) {
-                found[i] = Some(v.to_owned());
-                return false;
-            }
-        }
-        true
-    };
-    if url.contains("://") {
-        let Some((base, query)) = url.split_once('?') else {
-            return (url.to_owned(), found);
-        };
-        let rest: Vec<&str> = query.split('&').filter(|kv| keep(kv, &mut found)).collect();
-        let out = if rest.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", rest.join("&"))
-        };
-        (out, found)
-    } else {
-        let rest: Vec<&str> = url
-            .split_whitespace()
-            .filter(|kv| keep(kv, &mut found))
-            .collect();
-        (rest.join(" "), found)
-    }
-}
-
-/// The URL (or `key=value` string) with any password replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    if url.contains("://") {
-        return leasehold::store::redact_url(url);
-    }
-    url.split_whitespace()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-            _ => kv.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,21 +415,6 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("lease_table"), "{err}");
-    }
-
-    #[test]
-    fn sslmode_is_taken_out() {
-        let (rest, found) = take_params(
-            "postgres://u:p@h/db?sslmode=verify-full&application_name=x",
-            &["sslmode", "sslrootcert"],
-        );
-        assert_eq!(rest, "postgres://u:p@h/db?application_name=x");
-        assert_eq!(found, vec![Some("verify-full".to_owned()), None]);
-        let (rest, found) = take_params("host=h sslmode=require user=u", &["sslmode"]);
-        assert_eq!(rest, "host=h user=u");
-        assert_eq!(found, vec![Some("require".to_owned())]);
-        let (rest, _) = take_params("postgres://h/db?sslmode=disable", &["sslmode"]);
-        assert_eq!(rest, "postgres://h/db");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+mod conninfo;
 mod error;
 mod fence;
 mod listener;
