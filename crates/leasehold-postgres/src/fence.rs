@@ -96,12 +96,19 @@ impl Fence {
     }
 
     /// Creates the schema (if missing) and the fence table, idempotently, in a transaction of
-    /// its own under an advisory lock (safe when many instances start at once).
+    /// its own under an advisory lock (safe when many instances start at once). Creates nothing,
+    /// and so needs no CREATE privilege, when the table exists.
     pub async fn migrate(
         &self,
         client: &mut tokio_postgres::Client,
     ) -> std::result::Result<(), tokio_postgres::Error> {
-        crate::store::migrate(client, &self.schema, &self.create_table_sql()).await
+        crate::store::migrate(
+            client,
+            &self.schema,
+            &[&self.table],
+            &self.create_table_sql(),
+        )
+        .await
     }
 
     /// Records that `token` writes to `resource`, or fails with [`FenceError::Stale`] if a

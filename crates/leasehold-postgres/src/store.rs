@@ -228,19 +228,24 @@ impl PgStore {
 
         let sql = Statements::new(&config.schema, &config.lease_table, &config.slot_table);
         if config.migrate {
-            migrate(&mut client, &config.schema, &sql.create_tables)
-                .await
-                .map_err(|e| Error::Migrate {
-                    url: url.clone(),
-                    source: classify(
-                        e,
-                        Op {
-                            what: "migration",
-                            name: None,
-                        },
-                        config.op_timeout,
-                    ),
-                })?;
+            migrate(
+                &mut client,
+                &config.schema,
+                &[&config.lease_table, &config.slot_table],
+                &sql.create_tables,
+            )
+            .await
+            .map_err(|e| Error::Migrate {
+                url: url.clone(),
+                source: classify(
+                    e,
+                    Op {
+                        what: "migration",
+                        name: None,
+                    },
+                    config.op_timeout,
+                ),
+            })?;
         }
         drop(client);
 
@@ -331,10 +336,13 @@ impl PgStore {
 }
 
 /// Creates the schema (if missing) and the tables, under a transaction-scoped advisory lock so
-/// instances starting at once do not race on the catalog.
+/// instances starting at once do not race on the catalog. When all of `tables` exist already it
+/// creates nothing, so a role with only USAGE on the schema and row privileges on the tables
+/// (no CREATE) can leave the migration on.
 pub(crate) async fn migrate(
     client: &mut tokio_postgres::Client,
     schema: &str,
+    tables: &[&str],
     create_tables: &str,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
@@ -343,8 +351,19 @@ pub(crate) async fn migrate(
         &[],
     )
     .await?;
+    let present: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1 AND tablename = ANY($2)",
+            &[&schema, &tables],
+        )
+        .await?
+        .get(0);
+    if usize::try_from(present).is_ok_and(|n| n == tables.len()) {
+        return tx.commit().await;
+    }
     // CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the database even when the
-    // schema exists, so it only runs when the schema is missing.
+    // schema exists (and CREATE TABLE IF NOT EXISTS the CREATE privilege on the schema), so
+    // each runs only when something is missing.
     let exists = tx
         .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
         .await?
