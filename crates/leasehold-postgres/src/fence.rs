@@ -87,6 +87,13 @@ impl Fence {
         &self.table
     }
 
+    /// The statement [`check`](Self::check) runs (`$1` resource text, `$2` token bigint; a row
+    /// when the write may go ahead, none when a higher token has written), for callers on
+    /// another PostgreSQL driver.
+    pub fn check_sql(&self) -> &str {
+        &self.check_sql
+    }
+
     /// The `CREATE TABLE IF NOT EXISTS` statement of the fence table (for running it by hand).
     pub fn create_table_sql(&self) -> String {
         format!(
