@@ -8,7 +8,7 @@ use tokio_postgres::config::SslMode;
 
 use crate::conninfo::{redact, take_params};
 use crate::error::{Error, Result};
-use crate::store::PgStore;
+use crate::store::{PgStore, with_causes};
 
 /// Default schema of the lease, slot and fence tables.
 pub const DEFAULT_SCHEMA: &str = "leasehold";
@@ -233,7 +233,13 @@ impl PgConfig {
             reason,
         };
         let (rest, params) = take_params(&self.url, &["sslmode", "sslrootcert"]);
-        let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| invalid(e.to_string()))?;
+        let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
+            // "unexpected character at byte 9: expected `=` but got `x`" would show a
+            // character of whatever was there, perhaps a password: keep the part before.
+            let reason = with_causes(&e);
+            let reason = reason.split(" but got").next().unwrap_or_default();
+            invalid(reason.to_owned())
+        })?;
         let sslmode = params[0].clone();
         let rootcert = params[1].clone();
         let tls_wanted = match sslmode.as_deref() {

@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
+};
 use leasehold::{
     Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
     ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
@@ -224,7 +226,13 @@ impl PgStore {
         let mut client = tokio::time::timeout(config.connect_timeout * 2, pool.get())
             .await
             .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
-            .map_err(|e| connect_err(pool_error(e, op, config.op_timeout)))?;
+            .map_err(|e| match e {
+                // Establishing the connection took too long: that is the connect timeout.
+                PoolError::Timeout(TimeoutType::Create) => {
+                    connect_err(StoreError::Timeout(config.connect_timeout))
+                }
+                e => connect_err(pool_error(e, op, config.op_timeout)),
+            })?;
 
         let sql = Statements::new(&config.schema, &config.lease_table, &config.slot_table);
         if config.migrate {
@@ -389,7 +397,7 @@ fn pool_error(e: PoolError, op: Op<'_>, limit: Duration) -> StoreError {
 /// [`StoreError::Timeout`], anything else the server refused is [`StoreError::Rejected`].
 pub(crate) fn classify(e: tokio_postgres::Error, op: Op<'_>, limit: Duration) -> StoreError {
     let Some(db) = e.as_db_error() else {
-        let message = format!("{op} failed: {e}");
+        let message = format!("{op} failed: {}", with_causes(&e));
         return StoreError::unavailable(message, e);
     };
     let code = db.code().clone();
@@ -405,6 +413,19 @@ pub(crate) fn classify(e: tokio_postgres::Error, op: Op<'_>, limit: Duration) ->
     } else {
         StoreError::rejected(message, e)
     }
+}
+
+/// The driver's message followed by its causes ("error connecting to server: Connection
+/// refused"): its `Display` alone leaves out why.
+pub(crate) fn with_causes(e: &tokio_postgres::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 fn to_i64(n: u64) -> Option<i64> {

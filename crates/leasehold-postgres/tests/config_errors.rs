@@ -116,6 +116,8 @@ async fn unreachable_server_is_a_connect_error_within_the_timeout() {
     assert!(took < Duration::from_secs(3), "took {took:?}");
     assert_one_line(&err.to_string());
     assert!(err.to_string().contains(DEAD), "{err}");
+    // The reason is in the one line, not only in the source chain.
+    assert!(err.to_string().contains("refused"), "{err}");
     let all = everything_about(&err);
     assert!(!all.contains(SECRET), "{all}");
     // The convenience function gives the same error.
@@ -138,6 +140,7 @@ async fn silent_server_is_a_connect_error_within_the_timeout() {
         .unwrap_err();
     let took = started.elapsed();
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(err.to_string().contains("within 1s"), "{err}");
     assert!(took < Duration::from_secs(4), "took {took:?}");
     assert_one_line(&err.to_string());
     assert!(!everything_about(&err).contains(SECRET));
@@ -196,6 +199,9 @@ async fn passwords_never_appear_in_url_errors() {
     ] {
         let err = PgConfig::new(&url).connect().await.unwrap_err();
         assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+        if url.contains("notaport") {
+            assert!(err.to_string().contains("`port`"), "{err}");
+        }
         let all = everything_about(&err);
         assert!(!all.contains(SECRET), "{url}: {all}");
         assert_one_line(&err.to_string());
