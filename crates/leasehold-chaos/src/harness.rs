@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::check::{self, CheckReport, LossWindow};
 use crate::fence;
 use crate::ledger::{self, Fenced, LedgerEntry};
+use crate::pg_server::{self, PgServer};
 use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
 use crate::schedule::{self, FaultKind, PlannedFault};
@@ -142,6 +143,55 @@ struct FencingCheck {
     fence_max_at_resume: Option<u64>,
 }
 
+/// The last tokens the store handed out for the leader lease (`NAME`) and for the task lease
+/// the replicas take for each tick (`NAME:run`, whose token the witness writes); `None` where the
+/// store has no such lease.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Tokens {
+    leader: Option<u64>,
+    task: Option<u64>,
+}
+
+impl Tokens {
+    fn show(t: Option<u64>) -> String {
+        t.map_or("none".into(), |t| t.to_string())
+    }
+}
+
+/// The store's tokens just before a store restart and once it answered again.
+#[derive(Debug, Clone)]
+struct RestartCheck {
+    at_ms: u64,
+    /// Before the restart (`Err`: the store did not answer).
+    before: Result<Tokens, String>,
+    /// After the restart.
+    after: Result<Tokens, String>,
+}
+
+impl RestartCheck {
+    /// Whether both leases survived the restart: no token is lower (or gone) after it.
+    fn kept(&self) -> bool {
+        match (&self.before, &self.after) {
+            (Ok(b), Ok(a)) => a.leader >= b.leader && a.task >= b.task,
+            _ => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match (&self.before, &self.after) {
+            (Ok(b), Ok(a)) => format!(
+                "tokens before/after: leader {}/{}, task {}/{}",
+                Tokens::show(b.leader),
+                Tokens::show(a.leader),
+                Tokens::show(b.task),
+                Tokens::show(a.task)
+            ),
+            (Err(e), _) => format!("tokens unreadable before: {e}"),
+            (_, Err(e)) => format!("tokens unreadable after: {e}"),
+        }
+    }
+}
+
 /// A kill or graceful stop of the holder, to measure the takeover from.
 #[derive(Debug, Clone)]
 struct TakeoverProbe {
@@ -152,6 +202,8 @@ struct TakeoverProbe {
 
 struct Settings {
     store: StoreKind,
+    /// The faults this run injects (no store restart for a server the harness does not own).
+    kinds: Vec<FaultKind>,
     replicas: usize,
     duration: Duration,
     faults: usize,
@@ -183,11 +235,16 @@ struct Harness {
     polled: PollState,
     proxy: Option<FaultProxy>,
     redis: Option<RedisServer>,
+    postgres: Option<PgServer>,
     watchdog: Watchdog,
+    /// The store, opened directly (not through the proxy), for the restart checks; closed at
+    /// shutdown, before the server stops.
+    direct: Option<BoxStore>,
     _sqlite_dir: Option<tempfile::TempDir>,
     faults: Vec<FaultRecord>,
     checks: Vec<FencingCheck>,
     probes: Vec<TakeoverProbe>,
+    restarts: Vec<RestartCheck>,
     loss: Vec<LossWindow>,
     notes: Vec<String>,
 }
@@ -279,7 +336,8 @@ impl Harness {
         std::fs::create_dir_all(&logs)?;
         let ledger = out.join("ledger.jsonl");
         let fence = out.join("fence");
-        for stale in [&ledger, &fence, &out.join("paused-groups")] {
+        let (paused_file, servers_file) = (out.join("paused-groups"), out.join("servers"));
+        for stale in [&ledger, &fence, &paused_file, &servers_file] {
             match std::fs::remove_file(stale) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -289,8 +347,17 @@ impl Harness {
             }
         }
         let lease = format!("chaos-{seed:016x}-{}", std::process::id());
+        let own_server = !(args.store == StoreKind::Postgres && args.postgres_url.is_some());
+        let kinds = args
+            .store
+            .faults()
+            .iter()
+            .copied()
+            .filter(|k| own_server || *k != FaultKind::StoreRestart)
+            .collect();
         let s = Settings {
             store: args.store,
+            kinds,
             replicas: args.replicas,
             duration: args.duration,
             faults,
@@ -301,9 +368,9 @@ impl Harness {
             grace: args.ttl.max(Duration::from_secs(1)),
             bin,
         };
-        let watchdog = Watchdog::start(&out.join("paused-groups"))?;
+        let watchdog = Watchdog::start(&paused_file, &servers_file)?;
         let mut notes = Vec::new();
-        let (mut redis, mut proxy, mut sqlite_dir) = (None, None, None);
+        let (mut redis, mut postgres, mut proxy, mut sqlite_dir) = (None, None, None, None);
         let (replica_url, poll_url) = match args.store {
             StoreKind::Sqlite => {
                 let dir = tempfile::Builder::new()
@@ -333,21 +400,43 @@ impl Harness {
                 notes.push("redis: the harness's own redis-server without persistence; a restart loses every lease and slot (a documented non-guarantee), so overlaps and duplicate slots that begin in the window after a restart are reported as excused; fencing must hold there too".into());
                 urls
             }
-            StoreKind::Postgres => {
-                let (prefix, host, port, rest) = split_url(&args.postgres_url, 5432)?;
-                let upstream = loopback_addr(&host, port)?;
-                let p = FaultProxy::start(upstream).await?;
-                let url = format!("{prefix}{}{rest}", p.addr());
-                proxy = Some(p);
-                notes.push("postgres: the shared local server, through the proxy; it is not restarted (store-restart faults are not injected)".into());
-                (url, args.postgres_url.clone())
-            }
+            StoreKind::Postgres => match &args.postgres_url {
+                Some(shared) => {
+                    let (prefix, host, port, rest) = split_url(shared, 5432)?;
+                    let upstream = loopback_addr(&host, port)?;
+                    let p = FaultProxy::start(upstream).await?;
+                    let url = format!("{prefix}{}{rest}", p.addr());
+                    proxy = Some(p);
+                    notes.push("postgres: a running server (--postgres-url), through the proxy; it is not the harness's, so it is not restarted (no store-restart faults)".into());
+                    (url, shared.clone())
+                }
+                None => {
+                    let bin = pg_server::find_bindir(args.postgres_bin.as_deref())?;
+                    // Each replica (and a replacement overlapping it) holds a pool of 4 and a
+                    // listener; so does the harness's own view of the lease.
+                    let max_connections = ((args.replicas * 2 + 2) * 5 + 20).max(50);
+                    let server = PgServer::start(
+                        &bin,
+                        &logs.join("postgres.log"),
+                        &watchdog,
+                        max_connections,
+                    )
+                    .await?;
+                    let p = FaultProxy::start(server.addr()).await?;
+                    let (prefix, _, _, rest) = split_url(&server.url(), 5432)?;
+                    let urls = (format!("{prefix}{}{rest}", p.addr()), server.url());
+                    postgres = Some(server);
+                    proxy = Some(p);
+                    notes.push(format!("postgres: the harness's own server ({}; fsync and synchronous commit on), through the proxy; a store restart is a crash (pg_ctl stop -m immediate: no checkpoint) and a start that replays the WAL; a durable store forgets nothing, so nothing is excused: overlaps and duplicate slots must stay 0 across restarts, and both leases' tokens must survive each one", bin.display()));
+                    urls
+                }
+            },
         };
         let name = LeaseName::new(&lease)?;
         let store = crate::open::open_store(&poll_url)
             .await
             .context("cannot open the store to watch the lease")?;
-        let poller = Poller::start(store, name);
+        let poller = Poller::start(store.clone(), name);
         Ok(Self {
             s,
             out,
@@ -362,11 +451,14 @@ impl Harness {
             polled: PollState::default(),
             proxy,
             redis,
+            postgres,
             watchdog,
+            direct: Some(store),
             _sqlite_dir: sqlite_dir,
             faults: Vec::new(),
             checks: Vec::new(),
             probes: Vec::new(),
+            restarts: Vec::new(),
             loss: Vec::new(),
             notes,
         })
@@ -460,7 +552,7 @@ impl Harness {
 
     async fn drive(&mut self) -> Result<()> {
         let s = &self.s;
-        let kinds = s.store.faults();
+        let kinds = &s.kinds;
         let settle = (s.ttl * 3).max(Duration::from_secs(3));
         let warmup = (s.ttl * 2).max(Duration::from_secs(3));
         let plan = schedule::plan(
@@ -691,33 +783,85 @@ impl Harness {
                 }
             }
             FaultKind::StoreRestart => {
-                let Some(redis) = self.redis.as_mut() else {
+                let before = self.direct_tokens().await;
+                let (stopped, ready, detail) = if let Some(redis) = self.redis.as_mut() {
+                    let (killed, ready) = redis.restart().await?;
+                    let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
+                    let tail = u64::try_from((self.s.every + self.s.work * 2).as_millis())
+                        .unwrap_or(0)
+                        + 250;
+                    self.loss.push(LossWindow {
+                        from_ms: killed,
+                        to_ms: ready.max(killed + ttl) + tail,
+                    });
+                    let detail = format!(
+                        "redis-server SIGKILLed and restarted (down {} ms; every lease forgotten)",
+                        ready - killed
+                    );
+                    (killed, ready, detail)
+                } else if let Some(pg) = self.postgres.as_mut() {
+                    // Odd-numbered restarts (first, third, ...) keep the server down past the
+                    // ttl: the lease runs out during the outage and someone takes over after
+                    // it. Even-numbered ones start at once: the holder keeps its lease.
+                    let down = if self.restarts.len().is_multiple_of(2) {
+                        self.s.ttl * 2
+                    } else {
+                        Duration::ZERO
+                    };
+                    let (stopped, ready) = pg.restart(down).await?;
+                    let detail = format!(
+                        "postgres crashed (pg_ctl stop -m immediate), kept down {} ms, restarted with WAL recovery (down {} ms in all)",
+                        down.as_millis(),
+                        ready - stopped
+                    );
+                    (stopped, ready, detail)
+                } else {
                     self.skip(f.kind, "the harness runs no store server");
                     return Ok(());
                 };
-                let (killed, ready) = redis.restart().await?;
-                let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
-                let tail =
-                    u64::try_from((self.s.every + self.s.work * 2).as_millis()).unwrap_or(0) + 250;
-                self.loss.push(LossWindow {
-                    from_ms: killed,
-                    to_ms: ready.max(killed + ttl) + tail,
-                });
-                self.record(
-                    f.kind,
-                    killed,
-                    None,
-                    format!(
-                        "redis-server SIGKILLed and restarted (down {} ms; every lease forgotten)",
-                        ready - killed
-                    ),
-                );
+                // The store answers again; the pooled connections it broke are replaced on use.
+                let mut after = Err("not read".to_owned());
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < deadline {
+                    after = self.direct_tokens().await;
+                    if after.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let check = RestartCheck {
+                    at_ms: stopped,
+                    before,
+                    after,
+                };
+                let lease = check.describe();
+                self.restarts.push(check);
+                self.record(f.kind, stopped, None, format!("{detail}; {lease}"));
                 if let Some(r) = self.faults.last_mut() {
                     r.until_ms = Some(ready);
                 }
             }
         }
         Ok(())
+    }
+
+    /// The store's tokens for the leader lease and the task lease, read directly (not through
+    /// the proxy).
+    async fn direct_tokens(&self) -> Result<Tokens, String> {
+        let store = self.direct.as_ref().ok_or("the store is closed")?;
+        let read = |name: String| async move {
+            let name = LeaseName::new(name).map_err(|e| e.to_string())?;
+            match tokio::time::timeout(Duration::from_secs(1), store.inspect(&name)).await {
+                Ok(Ok(state)) => Ok(state.map(|s| s.token.get())),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("inspect timed out".to_owned()),
+            }
+        };
+        Ok(Tokens {
+            leader: read(self.lease.clone()).await?,
+            // The name `leasehold run` gives the lease it takes for each tick.
+            task: read(format!("{}:run", self.lease)).await?,
+        })
     }
 
     /// SIGSTOP of the holder and its running command past the ttl; the command resumes first,
@@ -831,13 +975,19 @@ impl Harness {
                 r.wait(Duration::from_secs(2)).await;
             }
         }
-        if let Some(p) = self.poller.take() {
+        if let Some(mut p) = self.poller.take() {
             p.task.abort();
+            // Wait for the task to go, and with it its handle on the store.
+            let _ = (&mut p.task).await;
             self.polled = std::mem::take(&mut *p.state.lock().unwrap_or_else(|e| e.into_inner()));
         }
         self.proxy = None;
+        self.direct = None;
         if let Some(mut redis) = self.redis.take() {
             redis.stop().await;
+        }
+        if let Some(mut postgres) = self.postgres.take() {
+            postgres.stop().await;
         }
         self.watchdog.stop();
     }

@@ -5,6 +5,7 @@ mod fence;
 mod harness;
 mod ledger;
 mod open;
+mod pg_server;
 mod procs;
 mod proxy;
 mod schedule;
@@ -28,7 +29,8 @@ pub enum StoreKind {
     Sqlite,
     /// A `redis-server` the harness starts itself, behind the fault proxy, restarted as a fault.
     Redis,
-    /// The local PostgreSQL server (`--postgres-url`), behind the fault proxy; not restarted.
+    /// A PostgreSQL server the harness starts itself (fsync on), behind the fault proxy, crashed
+    /// and restarted as a fault; or a running server (`--postgres-url`), never restarted.
     Postgres,
 }
 
@@ -42,13 +44,13 @@ impl StoreKind {
         }
     }
 
-    /// The faults that apply to this store.
+    /// The faults that apply to this store when the harness runs its server (for PostgreSQL
+    /// at a `--postgres-url`, every one but [`FaultKind::StoreRestart`]).
     pub fn faults(self) -> &'static [FaultKind] {
         use FaultKind::*;
         match self {
             Self::Sqlite => &[Kill, Pause, Terminate],
-            Self::Postgres => &[Kill, Pause, Terminate, DropConnections, Blackhole, Delay],
-            Self::Redis => &FaultKind::ALL,
+            Self::Redis | Self::Postgres => &FaultKind::ALL,
         }
     }
 }
@@ -93,14 +95,16 @@ pub struct ChaosArgs {
     /// The `leasehold` binary the replicas run [default: this program].
     #[arg(long)]
     pub bin: Option<PathBuf>,
-    /// The PostgreSQL database for `--store postgres` (must be on a loopback address).
-    #[arg(
-        long,
-        env = "LEASEHOLD_TEST_POSTGRES_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test",
-        hide_env_values = true
-    )]
-    pub postgres_url: String,
+    /// For `--store postgres`: use this running PostgreSQL database (on a loopback address)
+    /// instead of a server of the harness's own. It is shared, so it is never restarted: no
+    /// store-restart faults [default: the harness starts its own server and crashes it].
+    #[arg(long)]
+    pub postgres_url: Option<String>,
+    /// The directory of PostgreSQL's `initdb`, `postgres` and `pg_ctl` for the harness's own
+    /// server [default: the newest /usr/lib/postgresql/<version>/bin, else `pg_config
+    /// --bindir`, else `PATH`].
+    #[arg(long)]
+    pub postgres_bin: Option<PathBuf>,
     /// The Redis server program for `--store redis`.
     #[arg(long, default_value = "redis-server")]
     pub redis_server: PathBuf,

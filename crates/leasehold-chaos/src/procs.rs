@@ -1,4 +1,4 @@
-//! Child processes: replicas, the harness's own Redis, and what runs under them.
+//! Child processes: replicas, the harness's own Redis, the watchdog, and what runs under them.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -257,20 +257,32 @@ impl Drop for Replica {
 
 /// The watchdog: a shell that leads the process group of every replica and server the harness
 /// starts. Should the harness die without cleaning up (SIGKILL), it kills that group, and the
-/// process groups of paused commands listed in its file.
+/// process groups of paused commands listed in its file; it first stops a PostgreSQL server
+/// listed in its servers file (SIGQUIT: the postmaster ends its children, which lead sessions of
+/// their own and would otherwise outlive the group) and removes that server's directory.
 #[derive(Debug)]
 pub struct Watchdog {
     child: Child,
     group: i32,
     paused: PathBuf,
+    servers: PathBuf,
 }
 
 impl Watchdog {
-    /// Starts the watchdog of this process; `paused` is the file of paused process groups.
-    pub fn start(paused: &Path) -> Result<Self> {
-        const SCRIPT: &str = r#"h=$1; f=$2
+    /// Starts the watchdog of this process; `paused` is the file of paused process groups,
+    /// `servers` the file of `PID DIR` lines of servers to stop (`-` while a server is down).
+    pub fn start(paused: &Path, servers: &Path) -> Result<Self> {
+        const SCRIPT: &str = r#"h=$1; f=$2; s=$3
 while kill -0 "$h" 2>/dev/null; do sleep 0.5; done
 for g in $(cat "$f" 2>/dev/null); do kill -CONT -"$g"; kill -KILL -"$g"; done 2>/dev/null
+if [ -s "$s" ]; then
+  while read -r p d; do case $p in ''|*[!0-9]*) ;; *) kill -QUIT "$p";; esac; done <"$s" 2>/dev/null
+  sleep 2
+  while read -r p d; do
+    case $p in ''|*[!0-9]*) ;; *) kill -KILL "$p";; esac
+    case $d in */leasehold-chaos-pg-*) rm -rf "$d";; esac
+  done <"$s" 2>/dev/null
+fi
 kill -KILL 0"#;
         let child = Command::new("sh")
             .arg("-c")
@@ -278,6 +290,7 @@ kill -KILL 0"#;
             .arg("leasehold-chaos-watchdog")
             .arg(std::process::id().to_string())
             .arg(paused)
+            .arg(servers)
             .stdin(Stdio::null())
             .process_group(0)
             .kill_on_drop(true)
@@ -291,7 +304,13 @@ kill -KILL 0"#;
             child,
             group,
             paused: paused.to_owned(),
+            servers: servers.to_owned(),
         })
+    }
+
+    /// The file of servers the watchdog stops (`PID DIR` lines), for a server to note itself in.
+    pub fn servers_file(&self) -> &Path {
+        &self.servers
     }
 
     /// The process group children join.

@@ -19,7 +19,8 @@ pub enum FaultKind {
     Blackhole,
     /// The proxy adds latency for a while, then is repaired.
     Delay,
-    /// The harness's own store server is killed and started again (its data is lost).
+    /// The harness's own store server is killed and started again: Redis (no persistence)
+    /// loses its data, PostgreSQL crashes and recovers it from its WAL.
     StoreRestart,
 }
 

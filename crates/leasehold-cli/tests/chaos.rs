@@ -1,12 +1,15 @@
 //! The short fault-injection run against every store: kills, pauses past the ttl, graceful
-//! stops, and (Redis, PostgreSQL) dropped, blackholed and delayed connections; Redis also a store
-//! restart. The harness exits non-zero if any guarantee broke.
+//! stops, and (Redis, PostgreSQL) dropped, blackholed and delayed connections and a restart of a
+//! store server the harness started itself (Redis without persistence; PostgreSQL crashed and
+//! recovered from its WAL, with nothing excused). The harness exits non-zero if any guarantee
+//! broke.
 
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
-fn short_run(store: &str) {
+/// Runs the short run and returns its report.json.
+fn short_run(store: &str) -> serde_json::Value {
     let out_dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
         .args([
@@ -39,6 +42,18 @@ fn short_run(store: &str) {
     );
     let svg = std::fs::read_to_string(out_dir.path().join("timeline.svg")).unwrap();
     assert!(svg.starts_with("<svg") || svg.contains("<svg"));
+    report
+}
+
+/// At least one store-restart fault was injected (not skipped).
+fn assert_store_restarted(report: &serde_json::Value) {
+    let restarts = report["faults_by_kind"]["store-restart"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        restarts >= 1,
+        "no store-restart fault was injected: {report}"
+    );
 }
 
 #[test]
@@ -48,10 +63,21 @@ fn chaos_sqlite() {
 
 #[test]
 fn chaos_redis() {
-    short_run("redis");
+    let report = short_run("redis");
+    assert_store_restarted(&report);
 }
 
 #[test]
 fn chaos_postgres() {
-    short_run("postgres");
+    let report = short_run("postgres");
+    assert_store_restarted(&report);
+    // A durable store: nothing excused, and the lease survived every crash.
+    let check = &report["check"];
+    assert_eq!(check["overlapping_accepted_excused"], 0, "{report}");
+    assert_eq!(check["duplicate_slots_excused"], 0, "{report}");
+    let restarts = report["store_restarts"].as_array().unwrap();
+    assert!(
+        !restarts.is_empty() && restarts.iter().all(|r| r["kept"] == true),
+        "{report}"
+    );
 }

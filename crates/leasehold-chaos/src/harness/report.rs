@@ -19,6 +19,13 @@ fn takeover_ms(tenures: &[Tenure], at_ms: u64, old: &str, limit_ms: u64) -> Opti
         .filter(|(d, _)| *d <= limit_ms)
 }
 
+fn tokens_json(t: &Result<Tokens, String>) -> Value {
+    match t {
+        Ok(t) => json!({"leader": t.leader, "task": t.task}),
+        Err(e) => json!({"error": e}),
+    }
+}
+
 struct Line {
     what: String,
     value: String,
@@ -156,6 +163,29 @@ impl Harness {
                 None,
             ));
         }
+        // A durable store keeps the lease through a crash; Redis without persistence forgets it.
+        let durable = self.s.store == StoreKind::Postgres;
+        let kept = self.restarts.iter().filter(|r| r.kept()).count();
+        if !self.restarts.is_empty() {
+            if durable {
+                lines.push(line(
+                    "leases kept across store restarts",
+                    format!("{kept} of {}", self.restarts.len()),
+                    "all",
+                    Some(kept == self.restarts.len()),
+                ));
+            } else {
+                lines.push(line(
+                    "leases kept across store restarts (info)",
+                    format!(
+                        "{kept} of {} (no persistence: forgotten)",
+                        self.restarts.len()
+                    ),
+                    "",
+                    None,
+                ));
+            }
+        }
         lines.push(line(
             "executions recorded",
             checked.executions,
@@ -187,6 +217,7 @@ impl Harness {
             lines.push(line("faults skipped", skipped, "", None));
         }
         let ok = checked.ok()
+            && (!durable || kept == self.restarts.len())
             && fenced_ok >= 1
             && checked.executions > 0
             && injected >= self.s.faults
@@ -276,6 +307,12 @@ impl Harness {
             "faults": self.faults.iter().map(|f| json!({
                 "kind": f.kind.as_str(), "at_ms": f.at_ms, "until_ms": f.until_ms,
                 "target": f.target, "detail": f.detail, "skipped": f.skipped,
+            })).collect::<Vec<_>>(),
+            "store_restarts": self.restarts.iter().map(|r| json!({
+                "at_ms": r.at_ms,
+                "before": tokens_json(&r.before),
+                "after": tokens_json(&r.after),
+                "kept": r.kept(),
             })).collect::<Vec<_>>(),
             "store_loss_windows": self.loss.iter().map(|w| json!({"from_ms": w.from_ms, "to_ms": w.to_ms})).collect::<Vec<_>>(),
             "poller": {"polls": self.polled.polls, "errors": self.polled.errors, "tenures": tenures.len()},
