@@ -100,9 +100,9 @@ pub struct ChaosArgs {
     /// store-restart faults [default: the harness starts its own server and crashes it].
     #[arg(long)]
     pub postgres_url: Option<String>,
-    /// The directory of PostgreSQL's `initdb`, `postgres` and `pg_ctl` for the harness's own
-    /// server [default: the newest /usr/lib/postgresql/<version>/bin, else `pg_config
-    /// --bindir`, else `PATH`].
+    /// The directory of PostgreSQL's programs (`initdb`, `postgres`, `pg_ctl`, `pg_isready`,
+    /// `createdb`) for the harness's own server [default: the newest
+    /// /usr/lib/postgresql/<version>/bin, else `pg_config --bindir`, else `PATH`].
     #[arg(long)]
     pub postgres_bin: Option<PathBuf>,
     /// The Redis server program for `--store redis`.

@@ -35,22 +35,22 @@ const PG_ENV: [&str; 8] = [
     "PGSERVICE",
 ];
 
-/// The directory of `initdb`, `postgres` and `pg_ctl`: `explicit` if given, else the newest
+/// The programs the harness runs.
+const PROGRAMS: [&str; 5] = ["initdb", "postgres", "pg_ctl", "pg_isready", "createdb"];
+
+/// The directory of PostgreSQL's programs ([`PROGRAMS`]): `explicit` if given, else the newest
 /// `/usr/lib/postgresql/<version>/bin` (Debian, Ubuntu), else `pg_config --bindir`, else the
 /// directory of the `initdb` on `PATH`.
 pub fn find_bindir(explicit: Option<&Path>) -> Result<PathBuf> {
-    let complete = |dir: &Path| {
-        ["initdb", "postgres", "pg_ctl"]
-            .iter()
-            .all(|t| dir.join(t).is_file())
-    };
+    let complete = |dir: &Path| PROGRAMS.iter().all(|t| dir.join(t).is_file());
     if let Some(dir) = explicit {
         if complete(dir) {
             return Ok(dir.to_owned());
         }
         bail!(
-            "{} has no initdb, postgres and pg_ctl (--postgres-bin)",
-            dir.display()
+            "{} lacks one of {} (--postgres-bin)",
+            dir.display(),
+            PROGRAMS.join(", ")
         );
     }
     let mut versions: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
@@ -90,9 +90,9 @@ pub fn find_bindir(explicit: Option<&Path>) -> Result<PathBuf> {
         .and_then(|p| p.parent().map(Path::to_owned))
         .filter(|d| complete(d));
     on_path.context(
-        "cannot find PostgreSQL's initdb, postgres and pg_ctl (looked in /usr/lib/postgresql/*/bin, \
-         pg_config --bindir and PATH); install PostgreSQL, pass --postgres-bin DIR, or pass \
-         --postgres-url to use a running server",
+        "cannot find PostgreSQL's programs (initdb, postgres, pg_ctl, pg_isready, createdb) in \
+         /usr/lib/postgresql/*/bin, pg_config --bindir or PATH; install PostgreSQL, pass \
+         --postgres-bin DIR, or pass --postgres-url to use a running server",
     )
 }
 
