@@ -47,7 +47,8 @@ pub struct BenchArgs {
     /// The Redis server to measure (keys use a per-run prefix and are deleted afterwards).
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
-    /// The PostgreSQL database to measure (rows use per-run names and are deleted afterwards).
+    /// The PostgreSQL database to measure (the store's tables go in a per-run schema, dropped
+    /// afterwards; the role must be allowed to create a schema).
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     pub postgres_url: String,
     /// Directory for the SQLite database file, created per run and deleted afterwards

@@ -18,15 +18,20 @@ const FLOOR: &str = "UPDATE";
 
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
     let url = leasehold::store::redact_url(&plan.postgres_url);
-    let config = PgConfig::new(plan.postgres_url.clone());
+    // A schema of this run's own, created by the store's migration and dropped at the end: the
+    // lease table starts empty (no dead rows left by earlier runs or other users of the
+    // database, which matter where autovacuum is slow or off) and its release channel
+    // (`SCHEMA.leases`) carries this run's notifications only.
+    let schema = format!("leasehold_bench_{}", plan.run_id);
+    let config = PgConfig::new(plan.postgres_url.clone()).schema(schema.clone());
     // `"schema"."table"`: the store checks both are plain identifiers.
-    let leases = format!("\"{}\".\"{}\"", config.schema, config.lease_table);
-    let scratch = format!("\"{}\".\"bench_floor_{}\"", config.schema, plan.run_id);
+    let leases = format!("\"{schema}\".\"{}\"", config.lease_table);
+    let scratch = format!("\"{schema}\".\"bench_floor\"");
     let store = config
         .clone()
         .connect()
         .await
-        .with_context(|| format!("connect to {url}"))?;
+        .with_context(|| format!("connect to {url} (and create schema {schema})"))?;
     let prefix = plan.prefix(StoreKind::Postgres);
     let result = async {
         // A second store handle, as another process would have: its own pool and LISTEN
@@ -42,11 +47,12 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
         bench_with(plan, report, &store, &waiter, &tables, &prefix).await
     }
     .await;
-    let cleaned = cleanup(&store, &leases, &scratch, &prefix).await;
+    let cleaned = cleanup(&store, &schema).await;
     result.and(cleaned)
 }
 
-/// The store's lease table and this run's scratch table, both schema-qualified and quoted.
+/// The store's lease table and the floor's scratch table, both in this run's schema, qualified
+/// and quoted.
 struct Tables<'a> {
     leases: &'a str,
     scratch: &'a str,
@@ -132,14 +138,16 @@ async fn bench_with(
             target,
         });
     }
-    report.notes.push(
+    let settings = server_settings(store).await?;
+    report.notes.push(format!(
         "postgres: floors = a one-row UPDATE of a scratch table (a commit, like every store \
          operation) and SELECT 1 (a round trip, no commit), each a cached prepared statement on \
          a connection from the store's own pool (deadpool-postgres, tokio-postgres), in \
          autocommit, as the store runs its statements; acquire is one INSERT … ON CONFLICT DO \
-         UPDATE inside a CTE, renew one UPDATE, release one UPDATE in a CTE with pg_notify"
-            .to_owned(),
-    );
+         UPDATE inside a CTE, renew one UPDATE, release one UPDATE in a CTE with pg_notify; \
+         tables in schema {}; server {settings}",
+        store.schema()
+    ));
 
     let batch = Batch::new(store, tables.leases);
     report.held_rows.push(
@@ -180,6 +188,22 @@ async fn bench_with(
         .await?,
     );
     Ok(())
+}
+
+/// The server's version and the settings that move these figures (commit cost, dead rows).
+async fn server_settings(store: &PgStore) -> anyhow::Result<String> {
+    let client = store.pool().get().await?;
+    let mut out = Vec::new();
+    for name in [
+        "server_version",
+        "synchronous_commit",
+        "fsync",
+        "autovacuum",
+    ] {
+        let row = client.query_one(&format!("SHOW {name}"), &[]).await?;
+        out.push(format!("{name}={}", row.get::<_, String>(0)));
+    }
+    Ok(out.join(", "))
 }
 
 /// A floor statement, run exactly as the store runs one of its own: a connection from the
@@ -267,19 +291,12 @@ impl BatchRenew for Batch<'_> {
     }
 }
 
-/// Deletes this run's rows and the scratch table.
-async fn cleanup(store: &PgStore, leases: &str, scratch: &str, prefix: &str) -> anyhow::Result<()> {
+/// Drops this run's schema: the store's tables and the scratch table.
+async fn cleanup(store: &PgStore, schema: &str) -> anyhow::Result<()> {
     let client = store.pool().get().await.context("cleanup: connect")?;
     client
-        .batch_execute(&format!("DROP TABLE IF EXISTS {scratch}"))
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .await
-        .context("cleanup: drop the scratch table")?;
-    client
-        .execute(
-            &format!("DELETE FROM {leases} WHERE starts_with(name, $1)"),
-            &[&format!("{prefix}/")],
-        )
-        .await
-        .context("cleanup: delete this run's leases")?;
+        .with_context(|| format!("cleanup: drop schema {schema}"))?;
     Ok(())
 }
