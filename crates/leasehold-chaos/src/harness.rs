@@ -821,7 +821,7 @@ impl Harness {
                 };
                 // The store answers again; the pooled connections it broke are replaced on use.
                 let mut after = Err("not read".to_owned());
-                let deadline = Instant::now() + Duration::from_secs(5);
+                let deadline = Instant::now() + Duration::from_secs(10);
                 while Instant::now() < deadline {
                     after = self.direct_tokens().await;
                     if after.is_ok() {
