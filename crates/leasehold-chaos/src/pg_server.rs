@@ -173,10 +173,7 @@ impl PgServer {
             .await
             .context("cannot run createdb")?;
         if !created.success() {
-            bail!(
-                "createdb {DATABASE} failed ({created}); see {}",
-                s.log.display()
-            );
+            bail!("createdb {DATABASE} failed ({created}); {}", s.see_log());
         }
         Ok(s)
     }
@@ -243,7 +240,7 @@ impl PgServer {
             .await
             .with_context(|| format!("cannot run {}", self.bin.join("initdb").display()))?;
         if !status.success() {
-            bail!("initdb failed ({status}); see {}", self.log.display());
+            bail!("initdb failed ({status}); {}", self.see_log());
         }
         Ok(())
     }
@@ -283,7 +280,7 @@ impl PgServer {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                bail!("postgres exited with {status}; see {}", self.log.display());
+                bail!("postgres exited with {status}; {}", self.see_log());
             }
             let ready = self
                 .tool("pg_isready")
@@ -300,10 +297,18 @@ impl PgServer {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         bail!(
-            "postgres did not accept connections on {} within {limit:?}; see {}",
+            "postgres did not accept connections on {} within {limit:?}; {}",
             self.addr(),
-            self.log.display()
+            self.see_log()
         )
+    }
+
+    /// Where the log is, and its last lines (on one line: this ends up in an error message).
+    fn see_log(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+        format!("see {} (last lines: {tail})", self.log.display())
     }
 
     /// Crashes the server (`pg_ctl stop -m immediate`: every server process quits at once, no

@@ -18,8 +18,23 @@ pub fn epoch_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// A free loopback port (bound and released; good enough for a test harness).
+/// A free loopback port for a server the harness starts (and restarts on the same port): bound
+/// and released. It is picked below the kernel's ephemeral range where possible, so that no
+/// outgoing connection takes it as its source port while the server is down for a restart (a
+/// port from the ephemeral range could be, and the server could not bind it again).
 pub fn free_port() -> Result<u16> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    if low > 20_000 {
+        for _ in 0..100 {
+            let port = fastrand::u16(10_000..low);
+            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot find a free port")?;
     Ok(l.local_addr()?.port())
 }
@@ -458,6 +473,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn free_ports_are_bindable_and_outside_the_ephemeral_range() {
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32768);
+        for _ in 0..20 {
+            let port = free_port().unwrap();
+            assert!(low <= 20_000 || port < low, "{port}");
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+        }
+    }
+
+    #[test]
     fn holder_ids_name_their_row() {
         let h = Replica::holder_id(3, 2);
         assert_eq!(h, "r3.2");
@@ -474,7 +502,16 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id().unwrap();
-        assert_eq!(env_of(pid, "CHAOS_PROBE").as_deref(), Some("42"));
+        // The parent can resume before exec has set up the new environment in /proc.
+        let mut probe = None;
+        for _ in 0..100 {
+            probe = env_of(pid, "CHAOS_PROBE");
+            if probe.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(probe.as_deref(), Some("42"));
         let mut kids = Vec::new();
         for _ in 0..100 {
             kids = children_of(pid);
