@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::OwnRedis;
-use leasehold::{FencingToken, HolderId, LeaseName, Store, StoreError};
+use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Release, Store, StoreError};
 use leasehold_redis::{Error, RedisConfig};
 
 const SECRET: &str = "s3cret-Pa55word";
@@ -315,4 +315,47 @@ async fn the_documented_least_privilege_acl_user_works() {
     tokio::time::timeout(Duration::from_secs(2), sub.released(&lease))
         .await
         .expect("notification with the least-privilege user");
+}
+
+/// Tokens are exact across the whole u64 range: below 2^53 the script formats INCR's reply (a
+/// Lua double), at and above it reads the counter back as a string.
+#[tokio::test]
+async fn tokens_stay_exact_around_and_beyond_2_pow_53() {
+    let store = common::make_store().await;
+    let mut conn = redis::Client::open(common::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let who = HolderId::new("exact").unwrap();
+    for start in [
+        (1u64 << 53) - 3,
+        (1u64 << 53) - 1,
+        (1u64 << 53) + 1,
+        u64::MAX / 2 - 7,
+    ] {
+        let lease = name(&format!("exact-{start}"));
+        let _: () = redis::cmd("SET")
+            .arg(store.fence_key(&lease))
+            .arg(start.to_string())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for step in 1..=3u64 {
+            match store.acquire(&lease, &who, Duration::from_secs(5)).await {
+                Ok(Acquisition::Acquired { token }) => assert_eq!(token.get(), start + step),
+                other => panic!("{other:?}"),
+            }
+            let released = store
+                .release(&lease, &who, FencingToken(start + step))
+                .await
+                .unwrap();
+            assert_eq!(released, Release::Released);
+        }
+        let _: () = redis::cmd("DEL")
+            .arg(store.fence_key(&lease))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
 }
