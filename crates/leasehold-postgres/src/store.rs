@@ -7,6 +7,7 @@ use std::time::Duration;
 use deadpool_postgres::{
     Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
+pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
     Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
     ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
@@ -173,22 +174,6 @@ CREATE TABLE IF NOT EXISTS {slots} (
   last_slot bigint NOT NULL
 );"
             ),
-        }
-    }
-}
-
-/// What an operation was about, for error messages.
-#[derive(Clone, Copy)]
-pub(crate) struct Op<'a> {
-    pub(crate) what: &'static str,
-    pub(crate) name: Option<&'a LeaseName>,
-}
-
-impl fmt::Display for Op<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name {
-            Some(name) => write!(f, "{} of {name}", self.what),
-            None => f.write_str(self.what),
         }
     }
 }

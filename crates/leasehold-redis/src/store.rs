@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::store::Operation as Op;
 use leasehold::{
     Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
     ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
@@ -48,22 +49,6 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if let Some(listener) = &self.listener {
             listener.abort();
-        }
-    }
-}
-
-/// What an operation was about, for error messages.
-#[derive(Clone, Copy)]
-struct Op<'a> {
-    what: &'static str,
-    name: Option<&'a LeaseName>,
-}
-
-impl fmt::Display for Op<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name {
-            Some(name) => write!(f, "{} of {name}", self.what),
-            None => f.write_str(self.what),
         }
     }
 }

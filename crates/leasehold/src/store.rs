@@ -347,6 +347,25 @@ impl Store for BoxStore {
     }
 }
 
+/// What a store operation was about, for store implementations' error messages: displays as
+/// `acquire of NAME`, or just `what` when no lease is involved.
+#[derive(Debug, Clone, Copy)]
+pub struct Operation<'a> {
+    /// The operation: `acquire`, `renew`, `claim_slot`, ...
+    pub what: &'static str,
+    /// The lease (or task) it was about, if any.
+    pub name: Option<&'a LeaseName>,
+}
+
+impl fmt::Display for Operation<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name {
+            Some(name) => write!(f, "{} of {name}", self.what),
+            None => f.write_str(self.what),
+        }
+    }
+}
+
 /// Removes the password from a store URL (`scheme://user:secret@host` → `scheme://user:***@host`)
 /// so it can be printed.
 pub fn redact_url(url: &str) -> String {
