@@ -306,7 +306,11 @@ kill -KILL 0"#;
             .arg(std::process::id().to_string())
             .arg(paused)
             .arg(servers)
+            // Its `sleep` outlives a killed shell by up to half a second: it must not hold the
+            // harness's stdout or stderr open.
             .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
