@@ -342,14 +342,7 @@ impl PgServer {
             // What pg_ctl would have sent.
             procs::signal(pid, Signal::SIGQUIT);
         }
-        if tokio::time::timeout(Duration::from_secs(10), child.wait())
-            .await
-            .is_err()
-        {
-            kill_tree(child.id());
-            let _ = child.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-        }
+        reap(&mut child).await;
         self.note_for_watchdog(None);
     }
 
@@ -359,14 +352,7 @@ impl PgServer {
             if let Some(pid) = child.id() {
                 procs::signal(pid, Signal::SIGQUIT);
             }
-            if tokio::time::timeout(Duration::from_secs(10), child.wait())
-                .await
-                .is_err()
-            {
-                kill_tree(child.id());
-                let _ = child.start_kill();
-                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-            }
+            reap(&mut child).await;
         }
         self.forget_for_watchdog();
     }
@@ -380,6 +366,18 @@ impl PgServer {
 
     fn forget_for_watchdog(&self) {
         let _ = std::fs::write(&self.servers, "");
+    }
+}
+
+/// Waits up to 10 s for a postmaster that was told to quit, then kills it and its children.
+async fn reap(child: &mut Child) {
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        kill_tree(child.id());
+        let _ = child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
     }
 }
 
