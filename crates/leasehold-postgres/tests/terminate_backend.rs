@@ -7,8 +7,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use leasehold::{HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire};
+use leasehold::{
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire,
+};
 use leasehold_postgres::PgStore;
+use tokio::task::JoinHandle;
 
 /// A store whose connections carry an `application_name` of their own, so this test kills only
 /// them.
@@ -157,6 +160,49 @@ async fn wait_for_handoff(store: &PgStore, name: &LeaseName, ttl: Duration) -> I
     at
 }
 
+/// Takes `name` for `holder` and starts a waiter ([`wait_for_handoff`]) on the same store; returns
+/// once the waiter has had time to see Busy and start waiting for the notification.
+async fn held_with_waiter(
+    store: &PgStore,
+    name: &LeaseName,
+    holder: &HolderId,
+    ttl: Duration,
+) -> (FencingToken, JoinHandle<Instant>) {
+    let token = match store.acquire(name, holder, ttl).await.unwrap() {
+        leasehold::Acquisition::Acquired { token } => token,
+        busy => panic!("{busy:?}"),
+    };
+    let waiter = tokio::spawn({
+        let store = store.clone();
+        let name = name.clone();
+        async move { wait_for_handoff(&store, &name, ttl).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (token, waiter)
+}
+
+/// Releases the lease and returns how long after the release the waiter acquired it (it must
+/// within the ttl).
+async fn release_and_time_handoff(
+    store: &PgStore,
+    name: &LeaseName,
+    holder: &HolderId,
+    token: FencingToken,
+    waiter: JoinHandle<Instant>,
+    ttl: Duration,
+) -> Duration {
+    let released_at = Instant::now();
+    assert_eq!(
+        store.release(name, holder, token).await.unwrap(),
+        Release::Released
+    );
+    let woke_at = tokio::time::timeout(ttl, waiter)
+        .await
+        .expect("waiter acquired before the ttl")
+        .unwrap();
+    woke_at.saturating_duration_since(released_at)
+}
+
 /// After its backend is terminated the listener reconnects and LISTENs again, so a graceful
 /// release wakes a waiter at once rather than at the lease's expiry. Three rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,27 +220,8 @@ async fn listener_reconnects_and_wakes_waiters_again() {
 
         let name = lease_name(&format!("listen{round}"));
         let holder = HolderId::new(format!("holder-{round}")).unwrap();
-        let token = match store.acquire(&name, &holder, ttl).await.unwrap() {
-            leasehold::Acquisition::Acquired { token } => token,
-            busy => panic!("{busy:?}"),
-        };
-        let waiter = tokio::spawn({
-            let store = store.clone();
-            let name = name.clone();
-            async move { wait_for_handoff(&store, &name, ttl).await }
-        });
-        // Let the waiter see Busy and start waiting for the notification.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let released_at = Instant::now();
-        assert_eq!(
-            store.release(&name, &holder, token).await.unwrap(),
-            Release::Released
-        );
-        let woke_at = tokio::time::timeout(ttl, waiter)
-            .await
-            .expect("waiter acquired before the ttl")
-            .unwrap();
-        let handoff = woke_at.saturating_duration_since(released_at);
+        let (token, waiter) = held_with_waiter(&store, &name, &holder, ttl).await;
+        let handoff = release_and_time_handoff(&store, &name, &holder, token, waiter, ttl).await;
         eprintln!("round {round}: handoff after {handoff:?}");
         assert!(
             handoff < Duration::from_millis(1500),
@@ -214,16 +241,7 @@ async fn release_while_the_listener_is_down_still_wakes_the_waiter() {
 
     let name = lease_name("outage");
     let holder = HolderId::new("holder-outage").unwrap();
-    let token = match store.acquire(&name, &holder, ttl).await.unwrap() {
-        leasehold::Acquisition::Acquired { token } => token,
-        busy => panic!("{busy:?}"),
-    };
-    let waiter = tokio::spawn({
-        let store = store.clone();
-        let name = name.clone();
-        async move { wait_for_handoff(&store, &name, ttl).await }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (token, waiter) = held_with_waiter(&store, &name, &holder, ttl).await;
 
     admin
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
@@ -240,16 +258,7 @@ async fn release_while_the_listener_is_down_still_wakes_the_waiter() {
         assert!(gone.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let released_at = Instant::now();
-    assert_eq!(
-        store.release(&name, &holder, token).await.unwrap(),
-        Release::Released
-    );
-    let woke_at = tokio::time::timeout(ttl, waiter)
-        .await
-        .expect("waiter acquired before the ttl")
-        .unwrap();
-    let handoff = woke_at.saturating_duration_since(released_at);
+    let handoff = release_and_time_handoff(&store, &name, &holder, token, waiter, ttl).await;
     eprintln!("handoff after {handoff:?} across a listener outage");
     assert!(
         handoff < Duration::from_secs(3),
