@@ -30,6 +30,17 @@ pub enum ConfigError {
         /// The renew interval.
         renew: Duration,
     },
+    /// `stop_margin` left no time to renew before work is told to stop: it must be below
+    /// `ttl - renew_interval - drift_margin`.
+    #[error(
+        "stop margin ({stop:?}) must be less than ttl minus renew interval minus drift margin ({room:?}), or work is told to stop before every renewal"
+    )]
+    StopMarginTooLarge {
+        /// The stop margin asked for.
+        stop: Duration,
+        /// `ttl - renew_interval - drift_margin`.
+        room: Duration,
+    },
     /// `drift_margin` left no time to renew: it must be below `ttl - renew_interval`.
     #[error(
         "drift margin ({drift:?}) must be less than ttl minus renew interval ({room:?}), or the lease is lost before each renewal"
@@ -58,6 +69,10 @@ pub struct LeaseConfig {
     /// Subtracted from the local deadline to allow for the client clock running faster than the
     /// store's over one ttl. Default: ttl / 100 + 2 ms.
     pub drift_margin: Duration,
+    /// How long before the local deadline a guard whose renewal is overdue tells its work to
+    /// stop ([`LeaseGuard::expiring`](crate::LeaseGuard::expiring)), so the work has ended
+    /// before the store can grant the lease to anyone else. Default: ttl / 5.
+    pub stop_margin: Duration,
 }
 
 impl Default for LeaseConfig {
@@ -75,6 +90,7 @@ impl LeaseConfig {
             renew_interval,
             retry_interval: (ttl / 15).min(Duration::from_secs(1)).min(renew_interval),
             drift_margin: ttl / 100 + Duration::from_millis(2),
+            stop_margin: ttl / 5,
         }
     }
 
@@ -96,8 +112,14 @@ impl LeaseConfig {
         self
     }
 
+    /// Sets the stop margin.
+    pub fn stop_margin(mut self, margin: Duration) -> Self {
+        self.stop_margin = margin;
+        self
+    }
+
     /// Checks the invariants: ttl ≥ 10 ms, 0 < renew < ttl, 0 < retry ≤ renew,
-    /// drift < ttl − renew.
+    /// drift < ttl − renew, stop < ttl − renew − drift.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.ttl.is_zero() {
             return Err(ConfigError::ZeroTtl);
@@ -121,6 +143,13 @@ impl LeaseConfig {
         if self.drift_margin >= room {
             return Err(ConfigError::DriftTooLarge {
                 drift: self.drift_margin,
+                room,
+            });
+        }
+        let room = room - self.drift_margin;
+        if self.stop_margin >= room {
+            return Err(ConfigError::StopMarginTooLarge {
+                stop: self.stop_margin,
                 room,
             });
         }
@@ -175,5 +204,14 @@ mod tests {
             LeaseConfig::new(ttl).drift_margin(ttl).validate(),
             Err(ConfigError::DriftTooLarge { .. })
         ));
+        // 1 s − 333 ms − 12 ms leaves 655 ms.
+        assert!(matches!(
+            LeaseConfig::new(ttl).stop_margin(MS * 655).validate(),
+            Err(ConfigError::StopMarginTooLarge { .. })
+        ));
+        assert_eq!(
+            LeaseConfig::new(ttl).stop_margin(MS * 654).validate(),
+            Ok(())
+        );
     }
 }

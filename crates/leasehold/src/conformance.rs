@@ -63,19 +63,82 @@ pub async fn acquire_then_busy<S: Store>(store: S) {
     }
 }
 
-/// Re-acquiring by the current holder renews and keeps the token (idempotent after a lost reply).
-pub async fn reacquire_by_holder_keeps_token<S: Store>(store: S) {
+/// Re-acquiring by the current holder starts a new tenure: a higher token, and the older
+/// tenure's renew and release change nothing (a token names exactly one tenure).
+pub async fn reacquire_by_holder_starts_a_new_tenure<S: Store>(store: S) {
     let (name, a) = (unique_name("reacquire"), holder("a"));
-    let first = acquired(&store, &name, &a, SHORT_TTL).await;
+    let first = acquired(&store, &name, &a, LONG_TTL).await;
     let second = acquired(&store, &name, &a, LONG_TTL).await;
-    assert_eq!(first, second);
-    tokio::time::sleep(SHORT_TTL + Duration::from_millis(100)).await;
-    let state = store.inspect(&name).await.unwrap().expect("lease exists");
+    assert!(second > first, "re-acquire gave {second} after {first}");
     assert_eq!(
-        state.holder.as_ref(),
-        Some(&a),
-        "re-acquire extended the ttl"
+        store.renew(&name, &a, first, LONG_TTL).await.unwrap(),
+        Renewal::Lost,
+        "the older tenure cannot renew"
     );
+    assert_eq!(
+        store.release(&name, &a, first).await.unwrap(),
+        Release::NotHeld,
+        "the older tenure cannot release the newer one"
+    );
+    let state = store.inspect(&name).await.unwrap().expect("lease exists");
+    assert_eq!(state.holder.as_ref(), Some(&a), "{state:?}");
+    assert_eq!(state.token, second);
+    assert_eq!(
+        store.renew(&name, &a, second, LONG_TTL).await.unwrap(),
+        Renewal::Renewed
+    );
+    assert_eq!(
+        store.release(&name, &a, second).await.unwrap(),
+        Release::Released
+    );
+}
+
+/// The first token of a name the store has never seen is seeded from the store's clock
+/// (ms × 1000), so recreating the store's tables never hands out a lower token than before.
+pub async fn new_names_start_tokens_from_the_clock<S: Store>(store: S) {
+    let (name, a) = (unique_name("seed"), holder("a"));
+    let before = store.now_millis().await.unwrap();
+    let token = acquired(&store, &name, &a, LONG_TTL).await;
+    // A second of slack for a clock read at a different point of the round trip.
+    let floor = before.saturating_sub(1_000) * 1000;
+    assert!(
+        token.get() > floor,
+        "first token {token} is below the store clock's {before} ms × 1000"
+    );
+}
+
+/// Dropping a guard and at once acquiring again through the same [`Lease`]: the new guard's
+/// tenure survives the dropped guard's background release, and a second instance stays out.
+pub async fn drop_then_reacquire_keeps_the_new_tenure<S: Store>(store: S) {
+    let name = unique_name("drop-reacquire");
+    let config = LeaseConfig::new(LONG_TTL);
+    let lease = Lease::new(store.clone(), name.clone(), config).unwrap();
+    let other = Lease::new(store.clone(), name.clone(), config).unwrap();
+    for round in 0..5 {
+        let TryAcquire::Acquired(old) = lease.try_acquire().await.unwrap() else {
+            panic!("round {round}: free lease not acquired");
+        };
+        let old_token = old.token();
+        drop(old);
+        let TryAcquire::Acquired(new) = lease.try_acquire().await.unwrap() else {
+            panic!("round {round}: re-acquire after drop was busy");
+        };
+        assert!(
+            new.token() > old_token,
+            "round {round}: new tenure, new token"
+        );
+        // Let the dropped guard's release reach the store.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let state = store.inspect(&name).await.unwrap().unwrap();
+        assert_eq!(state.token, new.token(), "round {round}: {state:?}");
+        assert_eq!(state.holder.as_ref(), Some(lease.holder()), "round {round}");
+        assert!(new.is_held(), "round {round}");
+        assert!(
+            matches!(other.try_acquire().await.unwrap(), TryAcquire::Busy { .. }),
+            "round {round}: a second instance acquired a lease that is held"
+        );
+        assert_eq!(new.release().await.unwrap(), Release::Released);
+    }
 }
 
 /// Only the holder with the right token renews; renewal extends the remaining time.
@@ -383,7 +446,8 @@ pub async fn guard_renews_and_hands_over<S: Store>(store: S) {
 macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@each $make;
-            acquire_then_busy, reacquire_by_holder_keeps_token, renew_only_by_holder_with_token,
+            acquire_then_busy, reacquire_by_holder_starts_a_new_tenure,
+            new_names_start_tokens_from_the_clock, drop_then_reacquire_keeps_the_new_tenure, renew_only_by_holder_with_token,
             release_only_by_holder_with_token, expiry_hands_over, renew_after_expiry_is_lost,
             tokens_strictly_increase, tokens_are_per_name, inspect_reports_state,
             slot_claims_move_forward, concurrent_racers_one_winner, clock_is_sane,

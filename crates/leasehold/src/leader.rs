@@ -25,8 +25,14 @@ pub enum LeaderState {
         /// Cancelled when this term ends.
         cancel: CancellationToken,
     },
-    /// The election loop ended (shutdown, or the store refused the lease).
+    /// The election loop ended: shutdown or [`LeaderHandle::step_down`].
     Stopped,
+    /// The election loop gave up: the store refused the lease again and again (a key of the
+    /// wrong type, no permission, scripts disabled), which retrying cannot fix.
+    Failed {
+        /// The last refusal.
+        error: String,
+    },
 }
 
 impl LeaderState {
@@ -50,6 +56,11 @@ pub enum LeaderEvent {
         /// Why.
         reason: RevokeReason,
     },
+    /// The election gave up after repeated refusals (see [`LeaderState::Failed`]).
+    Failed {
+        /// The last refusal.
+        error: String,
+    },
 }
 
 /// Why a term ended.
@@ -58,6 +69,9 @@ pub enum LeaderEvent {
 pub enum RevokeReason {
     /// The lease was lost (store said so, or no renewal was confirmed in time).
     Lost(LossReason),
+    /// Renewal was overdue by the lease's stop margin: the term ended (and the work under it was
+    /// told to stop) before the lease could expire in the store.
+    RenewalOverdue,
     /// This instance stepped down (shutdown).
     SteppedDown,
 }
@@ -66,12 +80,16 @@ impl fmt::Display for RevokeReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Lost(reason) => write!(f, "lease lost: {reason}"),
+            Self::RenewalOverdue => f.write_str("renewal overdue; term ended before expiry"),
             Self::SteppedDown => f.write_str("stepped down"),
         }
     }
 }
 
 type Callback = Arc<dyn Fn(&LeaderEvent) + Send + Sync>;
+
+/// Refusals in a row after which the election gives up ([`LeaderState::Failed`]).
+pub const MAX_REFUSALS: u32 = 5;
 
 /// An election for one group. Build it, optionally add callbacks, then [`start`](Self::start).
 pub struct Leader<S> {
@@ -102,9 +120,12 @@ impl<S: Store> Leader<S> {
         let group = self.lease.name().clone();
         let holder = self.lease.holder().clone();
         let stop_on = stop.clone();
+        // Ends with the election too, so step_down leaves no task behind.
         tokio::spawn(async move {
-            shutdown.await;
-            stop_on.cancel();
+            tokio::select! {
+                () = shutdown => stop_on.cancel(),
+                () = stop_on.cancelled() => {}
+            }
         });
         let task = tokio::spawn(self.run(tx, stop.clone()));
         LeaderHandle {
@@ -129,6 +150,7 @@ impl<S: Store> Leader<S> {
     ) -> Result<(), LeaseError> {
         let group = self.lease.name().as_str().to_owned();
         let gauge = metrics::gauge!("leasehold_leader", "group" => group.clone());
+        let mut refusals = 0;
         loop {
             tx.send_replace(LeaderState::Campaigning);
             gauge.set(0.0);
@@ -138,45 +160,59 @@ impl<S: Store> Leader<S> {
                 acquired = self.lease.acquire() => match acquired {
                     Ok(guard) => guard,
                     Err(e) => {
-                        tracing::error!(group = %group, error = %e, "leader election stopped");
-                        tx.send_replace(LeaderState::Stopped);
-                        return Err(e);
+                        refusals += 1;
+                        if refusals >= MAX_REFUSALS {
+                            let error = e.to_string();
+                            tracing::error!(group = %group, %error, refusals, "leader election gave up: the store keeps refusing the lease");
+                            tx.send_replace(LeaderState::Failed { error: error.clone() });
+                            self.emit(LeaderEvent::Failed { error });
+                            return Err(e);
+                        }
+                        tracing::warn!(group = %group, error = %e, refusals, "the store refused the leader lease; retrying");
+                        tokio::select! {
+                            () = stop.cancelled() => break,
+                            () = tokio::time::sleep(self.lease.config().renew_interval) => continue,
+                        }
                     }
                 },
             };
+            refusals = 0;
             let token = guard.token();
             metrics::histogram!("leasehold_leader_campaign_seconds", "group" => group.clone())
                 .record(campaign_start.elapsed().as_secs_f64());
             tracing::info!(group = %group, holder = %guard.holder(), %token, "elected leader");
             gauge.set(1.0);
+            // The term's work stops on the guard's early signal, so it has ended before the
+            // lease can expire in the store and another instance be elected.
             tx.send_replace(LeaderState::Leading {
                 token,
-                cancel: guard.cancellation_token(),
+                cancel: guard.expiring_token(),
             });
             self.emit(LeaderEvent::Elected { token });
-            let reason = tokio::select! {
-                () = stop.cancelled() => None,
-                lost = guard.lost() => lost,
+            let stepping_down = tokio::select! {
+                () = stop.cancelled() => true,
+                () = guard.expiring() => false,
             };
             gauge.set(0.0);
-            match reason {
-                Some(reason) => {
-                    tracing::warn!(group = %group, %token, %reason, "leadership lost");
-                    self.emit(LeaderEvent::Revoked {
-                        reason: RevokeReason::Lost(reason),
-                    });
+            if stepping_down {
+                if let Err(e) = guard.release().await {
+                    tracing::warn!(group = %group, error = %e, "release on step-down failed");
                 }
-                None => {
-                    if let Err(e) = guard.release().await {
-                        tracing::warn!(group = %group, error = %e, "release on step-down failed");
-                    }
-                    tracing::info!(group = %group, %token, "stepped down");
-                    self.emit(LeaderEvent::Revoked {
-                        reason: RevokeReason::SteppedDown,
-                    });
-                    break;
-                }
+                tracing::info!(group = %group, %token, "stepped down");
+                self.emit(LeaderEvent::Revoked {
+                    reason: RevokeReason::SteppedDown,
+                });
+                break;
             }
+            let reason = match guard.loss_reason() {
+                Some(reason) => RevokeReason::Lost(reason),
+                None => RevokeReason::RenewalOverdue,
+            };
+            tracing::warn!(group = %group, %token, %reason, "leadership ended");
+            // Frees the lease at once if the store still lists this term; the next campaign
+            // is a new tenure with a new token either way.
+            drop(guard);
+            self.emit(LeaderEvent::Revoked { reason });
         }
         tx.send_replace(LeaderState::Stopped);
         Ok(())
@@ -219,7 +255,7 @@ impl LeaderHandle {
     }
 
     /// Waits until this instance leads, returning the term's token and cancellation token, or
-    /// `None` if the election stopped.
+    /// `None` if the election stopped or failed.
     pub async fn elected(&self) -> Option<(FencingToken, CancellationToken)> {
         let mut rx = self.state.clone();
         loop {
@@ -227,7 +263,7 @@ impl LeaderHandle {
                 LeaderState::Leading { token, cancel } if !cancel.is_cancelled() => {
                     return Some((*token, cancel.clone()));
                 }
-                LeaderState::Stopped => return None,
+                LeaderState::Stopped | LeaderState::Failed { .. } => return None,
                 _ => {}
             }
             rx.changed().await.ok()?;

@@ -49,18 +49,23 @@ impl LeaseError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {
-    /// The store answered a renewal with "not yours": the lease expired there or was taken over.
-    Lost,
+    /// The store answered a renewal with "not yours": the lease expired there, was taken over,
+    /// or the store lost it.
+    TakenOver,
     /// No renewal was confirmed before the local deadline (store unreachable, too slow, or this
     /// process was paused).
     Expired,
+    /// The same [`Lease`] handle acquired the lease again, which starts a new tenure and ends
+    /// this one.
+    Superseded,
 }
 
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Lost => "the store reports the lease is no longer ours",
+            Self::TakenOver => "the store reports the lease is no longer ours",
             Self::Expired => "no renewal was confirmed before the local deadline",
+            Self::Superseded => "this lease handle acquired the lease again",
         })
     }
 }
@@ -80,12 +85,18 @@ pub enum TryAcquire {
 }
 
 /// A named lease on a store, with this process's holder id and timing. Cheap to clone.
+///
+/// A handle (and its clones) holds at most one tenure at a time: acquiring again through it ends
+/// the previous guard's tenure first ([`LossReason::Superseded`]), and the store hands out a new
+/// token, so the older guard's renewals and release cannot touch the new tenure.
 #[derive(Debug, Clone)]
 pub struct Lease<S> {
     store: S,
     name: LeaseName,
     holder: HolderId,
     config: LeaseConfig,
+    /// The tenure of the last guard this handle made, to end it before a new acquisition.
+    current: Arc<Mutex<Option<Arc<Shared>>>>,
 }
 
 impl<S: Store> Lease<S> {
@@ -97,6 +108,7 @@ impl<S: Store> Lease<S> {
             name,
             holder: HolderId::generate(),
             config,
+            current: Arc::default(),
         })
     }
 
@@ -127,7 +139,13 @@ impl<S: Store> Lease<S> {
     }
 
     /// One attempt: takes the lease if it is free, else reports who holds it.
+    ///
+    /// A guard this handle made before, if still held, is ended first ([`LossReason::Superseded`]):
+    /// every acquisition is a new tenure with a new token.
     pub async fn try_acquire(&self) -> Result<TryAcquire, LeaseError> {
+        if let Some(previous) = lock(&self.current).take() {
+            previous.end(LossReason::Superseded);
+        }
         let sent = Instant::now();
         let deadline = sent + self.config.ttl - self.config.drift_margin;
         let reply = tokio::time::timeout_at(
@@ -153,7 +171,7 @@ impl<S: Store> Lease<S> {
                     });
                 }
                 tracing::debug!(lease = %self.name, holder = %self.holder, %token, "lease acquired");
-                Ok(TryAcquire::Acquired(LeaseGuard::start(
+                let guard = LeaseGuard::start(
                     self.store.clone(),
                     self.name.clone(),
                     self.holder.clone(),
@@ -161,7 +179,9 @@ impl<S: Store> Lease<S> {
                     self.config,
                     deadline,
                     sent + self.config.renew_interval,
-                )))
+                );
+                *lock(&self.current) = Some(guard.shared.clone());
+                Ok(TryAcquire::Acquired(guard))
             }
         }
     }
@@ -172,12 +192,23 @@ impl<S: Store> Lease<S> {
     /// ([`StoreError::Rejected`]) is returned. Drop the future to stop waiting.
     pub async fn acquire(&self) -> Result<LeaseGuard, LeaseError> {
         let mut releases = self.store.subscribe_releases();
+        // One warning per outage, not one per retry.
+        let mut failing = false;
         loop {
             let wait = match self.try_acquire().await {
                 Ok(TryAcquire::Acquired(guard)) => return Ok(guard),
-                Ok(TryAcquire::Busy { remaining, .. }) => remaining + self.jitter(),
+                Ok(TryAcquire::Busy { remaining, .. }) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!(lease = %self.name, "store answers again");
+                    }
+                    remaining + self.jitter()
+                }
                 Err(e) if e.is_transient() => {
-                    tracing::warn!(lease = %self.name, error = %e, "acquire failed; retrying");
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(lease = %self.name, error = %e, "acquire failed; retrying until the store answers");
+                    } else {
+                        tracing::debug!(lease = %self.name, error = %e, "acquire failed; retrying");
+                    }
                     self.config.retry_interval
                 }
                 Err(e) => return Err(e),
@@ -204,10 +235,35 @@ impl<S: Store> Lease<S> {
 
 type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
 
-/// State the guard and its renewer share.
+/// State the guard, its renewer and its [`Lease`] handle share.
+#[derive(Debug)]
 struct Shared {
     deadline: Mutex<Instant>,
     lost: OnceLock<LossReason>,
+    /// Fires on loss, release or drop.
+    cancel: CancellationToken,
+    /// Fires at `deadline - stop_margin` while renewal is overdue, and with `cancel`.
+    expiring: CancellationToken,
+}
+
+impl Shared {
+    /// Records the loss (the first reason wins) and tells the work. The cancellation comes
+    /// before any logging: a log write that fails must never keep the work running.
+    fn end(&self, reason: LossReason) -> bool {
+        let first = self.lost.set(reason).is_ok();
+        self.expiring.cancel();
+        self.cancel.cancel();
+        first
+    }
+
+    fn deadline(&self) -> Instant {
+        *lock(&self.deadline)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every value behind these locks is replaced whole, so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A held lease. A background task renews it; [`cancellation_token`](Self::cancellation_token)
@@ -217,7 +273,6 @@ pub struct LeaseGuard {
     name: LeaseName,
     holder: HolderId,
     token: FencingToken,
-    cancel: CancellationToken,
     shared: Arc<Shared>,
     release_tx: Option<oneshot::Sender<ReleaseReply>>,
 }
@@ -243,10 +298,11 @@ impl LeaseGuard {
         deadline: Instant,
         first_renewal: Instant,
     ) -> Self {
-        let cancel = CancellationToken::new();
         let shared = Arc::new(Shared {
             deadline: Mutex::new(deadline),
             lost: OnceLock::new(),
+            cancel: CancellationToken::new(),
+            expiring: CancellationToken::new(),
         });
         let (release_tx, release_rx) = oneshot::channel();
         let renewer = Renewer {
@@ -257,7 +313,6 @@ impl LeaseGuard {
             config,
             deadline,
             next_renewal: first_renewal,
-            cancel: cancel.clone(),
             shared: shared.clone(),
         };
         tokio::spawn(renewer.run(release_rx));
@@ -265,7 +320,6 @@ impl LeaseGuard {
             name,
             holder,
             token,
-            cancel,
             shared,
             release_tx: Some(release_tx),
         }
@@ -289,12 +343,26 @@ impl LeaseGuard {
     /// A token cancelled when the lease is lost, released or dropped. Cancelling the returned
     /// token yourself does not affect the guard.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.cancel.child_token()
+        self.shared.cancel.child_token()
+    }
+
+    /// A token cancelled when the work this lease protects should stop: `stop_margin` before the
+    /// local deadline while renewal is overdue (the store is slow or unreachable), and in any
+    /// case when the lease is lost, released or dropped. Stopping on this token, rather than on
+    /// [`cancellation_token`](Self::cancellation_token), ends the work before the store can
+    /// grant the lease to anyone else. It does not fire while renewals succeed.
+    pub fn expiring_token(&self) -> CancellationToken {
+        self.shared.expiring.child_token()
+    }
+
+    /// Waits until the work should stop (see [`expiring_token`](Self::expiring_token)).
+    pub async fn expiring(&self) {
+        self.shared.expiring.cancelled().await;
     }
 
     /// Waits until the lease is lost (or released), returning the reason if it was lost.
     pub async fn lost(&self) -> Option<LossReason> {
-        self.cancel.cancelled().await;
+        self.shared.cancel.cancelled().await;
         self.loss_reason()
     }
 
@@ -307,16 +375,12 @@ impl LeaseGuard {
     /// against the clock at each call, so it is false at once after this process resumes from a
     /// pause, before the renewer has run.
     pub fn is_held(&self) -> bool {
-        !self.cancel.is_cancelled() && Instant::now() < self.deadline()
+        !self.shared.cancel.is_cancelled() && Instant::now() < self.deadline()
     }
 
     /// The instant (monotonic clock) until which the lease is known to be ours.
     pub fn deadline(&self) -> Instant {
-        *self
-            .shared
-            .deadline
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared.deadline()
     }
 
     /// Stops renewing and frees the lease in the store, so a waiting instance takes over at
@@ -343,7 +407,8 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         // Dropping `release_tx` tells the renewer to release best-effort and stop.
-        self.cancel.cancel();
+        self.shared.expiring.cancel();
+        self.shared.cancel.cancel();
     }
 }
 
@@ -355,7 +420,6 @@ struct Renewer<S> {
     config: LeaseConfig,
     deadline: Instant,
     next_renewal: Instant,
-    cancel: CancellationToken,
     shared: Arc<Shared>,
 }
 
@@ -363,6 +427,11 @@ impl<S: Store> Renewer<S> {
     async fn run(mut self, mut release_rx: oneshot::Receiver<ReleaseReply>) {
         loop {
             let held = self.shared.lost.get().is_none();
+            let warn_work = held && !self.shared.expiring.is_cancelled();
+            let stop_work_at = self
+                .deadline
+                .checked_sub(self.config.stop_margin)
+                .unwrap_or(self.deadline);
             tokio::select! {
                 biased;
                 // Checked first, so after a pause an overdue deadline wins over a due renewal.
@@ -370,6 +439,10 @@ impl<S: Store> Renewer<S> {
                 cmd = &mut release_rx => {
                     self.release(cmd.ok()).await;
                     return;
+                }
+                () = sleep_until(stop_work_at), if warn_work => {
+                    self.shared.expiring.cancel();
+                    tracing::warn!(lease = %self.name, token = %self.token, "renewal overdue; telling the work to stop before the lease can expire");
                 }
                 () = sleep_until(self.next_renewal), if held => self.renew().await,
             }
@@ -395,13 +468,9 @@ impl<S: Store> Renewer<S> {
                     .increment(1);
                 self.deadline = sent + self.config.ttl - self.config.drift_margin;
                 self.next_renewal = sent + self.config.renew_interval;
-                *self
-                    .shared
-                    .deadline
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = self.deadline;
+                *lock(&self.shared.deadline) = self.deadline;
             }
-            Ok(Ok(Renewal::Lost)) => self.lose(LossReason::Lost),
+            Ok(Ok(Renewal::Lost)) => self.lose(LossReason::TakenOver),
             Ok(Err(e)) => {
                 metrics::counter!("leasehold_lease_renewals_total", "result" => "failed")
                     .increment(1);
@@ -414,19 +483,20 @@ impl<S: Store> Renewer<S> {
     }
 
     fn lose(&mut self, reason: LossReason) {
-        if reason == LossReason::Lost {
-            metrics::counter!("leasehold_lease_renewals_total", "result" => "lost").increment(1);
-        }
-        if self.shared.lost.set(reason).is_ok() {
+        if self.shared.end(reason) {
+            if reason == LossReason::TakenOver {
+                metrics::counter!("leasehold_lease_renewals_total", "result" => "lost")
+                    .increment(1);
+            }
             tracing::warn!(lease = %self.name, token = %self.token, %reason, "lease lost");
         }
-        self.cancel.cancel();
     }
 
     /// Frees the lease in the store, even after a local loss: if the store still lists us (the
     /// deadline passed locally first), others need not wait for expiry.
     async fn release(&mut self, reply: Option<ReleaseReply>) {
-        self.cancel.cancel();
+        self.shared.expiring.cancel();
+        self.shared.cancel.cancel();
         let result = tokio::time::timeout(
             self.config.ttl,
             self.store.release(&self.name, &self.holder, self.token),

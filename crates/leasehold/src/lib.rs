@@ -15,7 +15,7 @@ mod token;
 pub mod conformance;
 
 pub use config::{ConfigError, LeaseConfig};
-pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, RevokeReason};
+pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};

@@ -48,6 +48,12 @@ impl Default for State {
     }
 }
 
+impl State {
+    fn now_millis(&self, now: Instant) -> u64 {
+        self.origin_millis + now.duration_since(self.origin).as_millis() as u64
+    }
+}
+
 struct Entry {
     holder: Option<HolderId>,
     token: FencingToken,
@@ -91,21 +97,20 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
         let now = Instant::now();
         let mut state = self.state();
+        // A new name's counter starts from the clock (ms × 1000), as in every store.
+        let seed = FencingToken(state.now_millis(now).saturating_mul(1000));
         let entry = state.leases.entry(name.clone()).or_insert(Entry {
             holder: None,
-            token: FencingToken(0),
+            token: seed,
             expires_at: now,
         });
         let answer = match entry.live_holder(now) {
-            Some(current) if current == holder => {
-                entry.expires_at = now + ttl;
-                Acquisition::Acquired { token: entry.token }
-            }
-            Some(current) => Acquisition::Busy {
+            Some(current) if current != holder => Acquisition::Busy {
                 holder: current.clone(),
                 remaining: entry.expires_at - now,
             },
-            None => {
+            // Free, expired, or ours: a new tenure either way.
+            _ => {
                 entry.token = FencingToken(entry.token.0 + 1);
                 entry.holder = Some(holder.clone());
                 entry.expires_at = now + ttl;
@@ -195,9 +200,7 @@ impl Store for MemoryStore {
     }
 
     fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
-        let state = self.state();
-        let elapsed = Instant::now().duration_since(state.origin).as_millis() as u64;
-        std::future::ready(Ok(state.origin_millis + elapsed))
+        std::future::ready(Ok(self.state().now_millis(Instant::now())))
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {

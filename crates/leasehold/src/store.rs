@@ -75,8 +75,10 @@ impl StoreError {
 /// Answer to [`Store::acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquisition {
-    /// The caller holds the lease with this token. Re-acquiring while already holding it renews
-    /// and returns the same token.
+    /// The caller holds the lease with this token: a new tenure, whose token is above every token
+    /// handed out for this name before. A holder that acquires again while it still holds the
+    /// lease gets a new token too, and its older tenure ends (renew and release with the old
+    /// token then answer `Lost` / `NotHeld`).
     Acquired {
         /// The fencing token of this tenure.
         token: FencingToken,
@@ -135,8 +137,16 @@ pub struct LeaseState {
 ///
 /// Implementations are cheap to clone (they share a connection or pool).
 pub trait Store: Send + Sync + Clone + 'static {
-    /// Takes the lease for `ttl` if it is free or expired (new token), or renews it if `holder`
-    /// already holds it (same token).
+    /// Takes the lease for `ttl` if it is free, expired, or held by `holder` itself; it is busy
+    /// only while another holder's tenure is live.
+    ///
+    /// **Every `Acquired` starts a new tenure with a new token**, strictly above every token
+    /// handed out for this name before; re-acquiring by the current holder replaces its older
+    /// tenure rather than renewing it. This makes a token name exactly one tenure: an old guard's
+    /// renew or release (say, one dropped just before this acquire) can never touch the new one.
+    /// The first token of a name the store has never seen is seeded from the store's clock
+    /// (milliseconds since the epoch × 1000), so a recreated table, file or key space never hands
+    /// out a token below one handed out before.
     fn acquire(
         &self,
         name: &LeaseName,

@@ -71,7 +71,7 @@ async fn store_answer_lost_cancels_at_once() {
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     store.set(|f| &f.renew_lost, true);
-    assert_eq!(guard.lost().await, Some(LossReason::Lost));
+    assert_eq!(guard.lost().await, Some(LossReason::TakenOver));
     assert_eq!(Instant::now() - start, MS * 1000, "at the first renewal");
 }
 
