@@ -23,7 +23,7 @@ pub use notify::{ReleaseHub, ReleaseSubscription};
 pub use schedule::{CronSchedule, Schedule, ScheduleError, parse_duration};
 pub use scheduler::{
     RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus, StoreDownPolicy, Task,
-    TaskContext, TaskStatus, TickOutcome, Trigger,
+    TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,
 };
 pub use store::{
     Acquisition, BoxStore, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,

@@ -26,12 +26,14 @@ pub enum ScheduleError {
 
 /// When a task's timer fires.
 ///
-/// Every firing has a **slot** number that all instances compute alike from the store's clock,
-/// so a slot claim can tell whether that firing already ran anywhere:
-/// - `Every(interval)`: slot `n` fires at `n × interval` since the Unix epoch (store clock), so
-///   intervals are aligned across instances (every 30 s fires at :00 and :30).
-/// - `Cron(expr)`: each occurrence fires at its scheduled time (UTC); its slot is that time in
-///   Unix seconds.
+/// Every firing has a **slot**: its scheduled time in milliseconds since the Unix epoch, on the
+/// store's clock. All instances compute it alike, so a slot claim can tell whether that firing
+/// already ran anywhere; and because it is a time for every kind of schedule, slots stay
+/// comparable when a schedule changes (`every 1s` to `every 60s`, cron to interval) or when
+/// replicas of two versions disagree during a rolling deploy: a claim only moves forward in time.
+/// - `Every(interval)`: fires at every multiple of `interval` since the Unix epoch, so intervals
+///   are aligned across instances (every 30 s fires at :00 and :30).
+/// - `Cron(expr)`: fires at each occurrence of the expression (UTC).
 #[derive(Clone)]
 pub enum Schedule {
     /// A fixed interval, aligned to the epoch.
@@ -72,28 +74,19 @@ impl Schedule {
         })))
     }
 
-    /// The first firing strictly after `now_ms` (store clock): its slot and its time in ms.
-    pub fn next_after(&self, now_ms: u64) -> Option<(u64, u64)> {
+    /// The first firing strictly after `now_ms` (store clock), in ms since the epoch: the next
+    /// slot. `None` when the schedule never fires again (or not within the representable range).
+    pub fn next_after(&self, now_ms: u64) -> Option<u64> {
         match self {
             Self::Every(interval) => {
-                let iv = interval.as_millis().max(1) as u64;
-                let slot = now_ms / iv + 1;
-                Some((slot, slot.checked_mul(iv)?))
+                let iv = u64::try_from(interval.as_millis()).ok()?.max(1);
+                (now_ms / iv + 1).checked_mul(iv)
             }
             Self::Cron(cron) => {
                 let after = chrono::DateTime::from_timestamp_millis(i64::try_from(now_ms).ok()?)?;
                 let at = cron.parsed.after(&after).next()?;
-                let secs = u64::try_from(at.timestamp()).ok()?;
-                Some((secs, secs * 1000))
+                u64::try_from(at.timestamp_millis()).ok()
             }
-        }
-    }
-
-    /// The slot in progress at `now_ms`: the last firing at or before it.
-    pub fn current_slot(&self, now_ms: u64) -> Option<u64> {
-        match self {
-            Self::Every(interval) => Some(now_ms / interval.as_millis().max(1) as u64),
-            Self::Cron(_) => None,
         }
     }
 }
@@ -164,10 +157,13 @@ mod tests {
     #[test]
     fn intervals_align_to_the_epoch() {
         let s = Schedule::every(Duration::from_secs(30)).unwrap();
-        assert_eq!(s.next_after(0), Some((1, 30_000)));
-        assert_eq!(s.next_after(29_999), Some((1, 30_000)));
-        assert_eq!(s.next_after(30_000), Some((2, 60_000)));
-        assert_eq!(s.current_slot(59_999), Some(1));
+        assert_eq!(s.next_after(0), Some(30_000));
+        assert_eq!(s.next_after(29_999), Some(30_000));
+        assert_eq!(s.next_after(30_000), Some(60_000));
+        // An interval too long to fire again within u64 milliseconds never fires.
+        let far = Schedule::every(Duration::from_secs(u64::MAX / 2000 + 1)).unwrap();
+        let first = far.next_after(0).unwrap();
+        assert_eq!(far.next_after(first), None);
         assert_eq!(
             Schedule::every(Duration::ZERO).unwrap_err(),
             ScheduleError::ZeroInterval
@@ -179,10 +175,22 @@ mod tests {
         let s = Schedule::cron("0 */5 * * * *").unwrap();
         // 2026-01-01T00:02:00Z → next at 00:05:00Z.
         let now = 1_767_225_720_000;
-        let (slot, at) = s.next_after(now).unwrap();
+        let at = s.next_after(now).unwrap();
         assert_eq!(at, 1_767_225_900_000);
-        assert_eq!(slot, 1_767_225_900);
-        assert_eq!(s.next_after(at).unwrap().1, at + 300_000);
+        assert_eq!(s.next_after(at).unwrap(), at + 300_000);
+    }
+
+    #[test]
+    fn slots_of_different_schedules_are_comparable_times() {
+        // The same instant is the same slot whatever the schedule, so a claim made under one
+        // schedule neither blocks nor repeats the firings of another.
+        let now = 1_767_225_720_000; // 2026-01-01T00:02:00Z
+        let every_second = Schedule::every(Duration::from_secs(1)).unwrap();
+        let every_minute = Schedule::every(Duration::from_secs(60)).unwrap();
+        let cron_minute = Schedule::cron("0 * * * * *").unwrap();
+        assert_eq!(every_second.next_after(now), Some(now + 1_000));
+        assert_eq!(every_minute.next_after(now), Some(now + 60_000));
+        assert_eq!(cron_minute.next_after(now), every_minute.next_after(now));
     }
 
     #[test]

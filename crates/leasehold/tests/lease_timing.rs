@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 
+use leasehold::store::Acquisition;
 use leasehold::{
     HolderId, Lease, LeaseConfig, LeaseError, LeaseName, LossReason, Release, Store, StoreError,
     TryAcquire,
@@ -177,12 +178,17 @@ async fn a_waiter_takes_over_right_when_a_crashed_holder_expires() {
     let name = LeaseName::new("job").unwrap();
     // A holder that crashed: it acquired and then never renewed.
     let crashed = HolderId::new("crashed").unwrap();
-    store.inner.acquire(&name, &crashed, TTL).await.unwrap();
+    let Acquisition::Acquired {
+        token: crashed_token,
+    } = store.inner.acquire(&name, &crashed, TTL).await.unwrap()
+    else {
+        panic!("free lease busy");
+    };
     let start = Instant::now();
     let guard = lease(&store).acquire().await.unwrap();
     let waited = Instant::now() - start;
     assert!(waited > TTL && waited <= TTL + MS * 12, "{waited:?}");
-    assert_eq!(guard.token().get(), 2);
+    assert_eq!(guard.token().get(), crashed_token.get() + 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -69,7 +69,7 @@ fn assert_each_slot_once(ledger: &Ledger, at_least: usize) {
     assert_eq!(v, dedup, "a slot ran twice");
     assert!(v.len() >= at_least, "only {} runs", v.len());
     assert!(
-        v.windows(2).all(|w| w[1] == w[0] + 1),
+        v.windows(2).all(|w| w[1] == w[0] + 1_000),
         "a slot was missed: {v:?}"
     );
 }
@@ -317,8 +317,9 @@ async fn leader_events_report_election_and_revocation() {
         events,
         vec![
             LeaderEvent::Elected { token },
+            // The term ends a stop margin before the local deadline, not at it.
             LeaderEvent::Revoked {
-                reason: RevokeReason::Lost(leasehold::LossReason::Expired)
+                reason: RevokeReason::RenewalOverdue
             },
             LeaderEvent::Elected { token: again },
             LeaderEvent::Revoked {

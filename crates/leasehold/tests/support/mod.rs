@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +17,10 @@ use tokio::time::Instant;
 pub struct Faults {
     /// Every operation fails with `Unavailable`.
     pub down: AtomicBool,
+    /// Only `now_millis` fails with `Unavailable` (the other operations answer).
+    pub clock_down: AtomicBool,
+    /// Every operation is refused (`Rejected`), as with a key of the wrong type.
+    pub refuse: AtomicBool,
     /// Renewals hang forever.
     pub renew_hangs: AtomicBool,
     /// Renewals answer `Lost`.
@@ -26,6 +30,14 @@ pub struct Faults {
     pub acquire_delay_ms: AtomicU64,
     /// Milliseconds by which renewal replies are delayed (a sleep, so timers still fire).
     pub renew_delay_ms: AtomicU64,
+    /// Milliseconds by which releases reach the store (a sleep before the inner call): a
+    /// release that answers late.
+    pub release_delay_ms: AtomicU64,
+    /// Milliseconds by which slot claims are delayed (a sleep before the inner call).
+    pub claim_delay_ms: AtomicU64,
+    /// Added to the store's clock (`now_millis`), e.g. negative when this host's clock runs
+    /// ahead of the store's.
+    pub clock_offset_ms: AtomicI64,
 }
 
 /// A [`MemoryStore`] behind switchable faults, recording when each renewal was sent.
@@ -52,9 +64,18 @@ impl FlakyStore {
     fn check(&self) -> StoreResult<()> {
         if self.faults.down.load(Ordering::SeqCst) {
             Err(StoreError::unavailable("injected outage", "store down"))
+        } else if self.faults.refuse.load(Ordering::SeqCst) {
+            Err(StoreError::rejected("injected refusal", "wrong type"))
         } else {
             Ok(())
         }
+    }
+}
+
+async fn sleep_ms(ms: &AtomicU64) {
+    let ms = ms.load(Ordering::SeqCst);
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 }
 
@@ -104,6 +125,7 @@ impl Store for FlakyStore {
         token: FencingToken,
     ) -> StoreResult<Release> {
         self.check()?;
+        sleep_ms(&self.faults.release_delay_ms).await;
         self.inner.release(name, holder, token).await
     }
 
@@ -114,12 +136,18 @@ impl Store for FlakyStore {
 
     async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
         self.check()?;
+        sleep_ms(&self.faults.claim_delay_ms).await;
+        self.check()?;
         self.inner.claim_slot(task, slot).await
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
         self.check()?;
-        self.inner.now_millis().await
+        if self.faults.clock_down.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("injected clock outage", "no clock"));
+        }
+        let offset = self.faults.clock_offset_ms.load(Ordering::SeqCst);
+        Ok(self.inner.now_millis().await?.saturating_add_signed(offset))
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
@@ -129,4 +157,75 @@ impl Store for FlakyStore {
     fn describe(&self) -> String {
         "flaky memory".into()
     }
+}
+
+/// Runs recorded by a test job: (holder, slot, trigger, token, start, end).
+pub type Ledger = Arc<Mutex<Vec<Run>>>;
+
+/// One recorded run.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub holder: String,
+    pub slot: Option<u64>,
+    pub trigger: leasehold::Trigger,
+    pub token: Option<FencingToken>,
+    pub start: Instant,
+    pub end: Instant,
+    pub cancelled: bool,
+}
+
+/// A task named `name` on `schedule` whose job works for `work` (or until cancelled) and records
+/// its run in `ledger`.
+pub fn recorder(
+    ledger: &Ledger,
+    name: &str,
+    schedule: leasehold::Schedule,
+    work: Duration,
+) -> leasehold::Task {
+    let ledger = ledger.clone();
+    leasehold::Task::new(
+        LeaseName::new(name).unwrap(),
+        schedule,
+        move |ctx: leasehold::TaskContext| {
+            let ledger = ledger.clone();
+            async move {
+                let start = Instant::now();
+                let cancelled = tokio::select! {
+                    () = tokio::time::sleep(work) => false,
+                    () = ctx.cancel.cancelled() => true,
+                };
+                ledger.lock().unwrap().push(Run {
+                    holder: ctx.holder.to_string(),
+                    slot: ctx.slot,
+                    trigger: ctx.trigger,
+                    token: ctx.token,
+                    start,
+                    end: Instant::now(),
+                    cancelled,
+                });
+                Ok::<(), std::io::Error>(())
+            }
+        },
+    )
+}
+
+/// Timer-run slots in the ledger, sorted.
+pub fn timer_slots(ledger: &Ledger) -> Vec<u64> {
+    let mut v: Vec<u64> = ledger
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.trigger == leasehold::Trigger::Timer)
+        .filter_map(|r| r.slot)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Panics if a slot appears twice.
+pub fn assert_no_slot_twice(ledger: &Ledger) {
+    let v = timer_slots(ledger);
+    let mut dedup = v.clone();
+    dedup.dedup();
+    assert_eq!(v, dedup, "a slot ran twice");
 }

@@ -1,0 +1,457 @@
+//! The single-active scheduler: periodic tasks whose timer ticks run on exactly one instance.
+//!
+//! # How a timer tick is won
+//! Every instance arms every task's timer. When it fires for a slot (the firing's scheduled time
+//! in ms on the store's clock, see [`Schedule`](crate::Schedule)), a gated task's tick:
+//! 1. reads the store's clock: if the store cannot answer, the task's [`StoreDownPolicy`]
+//!    decides; if the store's clock has not reached the slot yet, the timer waits for it (so a
+//!    host whose clock runs ahead never claims a future slot);
+//! 2. with a leader gate, skips on a non-leader (`skipped-not-leader`);
+//! 3. takes the task's lease (named like the task). `Busy` means another instance is running the
+//!    task right now: skip (`skipped-claimed`). Holding the lease for the whole run is what
+//!    keeps a run that outlives its interval from overlapping the next run anywhere;
+//! 4. claims the slot in the store, a compare-and-set that only moves forward. `AlreadyRun`
+//!    means another instance ran this slot (or a later one): skip (`skipped-claimed`). This is
+//!    what keeps a tick from running twice across a failover, and, because slots are times,
+//!    across a schedule change or a rolling deploy whose replicas disagree on the schedule;
+//! 5. runs the job with a [`TaskContext`] whose cancellation token fires when the task lease
+//!    or leadership starts expiring (renewal overdue by the stop margin) or is lost, then
+//!    releases the lease.
+//!
+//! An ungated task ([`Task::gated`]`(false)`) skips all of this: every instance runs each tick.
+//!
+//! # Missed ticks
+//! Ticks are never queued or replayed. A firing that falls while the task runs (here or on
+//! another instance) is skipped, and after a run the timer is armed for the next firing after
+//! *now*: like tokio's `MissedTickBehavior::Skip`. A process that was paused wakes, finds its slot
+//! already claimed by a later one, and skips.
+//!
+//! # Manual runs
+//! [`SchedulerHandle::run_now`] runs a task here and now, bypassing the gate, the lease and the
+//! slot claim: it may overlap a timer run of the same task on another instance.
+//! [`SchedulerHandle::run_now_exclusive`] holds the task lease for the run instead, so it never
+//! overlaps a run of the task anywhere (it answers [`SchedulerError::Busy`] while one is in
+//! progress). Either way the run belongs to the scheduler: a caller that stops waiting does not
+//! detach it, and shutdown drains it like a timer run.
+
+mod runner;
+mod task;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::leader::{Leader, LeaderState};
+use crate::lease::{Lease, LeaseError};
+use crate::store::Store;
+use crate::{ConfigError, HolderId, LeaseConfig, LeaseName, MemoryStore};
+use runner::{Common, RunNow, TaskRunner};
+
+pub use task::{
+    RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
+};
+
+/// Why a scheduler could not start or a request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchedulerError {
+    /// Two tasks share a name.
+    #[error("task {0} is registered twice")]
+    DuplicateTask(LeaseName),
+    /// The leader group has the name of a task; leases would collide.
+    #[error("leader group {0} has the same name as a task")]
+    GroupNamedLikeTask(LeaseName),
+    /// No task has that name.
+    #[error("no task named {0:?}")]
+    UnknownTask(String),
+    /// The lease timing is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The scheduler has shut down.
+    #[error("the scheduler has shut down")]
+    ShutDown,
+    /// An exclusive manual run found the task running (here or on another instance).
+    #[error("the task is running on {holder}")]
+    Busy {
+        /// Who holds the task lease.
+        holder: HolderId,
+    },
+    /// An exclusive manual run could not take the task lease.
+    #[error("cannot take the task lease: {0}")]
+    Lease(#[from] LeaseError),
+}
+
+/// Builds a [`Scheduler`].
+pub struct Scheduler<S> {
+    store: S,
+    holder: HolderId,
+    lease_config: LeaseConfig,
+    policy: StoreDownPolicy,
+    leader_group: Option<LeaseName>,
+    grace: Duration,
+    tasks: Vec<Task>,
+    has_store: bool,
+}
+
+impl Scheduler<MemoryStore> {
+    /// Single-instance mode: no store, every tick runs here. Logs one warning at start.
+    pub fn local() -> Self {
+        let mut s = Scheduler::new(MemoryStore::new());
+        s.policy = StoreDownPolicy::Local;
+        s.has_store = false;
+        s
+    }
+}
+
+impl<S: Store> Scheduler<S> {
+    /// A scheduler coordinating through `store`, with default lease timing (ttl 15 s), policy
+    /// fail-closed, no leader gate and a 30 s shutdown grace period.
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            holder: HolderId::generate(),
+            lease_config: LeaseConfig::default(),
+            policy: StoreDownPolicy::default(),
+            leader_group: None,
+            grace: Duration::from_secs(30),
+            tasks: Vec::new(),
+            has_store: true,
+        }
+    }
+
+    /// Lease timing for task leases and the leader lease. Default: `LeaseConfig::default()`.
+    /// Its `stop_margin` is also how long a cancelled job has to return before it is aborted.
+    pub fn lease_config(mut self, config: LeaseConfig) -> Self {
+        self.lease_config = config;
+        self
+    }
+
+    /// The default store-down policy for tasks without their own. Default: fail-closed.
+    pub fn on_store_down(mut self, policy: StoreDownPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Gates the timer ticks of gated tasks on leadership of `group`: only its leader runs them.
+    /// Default: none (every instance competes for each tick through the task lease and slot
+    /// claim).
+    pub fn leader_group(mut self, group: LeaseName) -> Self {
+        self.leader_group = Some(group);
+        self
+    }
+
+    /// How long shutdown lets running jobs finish before cancelling them; a cancelled job that
+    /// has not returned a stop margin later (see [`LeaseConfig::stop_margin`]) is aborted, so
+    /// shutdown takes at most `grace + stop_margin`. Default: 30 s.
+    pub fn grace_period(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// This instance's holder id. Default: a generated `host:pid:random` id.
+    pub fn holder(mut self, holder: HolderId) -> Self {
+        self.holder = holder;
+        self
+    }
+
+    /// Adds a task.
+    pub fn task(mut self, task: Task) -> Self {
+        self.tasks.push(task);
+        self
+    }
+
+    /// Starts every task's timer (and the election, with a leader gate). Scheduling stops when
+    /// `shutdown` completes, [`SchedulerHandle::shutdown`] is called, or the last handle is
+    /// dropped.
+    pub fn start(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<SchedulerHandle, SchedulerError> {
+        self.lease_config.validate()?;
+        let mut names = HashMap::new();
+        for t in &self.tasks {
+            if names.insert(t.name.clone(), ()).is_some() {
+                return Err(SchedulerError::DuplicateTask(t.name.clone()));
+            }
+        }
+        if let Some(group) = &self.leader_group
+            && names.contains_key(group)
+        {
+            return Err(SchedulerError::GroupNamedLikeTask(group.clone()));
+        }
+        // `stop` ends the timers; leadership is given up only once running jobs have drained,
+        // so the next leader's first tick does not find the task lease still held.
+        let stop = CancellationToken::new();
+        let step_down = CancellationToken::new();
+        let done = CancellationToken::new();
+        if !self.has_store {
+            tracing::warn!(
+                "leasehold scheduler in single-instance mode (no store): every tick runs here"
+            );
+        }
+        let any_gated = self.tasks.iter().any(|t| t.gated);
+        let leader = match &self.leader_group {
+            Some(group) if self.has_store && any_gated => {
+                let lease = Lease::new(self.store.clone(), group.clone(), self.lease_config)?
+                    .with_holder(self.holder.clone());
+                let step_down = step_down.clone();
+                Some(Leader::new(lease).start(async move { step_down.cancelled().await }))
+            }
+            _ => None,
+        };
+        let common = Arc::new(Common::new(
+            leader,
+            self.holder.clone(),
+            self.grace,
+            self.has_store,
+            stop.clone(),
+        ));
+        let mut tasks: HashMap<LeaseName, Arc<dyn RunNow>> = HashMap::new();
+        let mut loops = Vec::new();
+        let mut manual_runs = Vec::new();
+        for task in self.tasks {
+            let policy = match self.has_store {
+                true => task.policy.unwrap_or(self.policy),
+                false => StoreDownPolicy::Local,
+            };
+            tracing::info!(task = %task.name, schedule = %task.schedule, %policy, gated = task.gated, "task scheduled");
+            let lease = Lease::new(self.store.clone(), task.name.clone(), self.lease_config)?
+                .with_holder(self.holder.clone());
+            let name = task.name.clone();
+            let runner = Arc::new(TaskRunner::new(task, lease, policy, common.clone()));
+            manual_runs.push(runner.manual_runs());
+            loops.push(tokio::spawn(runner.clone().timer_loop()));
+            tasks.insert(name, runner);
+        }
+        tokio::spawn(supervise(
+            shutdown,
+            common.clone(),
+            loops,
+            manual_runs,
+            step_down,
+            done.clone(),
+        ));
+        Ok(SchedulerHandle {
+            inner: Arc::new(HandleInner {
+                tasks,
+                common,
+                done,
+                store: if self.has_store {
+                    self.store.describe()
+                } else {
+                    "none (single-instance mode)".to_owned()
+                },
+            }),
+        })
+    }
+}
+
+/// Waits for shutdown (or a failure), then drains the timer loops and manual runs, steps down,
+/// and marks the scheduler done.
+async fn supervise(
+    shutdown: impl Future<Output = ()> + Send,
+    common: Arc<Common>,
+    loops: Vec<JoinHandle<()>>,
+    manual_runs: Vec<TaskTracker>,
+    step_down: CancellationToken,
+    done: CancellationToken,
+) {
+    let leader_failed = async {
+        let Some(leader) = &common.leader else {
+            return std::future::pending().await;
+        };
+        let mut rx = leader.watch();
+        loop {
+            if let LeaderState::Failed { error } = &*rx.borrow_and_update() {
+                return error.clone();
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = shutdown => {}
+        () = common.stop.cancelled() => {}
+        error = leader_failed => common.fail(format!("leader election: {error}")),
+    }
+    common.stop.cancel();
+    for l in loops {
+        let _ = l.await;
+    }
+    for runs in manual_runs {
+        runs.close();
+        runs.wait().await;
+    }
+    step_down.cancel();
+    if let Some(leader) = &common.leader {
+        let mut rx = leader.watch();
+        while !matches!(
+            *rx.borrow_and_update(),
+            LeaderState::Stopped | LeaderState::Failed { .. }
+        ) {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+    }
+    done.cancel();
+}
+
+/// A task's state, from [`SchedulerHandle::status`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TaskStatus {
+    /// The task's name.
+    pub name: LeaseName,
+    /// Its schedule, as text.
+    pub schedule: String,
+    /// The store-down policy in force.
+    pub policy: StoreDownPolicy,
+    /// Whether its timer ticks are gated.
+    pub gated: bool,
+    /// Timer firings seen here.
+    pub ticks: u64,
+    /// Runs here (timer and manual).
+    pub runs: u64,
+    /// Runs here that failed, panicked or were aborted.
+    pub failures: u64,
+    /// Ticks here that found the store down (run or skipped by the policy).
+    pub store_down_ticks: u64,
+    /// Whether a run (timer or manual) is in progress here.
+    pub running: bool,
+    /// The last firing's outcome and slot.
+    pub last: Option<(TickOutcome, Option<u64>)>,
+}
+
+/// The scheduler's state, from [`SchedulerHandle::status`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SchedulerStatus {
+    /// The store, with any password removed.
+    pub store: String,
+    /// This instance's holder id.
+    pub holder: HolderId,
+    /// With a leader gate: whether this instance leads.
+    pub leader: Option<bool>,
+    /// Whether the store answered the last tick that asked it (`None` before any did, and
+    /// without a store).
+    pub store_reachable: Option<bool>,
+    /// Why the scheduler stopped itself, if it did (see [`SchedulerHandle::failure`]).
+    pub failure: Option<String>,
+    /// Every task.
+    pub tasks: Vec<TaskStatus>,
+}
+
+struct HandleInner {
+    tasks: HashMap<LeaseName, Arc<dyn RunNow>>,
+    common: Arc<Common>,
+    done: CancellationToken,
+    store: String,
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        // As with a dropped LeaderHandle: no handle left means nobody can stop it later.
+        self.common.stop.cancel();
+    }
+}
+
+/// A running scheduler. Cheap to clone.
+///
+/// Dropping the last clone shuts the scheduler down (as dropping a
+/// [`LeaderHandle`](crate::LeaderHandle) steps down): keep a handle for as long as it should run.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    inner: Arc<HandleInner>,
+}
+
+impl SchedulerHandle {
+    fn runner(&self, task: &str) -> Result<Arc<dyn RunNow>, SchedulerError> {
+        if self.inner.common.stop.is_cancelled() {
+            return Err(SchedulerError::ShutDown);
+        }
+        LeaseName::new(task)
+            .ok()
+            .and_then(|n| self.inner.tasks.get(&n).cloned())
+            .ok_or_else(|| SchedulerError::UnknownTask(task.to_owned()))
+    }
+
+    async fn manual(&self, task: &str, exclusive: bool) -> Result<RunResult, SchedulerError> {
+        let run = self.runner(task)?.start_manual(exclusive);
+        // Dropping this future stops the waiting, not the run: the scheduler owns it.
+        run.await.unwrap_or(Err(SchedulerError::ShutDown))
+    }
+
+    /// Runs `task` here now, bypassing the leader gate, the task lease and the slot claim, and
+    /// waits for it to finish. It may overlap a timer run of the task on another instance; use
+    /// [`run_now_exclusive`](Self::run_now_exclusive) where that must not happen. The run
+    /// belongs to the scheduler: dropping this future does not cancel or detach it, and
+    /// shutdown drains it.
+    pub async fn run_now(&self, task: &str) -> Result<RunResult, SchedulerError> {
+        self.manual(task, false).await
+    }
+
+    /// Runs `task` here now while holding its task lease, so it never overlaps a run of the
+    /// task anywhere; answers [`SchedulerError::Busy`] when one is in progress. The run gets the
+    /// lease's fencing token and is cancelled if the lease starts expiring. No slot is claimed.
+    pub async fn run_now_exclusive(&self, task: &str) -> Result<RunResult, SchedulerError> {
+        self.manual(task, true).await
+    }
+
+    /// A snapshot of every task.
+    pub fn status(&self) -> SchedulerStatus {
+        let mut tasks: Vec<TaskStatus> = self.inner.tasks.values().map(|t| t.status()).collect();
+        tasks.sort_by(|a, b| a.name.cmp(&b.name));
+        let common = &self.inner.common;
+        SchedulerStatus {
+            store: self.inner.store.clone(),
+            holder: common.holder.clone(),
+            leader: common.leader.as_ref().map(|l| l.is_leader()),
+            store_reachable: common.store_reachable(),
+            failure: self.failure(),
+            tasks,
+        }
+    }
+
+    /// The leader election, with a leader gate.
+    pub fn leader(&self) -> Option<&crate::LeaderHandle> {
+        self.inner.common.leader.as_ref()
+    }
+
+    /// Why the scheduler stopped itself, if it did: the store refused the leader lease, or a
+    /// task's lease or slot claim, [`MAX_REFUSALS`](crate::MAX_REFUSALS) times in a row (a key
+    /// of the wrong type, no permission, scripts disabled), which retrying cannot fix. Check it
+    /// after [`wait`](Self::wait) returns.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.common.failure.get().cloned()
+    }
+
+    /// Stops arming timers, lets running jobs (timer and manual) finish, cancelling them after
+    /// the grace period, releases every lease so another instance takes over at once, and waits
+    /// for all of it.
+    pub async fn shutdown(&self) {
+        self.inner.common.stop.cancel();
+        self.wait().await;
+    }
+
+    /// Waits until the scheduler has stopped (shutdown, or a [`failure`](Self::failure)):
+    /// timers disarmed, running jobs drained, leases released.
+    pub async fn wait(&self) {
+        self.inner.done.cancelled().await;
+    }
+}
+
+impl fmt::Debug for SchedulerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchedulerHandle")
+            .field("store", &self.inner.store)
+            .finish_non_exhaustive()
+    }
+}
