@@ -11,23 +11,24 @@
 //! default); a URL for a store whose feature is off is reported as such.
 
 use leasehold::BoxStore;
-use leasehold::store::redact_url;
 
 /// The store used when neither `--store` nor `LEASEHOLD_STORE` is given: a SQLite file in the
-/// working directory.
+/// working directory. It excludes only processes on one host.
 pub const DEFAULT_STORE: &str = "sqlite:leasehold.db";
 
-/// Why a store URL could not be opened.
+/// The URL schemes this crate knows, for messages.
+const SCHEMES: &str = "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, postgres://";
+
+/// Why a store URL could not be opened. No variant carries the URL's text: each store displays
+/// its own parsed, password-free form, so no password can reach a message.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
     /// The URL's scheme names no store.
-    #[error(
-        "unknown store URL scheme in {url:?}; use sqlite:PATH, redis://, rediss:// or postgres://"
-    )]
+    #[error("unknown store URL scheme {scheme:?}; use {SCHEMES}")]
     UnknownScheme {
-        /// The URL, password removed.
-        url: String,
+        /// The scheme (the text before the first `:`), or empty when there is none.
+        scheme: String,
     },
     /// The store's feature was not enabled when this crate was built.
     #[error("this build has no {scheme} store; enable the leasehold-connect feature for it")]
@@ -36,77 +37,109 @@ pub enum OpenError {
         scheme: String,
     },
     /// The store rejected the URL or could not be reached.
-    #[error("cannot open store {url}: {message}")]
+    #[error("cannot open the {store} store: {message}")]
     Connect {
-        /// The URL, password removed.
-        url: String,
-        /// What went wrong, without credentials.
+        /// Which store: `sqlite`, `redis`, `postgres`.
+        store: &'static str,
+        /// What went wrong, as the store crate says it (without credentials).
         message: String,
     },
 }
 
-/// The store URL from `--store`, else `LEASEHOLD_STORE`, else [`DEFAULT_STORE`].
-pub fn store_url(flag: Option<String>) -> String {
-    flag.or_else(|| {
+/// The store URL from `--store`, else `LEASEHOLD_STORE`; `None` when neither is given.
+pub fn configured_store_url(flag: Option<String>) -> Option<String> {
+    flag.filter(|s| !s.is_empty()).or_else(|| {
         std::env::var("LEASEHOLD_STORE")
             .ok()
             .filter(|s| !s.is_empty())
     })
-    .unwrap_or_else(|| DEFAULT_STORE.to_owned())
 }
 
-/// Opens the store a URL names: `sqlite:PATH`, `redis://…`, `rediss://…`, `postgres://…` (or
-/// `postgresql://…`).
+/// The store URL from `--store`, else `LEASEHOLD_STORE`, else [`DEFAULT_STORE`].
+pub fn store_url(flag: Option<String>) -> String {
+    configured_store_url(flag).unwrap_or_else(|| DEFAULT_STORE.to_owned())
+}
+
+/// Which store a URL names, by its scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// `sqlite:PATH`.
+    Sqlite,
+    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`.
+    Redis,
+    /// `postgres://`, `postgresql://`.
+    Postgres,
+}
+
+impl StoreKind {
+    /// The store a URL names, from its scheme alone.
+    pub fn of(url: &str) -> Result<Self, OpenError> {
+        let scheme = url
+            .split_once(':')
+            .map(|(scheme, _)| scheme.to_ascii_lowercase())
+            .unwrap_or_default();
+        match scheme.as_str() {
+            "sqlite" => Ok(Self::Sqlite),
+            "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::Redis),
+            "postgres" | "postgresql" => Ok(Self::Postgres),
+            // A scheme is letters, digits, `+ - .`; anything else is not one, so not shown.
+            _ if scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+            {
+                Err(OpenError::UnknownScheme { scheme })
+            }
+            _ => Err(OpenError::UnknownScheme {
+                scheme: String::new(),
+            }),
+        }
+    }
+
+    /// The store's short name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Redis => "redis",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+fn connect_error(store: StoreKind) -> impl Fn(String) -> OpenError {
+    move |message| OpenError::Connect {
+        store: store.as_str(),
+        message: message.replace('\n', " "),
+    }
+}
+
+/// Opens the store a URL names and checks that it answers: `sqlite:PATH`, `redis://…`,
+/// `rediss://…`, `redis+unix://…`, `postgres://…` (or `postgresql://…`).
 pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
-    let shown = redact_url(url);
-    let connect_err = |message: String| OpenError::Connect {
-        url: shown.clone(),
-        message: redact_message(&message, url),
-    };
-    let scheme = url
-        .split(':')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    match scheme.as_str() {
+    let kind = StoreKind::of(url)?;
+    let err = connect_error(kind);
+    match kind {
         #[cfg(feature = "sqlite")]
-        "sqlite" => leasehold_sqlite::connect(url)
+        StoreKind::Sqlite => leasehold_sqlite::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| connect_err(e.to_string())),
+            .map_err(|e| err(e.to_string())),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => leasehold_redis::connect(url)
+        StoreKind::Redis => leasehold_redis::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| connect_err(e.to_string())),
+            .map_err(|e| err(e.to_string())),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => leasehold_postgres::connect(url)
+        StoreKind::Postgres => leasehold_postgres::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| connect_err(e.to_string())),
+            .map_err(|e| err(e.to_string())),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
-        "sqlite" | "redis" | "rediss" | "postgres" | "postgresql" => Err(OpenError::NotBuilt {
-            scheme: scheme.clone(),
+        other => Err(OpenError::NotBuilt {
+            scheme: other.as_str().to_owned(),
         }),
-        _ => Err(OpenError::UnknownScheme { url: shown }),
     }
-}
-
-/// Belt and braces: strips the URL's password from a driver message, should one ever echo it.
-fn redact_message(message: &str, url: &str) -> String {
-    let one_line = message.replace('\n', " ");
-    match password_of(url) {
-        Some(pw) if !pw.is_empty() => one_line.replace(pw, "***"),
-        _ => one_line,
-    }
-}
-
-fn password_of(url: &str) -> Option<&str> {
-    let rest = &url[url.find("://")? + 3..];
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let userinfo = &authority[..authority.rfind('@')?];
-    Some(userinfo.split_once(':').map_or(userinfo, |(_, pw)| pw))
 }
 
 #[cfg(test)]
@@ -114,21 +147,34 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn unknown_schemes_are_named() {
-        let err = open_store("mysql://root:pw@localhost/db")
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "unknown store URL scheme in \"mysql://root:***@localhost/db\"; use sqlite:PATH, redis://, rediss:// or postgres://"
-        );
+    async fn unknown_schemes_are_named_without_the_rest_of_the_url() {
+        for (url, scheme) in [
+            ("mysql://root:pw@localhost/db", "mysql"),
+            ("http://x/?pass=SECRET", "http"),
+            ("leases.db", ""),
+            ("pw SECRET:x", ""),
+        ] {
+            let err = open_store(url).await.unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(
+                matches!(&err, OpenError::UnknownScheme { scheme: s } if s == scheme),
+                "{url}: {shown}"
+            );
+            assert!(
+                !shown.contains("pw") && !shown.contains("SECRET"),
+                "{shown}"
+            );
+        }
     }
 
     #[test]
-    fn messages_lose_the_password() {
+    fn schemes_name_their_store() {
+        assert_eq!(StoreKind::of("sqlite:x.db").unwrap(), StoreKind::Sqlite);
+        assert_eq!(StoreKind::of("REDISS://h").unwrap(), StoreKind::Redis);
+        assert_eq!(StoreKind::of("redis+unix:///s").unwrap(), StoreKind::Redis);
         assert_eq!(
-            redact_message("auth failed for s3cret\nat host", "redis://u:s3cret@h"),
-            "auth failed for *** at host"
+            StoreKind::of("postgresql://h/db").unwrap(),
+            StoreKind::Postgres
         );
     }
 }
