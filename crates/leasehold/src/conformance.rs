@@ -440,6 +440,57 @@ pub async fn guard_renews_and_hands_over<S: Store>(store: S) {
     next.release().await.unwrap();
 }
 
+/// `last_slot` reads the highest claimed slot; tasks are independent.
+pub async fn last_slot_reads_the_highest_claim<S: Store>(store: S) {
+    let (task, other) = (unique_name("last-slot"), unique_name("last-slot-other"));
+    assert_eq!(store.last_slot(&task).await.unwrap(), None);
+    store.claim_slot(&task, 1_700_000_000_000).await.unwrap();
+    store.claim_slot(&task, 1_600_000_000_000).await.unwrap();
+    assert_eq!(
+        store.last_slot(&task).await.unwrap(),
+        Some(1_700_000_000_000)
+    );
+    assert_eq!(store.last_slot(&other).await.unwrap(), None);
+}
+
+/// History entries are replaced by key, kept newest-first up to the limit, trimmed to `keep`,
+/// per task, and come back byte for byte (JSON with quotes, backslashes, non-ASCII).
+pub async fn history_is_bounded_keyed_and_exact<S: Store>(store: S) {
+    let (task, other) = (unique_name("history"), unique_name("history-other"));
+    assert!(store.history(&task, 10).await.unwrap().is_empty());
+    let odd = r#"{"error":"exit \"3\" — ünïcode\n"}"#;
+    for key in 1..=8u64 {
+        let entry = format!("{{\"key\":{key}}}");
+        store.record_history(&task, key, &entry, 5).await.unwrap();
+    }
+    store.record_history(&task, 7, odd, 5).await.unwrap();
+    store.record_history(&other, 1, "x", 5).await.unwrap();
+    let got = store.history(&task, 10).await.unwrap();
+    assert_eq!(
+        got,
+        vec![
+            "{\"key\":8}".to_owned(),
+            odd.to_owned(),
+            "{\"key\":6}".to_owned(),
+            "{\"key\":5}".to_owned(),
+            "{\"key\":4}".to_owned(),
+        ],
+        "newest first, replaced by key, trimmed to 5"
+    );
+    assert_eq!(store.history(&task, 2).await.unwrap().len(), 2);
+    // A key beyond 2^53 keeps its order.
+    let big = (1u64 << 53) + 1;
+    store.record_history(&task, big, "big", 5).await.unwrap();
+    assert_eq!(
+        store.history(&task, 1).await.unwrap(),
+        vec!["big".to_owned()]
+    );
+    assert_eq!(
+        store.history(&other, 10).await.unwrap(),
+        vec!["x".to_owned()]
+    );
+}
+
 /// Generates one `#[tokio::test]` per conformance check. `$make` is an expression evaluating to
 /// a future that yields a fresh store handle (it is evaluated once per test).
 #[macro_export]

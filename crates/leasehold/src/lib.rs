@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+pub mod history;
 mod leader;
 mod lease;
 mod memory;

@@ -30,6 +30,7 @@ struct Inner {
 struct State {
     leases: HashMap<LeaseName, Entry>,
     slots: HashMap<LeaseName, u64>,
+    history: HashMap<LeaseName, std::collections::BTreeMap<u64, String>>,
     /// Wall-clock time at `origin`, so `now_millis` advances with tokio's (maybe paused) clock.
     origin: Instant,
     origin_millis: u64,
@@ -40,6 +41,7 @@ impl Default for State {
         Self {
             leases: HashMap::new(),
             slots: HashMap::new(),
+            history: HashMap::new(),
             origin: Instant::now(),
             origin_millis: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -203,6 +205,38 @@ impl Store for MemoryStore {
         std::future::ready(Ok(self.state().now_millis(Instant::now())))
     }
 
+    fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        std::future::ready(Ok(self.state().slots.get(task).copied()))
+    }
+
+    fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let mut state = self.state();
+        let entries = state.history.entry(task.clone()).or_default();
+        entries.insert(key, entry.to_owned());
+        while entries.len() > keep {
+            entries.pop_first();
+        }
+        std::future::ready(Ok(()))
+    }
+
+    fn history(
+        &self,
+        task: &LeaseName,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
+        let state = self.state();
+        let entries = state.history.get(task).map_or_else(Vec::new, |h| {
+            h.values().rev().take(limit).cloned().collect()
+        });
+        std::future::ready(Ok(entries))
+    }
+
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
         Some(self.inner.releases.subscribe())
     }
@@ -217,4 +251,10 @@ mod conformance {
     use super::MemoryStore;
 
     crate::conformance_tests!(async { MemoryStore::new() });
+
+    #[tokio::test]
+    async fn history_checks() {
+        crate::conformance::last_slot_reads_the_highest_claim(MemoryStore::new()).await;
+        crate::conformance::history_is_bounded_keyed_and_exact(MemoryStore::new()).await;
+    }
 }

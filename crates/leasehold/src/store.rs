@@ -188,6 +188,37 @@ pub trait Store: Send + Sync + Clone + 'static {
     /// The store's clock, in milliseconds since the Unix epoch. Schedules derive slots from it.
     fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send;
 
+    /// The highest slot claimed for `task`, `None` if none was. Catch-up and the run history
+    /// compare it with the slots due.
+    fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        let _ = task;
+        std::future::ready(Err(unsupported("last_slot")))
+    }
+
+    /// Stores `entry` (opaque text: a [`RunRecord`](crate::history::RunRecord) as JSON) under
+    /// `key` in `task`'s history, replacing an entry with the same key, and keeps only the `keep`
+    /// entries with the highest keys. One round trip.
+    fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let _ = (task, key, entry, keep);
+        std::future::ready(Err(unsupported("record_history")))
+    }
+
+    /// Up to `limit` entries of `task`'s history, highest key first.
+    fn history(
+        &self,
+        task: &LeaseName,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
+        let _ = (task, limit);
+        std::future::ready(Err(unsupported("history")))
+    }
+
     /// A subscription to release notifications, or `None` if this store has none (then waiters
     /// poll). Subscribe *before* the acquire attempt whose `Busy` you will wait on.
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
@@ -196,6 +227,13 @@ pub trait Store: Send + Sync + Clone + 'static {
 
     /// A one-line description for logs and status, with any password removed.
     fn describe(&self) -> String;
+}
+
+fn unsupported(what: &str) -> StoreError {
+    StoreError::Rejected {
+        message: format!("this store does not implement {what}"),
+        source: None,
+    }
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -230,6 +268,19 @@ trait DynStore: Send + Sync {
         slot: u64,
     ) -> BoxFuture<'a, StoreResult<SlotClaim>>;
     fn now_millis(&self) -> BoxFuture<'_, StoreResult<u64>>;
+    fn last_slot<'a>(&'a self, task: &'a LeaseName) -> BoxFuture<'a, StoreResult<Option<u64>>>;
+    fn record_history<'a>(
+        &'a self,
+        task: &'a LeaseName,
+        key: u64,
+        entry: &'a str,
+        keep: usize,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+    fn history<'a>(
+        &'a self,
+        task: &'a LeaseName,
+        limit: usize,
+    ) -> BoxFuture<'a, StoreResult<Vec<String>>>;
     fn subscribe_releases(&self) -> Option<ReleaseSubscription>;
     fn describe(&self) -> String;
 }
@@ -275,6 +326,25 @@ impl<S: Store> DynStore for S {
     }
     fn now_millis(&self) -> BoxFuture<'_, StoreResult<u64>> {
         Box::pin(Store::now_millis(self))
+    }
+    fn last_slot<'a>(&'a self, task: &'a LeaseName) -> BoxFuture<'a, StoreResult<Option<u64>>> {
+        Box::pin(Store::last_slot(self, task))
+    }
+    fn record_history<'a>(
+        &'a self,
+        task: &'a LeaseName,
+        key: u64,
+        entry: &'a str,
+        keep: usize,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(Store::record_history(self, task, key, entry, keep))
+    }
+    fn history<'a>(
+        &'a self,
+        task: &'a LeaseName,
+        limit: usize,
+    ) -> BoxFuture<'a, StoreResult<Vec<String>>> {
+        Box::pin(Store::history(self, task, limit))
     }
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
         Store::subscribe_releases(self)
@@ -348,6 +418,28 @@ impl Store for BoxStore {
     }
     fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
         self.0.now_millis()
+    }
+    fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        let (store, task) = (self.0.clone(), task.clone());
+        async move { store.last_slot(&task).await }
+    }
+    fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let (store, task, entry) = (self.0.clone(), task.clone(), entry.to_owned());
+        async move { store.record_history(&task, key, &entry, keep).await }
+    }
+    fn history(
+        &self,
+        task: &LeaseName,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
+        let (store, task) = (self.0.clone(), task.clone());
+        async move { store.history(&task, limit).await }
     }
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
         self.0.subscribe_releases()

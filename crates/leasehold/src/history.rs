@@ -1,0 +1,273 @@
+//! Run history: what ran for each task, and which slots did not run and why, kept in the store
+//! (bounded per task) so every instance and `leasehold history` see the same record.
+//!
+//! A store keeps entries as opaque text under a numeric key per task (see
+//! [`Store::record_history`](crate::Store::record_history)); this module defines what the text
+//! is: one [`RunRecord`] as JSON. Timer and catch-up runs are keyed by their slot, so a record
+//! written when a run starts is replaced by the one written when it ends; manual runs by their
+//! start time; a gap of missed slots by its first slot.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{Store, StoreError};
+use crate::{FencingToken, LeaseName};
+
+/// Entries kept per task when nothing else is configured.
+pub const DEFAULT_HISTORY_LIMIT: usize = 100;
+
+/// What started a recorded run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum RecordTrigger {
+    /// A timer tick.
+    Timer,
+    /// A missed slot run later under the task's catch-up policy.
+    CatchUp,
+    /// A manual run.
+    Manual,
+}
+
+impl fmt::Display for RecordTrigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Timer => "timer",
+            Self::CatchUp => "catch-up",
+            Self::Manual => "manual",
+        })
+    }
+}
+
+/// Why slots did not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum MissReason {
+    /// No instance claimed them: no leader (a crashed leader's lease was running out, or a
+    /// handoff), or every instance was down.
+    NotClaimed,
+    /// The store could not be reached and the policy was fail-closed.
+    StoreDown,
+    /// The previous run was still going (here or elsewhere).
+    Overlap,
+    /// Older than the catch-up window, or beyond its cap.
+    OutsideCatchUpWindow,
+}
+
+impl fmt::Display for MissReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NotClaimed => "not claimed (no leader or no instance)",
+            Self::StoreDown => "store down",
+            Self::Overlap => "previous run still going",
+            Self::OutsideCatchUpWindow => "outside the catch-up window",
+        })
+    }
+}
+
+/// How a recorded run ended (or that it did not run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum RunOutcome {
+    /// Started and not (yet) ended: still running, or its holder died mid-run.
+    Running,
+    /// The job returned `Ok`.
+    Ok,
+    /// The job returned an error (an exit status for commands).
+    Failed {
+        /// The error's message.
+        error: String,
+    },
+    /// The job was told to stop (lease expiring or lost, shutdown) and stopped.
+    Cancelled {
+        /// Why it was told to stop.
+        why: String,
+    },
+    /// The job ignored its cancellation and was aborted.
+    Aborted,
+    /// The job panicked.
+    Panicked,
+    /// Slots that did not run: `count` firings from the record's slot to `last_slot`.
+    Missed {
+        /// How many firings.
+        count: u64,
+        /// The last of them.
+        last_slot: u64,
+        /// Why, where it is known.
+        reason: MissReason,
+    },
+}
+
+impl RunOutcome {
+    /// A short word for tables: `running`, `ok`, `failed`, `cancelled`, `aborted`, `panicked`,
+    /// `missed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Ok => "ok",
+            Self::Failed { .. } => "failed",
+            Self::Cancelled { .. } => "cancelled",
+            Self::Aborted => "aborted",
+            Self::Panicked => "panicked",
+            Self::Missed { .. } => "missed",
+        }
+    }
+}
+
+/// A task's schedule as recorded with each run, so a reader can say when the next slot is due.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RecordedSchedule {
+    /// `Schedule::Every`, in ms.
+    EveryMs(u64),
+    /// `Schedule::Cron`, the expression.
+    Cron(String),
+}
+
+/// One entry of a task's run history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RunRecord {
+    /// The slot (ms since the epoch, store clock) for timer and catch-up runs and misses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u64>,
+    /// What started it; `None` for missed slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<RecordTrigger>,
+    /// The instance that ran it (or recorded the miss).
+    pub holder: String,
+    /// The fencing token the run held, if any. A string in JSON: tokens exceed 2^53.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "token_as_string"
+    )]
+    pub token: Option<FencingToken>,
+    /// When it started, ms since the epoch (the store's clock as this instance estimates it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
+    /// How it ended.
+    #[serde(flatten)]
+    pub outcome: RunOutcome,
+    /// The task's schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<RecordedSchedule>,
+}
+
+impl RunRecord {
+    /// The key the store files it under: its slot, else its start time.
+    pub fn key(&self) -> u64 {
+        self.slot.or(self.started_ms).unwrap_or_default()
+    }
+
+    /// How long it ran, if it ended.
+    pub fn duration(&self) -> Option<Duration> {
+        Some(Duration::from_millis(
+            self.ended_ms?.saturating_sub(self.started_ms?),
+        ))
+    }
+
+    /// The record as the store keeps it.
+    pub fn to_json(&self) -> String {
+        // A struct of strings, numbers and enums always serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a record the store kept.
+    pub fn from_json(text: &str) -> Result<Self, StoreError> {
+        serde_json::from_str(text)
+            .map_err(|e| StoreError::Corrupt(format!("history entry is not a run record: {e}")))
+    }
+}
+
+mod token_as_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::FencingToken;
+
+    pub fn serialize<S: Serializer>(t: &Option<FencingToken>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_str(&t.get().to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<FencingToken>, D::Error> {
+        let text = Option::<String>::deserialize(d)?;
+        text.map(|t| {
+            t.parse()
+                .map(FencingToken)
+                .map_err(serde::de::Error::custom)
+        })
+        .transpose()
+    }
+}
+
+/// The newest `limit` records of `task`, newest first.
+pub async fn read<S: Store>(
+    store: &S,
+    task: &LeaseName,
+    limit: usize,
+) -> Result<Vec<RunRecord>, StoreError> {
+    store
+        .history(task, limit)
+        .await?
+        .iter()
+        .map(|text| RunRecord::from_json(text))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_through_json_with_exact_tokens() {
+        let run = RunRecord {
+            slot: Some(1_767_225_900_000),
+            trigger: Some(RecordTrigger::CatchUp),
+            holder: "host:1:ab".into(),
+            token: Some(FencingToken(9_007_199_254_740_993)),
+            started_ms: Some(1_767_225_913_000),
+            ended_ms: Some(1_767_225_914_500),
+            outcome: RunOutcome::Failed {
+                error: "exit status 3".into(),
+            },
+            schedule: Some(RecordedSchedule::Cron("0 0 3 * * *".into())),
+        };
+        let json = run.to_json();
+        assert!(json.contains("\"token\":\"9007199254740993\""), "{json}");
+        assert!(json.contains("\"outcome\":\"failed\""), "{json}");
+        assert!(json.contains("\"trigger\":\"catch-up\""), "{json}");
+        assert_eq!(RunRecord::from_json(&json).unwrap(), run);
+        assert_eq!(run.duration(), Some(Duration::from_millis(1_500)));
+        assert_eq!(run.key(), 1_767_225_900_000);
+        let missed = RunRecord {
+            slot: Some(10),
+            trigger: None,
+            holder: "h".into(),
+            token: None,
+            started_ms: None,
+            ended_ms: None,
+            outcome: RunOutcome::Missed {
+                count: 3,
+                last_slot: 30,
+                reason: MissReason::StoreDown,
+            },
+            schedule: None,
+        };
+        assert_eq!(RunRecord::from_json(&missed.to_json()).unwrap(), missed);
+        assert!(matches!(
+            RunRecord::from_json("{\"holder\":1}"),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+}
