@@ -57,6 +57,19 @@ pub enum MissReason {
     OutsideCatchUpWindow,
 }
 
+impl MissReason {
+    /// The metrics and JSON label: `not-claimed`, `store-down`, `overlap`,
+    /// `outside-catch-up-window`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotClaimed => "not-claimed",
+            Self::StoreDown => "store-down",
+            Self::Overlap => "overlap",
+            Self::OutsideCatchUpWindow => "outside-catch-up-window",
+        }
+    }
+}
+
 impl fmt::Display for MissReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -60,6 +60,17 @@ pub enum LossReason {
     Superseded,
 }
 
+impl LossReason {
+    /// The metrics label: `taken-over`, `expired`, `superseded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TakenOver => "taken-over",
+            Self::Expired => "expired",
+            Self::Superseded => "superseded",
+        }
+    }
+}
+
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -237,13 +248,34 @@ type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
 
 /// State the guard, its renewer and its [`Lease`] handle share.
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     deadline: Mutex<Instant>,
     lost: OnceLock<LossReason>,
     /// Fires on loss, release or drop.
     cancel: CancellationToken,
     /// Fires at `deadline - stop_margin` while renewal is overdue, and with `cancel`.
     expiring: CancellationToken,
+}
+
+/// A cheap, clonable view of whether a guard still holds its lease, for [`TaskContext`]
+/// (crate::TaskContext::is_held) without handing out the guard.
+#[derive(Debug, Clone)]
+pub(crate) enum HeldProbe {
+    /// A guard of this process: its expiring signal and its deadline on the clock.
+    Guard(Arc<Shared>),
+    /// Only a token that fires when the lease starts expiring (leadership, from the watch).
+    Token(CancellationToken),
+}
+
+impl HeldProbe {
+    pub(crate) fn is_held(&self) -> bool {
+        match self {
+            Self::Guard(shared) => {
+                !shared.expiring.is_cancelled() && Instant::now() < shared.deadline()
+            }
+            Self::Token(token) => !token.is_cancelled(),
+        }
+    }
 }
 
 impl Shared {
@@ -383,6 +415,10 @@ impl LeaseGuard {
         self.shared.deadline()
     }
 
+    pub(crate) fn probe(&self) -> HeldProbe {
+        HeldProbe::Guard(self.shared.clone())
+    }
+
     /// Stops renewing and frees the lease in the store, so a waiting instance takes over at
     /// once. Drain the work the lease protects first. Returns [`Release::NotHeld`] if the store
     /// no longer had it.
@@ -457,6 +493,7 @@ impl<S: Store> Renewer<S> {
                 .renew(&self.name, &self.holder, self.token, self.config.ttl),
         )
         .await;
+        metrics::histogram!("leasehold_lease_renewal_seconds").record(sent.elapsed().as_secs_f64());
         // A reply read after the deadline (this task was late to run) is not trusted.
         if Instant::now() >= self.deadline {
             self.lose(LossReason::Expired);
@@ -488,6 +525,8 @@ impl<S: Store> Renewer<S> {
                 metrics::counter!("leasehold_lease_renewals_total", "result" => "lost")
                     .increment(1);
             }
+            metrics::counter!("leasehold_leases_lost_total", "reason" => reason.as_str())
+                .increment(1);
             tracing::warn!(lease = %self.name, token = %self.token, %reason, "lease lost");
         }
     }

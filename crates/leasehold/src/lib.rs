@@ -23,8 +23,8 @@ pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
 pub use notify::{ReleaseHub, ReleaseSubscription};
 pub use schedule::{CronSchedule, Schedule, ScheduleError, parse_duration};
 pub use scheduler::{
-    RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus, StoreDownPolicy, Task,
-    TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,
+    CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,
+    StoreDownPolicy, Task, TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,
 };
 pub use store::{
     Acquisition, BoxStore, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,

@@ -50,6 +50,13 @@ pub struct CronSchedule {
     parsed: cron::Schedule,
 }
 
+impl CronSchedule {
+    /// The expression as given.
+    pub fn expr(&self) -> &str {
+        &self.expr
+    }
+}
+
 impl Schedule {
     /// A fixed interval of at least 1 ms.
     pub fn every(interval: Duration) -> Result<Self, ScheduleError> {
@@ -86,6 +93,44 @@ impl Schedule {
                 let after = chrono::DateTime::from_timestamp_millis(i64::try_from(now_ms).ok()?)?;
                 let at = cron.parsed.after(&after).next()?;
                 u64::try_from(at.timestamp_millis()).ok()
+            }
+        }
+    }
+
+    /// The firings `f` with `after < f <= until`: how many there are (counted up to 100,000 for
+    /// cron; exact for intervals) and the newest `newest` of them, oldest first.
+    pub fn firings_between(&self, after: u64, until: u64, newest: usize) -> (u64, Vec<u64>) {
+        let Some(first) = self.next_after(after).filter(|&f| f <= until) else {
+            return (0, Vec::new());
+        };
+        match self {
+            Self::Every(interval) => {
+                let iv = u64::try_from(interval.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                let count = (until - first) / iv + 1;
+                let last = first + (count - 1) * iv;
+                let take = count.min(newest as u64);
+                let slots = (0..take).rev().map(|k| last - k * iv).collect();
+                (count, slots)
+            }
+            Self::Cron(_) => {
+                let mut slots = std::collections::VecDeque::with_capacity(newest.min(1024));
+                let (mut count, mut at) = (0u64, first);
+                loop {
+                    count += 1;
+                    if slots.len() == newest {
+                        slots.pop_front();
+                    }
+                    if newest > 0 {
+                        slots.push_back(at);
+                    }
+                    match self.next_after(at) {
+                        Some(next) if next <= until && count < 100_000 => at = next,
+                        _ => break,
+                    }
+                }
+                (count, slots.into())
             }
         }
     }
@@ -178,6 +223,23 @@ mod tests {
         let at = s.next_after(now).unwrap();
         assert_eq!(at, 1_767_225_900_000);
         assert_eq!(s.next_after(at).unwrap(), at + 300_000);
+    }
+
+    #[test]
+    fn firings_between_counts_and_keeps_the_newest() {
+        let every = Schedule::every(Duration::from_secs(10)).unwrap();
+        assert_eq!(every.firings_between(0, 9_999, 5), (0, vec![]));
+        assert_eq!(every.firings_between(0, 10_000, 5), (1, vec![10_000]));
+        assert_eq!(
+            every.firings_between(10_000, 1_000_000, 3),
+            (99, vec![980_000, 990_000, 1_000_000])
+        );
+        assert_eq!(every.firings_between(10_000, 35_000, 0), (2, vec![]));
+        let cron = Schedule::cron("*/10 * * * * *").unwrap();
+        assert_eq!(
+            cron.firings_between(10_000, 1_000_000, 3),
+            (99, vec![980_000, 990_000, 1_000_000])
+        );
     }
 
     #[test]

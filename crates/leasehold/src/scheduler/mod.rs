@@ -1,38 +1,4 @@
-//! The single-active scheduler: periodic tasks whose timer ticks run on exactly one instance.
-//!
-//! # How a timer tick is won
-//! Every instance arms every task's timer. When it fires for a slot (the firing's scheduled time
-//! in ms on the store's clock, see [`Schedule`](crate::Schedule)), a gated task's tick:
-//! 1. reads the store's clock: if the store cannot answer, the task's [`StoreDownPolicy`]
-//!    decides; if the store's clock has not reached the slot yet, the timer waits for it (so a
-//!    host whose clock runs ahead never claims a future slot);
-//! 2. with a leader gate, skips on a non-leader (`skipped-not-leader`);
-//! 3. takes the task's lease (named like the task). `Busy` means another instance is running the
-//!    task right now: skip (`skipped-claimed`). Holding the lease for the whole run is what
-//!    keeps a run that outlives its interval from overlapping the next run anywhere;
-//! 4. claims the slot in the store, a compare-and-set that only moves forward. `AlreadyRun`
-//!    means another instance ran this slot (or a later one): skip (`skipped-claimed`). This is
-//!    what keeps a tick from running twice across a failover, and, because slots are times,
-//!    across a schedule change or a rolling deploy whose replicas disagree on the schedule;
-//! 5. runs the job with a [`TaskContext`] whose cancellation token fires when the task lease
-//!    or leadership starts expiring (renewal overdue by the stop margin) or is lost, then
-//!    releases the lease.
-//!
-//! An ungated task ([`Task::gated`]`(false)`) skips all of this: every instance runs each tick.
-//!
-//! # Missed ticks
-//! Ticks are never queued or replayed. A firing that falls while the task runs (here or on
-//! another instance) is skipped, and after a run the timer is armed for the next firing after
-//! *now*: like tokio's `MissedTickBehavior::Skip`. A process that was paused wakes, finds its slot
-//! already claimed by a later one, and skips.
-//!
-//! # Manual runs
-//! [`SchedulerHandle::run_now`] runs a task here and now, bypassing the gate, the lease and the
-//! slot claim: it may overlap a timer run of the same task on another instance.
-//! [`SchedulerHandle::run_now_exclusive`] holds the task lease for the run instead, so it never
-//! overlaps a run of the task anywhere (it answers [`SchedulerError::Busy`] while one is in
-//! progress). Either way the run belongs to the scheduler: a caller that stops waiting does not
-//! detach it, and shutdown drains it like a timer run.
+//! The single-active scheduler; its documentation is on [`Scheduler`].
 
 mod runner;
 mod task;
@@ -47,14 +13,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::history::{DEFAULT_HISTORY_LIMIT, RunRecord};
 use crate::leader::{Leader, LeaderState};
 use crate::lease::{Lease, LeaseError};
 use crate::store::Store;
+use crate::store::StoreError;
 use crate::{ConfigError, HolderId, LeaseConfig, LeaseName, MemoryStore};
-use runner::{Common, RunNow, TaskRunner};
+use runner::{Common, HistorySink, RunNow, TaskRunner};
 
 pub use task::{
-    RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
+    CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
 };
 
 /// Why a scheduler could not start or a request failed.
@@ -85,9 +53,86 @@ pub enum SchedulerError {
     /// An exclusive manual run could not take the task lease.
     #[error("cannot take the task lease: {0}")]
     Lease(#[from] LeaseError),
+    /// The run history could not be read.
+    #[error("cannot read the run history: {0}")]
+    History(#[source] StoreError),
 }
 
-/// Builds a [`Scheduler`].
+/// The single-active scheduler: periodic tasks whose timer ticks run on exactly one instance.
+///
+/// # How a timer tick is won
+/// Every instance arms every task's timer. When it fires for a slot (the firing's scheduled time
+/// in ms on the store's clock, see [`Schedule`](crate::Schedule)), a gated task's tick:
+/// 1. reads the store's clock: if the store cannot answer, the task's [`StoreDownPolicy`]
+///    decides; if the store's clock has not reached the slot yet, the timer waits for it (so a
+///    host whose clock runs ahead never claims a future slot);
+/// 2. with a leader gate, skips on a non-leader (`skipped-not-leader`);
+/// 3. takes the task's lease (named like the task). `Busy` means another instance is running the
+///    task right now: skip (`skipped-claimed`). Holding the lease for the whole run is what
+///    keeps a run that outlives its interval from overlapping the next run anywhere;
+/// 4. claims the slot in the store, a compare-and-set that only moves forward. `AlreadyRun`
+///    means another instance ran this slot (or a later one): skip (`skipped-claimed`). This is
+///    what keeps a tick from running twice across a failover, and, because slots are times,
+///    across a schedule change or a rolling deploy whose replicas disagree on the schedule;
+/// 5. runs the job with a [`TaskContext`] whose cancellation token fires when the task lease
+///    or leadership starts expiring (renewal overdue by the stop margin) or is lost, then
+///    releases the lease.
+///
+/// An ungated task ([`Task::gated`]`(false)`) skips all of this: every instance runs each tick.
+///
+/// # Missed ticks
+/// Ticks are never queued or replayed. A firing that falls while the task runs (here or on
+/// another instance) is skipped, and after a run the timer is armed for the next firing after
+/// *now*: like tokio's `MissedTickBehavior::Skip`. A process that was paused wakes, finds its slot
+/// already claimed by a later one, and skips.
+///
+/// # Manual runs
+/// [`SchedulerHandle::run_now`] runs a task here and now, bypassing the gate, the lease and the
+/// slot claim: it may overlap a timer run of the same task on another instance.
+/// [`SchedulerHandle::run_now_exclusive`] holds the task lease for the run instead, so it never
+/// overlaps a run of the task anywhere (it answers [`SchedulerError::Busy`] while one is in
+/// progress). Either way the run belongs to the scheduler: a caller that stops waiting does not
+/// detach it, and shutdown drains it like a timer run.
+///
+/// # Missed slots and catch-up
+/// A slot no instance ran when it was due (a crashed leader's lease was running out, every
+/// instance was down, the store was down under fail-closed, a run overlapped) is handled by the
+/// task's [`CatchUp`] policy when this instance wins leadership (without a leader group: on
+/// start and when the store answers again): `Skip` records it missed, `Latest` runs the most
+/// recent one inside a window, `All` runs every one inside the window, in order, capped. Catch-up
+/// runs are gated and claimed like timer runs, so no slot runs twice.
+///
+/// # When the store is down
+/// See [`StoreDownPolicy`] for what each policy does in each state.
+///
+/// # Run history
+/// Every gated, catch-up and manual run is recorded in the store (slot, trigger, holder, token,
+/// start, end, outcome), and so are missed slots with the reason where it is known; the newest
+/// [`history_limit`](Self::history_limit) entries per task are kept. The writes leave each run's
+/// critical path (one writer task per scheduler). Read it with [`SchedulerHandle::history`] or
+/// `leasehold history`.
+///
+/// ```
+/// use leasehold::{CatchUp, LeaseName, MemoryStore, Schedule, Scheduler, Task, TaskContext};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let nightly = Task::new(
+///     LeaseName::new("nightly-report")?,
+///     Schedule::cron("0 0 3 * * *")?,
+///     |ctx: TaskContext| async move {
+///         // ... build the report; check ctx.is_held() right before publishing it.
+///         Ok::<_, std::io::Error>(())
+///     },
+/// )
+/// .catch_up(CatchUp::Latest { window: Duration::from_secs(6 * 3600) });
+/// let scheduler = Scheduler::new(MemoryStore::new())
+///     .leader_group(LeaseName::new("reporters")?)
+///     .task(nightly)
+///     .start(std::future::ready(()))?; // a shutdown signal; here: stop at once
+/// scheduler.wait().await;
+/// # Ok(()) }
+/// ```
 pub struct Scheduler<S> {
     store: S,
     holder: HolderId,
@@ -97,6 +142,7 @@ pub struct Scheduler<S> {
     grace: Duration,
     tasks: Vec<Task>,
     has_store: bool,
+    history_limit: usize,
 }
 
 impl Scheduler<MemoryStore> {
@@ -122,7 +168,15 @@ impl<S: Store> Scheduler<S> {
             grace: Duration::from_secs(30),
             tasks: Vec::new(),
             has_store: true,
+            history_limit: DEFAULT_HISTORY_LIMIT,
         }
+    }
+
+    /// How many run-history entries the store keeps per task (newest first). Default:
+    /// [`DEFAULT_HISTORY_LIMIT`] (100).
+    pub fn history_limit(mut self, entries: usize) -> Self {
+        self.history_limit = entries.max(1);
+        self
     }
 
     /// Lease timing for task leases and the leader lease. Default: `LeaseConfig::default()`.
@@ -205,12 +259,18 @@ impl<S: Store> Scheduler<S> {
             }
             _ => None,
         };
+        let history = HistorySink::spawn(
+            self.store.clone(),
+            self.history_limit,
+            self.lease_config.renew_interval,
+        );
         let common = Arc::new(Common::new(
             leader,
             self.holder.clone(),
             self.grace,
             self.has_store,
             stop.clone(),
+            history,
         ));
         let mut tasks: HashMap<LeaseName, Arc<dyn RunNow>> = HashMap::new();
         let mut loops = Vec::new();
@@ -289,6 +349,8 @@ async fn supervise(
         runs.close();
         runs.wait().await;
     }
+    // The last runs' records reach the store before the scheduler reports itself done.
+    common.history.flush(Duration::from_secs(5)).await;
     step_down.cancel();
     if let Some(leader) = &common.leader {
         let mut rx = leader.watch();
@@ -316,6 +378,8 @@ pub struct TaskStatus {
     pub policy: StoreDownPolicy,
     /// Whether its timer ticks are gated.
     pub gated: bool,
+    /// What happens to missed slots.
+    pub catch_up: CatchUp,
     /// Timer firings seen here.
     pub ticks: u64,
     /// Runs here (timer and manual).
@@ -403,6 +467,20 @@ impl SchedulerHandle {
     /// lease's fencing token and is cancelled if the lease starts expiring. No slot is claimed.
     pub async fn run_now_exclusive(&self, task: &str) -> Result<RunResult, SchedulerError> {
         self.manual(task, true).await
+    }
+
+    /// The newest `limit` entries of `task`'s run history in the store (every instance's runs,
+    /// and the slots that did not run), newest first.
+    pub async fn history(
+        &self,
+        task: &str,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>, SchedulerError> {
+        let runner = LeaseName::new(task)
+            .ok()
+            .and_then(|n| self.inner.tasks.get(&n).cloned())
+            .ok_or_else(|| SchedulerError::UnknownTask(task.to_owned()))?;
+        runner.history(limit).await.map_err(SchedulerError::History)
     }
 
     /// A snapshot of every task.

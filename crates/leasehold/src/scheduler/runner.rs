@@ -5,16 +5,84 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
-use super::task::{RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger};
+use super::task::{CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger};
 use super::{SchedulerError, TaskStatus};
+use crate::history::{MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
 use crate::leader::{LeaderHandle, LeaderState, MAX_REFUSALS};
-use crate::lease::{Lease, LeaseGuard, TryAcquire};
+use crate::lease::{HeldProbe, Lease, LeaseGuard, TryAcquire};
+use crate::schedule::Schedule;
 use crate::store::{SlotClaim, Store, StoreError};
-use crate::{FencingToken, HolderId};
+use crate::{FencingToken, HolderId, LeaseName};
+
+enum HistoryWrite {
+    Record(LeaseName, RunRecord),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Where runs are recorded: a queue to one writer task per scheduler, so a record never adds a
+/// round trip to a run's critical path and the records of one task land in order.
+#[derive(Clone)]
+pub(super) struct HistorySink(mpsc::Sender<HistoryWrite>);
+
+impl HistorySink {
+    /// Starts the writer. It keeps the newest `keep` entries per task.
+    pub(super) fn spawn<S: Store>(store: S, keep: usize, limit: Duration) -> Self {
+        let (tx, mut rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            let mut warned = false;
+            while let Some(write) = rx.recv().await {
+                let (task, record) = match write {
+                    HistoryWrite::Flush(done) => {
+                        let _ = done.send(());
+                        continue;
+                    }
+                    HistoryWrite::Record(task, record) => (task, record),
+                };
+                let json = record.to_json();
+                let write = store.record_history(&task, record.key(), &json, keep);
+                let result = tokio::time::timeout(limit, write)
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(limit)));
+                match result {
+                    Ok(()) => {}
+                    // Losing a history entry never stops a run; say so once.
+                    Err(e) if !warned => {
+                        warned = true;
+                        tracing::warn!(task = %task, error = %e, "run history not recorded (further failures at debug level)");
+                    }
+                    Err(e) => tracing::debug!(task = %task, error = %e, "run history not recorded"),
+                }
+            }
+        });
+        Self(tx)
+    }
+
+    fn record(&self, task: &LeaseName, record: RunRecord) {
+        if self
+            .0
+            .try_send(HistoryWrite::Record(task.clone(), record))
+            .is_err()
+        {
+            metrics::counter!("leasehold_history_dropped_total").increment(1);
+        }
+    }
+
+    /// Waits until every record queued so far was written (or given up), at most `limit`.
+    pub(super) async fn flush(&self, limit: Duration) {
+        let (done, wait) = oneshot::channel();
+        if self.0.send(HistoryWrite::Flush(done)).await.is_ok() {
+            let _ = tokio::time::timeout(limit, wait).await;
+        }
+    }
+}
 
 /// What every task of one scheduler shares.
 pub(super) struct Common {
@@ -29,6 +97,7 @@ pub(super) struct Common {
     pub(super) failure: OnceLock<String>,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last tick found it.
     store_state: AtomicU8,
+    pub(super) history: HistorySink,
 }
 
 const STORE_UNKNOWN: u8 = 0;
@@ -42,8 +111,10 @@ impl Common {
         grace: Duration,
         has_store: bool,
         stop: CancellationToken,
+        history: HistorySink,
     ) -> Self {
         Self {
+            history,
             stop,
             leader,
             holder,
@@ -119,15 +190,21 @@ pub(super) struct TaskRunner<S> {
     /// The task lease: held for the whole of a gated run.
     lease: Lease<S>,
     policy: StoreDownPolicy,
+    catch_up: CatchUp,
     common: Arc<Common>,
     stats: TaskStats,
     /// Manual runs, owned here so a caller that stops waiting does not detach them.
     manual: TaskTracker,
-    /// Held by a gated run (timer, or exclusive manual) of this task in this process, so two
-    /// never use the task lease at once.
+    /// Held by a gated run (timer, catch-up, or exclusive manual) of this task in this process,
+    /// so two never use the task lease at once.
     exclusive: Arc<tokio::sync::Mutex<()>>,
     /// Refusals in a row, for giving up after [`MAX_REFUSALS`].
     refusals: AtomicU32,
+    /// The store's clock: its last reading and the local instant of it (the local wall clock
+    /// until the store first answers).
+    clock: Mutex<(u64, Instant)>,
+    /// Slots this instance skipped for a reason it knows, until a catch-up check records them.
+    known_misses: Mutex<Vec<(u64, MissReason)>>,
 }
 
 fn wall_millis() -> u64 {
@@ -142,11 +219,41 @@ fn extrapolate((ms, at): (u64, Instant)) -> u64 {
     ms.saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX))
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 async fn fired(token: Option<&CancellationToken>) {
     match token {
         Some(t) => t.cancelled().await,
         None => std::future::pending().await,
     }
+}
+
+/// Completes when the leader's state changes; never without a leader group.
+async fn leader_changed(rx: &mut Option<tokio::sync::watch::Receiver<LeaderState>>) {
+    let changed = match rx {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn recorded(schedule: &Schedule) -> RecordedSchedule {
+    match schedule {
+        Schedule::Every(d) => RecordedSchedule::EveryMs(millis(*d)),
+        Schedule::Cron(c) => RecordedSchedule::Cron(c.expr().to_owned()),
+    }
+}
+
+/// The leases a gated run holds.
+#[derive(Default)]
+struct Held {
+    token: Option<FencingToken>,
+    lease: Option<(CancellationToken, HeldProbe)>,
+    leader: Option<CancellationToken>,
 }
 
 impl<S: Store> TaskRunner<S> {
@@ -156,15 +263,21 @@ impl<S: Store> TaskRunner<S> {
         policy: StoreDownPolicy,
         common: Arc<Common>,
     ) -> Self {
+        let catch_up = task
+            .catch_up
+            .unwrap_or_else(|| CatchUp::default_for(&task.schedule));
         Self {
             task,
             lease,
             policy,
+            catch_up,
             common,
             stats: TaskStats::default(),
             manual: TaskTracker::new(),
             exclusive: Arc::default(),
             refusals: AtomicU32::new(0),
+            clock: Mutex::new((wall_millis(), Instant::now())),
+            known_misses: Mutex::default(),
         }
     }
 
@@ -177,27 +290,55 @@ impl<S: Store> TaskRunner<S> {
         self.common.has_store && self.task.gated
     }
 
+    /// The store's clock now, as this instance estimates it.
+    fn store_now(&self) -> u64 {
+        extrapolate(*lock(&self.clock))
+    }
+
+    /// With a leader group: `Some(token)` of the term this instance leads, `None` when it does
+    /// not lead. Without one: `Some(None)`.
+    fn term(&self) -> Option<Option<FencingToken>> {
+        match &self.common.leader {
+            None => Some(None),
+            Some(leader) => match leader.state() {
+                LeaderState::Leading { token, cancel } if !cancel.is_cancelled() => {
+                    Some(Some(token))
+                }
+                _ => None,
+            },
+        }
+    }
+
     /// Arms the timer for the next slot, fires it, repeats until shutdown.
     ///
     /// Timers are armed on an estimate of the store's clock (its last reading, carried forward on
     /// the monotonic clock; the local wall clock before any reading). A gated tick reads the
     /// store's clock again when it fires and claims its slot only once the store's clock has
     /// reached it, so a host whose clock runs ahead never claims a future slot.
+    ///
+    /// Missed slots are looked for (and caught up) on start, when this instance wins leadership,
+    /// and when the store answers again after an outage.
     pub(super) async fn timer_loop(self: Arc<Self>) {
         let name = self.task.name.clone();
-        let mut reference = (wall_millis(), Instant::now());
-        if self.coordinated() {
-            match self.read_clock().await {
-                Ok(reading) => {
-                    self.common.store_answered();
-                    reference = reading;
-                }
-                Err(e) => self.common.store_unreachable(&e),
-            }
-        }
+        let mut leader_rx = self.common.leader.as_ref().map(|l| l.watch());
+        // The term whose missed slots were looked for; `Some(None)` without a leader group.
+        let mut checked: Option<Option<FencingToken>> = None;
+        let mut store_was_down = false;
         let mut last: Option<u64> = None;
         while !self.common.stop.is_cancelled() {
-            let now = extrapolate(reference);
+            if self.coordinated()
+                && let Some(term) = self.term()
+                && checked != Some(term)
+            {
+                match self.look_for_missed_slots().await {
+                    Ok(()) => checked = Some(term),
+                    Err(e) => {
+                        store_was_down = true;
+                        self.common.store_unreachable(&e);
+                    }
+                }
+            }
+            let now = self.store_now();
             let mut next = self.task.schedule.next_after(now);
             // A timer that fired a hair early must not pick the slot it just ran again.
             if let (Some(slot), Some(last)) = (next, last)
@@ -212,16 +353,27 @@ impl<S: Store> TaskRunner<S> {
             let fire_at = Instant::now() + Duration::from_millis(slot.saturating_sub(now));
             tokio::select! {
                 () = self.common.stop.cancelled() => return,
+                // A new term looks for missed slots at once, not at the next firing.
+                () = leader_changed(&mut leader_rx) => continue,
                 () = tokio::time::sleep_until(fire_at) => {}
             }
             let outcome = if !self.coordinated() {
-                self.run(Trigger::Timer, Some(slot), None, None, None).await;
+                self.run(Trigger::Timer, Some(slot), Held::default()).await;
                 TickOutcome::RanUngated
             } else {
                 match self.read_clock().await {
                     Ok(reading) => {
                         self.common.store_answered();
-                        reference = reading;
+                        if std::mem::take(&mut store_was_down) {
+                            // Back after an outage: look for what it made us miss, before
+                            // this slot's claim moves the last claimed slot past it.
+                            checked = None;
+                            if let Some(term) = self.term()
+                                && self.look_for_missed_slots().await.is_ok()
+                            {
+                                checked = Some(term);
+                            }
+                        }
                         if reading.0 < slot {
                             // Our estimate ran ahead of the store: wait for the store's time.
                             // Slots fired on that estimate (while the store was down) are no
@@ -229,9 +381,12 @@ impl<S: Store> TaskRunner<S> {
                             last = last.filter(|&l| l <= reading.0);
                             continue;
                         }
-                        self.tick(slot).await
+                        self.tick(slot, Trigger::Timer).await
                     }
-                    Err(e) if e.is_transient() => self.store_down(slot, &e).await,
+                    Err(e) if e.is_transient() => {
+                        store_was_down = true;
+                        self.store_down(slot, &e).await
+                    }
                     Err(e) => self.refused(&e),
                 }
             };
@@ -245,14 +400,120 @@ impl<S: Store> TaskRunner<S> {
     }
 
     /// The store's time in ms and the local instant it corresponds to (the middle of the round
-    /// trip), within the renew interval.
+    /// trip), within the renew interval. Kept as the clock estimate.
     async fn read_clock(&self) -> Result<(u64, Instant), StoreError> {
         let limit = self.lease.config().renew_interval;
         let sent = Instant::now();
-        match tokio::time::timeout(limit, self.lease.store().now_millis()).await {
-            Ok(Ok(ms)) => Ok((ms, sent + sent.elapsed() / 2)),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(StoreError::Timeout(limit)),
+        let reading = match tokio::time::timeout(limit, self.lease.store().now_millis()).await {
+            Ok(Ok(ms)) => (ms, sent + sent.elapsed() / 2),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(StoreError::Timeout(limit)),
+        };
+        *lock(&self.clock) = reading;
+        Ok(reading)
+    }
+
+    /// Compares the highest claimed slot with the slots due on the store's clock: records the
+    /// ones that did not run and runs those the catch-up policy asks for. Slots younger than the
+    /// renew interval are left alone: another instance may be claiming them right now.
+    async fn look_for_missed_slots(&self) -> Result<(), StoreError> {
+        let (now, _) = self.read_clock().await?;
+        self.common.store_answered();
+        let limit = self.lease.config().renew_interval;
+        let last = tokio::time::timeout(limit, self.lease.store().last_slot(&self.task.name))
+            .await
+            .unwrap_or(Err(StoreError::Timeout(limit)));
+        let last = match last {
+            Ok(Some(last)) => last,
+            // Never ran anywhere: nothing was missed.
+            Ok(None) => return Ok(()),
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => {
+                tracing::debug!(task = %self.task.name, error = %e, "no slot record to catch up from");
+                return Ok(());
+            }
+        };
+        let settled = now.saturating_sub(millis(limit));
+        let (window, max) = match self.catch_up {
+            CatchUp::Skip => (0, 0),
+            CatchUp::Latest { window } => (millis(window), 1),
+            CatchUp::All { window, max } => (millis(window), max),
+        };
+        let (count, newest) = self.task.schedule.firings_between(last, settled, max);
+        let known = std::mem::take(&mut *lock(&self.known_misses));
+        if count == 0 {
+            return Ok(());
+        }
+        let oldest_runnable = now.saturating_sub(window);
+        let to_run: Vec<u64> = newest
+            .into_iter()
+            .filter(|&slot| slot >= oldest_runnable)
+            .collect();
+        let missed = count - to_run.len() as u64;
+        if missed > 0 {
+            let first = self.task.schedule.next_after(last).unwrap_or(last);
+            let last_missed = match to_run.first() {
+                Some(&run) => self
+                    .task
+                    .schedule
+                    .firings_between(last, run.saturating_sub(1), 1)
+                    .1
+                    .first()
+                    .copied()
+                    .unwrap_or(first),
+                None => self
+                    .task
+                    .schedule
+                    .firings_between(last, settled, 1)
+                    .1
+                    .first()
+                    .copied()
+                    .unwrap_or(first),
+            };
+            let reason = known
+                .iter()
+                .find(|(slot, _)| (first..=last_missed).contains(slot))
+                .map_or(MissReason::NotClaimed, |(_, reason)| *reason);
+            self.record_miss(first, missed, last_missed, reason);
+        }
+        for slot in to_run {
+            tracing::info!(task = %self.task.name, slot, policy = self.catch_up.as_str(), "catching up a missed slot");
+            let outcome = self.tick(slot, Trigger::CatchUp).await;
+            if outcome != TickOutcome::Ran {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn record_miss(&self, first: u64, count: u64, last_slot: u64, reason: MissReason) {
+        metrics::counter!("leasehold_slots_missed_total", "task" => self.task.name.as_str().to_owned(), "reason" => reason.as_str())
+            .increment(count);
+        tracing::info!(task = %self.task.name, first, count, %reason, "slots missed");
+        self.common.history.record(
+            &self.task.name,
+            RunRecord {
+                slot: Some(first),
+                trigger: None,
+                holder: self.common.holder.to_string(),
+                token: None,
+                started_ms: None,
+                ended_ms: None,
+                outcome: RunOutcome::Missed {
+                    count,
+                    last_slot,
+                    reason,
+                },
+                schedule: Some(recorded(&self.task.schedule)),
+            },
+        );
+    }
+
+    /// Remembers why this instance skipped `slot`, for the next look for missed slots.
+    fn skipped(&self, slot: u64, reason: MissReason) {
+        let mut known = lock(&self.known_misses);
+        if known.len() < 1024 {
+            known.push((slot, reason));
         }
     }
 
@@ -266,24 +527,35 @@ impl<S: Store> TaskRunner<S> {
         }
     }
 
-    /// A gated tick, once the store's clock has reached `slot`: leader gate, task lease, slot
-    /// claim, run, release.
-    async fn tick(&self, slot: u64) -> TickOutcome {
+    /// A gated tick (or catch-up), once the store's clock has reached `slot`: leader gate, task
+    /// lease, slot claim, run, release.
+    async fn tick(&self, slot: u64, trigger: Trigger) -> TickOutcome {
         let leader_cancel = match self.leader_gate() {
             Ok(c) => c,
             Err(outcome) => return outcome,
         };
         // An exclusive manual run of this task is in progress here.
         let Ok(_exclusive) = self.exclusive.try_lock() else {
+            self.skipped(slot, MissReason::Overlap);
             return TickOutcome::SkippedClaimed;
         };
         let guard = match self.lease.try_acquire().await {
             Ok(TryAcquire::Acquired(guard)) => guard,
-            Ok(TryAcquire::Busy { .. }) => return self.answered(TickOutcome::SkippedClaimed),
+            Ok(TryAcquire::Busy { .. }) => {
+                // With a leader gate only the leader ticks: someone else holding the task lease
+                // is a run that overlaps this slot. Without one it is usually another instance
+                // running this very slot.
+                if self.common.leader.is_some() {
+                    self.skipped(slot, MissReason::Overlap);
+                }
+                return self.answered(TickOutcome::SkippedClaimed);
+            }
             Err(e) if e.is_transient() => return self.store_down(slot, &e).await,
             Err(e) => return self.refused(&e),
         };
-        let outcome = self.claim_and_run(&guard, slot, leader_cancel).await;
+        let outcome = self
+            .claim_and_run(&guard, slot, trigger, leader_cancel)
+            .await;
         if let Err(e) = guard.release().await {
             tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
         }
@@ -294,6 +566,7 @@ impl<S: Store> TaskRunner<S> {
         &self,
         guard: &LeaseGuard,
         slot: u64,
+        trigger: Trigger,
         leader_cancel: Option<CancellationToken>,
     ) -> TickOutcome {
         let expiring = guard.expiring_token();
@@ -318,14 +591,12 @@ impl<S: Store> TaskRunner<S> {
             tracing::warn!(task = %self.task.name, slot, "task lease expiring before the run could start; slot not run");
             return TickOutcome::SkippedLeaseLost;
         }
-        self.run(
-            Trigger::Timer,
-            Some(slot),
-            Some(guard.token()),
-            Some(expiring),
-            leader_cancel,
-        )
-        .await;
+        let held = Held {
+            token: Some(guard.token()),
+            lease: Some((expiring, guard.probe())),
+            leader: leader_cancel,
+        };
+        self.run(trigger, Some(slot), held).await;
         TickOutcome::Ran
     }
 
@@ -353,50 +624,70 @@ impl<S: Store> TaskRunner<S> {
         metrics::counter!("leasehold_store_down_ticks_total", "task" => self.task.name.as_str().to_owned(), "policy" => self.policy.as_str())
             .increment(1);
         if !self.policy.runs_when_down() {
+            self.skipped(slot, MissReason::StoreDown);
             return TickOutcome::SkippedStoreDown;
         }
-        self.run(Trigger::Timer, Some(slot), None, None, None).await;
+        self.run(Trigger::Timer, Some(slot), Held::default()).await;
         TickOutcome::RanStoreDown
     }
 
     /// Runs the job in its own task (so a panic is contained). Its token is cancelled when the
     /// task lease or leadership starts expiring, or when shutdown's grace period ends; a job
-    /// still running a stop margin later is aborted.
-    async fn run(
-        &self,
-        trigger: Trigger,
-        slot: Option<u64>,
-        token: Option<FencingToken>,
-        lease_cancel: Option<CancellationToken>,
-        leader_cancel: Option<CancellationToken>,
-    ) -> RunResult {
+    /// still running a stop margin later is aborted. Gated and manual runs are recorded in the
+    /// run history (ungated and store-down runs, which every instance may make, are not).
+    async fn run(&self, trigger: Trigger, slot: Option<u64>, held: Held) -> RunResult {
         let cancel = CancellationToken::new();
+        let (lease_cancel, lease_probe) = held.lease.unzip();
+        let mut probes: Vec<HeldProbe> = lease_probe.into_iter().collect();
+        probes.extend(held.leader.clone().map(HeldProbe::Token));
         let ctx = TaskContext {
             task: self.task.name.clone(),
             trigger,
             slot,
-            token,
+            token: held.token,
             holder: self.common.holder.clone(),
             cancel: cancel.clone(),
+            held: probes,
         };
+        let recorded_trigger = match trigger {
+            Trigger::Manual => Some(RecordTrigger::Manual),
+            Trigger::CatchUp => Some(RecordTrigger::CatchUp),
+            Trigger::Timer if held.token.is_some() => Some(RecordTrigger::Timer),
+            _ => None,
+        };
+        let mut record = recorded_trigger.map(|trigger| RunRecord {
+            slot,
+            trigger: Some(trigger),
+            holder: self.common.holder.to_string(),
+            token: held.token,
+            started_ms: Some(self.store_now()),
+            ended_ms: None,
+            outcome: RunOutcome::Running,
+            schedule: Some(recorded(&self.task.schedule)),
+        });
+        if let Some(r) = &record {
+            self.common.history.record(&self.task.name, r.clone());
+        }
         let _active = Active::new(&self.stats.active);
         // Aborted if this future is dropped, so a job never outlives its run.
         let mut job = AbortOnDropHandle::new(tokio::spawn((self.task.job)(ctx)));
         let stop = async {
             tokio::select! {
                 () = fired(lease_cancel.as_ref()) => "task lease expiring",
-                () = fired(leader_cancel.as_ref()) => "leadership ending",
+                () = fired(held.leader.as_ref()) => "leadership ending",
                 () = async {
                     self.common.stop.cancelled().await;
                     tokio::time::sleep(self.common.grace).await;
                 } => "shutdown grace period over",
             }
         };
+        let mut stopped = None;
         let joined = tokio::select! {
             joined = &mut job => Some(joined),
             why = stop => {
                 // Cancel first: a log write that fails must never delay the stop.
                 cancel.cancel();
+                stopped = Some(why);
                 tracing::warn!(task = %self.task.name, why, "cancelling run");
                 tokio::time::timeout(self.lease.config().stop_margin, &mut job).await.ok()
             }
@@ -412,6 +703,21 @@ impl<S: Store> TaskRunner<S> {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task = %self.task.name, ?slot, ?result, "run did not succeed");
         }
+        if let Some(r) = &mut record {
+            r.ended_ms = Some(self.store_now());
+            r.outcome = match (&result, stopped) {
+                (RunResult::Aborted, _) => RunOutcome::Aborted,
+                (RunResult::Panicked, _) => RunOutcome::Panicked,
+                (_, Some(why)) => RunOutcome::Cancelled {
+                    why: why.to_owned(),
+                },
+                (RunResult::Succeeded, None) => RunOutcome::Ok,
+                (RunResult::Failed(error), None) => RunOutcome::Failed {
+                    error: error.clone(),
+                },
+            };
+            self.common.history.record(&self.task.name, r.clone());
+        }
         result
     }
 
@@ -420,7 +726,7 @@ impl<S: Store> TaskRunner<S> {
     /// a run of this task anywhere.
     async fn manual_run(self: Arc<Self>, exclusive: bool) -> Result<RunResult, SchedulerError> {
         if !exclusive {
-            return Ok(self.run(Trigger::Manual, None, None, None, None).await);
+            return Ok(self.run(Trigger::Manual, None, Held::default()).await);
         }
         let Ok(_exclusive) = self.exclusive.clone().try_lock_owned() else {
             return Err(SchedulerError::Busy {
@@ -431,15 +737,12 @@ impl<S: Store> TaskRunner<S> {
             TryAcquire::Acquired(guard) => guard,
             TryAcquire::Busy { holder, .. } => return Err(SchedulerError::Busy { holder }),
         };
-        let result = self
-            .run(
-                Trigger::Manual,
-                None,
-                Some(guard.token()),
-                Some(guard.expiring_token()),
-                None,
-            )
-            .await;
+        let held = Held {
+            token: Some(guard.token()),
+            lease: Some((guard.expiring_token(), guard.probe())),
+            leader: None,
+        };
+        let result = self.run(Trigger::Manual, None, held).await;
         if let Err(e) = guard.release().await {
             tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
         }
@@ -451,6 +754,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
 /// The object-safe part of a task runner the handle needs.
 pub(super) trait RunNow: Send + Sync {
     fn start_manual(
@@ -458,6 +763,7 @@ pub(super) trait RunNow: Send + Sync {
         exclusive: bool,
     ) -> tokio::task::JoinHandle<Result<RunResult, SchedulerError>>;
     fn status(&self) -> TaskStatus;
+    fn history(self: Arc<Self>, limit: usize) -> BoxFuture<Result<Vec<RunRecord>, StoreError>>;
 }
 
 impl<S: Store> RunNow for TaskRunner<S> {
@@ -475,6 +781,7 @@ impl<S: Store> RunNow for TaskRunner<S> {
             schedule: self.task.schedule.to_string(),
             policy: self.policy,
             gated: self.task.gated,
+            catch_up: self.catch_up,
             ticks: self.stats.ticks.load(Ordering::Relaxed),
             runs: self.stats.runs.load(Ordering::Relaxed),
             failures: self.stats.failures.load(Ordering::Relaxed),
@@ -482,5 +789,11 @@ impl<S: Store> RunNow for TaskRunner<S> {
             running: self.stats.active.load(Ordering::Relaxed) > 0,
             last: *lock(&self.stats.last),
         }
+    }
+
+    fn history(self: Arc<Self>, limit: usize) -> BoxFuture<Result<Vec<RunRecord>, StoreError>> {
+        Box::pin(
+            async move { crate::history::read(self.lease.store(), &self.task.name, limit).await },
+        )
     }
 }

@@ -5,9 +5,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::lease::HeldProbe;
 use crate::schedule::Schedule;
 use crate::store::BoxError;
 use crate::{FencingToken, HolderId, LeaseName};
@@ -86,10 +88,14 @@ impl std::str::FromStr for StoreDownPolicy {
 
 /// What started a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Trigger {
     /// The task's timer, gated so only one instance runs each slot (unless the task is ungated
     /// or the store is down under a fail-open policy).
     Timer,
+    /// A slot that no instance ran when it was due, run later under the task's [`CatchUp`]
+    /// policy (gated and claimed like a timer run).
+    CatchUp,
     /// [`SchedulerHandle::run_now`](crate::SchedulerHandle::run_now) or
     /// [`run_now_exclusive`](crate::SchedulerHandle::run_now_exclusive).
     Manual,
@@ -115,6 +121,19 @@ pub struct TaskContext {
     /// renewal is overdue by the lease's stop margin) or was lost, or shutdown's grace period
     /// ran out. A job still running a stop margin later is aborted.
     pub cancel: CancellationToken,
+    /// The leases the run holds (task lease, leadership), for [`is_held`](Self::is_held).
+    pub(crate) held: Vec<HeldProbe>,
+}
+
+impl TaskContext {
+    /// Whether the run may still act: not cancelled, and every lease it runs under (task lease,
+    /// leadership) still held on the local clock and not expiring. Check it right before
+    /// committing work the lease protects (and send [`token`](Self::token) with the write).
+    /// Always true for a run that holds no lease (a bypassing manual run, an ungated task, a
+    /// store-down run): it has nothing to lose.
+    pub fn is_held(&self) -> bool {
+        !self.cancel.is_cancelled() && self.held.iter().all(HeldProbe::is_held)
+    }
 }
 
 /// The outcome of one timer firing on this instance.
@@ -181,7 +200,59 @@ pub struct Task {
     pub(crate) schedule: Schedule,
     pub(crate) policy: Option<StoreDownPolicy>,
     pub(crate) gated: bool,
+    pub(crate) catch_up: Option<CatchUp>,
     pub(crate) job: Job,
+}
+
+/// What happens to slots that no instance ran when they were due (a crashed leader's lease was
+/// running out, every instance was down, the store was down under fail-closed, a run
+/// overlapped). Checked by the instance that wins leadership (or, without a leader group, on
+/// start and when the store answers again), against the highest claimed slot on the store's
+/// clock. Catch-up runs are gated and claimed like timer runs, one at a time and in order; since
+/// slot claims only move forward, no slot runs twice, even when an old leader comes back.
+///
+/// Missed slots are recorded in the run history whatever the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CatchUp {
+    /// Missed slots are not run. The default for interval schedules: the next tick comes soon.
+    Skip,
+    /// The most recent missed slot runs once, if it is younger than `window`. The default for
+    /// cron schedules, with a one-hour window: a nightly job whose leader died a second before
+    /// it was due runs as soon as the next leader is elected.
+    Latest {
+        /// How old a missed slot may be and still run.
+        window: Duration,
+    },
+    /// Every missed slot younger than `window` runs, oldest first, at most `max` of them (the
+    /// newest ones).
+    All {
+        /// How old a missed slot may be and still run.
+        window: Duration,
+        /// The most slots one catch-up runs.
+        max: usize,
+    },
+}
+
+impl CatchUp {
+    /// `skip`, `latest` or `all`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::Latest { .. } => "latest",
+            Self::All { .. } => "all",
+        }
+    }
+
+    /// The default for a schedule: `Skip` for intervals, `Latest` within an hour for cron.
+    pub fn default_for(schedule: &Schedule) -> Self {
+        match schedule {
+            Schedule::Every(_) => Self::Skip,
+            Schedule::Cron(_) => Self::Latest {
+                window: Duration::from_secs(3600),
+            },
+        }
+    }
 }
 
 impl fmt::Debug for Task {
@@ -191,6 +262,7 @@ impl fmt::Debug for Task {
             .field("schedule", &self.schedule)
             .field("policy", &self.policy)
             .field("gated", &self.gated)
+            .field("catch_up", &self.catch_up)
             .finish_non_exhaustive()
     }
 }
@@ -213,6 +285,7 @@ impl Task {
             schedule,
             policy: None,
             gated: true,
+            catch_up: None,
             job,
         }
     }
@@ -229,6 +302,13 @@ impl Task {
     /// without touching the store, beside gated tasks of the same scheduler.
     pub fn gated(mut self, gated: bool) -> Self {
         self.gated = gated;
+        self
+    }
+
+    /// What to do with slots that did not run when they were due. Default:
+    /// [`CatchUp::default_for`] the schedule.
+    pub fn catch_up(mut self, policy: CatchUp) -> Self {
+        self.catch_up = Some(policy);
         self
     }
 

@@ -150,6 +150,27 @@ impl Store for FlakyStore {
         Ok(self.inner.now_millis().await?.saturating_add_signed(offset))
     }
 
+    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
+        self.check()?;
+        self.inner.last_slot(task).await
+    }
+
+    async fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> StoreResult<()> {
+        self.check()?;
+        self.inner.record_history(task, key, entry, keep).await
+    }
+
+    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
+        self.check()?;
+        self.inner.history(task, limit).await
+    }
+
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
         self.inner.subscribe_releases()
     }

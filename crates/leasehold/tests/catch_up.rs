@@ -1,0 +1,264 @@
+//! Missed slots: caught up under `latest` / `all`, recorded as missed under `skip`, never run
+//! twice; and the run history in the store (issue 13), on a paused clock.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::history::{self, MissReason, RecordTrigger, RunOutcome};
+use leasehold::{
+    CatchUp, HolderId, LeaseConfig, LeaseName, MemoryStore, Schedule, Scheduler, SchedulerHandle,
+    Store, StoreDownPolicy, Task, TaskContext, Trigger,
+};
+use support::{FlakyStore, Ledger, assert_no_slot_twice, recorder};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// One instance's view of a shared store, with faults of its own.
+fn view(shared: &MemoryStore) -> FlakyStore {
+    FlakyStore {
+        inner: shared.clone(),
+        ..FlakyStore::default()
+    }
+}
+
+fn start(store: &FlakyStore, holder: &str, task: Task, group: bool) -> SchedulerHandle {
+    let mut s = Scheduler::new(store.clone())
+        .holder(HolderId::new(holder).unwrap())
+        .lease_config(LeaseConfig::new(SEC * 15))
+        .grace_period(SEC)
+        .task(task);
+    if group {
+        s = s.leader_group(LeaseName::new("pods").unwrap());
+    }
+    s.start(std::future::pending()).unwrap()
+}
+
+/// Sleeps until `before` ahead of the next whole minute of the store's clock; returns that
+/// minute (the slot).
+async fn until_before_next_minute(store: &MemoryStore, before: Duration) -> u64 {
+    let now = store.now_millis().await.unwrap();
+    let slot = (now / 60_000 + 1) * 60_000;
+    let wait = slot - now - before.as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    slot
+}
+
+/// The leader dies two seconds before a minutely slot, with a ttl (15 s) longer than that gap:
+/// nobody runs the slot on time. Returns the ledger, the slot, and the history.
+async fn leader_dies_before_a_slot(policy: CatchUp) -> (Ledger, u64, Vec<history::RunRecord>) {
+    let shared = MemoryStore::new();
+    let ledger = Ledger::default();
+    let minutely = || {
+        recorder(
+            &ledger,
+            "nightly",
+            Schedule::cron("0 * * * * *").unwrap(),
+            SEC,
+        )
+        .catch_up(policy)
+    };
+    let (a_store, b_store) = (view(&shared), view(&shared));
+    let a = start(&a_store, "a", minutely(), true);
+    a.leader().unwrap().elected().await.unwrap();
+    let b = start(&b_store, "b", minutely(), true);
+    // One slot on time, so there is a claimed slot to compare with.
+    until_before_next_minute(&shared, SEC * 2).await;
+    tokio::time::sleep(SEC * 5).await;
+    let slot = until_before_next_minute(&shared, SEC * 2).await;
+    a_store.set(|f| &f.down, true); // SIGKILL, as far as the store can tell
+    b.leader().unwrap().elected().await.unwrap();
+    tokio::time::sleep(SEC * 30).await;
+    let records = b.history("nightly", 50).await.unwrap();
+    drop(a);
+    (ledger, slot, records)
+}
+
+#[tokio::test(start_paused = true)]
+async fn latest_runs_the_slot_a_dead_leader_missed_once_on_the_next_leader() {
+    let (ledger, slot, records) =
+        leader_dies_before_a_slot(CatchUp::Latest { window: SEC * 3600 }).await;
+    let runs: Vec<_> = ledger
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.slot == Some(slot))
+        .cloned()
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].holder, "b");
+    assert_eq!(runs[0].trigger, Trigger::CatchUp);
+    assert_no_slot_twice(&ledger);
+    let entry = records
+        .iter()
+        .find(|r| r.slot == Some(slot))
+        .expect("in history");
+    assert_eq!(entry.trigger, Some(RecordTrigger::CatchUp));
+    assert_eq!(entry.outcome, RunOutcome::Ok);
+    assert_eq!(entry.holder, "b");
+    assert!(entry.token.is_some() && entry.duration().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn skip_leaves_the_slot_unrun_and_records_it_missed() {
+    let (ledger, slot, records) = leader_dies_before_a_slot(CatchUp::Skip).await;
+    assert!(
+        ledger.lock().unwrap().iter().all(|r| r.slot != Some(slot)),
+        "a skipped slot ran"
+    );
+    let entry = records
+        .iter()
+        .find(|r| r.slot == Some(slot))
+        .expect("in history");
+    assert_eq!(
+        entry.outcome,
+        RunOutcome::Missed {
+            count: 1,
+            last_slot: slot,
+            reason: MissReason::NotClaimed
+        }
+    );
+    assert_no_slot_twice(&ledger);
+}
+
+/// `all` after a store outage under fail-closed: the newest `max` missed slots inside the window
+/// run in order, the older ones are recorded missed because the store was down.
+#[tokio::test(start_paused = true)]
+async fn all_runs_the_newest_missed_slots_in_order_after_an_outage() {
+    let store = FlakyStore::new();
+    let ledger = Ledger::default();
+    let task = recorder(
+        &ledger,
+        "sweep",
+        Schedule::every(SEC * 10).unwrap(),
+        SEC / 10,
+    )
+    .catch_up(CatchUp::All {
+        window: SEC * 3600,
+        max: 3,
+    });
+    let s = Scheduler::new(store.clone())
+        .lease_config(LeaseConfig::new(SEC * 3))
+        .on_store_down(StoreDownPolicy::FailClosed)
+        .task(task)
+        .start(std::future::pending())
+        .unwrap();
+    tokio::time::sleep(SEC * 25).await;
+    let before = ledger.lock().unwrap().len();
+    assert!(before >= 2);
+    store.set(|f| &f.down, true);
+    tokio::time::sleep(SEC * 60).await;
+    store.set(|f| &f.down, false);
+    tokio::time::sleep(SEC * 15).await;
+    let runs = ledger.lock().unwrap().clone();
+    let caught: Vec<u64> = runs
+        .iter()
+        .filter(|r| r.trigger == Trigger::CatchUp)
+        .filter_map(|r| r.slot)
+        .collect();
+    assert_eq!(caught.len(), 3, "{runs:?}");
+    assert!(
+        caught.windows(2).all(|w| w[1] == w[0] + 10_000),
+        "in order: {caught:?}"
+    );
+    assert_no_slot_twice(&ledger);
+    let records = s.history("sweep", 100).await.unwrap();
+    let missed = records
+        .iter()
+        .find(|r| matches!(r.outcome, RunOutcome::Missed { .. }))
+        .expect("older slots recorded missed");
+    let RunOutcome::Missed {
+        count,
+        last_slot,
+        reason,
+    } = missed.outcome.clone()
+    else {
+        unreachable!()
+    };
+    assert_eq!(reason, MissReason::StoreDown);
+    assert_eq!(last_slot + 10_000, caught[0]);
+    assert_eq!(count, (last_slot - missed.slot.unwrap()) / 10_000 + 1);
+}
+
+/// Every run is recorded with its outcome; the history is bounded; manual runs appear too.
+#[tokio::test(start_paused = true)]
+async fn the_history_records_outcomes_and_stays_bounded() {
+    let store = MemoryStore::new();
+    let task = Task::new(
+        LeaseName::new("flaky").unwrap(),
+        Schedule::every(SEC).unwrap(),
+        |ctx: TaskContext| async move {
+            match ctx.slot.map(|s| s / 1000 % 2) {
+                Some(0) => Err(std::io::Error::other("even slot")),
+                _ => Ok(()),
+            }
+        },
+    );
+    let s = Scheduler::new(store.clone())
+        .lease_config(LeaseConfig::new(SEC * 3))
+        .history_limit(5)
+        .task(task)
+        .start(std::future::pending())
+        .unwrap();
+    tokio::time::sleep(SEC * 10).await;
+    s.run_now("flaky").await.unwrap();
+    s.shutdown().await;
+    let records = history::read(&store, &LeaseName::new("flaky").unwrap(), 100)
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 5, "bounded to the limit: {records:?}");
+    assert!(
+        records.windows(2).all(|w| w[0].key() > w[1].key()),
+        "newest first"
+    );
+    let manual = records
+        .iter()
+        .find(|r| r.trigger == Some(RecordTrigger::Manual))
+        .expect("manual run recorded");
+    assert!(manual.token.is_none() && manual.slot.is_none());
+    for r in records
+        .iter()
+        .filter(|r| r.trigger == Some(RecordTrigger::Timer))
+    {
+        let even = r.slot.unwrap() / 1000 % 2 == 0;
+        let expected = if even {
+            RunOutcome::Failed {
+                error: "even slot".into(),
+            }
+        } else {
+            RunOutcome::Ok
+        };
+        assert_eq!(r.outcome, expected, "{r:?}");
+    }
+}
+
+/// A job can ask whether it may still commit: false once its lease starts expiring.
+#[tokio::test(start_paused = true)]
+async fn a_job_sees_its_lease_expiring_before_it_commits() {
+    let store = FlakyStore::new();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let flaky = store.clone();
+    let task = Task::new(
+        LeaseName::new("commit").unwrap(),
+        Schedule::every(SEC * 30).unwrap(),
+        move |ctx: TaskContext| {
+            let (log, flaky) = (log.clone(), flaky.clone());
+            async move {
+                log.lock().unwrap().push(ctx.is_held());
+                flaky.set(|f| &f.renew_hangs, true);
+                tokio::time::sleep(SEC * 3).await;
+                log.lock().unwrap().push(ctx.is_held());
+                Ok::<(), std::io::Error>(())
+            }
+        },
+    );
+    let _s = Scheduler::new(store.clone())
+        .lease_config(LeaseConfig::new(SEC * 3))
+        .task(task)
+        .start(std::future::pending())
+        .unwrap();
+    tokio::time::sleep(SEC * 35).await;
+    assert_eq!(seen.lock().unwrap()[..2], [true, false]);
+}
