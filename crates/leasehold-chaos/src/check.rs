@@ -41,8 +41,9 @@ pub struct CheckReport {
     /// Pairs of runs of any outcome that overlap in time (information: a paused holder that
     /// resumes overlaps the new holder in wall time, and must be fenced).
     pub raw_overlaps: usize,
-    /// Extra accepted runs of a slot that already had an accepted run, outside write-loss
-    /// windows. Must be 0.
+    /// Extra runs of a slot that had already run, whatever either run's write became
+    /// (accepted, refused by the fence, or stopped before it), outside write-loss windows.
+    /// Must be 0.
     pub duplicate_slots: usize,
     /// Such duplicates inside a store write-loss window.
     pub duplicate_slots_excused: usize,
@@ -180,15 +181,16 @@ pub fn check(entries: &[LedgerEntry], loss: &[LossWindow]) -> CheckReport {
         }
     }
 
-    // Duplicate slots among accepted writes.
+    // Duplicate slots: every execution of a slot after its first, whatever its write's fate
+    // (a slot runs at most once; a second run the fence refused still ran).
     let mut slots: BTreeMap<u64, Vec<&LedgerEntry>> = BTreeMap::new();
-    for e in entries.iter().filter(|e| e.fenced == Fenced::Accepted) {
+    for e in entries {
         if let Some(slot) = e.slot {
             slots.entry(slot).or_default().push(e);
         }
     }
     for runs in slots.values_mut() {
-        runs.sort_by_key(|e| e.start_ms);
+        runs.sort_by_key(|e| (e.start_ms, e.end_ms));
         for dup in &runs[1..] {
             if excused(dup.start_ms) {
                 r.duplicate_slots_excused += 1;
@@ -267,12 +269,13 @@ mod tests {
     #[test]
     fn a_fenced_stale_holder_overlaps_but_passes() {
         let mut l = clean();
-        // A holder with token 2 paused from 5990 to 8000 writes after tokens 3 and 4: refused.
-        l.push(run(12, 2, 5990, 8000, Fenced::Rejected));
+        // A holder that claimed slot 13 with token 3 is paused from 6500 to 8000, and writes
+        // after token 4: refused. Its slot ran once, so it is no duplicate.
+        l.push(run(13, 3, 6500, 8000, Fenced::Rejected));
         let r = check(&l, &[]);
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.stale_rejected, 1);
-        assert_eq!(r.raw_overlaps, 2);
+        assert_eq!(r.raw_overlaps, 1);
         assert_eq!(r.overlapping_accepted, 0);
         assert_eq!(r.duplicate_slots, 0);
     }
@@ -285,6 +288,60 @@ mod tests {
         assert!(!r.ok());
         assert_eq!(r.duplicate_slots, 1);
         assert_eq!(r.overlapping_accepted, 0);
+    }
+
+    #[test]
+    fn a_slot_run_twice_is_a_duplicate_even_when_the_fence_refused_one_write() {
+        // Slot 14 ran with token 4 (accepted), then ran again with a stale token: the fence
+        // refused the second write, but the slot still ran twice.
+        let mut l = clean();
+        l.push(run(14, 3, 7200, 7300, Fenced::Rejected));
+        let r = check(&l, &[]);
+        assert!(!r.ok(), "{r:?}");
+        assert_eq!(r.duplicate_slots, 1);
+        assert_eq!((r.stale_rejected, r.stale_accepted), (1, 0));
+        assert_eq!(r.overlapping_accepted, 0);
+        assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+        // Aborted before its write: it ran all the same.
+        let mut l = clean();
+        l.push(run(12, 5, 7200, 7250, Fenced::Aborted));
+        assert_eq!(check(&l, &[]).duplicate_slots, 1);
+        // Three runs of one slot: two duplicates.
+        l.push(run(12, 6, 7400, 7450, Fenced::Accepted));
+        assert_eq!(check(&l, &[]).duplicate_slots, 2);
+    }
+
+    #[test]
+    fn overlapping_executions_are_counted_whatever_their_fate() {
+        // Two runs of different slots at once: both accepted is a violation...
+        let mut l = clean();
+        l.push(run(15, 5, 7050, 7150, Fenced::Accepted));
+        let r = check(&l, &[]);
+        assert_eq!((r.raw_overlaps, r.overlapping_accepted), (1, 1));
+        assert_eq!(r.duplicate_slots, 0);
+        // ...one refused by the fence is an overlap the fence caught.
+        let mut l = clean();
+        l.push(run(15, 3, 7050, 7150, Fenced::Rejected));
+        let r = check(&l, &[]);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!((r.raw_overlaps, r.overlapping_accepted), (1, 0));
+        // Two overlapping runs of the same slot: an overlap and a duplicate.
+        let mut l = clean();
+        l.push(run(14, 3, 7050, 7150, Fenced::Rejected));
+        let r = check(&l, &[]);
+        assert!(!r.ok(), "{r:?}");
+        assert_eq!((r.raw_overlaps, r.duplicate_slots), (1, 1));
+    }
+
+    #[test]
+    fn a_clean_ledger_has_no_duplicates_or_overlaps() {
+        let r = check(&clean(), &[]);
+        assert_eq!(
+            (r.duplicate_slots, r.duplicate_slots_excused),
+            (0, 0),
+            "{r:?}"
+        );
+        assert_eq!((r.raw_overlaps, r.overlapping_accepted), (0, 0));
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl Harness {
                 None,
             ),
             line(
-                "duplicate slots among accepted writes",
+                "duplicate slots (a slot run twice, any outcome)",
                 checked.duplicate_slots,
                 "= 0",
                 Some(checked.duplicate_slots == 0),
