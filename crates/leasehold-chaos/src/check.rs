@@ -1,6 +1,7 @@
 //! The checker: what the ledger says about the guarantees.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -53,11 +54,12 @@ pub struct CheckReport {
     pub stale_rejected: usize,
     /// Accepted writes that carried no token or no slot.
     pub unfenced_accepted: usize,
-    /// Lowest slot seen.
+    /// Lowest slot seen: the scheduled time of the earliest firing that ran, ms since the Unix
+    /// epoch on the store's clock.
     pub first_slot: Option<u64>,
     /// Highest slot seen.
     pub last_slot: Option<u64>,
-    /// Slots between the first and the last with no run at all.
+    /// Firings of the schedule between the first slot and the last with no run at all.
     pub missed_slots: usize,
     /// Up to 20 human-readable descriptions of each violation found.
     pub violations: Vec<String>,
@@ -115,7 +117,13 @@ fn describe(e: &LedgerEntry) -> String {
 }
 
 /// Checks a ledger, given in the order it was written (the order of the fence's decisions).
-pub fn check(entries: &[LedgerEntry], loss: &[LossWindow]) -> CheckReport {
+///
+/// `every` is the interval of the schedule the ledger's runs came from (the `--every` the
+/// replicas were given). A slot is the firing's scheduled time in ms since the Unix epoch, and an
+/// interval schedule fires at every multiple of `every`, so two slots that ran `k` intervals apart
+/// leave `k - 1` missed slots between them. (Slots that are firing indexes, the scheduler's
+/// older meaning, are counted alike with `every` = 1 ms.)
+pub fn check(entries: &[LedgerEntry], loss: &[LossWindow], every: Duration) -> CheckReport {
     let mut r = CheckReport {
         executions: entries.len(),
         ..CheckReport::default()
@@ -205,27 +213,65 @@ pub fn check(entries: &[LedgerEntry], loss: &[LossWindow]) -> CheckReport {
         }
     }
 
-    // Missed slots: no run of any outcome.
+    // Missed slots: firings with no run of any outcome.
     let seen: BTreeSet<u64> = entries.iter().filter_map(|e| e.slot).collect();
     r.first_slot = seen.first().copied();
     r.last_slot = seen.last().copied();
-    if let (Some(first), Some(last)) = (r.first_slot, r.last_slot) {
-        r.missed_slots = usize::try_from(last - first + 1).unwrap_or(usize::MAX) - seen.len();
-    }
+    r.missed_slots = missed_slots(&seen, every, 0).0;
     r
+}
+
+/// The firings of an interval schedule between the first and the last of `seen` that are not in
+/// `seen`: how many, and the scheduled times (ms) of the first `list` of them. The gap between
+/// two consecutive slots that ran is a number of intervals; one that is not a whole number (a
+/// schedule changed mid-run) is rounded to the nearest.
+pub(crate) fn missed_slots(
+    seen: &BTreeSet<u64>,
+    every: Duration,
+    list: usize,
+) -> (usize, Vec<u64>) {
+    let step = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+    let (mut count, mut times) = (0usize, Vec::new());
+    let mut slots = seen.iter().copied();
+    let Some(mut prev) = slots.next() else {
+        return (0, times);
+    };
+    for next in slots {
+        let gap = next - prev;
+        let firings = gap / step + u64::from(gap % step >= step.div_ceil(2));
+        let missed = firings.saturating_sub(1);
+        count = count.saturating_add(usize::try_from(missed).unwrap_or(usize::MAX));
+        for k in 1..=missed {
+            if times.len() >= list {
+                break;
+            }
+            times.push(prev + k * step);
+        }
+        prev = next;
+    }
+    (count, times)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn run(slot: u64, token: u64, start: u64, end: u64, fenced: Fenced) -> LedgerEntry {
+    /// The replicas' interval.
+    const EVERY: Duration = Duration::from_millis(500);
+
+    /// The slot of the `i`-th firing of the test schedule: its time in ms since the epoch.
+    fn slot(i: u64) -> u64 {
+        1_700_000_000_000 + i * 500
+    }
+
+    /// A run of the `i`-th firing.
+    fn run(i: u64, token: u64, start: u64, end: u64, fenced: Fenced) -> LedgerEntry {
         LedgerEntry {
             task: "t".into(),
-            slot: Some(slot),
+            slot: Some(slot(i)),
             token: Some(token),
             holder: format!("r{token}"),
-            pid: 1000 + u32::try_from(slot).unwrap(),
+            pid: 1000 + u32::try_from(i).unwrap(),
             start_ms: start,
             end_ms: end,
             fenced,
@@ -245,13 +291,16 @@ mod tests {
 
     #[test]
     fn a_clean_ledger_passes() {
-        let r = check(&clean(), &[]);
+        let r = check(&clean(), &[], EVERY);
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.executions, 4);
         assert_eq!(r.accepted, 4);
         assert_eq!(r.raw_overlaps, 0);
         assert_eq!(r.missed_slots, 1);
-        assert_eq!((r.first_slot, r.last_slot), (Some(10), Some(14)));
+        assert_eq!(
+            (r.first_slot, r.last_slot),
+            (Some(slot(10)), Some(slot(14)))
+        );
         assert!(r.violations.is_empty());
     }
 
@@ -259,7 +308,7 @@ mod tests {
     fn overlapping_accepted_runs_are_detected() {
         let mut l = clean();
         l.push(run(15, 5, 7050, 7150, Fenced::Accepted));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(!r.ok());
         assert_eq!(r.overlapping_accepted, 1);
         assert_eq!(r.raw_overlaps, 1);
@@ -272,7 +321,7 @@ mod tests {
         // A holder that claimed slot 13 with token 3 is paused from 6500 to 8000, and writes
         // after token 4: refused. Its slot ran once, so it is no duplicate.
         l.push(run(13, 3, 6500, 8000, Fenced::Rejected));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.stale_rejected, 1);
         assert_eq!(r.raw_overlaps, 1);
@@ -284,7 +333,7 @@ mod tests {
     fn duplicate_slots_are_detected() {
         let mut l = clean();
         l.push(run(14, 5, 7200, 7300, Fenced::Accepted));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(!r.ok());
         assert_eq!(r.duplicate_slots, 1);
         assert_eq!(r.overlapping_accepted, 0);
@@ -296,7 +345,7 @@ mod tests {
         // refused the second write, but the slot still ran twice.
         let mut l = clean();
         l.push(run(14, 3, 7200, 7300, Fenced::Rejected));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(!r.ok(), "{r:?}");
         assert_eq!(r.duplicate_slots, 1);
         assert_eq!((r.stale_rejected, r.stale_accepted), (1, 0));
@@ -305,10 +354,10 @@ mod tests {
         // Aborted before its write: it ran all the same.
         let mut l = clean();
         l.push(run(12, 5, 7200, 7250, Fenced::Aborted));
-        assert_eq!(check(&l, &[]).duplicate_slots, 1);
+        assert_eq!(check(&l, &[], EVERY).duplicate_slots, 1);
         // Three runs of one slot: two duplicates.
         l.push(run(12, 6, 7400, 7450, Fenced::Accepted));
-        assert_eq!(check(&l, &[]).duplicate_slots, 2);
+        assert_eq!(check(&l, &[], EVERY).duplicate_slots, 2);
     }
 
     #[test]
@@ -316,26 +365,26 @@ mod tests {
         // Two runs of different slots at once: both accepted is a violation...
         let mut l = clean();
         l.push(run(15, 5, 7050, 7150, Fenced::Accepted));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert_eq!((r.raw_overlaps, r.overlapping_accepted), (1, 1));
         assert_eq!(r.duplicate_slots, 0);
         // ...one refused by the fence is an overlap the fence caught.
         let mut l = clean();
         l.push(run(15, 3, 7050, 7150, Fenced::Rejected));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(r.ok(), "{r:?}");
         assert_eq!((r.raw_overlaps, r.overlapping_accepted), (1, 0));
         // Two overlapping runs of the same slot: an overlap and a duplicate.
         let mut l = clean();
         l.push(run(14, 3, 7050, 7150, Fenced::Rejected));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(!r.ok(), "{r:?}");
         assert_eq!((r.raw_overlaps, r.duplicate_slots), (1, 1));
     }
 
     #[test]
     fn a_clean_ledger_has_no_duplicates_or_overlaps() {
-        let r = check(&clean(), &[]);
+        let r = check(&clean(), &[], EVERY);
         assert_eq!(
             (r.duplicate_slots, r.duplicate_slots_excused),
             (0, 0),
@@ -348,7 +397,7 @@ mod tests {
     fn stale_accepted_writes_are_detected() {
         let mut l = clean();
         l.push(run(15, 3, 7500, 7600, Fenced::Accepted));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(!r.ok());
         assert_eq!(r.stale_accepted, 1);
     }
@@ -359,7 +408,7 @@ mod tests {
         let mut e = run(15, 9, 7500, 7600, Fenced::Accepted);
         e.token = None;
         l.push(e);
-        assert_eq!(check(&l, &[]).unfenced_accepted, 1);
+        assert_eq!(check(&l, &[], EVERY).unfenced_accepted, 1);
     }
 
     #[test]
@@ -370,19 +419,61 @@ mod tests {
             from_ms: 7000,
             to_ms: 9000,
         }];
-        let r = check(&l, &loss);
+        let r = check(&l, &loss, EVERY);
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.overlapping_accepted_excused, 1);
         assert_eq!(r.duplicate_slots_excused, 1);
         l.push(run(16, 40, 8000, 8100, Fenced::Accepted));
-        assert_eq!(check(&l, &loss).stale_accepted, 1);
+        assert_eq!(check(&l, &loss, EVERY).stale_accepted, 1);
+    }
+
+    #[test]
+    fn missed_slots_are_the_gaps_between_ms_slots_in_intervals() {
+        // Firings 10, 11, 12 and 14 ran: one missed. Slots are 500 ms apart, not 1.
+        assert_eq!(check(&clean(), &[], EVERY).missed_slots, 1);
+        let mut l = clean();
+        // An outage: firings 15 to 23 missed, 24 ran.
+        l.push(run(24, 5, 12_000, 12_100, Fenced::Accepted));
+        let r = check(&l, &[], EVERY);
+        assert_eq!(r.missed_slots, 1 + 9);
+        assert_eq!(r.last_slot, Some(slot(24)));
+        // A duplicate or an aborted run is a run: it fills its slot, and adds no missed slot.
+        l.push(run(20, 6, 13_000, 13_050, Fenced::Aborted));
+        l.push(run(24, 7, 14_000, 14_100, Fenced::Rejected));
+        assert_eq!(check(&l, &[], EVERY).missed_slots, 1 + 5 + 3);
+        // The times of the missed firings, and a cap on how many are listed.
+        let seen: BTreeSet<u64> = [slot(0), slot(1), slot(4), slot(6)].into();
+        assert_eq!(
+            missed_slots(&seen, EVERY, 10),
+            (3, vec![slot(2), slot(3), slot(5)])
+        );
+        assert_eq!(missed_slots(&seen, EVERY, 1), (3, vec![slot(2)]));
+        // A gap that is not whole intervals is rounded to the nearest.
+        let seen: BTreeSet<u64> = [slot(0), slot(3) + 200].into();
+        assert_eq!(missed_slots(&seen, EVERY, 0).0, 2);
+        let seen: BTreeSet<u64> = [slot(0), slot(3) + 300].into();
+        assert_eq!(missed_slots(&seen, EVERY, 0).0, 3);
+        // No slot or one slot: nothing missed.
+        assert_eq!(missed_slots(&BTreeSet::new(), EVERY, 10), (0, vec![]));
+        assert_eq!(missed_slots(&[slot(3)].into(), EVERY, 10), (0, vec![]));
+    }
+
+    #[test]
+    fn index_slots_count_with_a_one_ms_step() {
+        let mut l = clean();
+        for e in &mut l {
+            e.slot = e.slot.map(|s| (s - slot(0)) / 500);
+        }
+        let r = check(&l, &[], Duration::from_millis(1));
+        assert_eq!((r.first_slot, r.last_slot), (Some(10), Some(14)));
+        assert_eq!(r.missed_slots, 1);
     }
 
     #[test]
     fn aborted_runs_count_as_runs_not_writes() {
         let mut l = clean();
         l.push(run(13, 5, 6500, 6550, Fenced::Aborted));
-        let r = check(&l, &[]);
+        let r = check(&l, &[], EVERY);
         assert!(r.ok());
         assert_eq!((r.aborted, r.missed_slots), (1, 0));
     }

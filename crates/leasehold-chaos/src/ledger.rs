@@ -41,7 +41,8 @@ impl Fenced {
 pub struct LedgerEntry {
     /// The lease (`LEASEHOLD_LEASE`).
     pub task: String,
-    /// The tick's slot (`LEASEHOLD_SLOT`).
+    /// The tick's slot (`LEASEHOLD_SLOT`): the firing's scheduled time, ms since the Unix epoch
+    /// on the store's clock.
     pub slot: Option<u64>,
     /// The fencing token of the run (`LEASEHOLD_TOKEN`).
     pub token: Option<u64>,

@@ -13,6 +13,18 @@ pub struct Span {
     pub to_ms: u64,
     /// `accepted`, `rejected` or `aborted` for runs; free text otherwise.
     pub class: String,
+    /// More text for the tooltip (after `class`), or empty.
+    pub detail: String,
+}
+
+impl Span {
+    fn title(&self) -> String {
+        if self.detail.is_empty() {
+            esc(&self.class)
+        } else {
+            esc(&format!("{}: {}", self.class, self.detail))
+        }
+    }
 }
 
 /// A fault across all rows.
@@ -47,6 +59,8 @@ pub struct Timeline {
     pub runs: Vec<Span>,
     /// Faults.
     pub faults: Vec<Marker>,
+    /// Scheduled times of the firings no replica ran (slots are times: ms since the Unix epoch).
+    pub missed: Vec<u64>,
 }
 
 const WIDTH: f64 = 1400.0;
@@ -118,6 +132,7 @@ impl Timeline {
             ("#2ca02c", "run, write accepted"),
             ("#d62728", "run, write rejected (stale token)"),
             ("#999999", "run stopped before its write"),
+            ("#ff7f0e", "missed slot (firing with no run)"),
         ];
         for (i, (colour, text)) in legend.iter().enumerate() {
             let lx = LEFT + i as f64 * 230.0;
@@ -158,7 +173,7 @@ impl Timeline {
             let _ = writeln!(
                 s,
                 r##"<g><title>{}</title><line x1="{x1:.1}" y1="{ly}" x2="{x2:.1}" y2="{ly}" stroke="#888" stroke-width="1.5"/><line x1="{x1:.1}" y1="{}" x2="{x1:.1}" y2="{}" stroke="#555" stroke-width="1.5"/><text x="{:.1}" y="{}" font-size="9" fill="#555">{}</text></g>"##,
-                esc(&l.class),
+                l.title(),
                 ly - 5.0,
                 ly + 2.0,
                 x1 + 2.0,
@@ -174,7 +189,7 @@ impl Timeline {
                 y(t.row) + 3.0,
                 (x(t.to_ms) - x(t.from_ms)).max(1.0),
                 ROW - 10.0,
-                esc(&t.class)
+                t.title()
             );
         }
         for r in &self.runs {
@@ -186,7 +201,18 @@ impl Timeline {
                 (x(r.to_ms) - x(r.from_ms)).max(1.5),
                 ROW - 20.0,
                 run_colour(&r.class),
-                esc(&r.class)
+                r.title()
+            );
+        }
+        // Missed slots: a tick under the rows at each firing's scheduled time.
+        let below = TOP + rows as f64 * ROW;
+        for &at in &self.missed {
+            let mx = x(at);
+            let _ = writeln!(
+                s,
+                r##"<path d="M{mx:.1} {} l-3 5 h6 z" fill="#ff7f0e"><title>missed slot {at} (+{:.3}s)</title></path>"##,
+                below - 5.0,
+                at.saturating_sub(self.start_ms) as f64 / 1000.0
             );
         }
         // Fault markers and labels.
@@ -253,12 +279,14 @@ mod tests {
                 from_ms: 1_000,
                 to_ms: 31_000,
                 class: "r0.0".into(),
+                detail: String::new(),
             }],
             tenures: vec![Span {
                 row: 1,
                 from_ms: 2_000,
                 to_ms: 9_000,
                 class: "r1.0".into(),
+                detail: String::new(),
             }],
             runs: vec![
                 Span {
@@ -266,12 +294,14 @@ mod tests {
                     from_ms: 3_000,
                     to_ms: 3_100,
                     class: "accepted".into(),
+                    detail: "slot 1700000003000 (+2.000s), token 7".into(),
                 },
                 Span {
                     row: 0,
                     from_ms: 4_000,
                     to_ms: 7_000,
                     class: "rejected".into(),
+                    detail: String::new(),
                 },
             ],
             faults: vec![Marker {
@@ -280,6 +310,7 @@ mod tests {
                 kind: "pause".into(),
                 label: "pause r0.0".into(),
             }],
+            missed: vec![12_000, 12_500],
         };
         let svg = t.render();
         assert!(svg.starts_with("<svg"));
@@ -288,5 +319,8 @@ mod tests {
         assert!(svg.contains("pause r0.0"));
         assert!(svg.contains(">0s</text>") && svg.contains(">30s</text>"));
         assert_eq!(svg.matches("#2ca02c").count(), 2); // legend + one accepted run
+        assert!(svg.contains("<title>accepted: slot 1700000003000 (+2.000s), token 7</title>"));
+        assert!(svg.contains("<title>missed slot 12000 (+11.000s)</title>"));
+        assert_eq!(svg.matches("<title>missed slot ").count(), 2);
     }
 }

@@ -26,6 +26,24 @@ fn tokens_json(t: &Result<Tokens, String>) -> Value {
     }
 }
 
+/// At most this many missed slots are drawn on the timeline.
+const MISSED_DRAWN: usize = 5_000;
+
+/// A run's tooltip: its slot (the firing's scheduled time, and how long after the picture's
+/// start), token, holder and pid.
+fn run_detail(e: &LedgerEntry, start_ms: u64) -> String {
+    let slot = match e.slot {
+        Some(s) if s >= start_ms => format!("slot {s} (+{:.3}s)", (s - start_ms) as f64 / 1000.0),
+        Some(s) => format!("slot {s}"),
+        None => "no slot".into(),
+    };
+    let token = e.token.map_or("-".into(), |t| t.to_string());
+    format!(
+        "{slot}, token {token}, {} pid {}, {}..{} ms",
+        e.holder, e.pid, e.start_ms, e.end_ms
+    )
+}
+
 struct Line {
     what: String,
     value: String,
@@ -50,7 +68,7 @@ fn line(
 impl Harness {
     pub(super) fn report(&self) -> Result<u8> {
         let (entries, unreadable) = ledger::read(&self.ledger).context("cannot read the ledger")?;
-        let checked: CheckReport = check::check(&entries, &self.loss);
+        let checked: CheckReport = check::check(&entries, &self.loss, self.s.every);
         let tenures = &self.polled.tenures;
 
         // Fencing checks: what the paused command's write became.
@@ -139,7 +157,16 @@ impl Harness {
                 ">= 1",
                 Some(fenced_ok >= 1),
             ),
-            line("missed slots", checked.missed_slots, "", None),
+            line(
+                "missed slots",
+                format!(
+                    "{} (of firings every {})",
+                    checked.missed_slots,
+                    ms(self.s.every)
+                ),
+                "",
+                None,
+            ),
         ];
         if checked.unfenced_accepted > 0 {
             lines.push(line(
@@ -358,6 +385,7 @@ impl Harness {
                     from_ms: r.started_ms,
                     to_ms: r.ended_ms.unwrap_or(end_ms),
                     class: format!("{} ({})", r.holder, r.exit.as_deref().unwrap_or("running")),
+                    detail: String::new(),
                 })
                 .collect(),
             tenures: tenures
@@ -368,6 +396,7 @@ impl Harness {
                         from_ms: t.from_ms,
                         to_ms: t.to_ms,
                         class: format!("{} holds the lease, token {}", t.holder, t.token),
+                        detail: String::new(),
                     })
                 })
                 .collect(),
@@ -379,6 +408,7 @@ impl Harness {
                         from_ms: e.start_ms,
                         to_ms: e.end_ms,
                         class: e.fenced.as_str().to_owned(),
+                        detail: run_detail(e, start_ms),
                     })
                 })
                 .collect(),
@@ -396,6 +426,12 @@ impl Harness {
                     },
                 })
                 .collect(),
+            missed: check::missed_slots(
+                &entries.iter().filter_map(|e| e.slot).collect(),
+                self.s.every,
+                MISSED_DRAWN,
+            )
+            .1,
         };
         let svg_path = self.out.join("timeline.svg");
         std::fs::write(&svg_path, timeline.render())
