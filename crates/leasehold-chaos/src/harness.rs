@@ -1,7 +1,6 @@
 //! The chaos run: replicas, the store, the proxy, the poller, the faults, then the report.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use crate::check::{self, CheckReport, LossWindow};
 use crate::fence;
 use crate::ledger::{self, Fenced, LedgerEntry};
 use crate::pg_server::{self, PgServer};
+use crate::pg_url::PgTarget;
 use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
 use crate::schedule::{self, FaultKind, PlannedFault};
@@ -249,39 +249,6 @@ struct Harness {
     notes: Vec<String>,
 }
 
-fn loopback_addr(host: &str, port: u16) -> Result<SocketAddr> {
-    let addr = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("cannot resolve {host}"))?
-        .find(|a| a.ip().is_loopback())
-        .with_context(|| {
-            format!("{host}:{port} is not a loopback address; chaos runs stay on this machine")
-        })?;
-    Ok(addr)
-}
-
-/// Splits `scheme://[user@]host[:port]/rest` into (prefix up to the host, host, port, rest).
-fn split_url(url: &str, default_port: u16) -> Result<(String, String, u16, String)> {
-    let scheme_end = url.find("://").context("not a URL")? + 3;
-    let rest = &url[scheme_end..];
-    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..auth_end];
-    let (userinfo, hostport) = match authority.rfind('@') {
-        Some(at) => (&authority[..=at], &authority[at + 1..]),
-        None => ("", authority),
-    };
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse().context("bad port")?),
-        None => (hostport, default_port),
-    };
-    Ok((
-        format!("{}{userinfo}", &url[..scheme_end]),
-        host.to_owned(),
-        port,
-        rest[auth_end..].to_owned(),
-    ))
-}
-
 pub(crate) async fn run(args: ChaosArgs) -> Result<u8> {
     let mut h = Harness::new(args).await?;
     let outcome = tokio::select! {
@@ -402,13 +369,12 @@ impl Harness {
             }
             StoreKind::Postgres => match &args.postgres_url {
                 Some(shared) => {
-                    let (prefix, host, port, rest) = split_url(shared, 5432)?;
-                    let upstream = loopback_addr(&host, port)?;
-                    let p = FaultProxy::start(upstream).await?;
-                    let url = format!("{prefix}{}{rest}", p.addr());
+                    let target = PgTarget::parse(shared)?;
+                    let p = FaultProxy::start(target.addr).await?;
+                    let urls = (target.url_at(p.addr()), target.url_at(target.addr));
                     proxy = Some(p);
                     notes.push("postgres: a running server (--postgres-url), through the proxy; it is not the harness's, so it is not restarted (no store-restart faults)".into());
-                    (url, shared.clone())
+                    urls
                 }
                 None => {
                     let bin = pg_server::find_bindir(args.postgres_bin.as_deref())?;
@@ -423,8 +389,8 @@ impl Harness {
                     )
                     .await?;
                     let p = FaultProxy::start(server.addr()).await?;
-                    let (prefix, _, _, rest) = split_url(&server.url(), 5432)?;
-                    let urls = (format!("{prefix}{}{rest}", p.addr()), server.url());
+                    let target = server.target();
+                    let urls = (target.url_at(p.addr()), target.url_at(target.addr));
                     postgres = Some(server);
                     proxy = Some(p);
                     notes.push(format!("postgres: the harness's own server ({}; fsync and synchronous commit on), through the proxy; a store restart is a crash (pg_ctl stop -m immediate: no checkpoint) and a start that replays the WAL; a durable store forgets nothing, so nothing is excused: overlaps and duplicate slots must stay 0 across restarts, and both leases' tokens must survive each one", bin.display()));
@@ -467,10 +433,10 @@ impl Harness {
     fn replica_args(&self, holder: &str) -> Vec<String> {
         let bin = self.s.bin.display().to_string();
         let retry = (self.s.ttl / 5).min(Duration::from_millis(200));
+        // The store URL goes in the environment (`LEASEHOLD_STORE`), not on the command line,
+        // where `ps` and the logs would show its password.
         let mut a: Vec<String> = [
             "run",
-            "--store",
-            &self.replica_url,
             "--lease",
             &self.lease,
             "--every",
@@ -511,6 +477,7 @@ impl Harness {
             generation,
             &self.s.bin,
             &self.replica_args(&holder),
+            &[("LEASEHOLD_STORE", &self.replica_url)],
             &log,
             self.watchdog.group(),
         )

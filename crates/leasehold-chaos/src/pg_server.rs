@@ -12,6 +12,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid, User};
 use tokio::process::{Child, Command};
 
+use crate::pg_url::PgTarget;
 use crate::procs::{self, Watchdog, epoch_ms, free_port};
 
 /// The database the harness creates (and the replicas use).
@@ -178,9 +179,15 @@ impl PgServer {
         Ok(s)
     }
 
+    /// Its database, as a client config: address, user and database.
+    pub fn target(&self) -> PgTarget {
+        PgTarget::local(self.addr(), SUPERUSER, DATABASE)
+    }
+
     /// The URL of its database.
+    #[cfg(test)]
     pub fn url(&self) -> String {
-        format!("postgres://{SUPERUSER}@{}/{DATABASE}", self.addr())
+        self.target().url_at(self.addr())
     }
 
     /// Its address.

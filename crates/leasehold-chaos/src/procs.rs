@@ -164,12 +164,14 @@ impl Replica {
         holder.strip_prefix('r')?.split('.').next()?.parse().ok()
     }
 
-    /// Starts `program args…` with stdout and stderr appended to `log`.
+    /// Starts `program args…`, with `env` added to its environment, and its stdout and stderr
+    /// appended to `log`.
     pub fn spawn(
         row: usize,
         generation: usize,
         program: &Path,
         args: &[String],
+        env: &[(&str, &str)],
         log: &Path,
         group: i32,
     ) -> Result<Self> {
@@ -182,6 +184,7 @@ impl Replica {
             .stdout(out)
             .stderr(err)
             .env("LEASEHOLD_LOG", "info")
+            .envs(env.iter().copied())
             .process_group(group)
             .kill_on_drop(true)
             .spawn()
