@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::ledger::{Fenced, LedgerEntry};
 
@@ -11,7 +12,7 @@ use crate::ledger::{Fenced, LedgerEntry};
 /// Redis without persistence). Overlaps and duplicate slots that begin inside one are a documented
 /// non-guarantee: they are reported, as excused, and do not fail the run. Fencing must hold even
 /// there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LossWindow {
     /// Start, ms since the Unix epoch.
     pub from_ms: u64,
@@ -26,7 +27,7 @@ impl LossWindow {
 }
 
 /// What the checker found. The first three counts must be zero.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CheckReport {
     /// Runs in the ledger (every outcome).
     pub executions: usize,
@@ -74,26 +75,17 @@ impl CheckReport {
             && self.unfenced_accepted == 0
     }
 
-    /// The report as JSON.
+    /// The report as JSON: its fields, and `ok`.
     pub fn to_json(&self) -> Value {
-        json!({
-            "executions": self.executions,
-            "accepted": self.accepted,
-            "aborted": self.aborted,
-            "overlapping_accepted": self.overlapping_accepted,
-            "overlapping_accepted_excused": self.overlapping_accepted_excused,
-            "raw_overlaps": self.raw_overlaps,
-            "duplicate_slots": self.duplicate_slots,
-            "duplicate_slots_excused": self.duplicate_slots_excused,
-            "stale_accepted": self.stale_accepted,
-            "stale_rejected": self.stale_rejected,
-            "unfenced_accepted": self.unfenced_accepted,
-            "first_slot": self.first_slot,
-            "last_slot": self.last_slot,
-            "missed_slots": self.missed_slots,
-            "violations": self.violations,
-            "ok": self.ok(),
-        })
+        serde_json::to_value(self.with_ok()).unwrap_or_default()
+    }
+
+    /// The report with its verdict, as report.json holds it.
+    pub(crate) fn with_ok(&self) -> WithOk<'_> {
+        WithOk {
+            report: self,
+            ok: self.ok(),
+        }
     }
 
     fn note(&mut self, what: String) {
@@ -101,6 +93,14 @@ impl CheckReport {
             self.violations.push(what);
         }
     }
+}
+
+/// A [`CheckReport`]'s fields and its verdict `ok`, serialized side by side.
+#[derive(Debug, Serialize)]
+pub(crate) struct WithOk<'a> {
+    #[serde(flatten)]
+    report: &'a CheckReport,
+    ok: bool,
 }
 
 fn describe(e: &LedgerEntry) -> String {
@@ -479,10 +479,42 @@ mod tests {
     }
 
     #[test]
-    fn ledger_lines_round_trip() {
-        for e in clean() {
-            assert_eq!(LedgerEntry::parse(&e.to_json().to_string()), Some(e));
-        }
-        assert_eq!(LedgerEntry::parse("not json"), None);
+    fn the_report_json_keeps_its_fields_and_ok() {
+        let r = check(&clean(), &[], EVERY);
+        let v = r.to_json();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "aborted",
+                "accepted",
+                "duplicate_slots",
+                "duplicate_slots_excused",
+                "executions",
+                "first_slot",
+                "last_slot",
+                "missed_slots",
+                "ok",
+                "overlapping_accepted",
+                "overlapping_accepted_excused",
+                "raw_overlaps",
+                "stale_accepted",
+                "stale_rejected",
+                "unfenced_accepted",
+                "violations",
+            ]
+        );
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["executions"], 4);
+        assert_eq!(v["first_slot"], slot(10));
+        assert_eq!(v["violations"], serde_json::json!([]));
+        let mut l = clean();
+        l.push(run(14, 3, 7200, 7300, Fenced::Rejected));
+        let v = check(&l, &[], EVERY).to_json();
+        assert_eq!(
+            (&v["ok"], &v["duplicate_slots"]),
+            (&false.into(), &1.into())
+        );
+        assert_eq!(v["violations"].as_array().unwrap().len(), 1);
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use leasehold::{BoxStore, LeaseName, Store};
 use nix::sys::signal::Signal;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::check::{self, CheckReport, LossWindow};
 use crate::fence;
@@ -121,8 +121,8 @@ impl Drop for Poller {
     }
 }
 
-/// A fault as it was injected.
-#[derive(Debug, Clone)]
+/// A fault as it was injected (report.json's `faults`).
+#[derive(Debug, Clone, Serialize)]
 struct FaultRecord {
     kind: FaultKind,
     at_ms: u64,
@@ -133,7 +133,7 @@ struct FaultRecord {
 }
 
 /// A paused holder whose command resumed with a stale token.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 struct FencingCheck {
     holder: String,
     pid: u32,
@@ -146,7 +146,7 @@ struct FencingCheck {
 /// The last tokens the store handed out for the leader lease (`NAME`) and for the task lease
 /// the replicas take for each tick (`NAME:run`, whose token the witness writes); `None` where the
 /// store has no such lease.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 struct Tokens {
     leader: Option<u64>,
     task: Option<u64>,
@@ -193,7 +193,7 @@ impl RestartCheck {
 }
 
 /// A kill or graceful stop of the holder, to measure the takeover from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 struct TakeoverProbe {
     kind: FaultKind,
     at_ms: u64,

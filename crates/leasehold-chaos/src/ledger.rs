@@ -3,10 +3,11 @@
 use std::io::{self, BufRead, Write};
 use std::path::Path;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 /// What became of a run's fenced write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Fenced {
     /// The token was at least the highest one written so far: the write landed.
     Accepted,
@@ -25,21 +26,14 @@ impl Fenced {
             Self::Aborted => "aborted",
         }
     }
-
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "accepted" => Some(Self::Accepted),
-            "rejected" => Some(Self::Rejected),
-            "aborted" => Some(Self::Aborted),
-            _ => None,
-        }
-    }
 }
 
-/// One run of the witness, as written to the ledger.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One run of the witness, as written to the ledger: one JSON object per line, with these
+/// field names (absent options are `null`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerEntry {
     /// The lease (`LEASEHOLD_LEASE`).
+    #[serde(default)]
     pub task: String,
     /// The tick's slot (`LEASEHOLD_SLOT`): the firing's scheduled time, ms since the Unix epoch
     /// on the store's clock.
@@ -47,6 +41,7 @@ pub struct LedgerEntry {
     /// The fencing token of the run (`LEASEHOLD_TOKEN`).
     pub token: Option<u64>,
     /// The holder id of the instance that ran it (`LEASEHOLD_HOLDER`).
+    #[serde(default)]
     pub holder: String,
     /// The witness process id.
     pub pid: u32,
@@ -61,42 +56,9 @@ pub struct LedgerEntry {
 }
 
 impl LedgerEntry {
-    /// The entry as one JSON object.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "task": self.task,
-            "slot": self.slot,
-            "token": self.token,
-            "holder": self.holder,
-            "pid": self.pid,
-            "start_ms": self.start_ms,
-            "end_ms": self.end_ms,
-            "fenced": self.fenced.as_str(),
-            "fence_max": self.fence_max,
-        })
-    }
-
     /// Reads an entry from one ledger line; `None` if the line is not one.
     pub fn parse(line: &str) -> Option<Self> {
-        let v: Value = serde_json::from_str(line).ok()?;
-        let u = |k: &str| v.get(k).and_then(Value::as_u64);
-        let s = |k: &str| {
-            v.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        Some(Self {
-            task: s("task"),
-            slot: u("slot"),
-            token: u("token"),
-            holder: s("holder"),
-            pid: u32::try_from(u("pid")?).ok()?,
-            start_ms: u("start_ms")?,
-            end_ms: u("end_ms")?,
-            fenced: Fenced::parse(v.get("fenced")?.as_str()?)?,
-            fence_max: u("fence_max"),
-        })
+        serde_json::from_str(line).ok()
     }
 
     /// Whether the runs' `[start, end]` intervals overlap (touching ends do not).
@@ -111,7 +73,9 @@ pub fn append(ledger: &Path, entry: &LedgerEntry) -> io::Result<()> {
         .create(true)
         .append(true)
         .open(ledger)?;
-    f.write_all(format!("{}\n", entry.to_json()).as_bytes())
+    let mut line = serde_json::to_vec(entry)?;
+    line.push(b'\n');
+    f.write_all(&line)
 }
 
 /// Reads every entry of a ledger, in the order they were written; a missing file is empty.
@@ -135,4 +99,84 @@ pub fn read(ledger: &Path) -> io::Result<(Vec<LedgerEntry>, usize)> {
         }
     }
     Ok((entries, bad))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> LedgerEntry {
+        LedgerEntry {
+            task: "t".into(),
+            slot: Some(1_700_000_000_000),
+            token: None,
+            holder: "r0.0".into(),
+            pid: 7,
+            start_ms: 1,
+            end_ms: 2,
+            fenced: Fenced::Rejected,
+            fence_max: Some(9),
+        }
+    }
+
+    /// The line as the hand-built JSON wrote it before serde.
+    const LINE: &str = r#"{"end_ms":2,"fence_max":9,"fenced":"rejected","holder":"r0.0","pid":7,"slot":1700000000000,"start_ms":1,"task":"t","token":null}"#;
+
+    #[test]
+    fn lines_keep_their_shape_and_round_trip() {
+        let written: serde_json::Value = serde_json::to_value(entry()).unwrap();
+        let before: serde_json::Value = serde_json::from_str(LINE).unwrap();
+        assert_eq!(written, before);
+        assert_eq!(LedgerEntry::parse(LINE), Some(entry()));
+        let line = serde_json::to_string(&entry()).unwrap();
+        assert_eq!(LedgerEntry::parse(&line), Some(entry()));
+        for (fenced, word) in [
+            (Fenced::Accepted, "accepted"),
+            (Fenced::Rejected, "rejected"),
+            (Fenced::Aborted, "aborted"),
+        ] {
+            assert_eq!(serde_json::to_value(fenced).unwrap(), word);
+            assert_eq!(fenced.as_str(), word);
+        }
+    }
+
+    #[test]
+    fn missing_options_and_names_are_tolerated_but_not_missing_times() {
+        let e =
+            LedgerEntry::parse(r#"{"pid":7,"start_ms":1,"end_ms":2,"fenced":"aborted"}"#).unwrap();
+        assert_eq!((e.slot, e.token, e.fence_max), (None, None, None));
+        assert_eq!((e.task.as_str(), e.holder.as_str()), ("", ""));
+        assert_eq!(
+            LedgerEntry::parse(r#"{"pid":7,"end_ms":2,"fenced":"aborted"}"#),
+            None
+        );
+        assert_eq!(
+            LedgerEntry::parse(r#"{"pid":7,"start_ms":1,"end_ms":2,"fenced":"maybe"}"#),
+            None
+        );
+        assert_eq!(LedgerEntry::parse("not json"), None);
+    }
+
+    #[test]
+    fn appended_lines_are_read_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        let mut second = entry();
+        second.pid = 8;
+        append(&path, &entry()).unwrap();
+        append(&path, &second).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(b"garbage\n"))
+            .unwrap();
+        let (entries, bad) = read(&path).unwrap();
+        assert_eq!((entries, bad), (vec![entry(), second], 1));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(
+            first,
+            serde_json::from_str::<serde_json::Value>(LINE).unwrap()
+        );
+    }
 }

@@ -50,6 +50,13 @@ impl FaultKind {
     }
 }
 
+/// As its report name ([`FaultKind::as_str`]).
+impl serde::Serialize for FaultKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 impl fmt::Display for FaultKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -1,6 +1,7 @@
 //! The end of a run: check the ledger, measure takeovers, write report.json and timeline.svg.
 
 use super::*;
+use crate::check::WithOk;
 
 /// p50 (nearest rank) and max of samples, in ms.
 pub(super) fn p50_max(samples: &[u64]) -> Option<(u64, u64)> {
@@ -19,11 +20,99 @@ fn takeover_ms(tenures: &[Tenure], at_ms: u64, old: &str, limit_ms: u64) -> Opti
         .filter(|(d, _)| *d <= limit_ms)
 }
 
-fn tokens_json(t: &Result<Tokens, String>) -> Value {
-    match t {
-        Ok(t) => json!({"leader": t.leader, "task": t.task}),
-        Err(e) => json!({"error": e}),
+/// report.json: the settings, the checker's counts, and what each fault did.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    ok: bool,
+    store: &'static str,
+    seed: u64,
+    lease: &'a str,
+    replicas: usize,
+    duration_ms: u64,
+    ttl_ms: u64,
+    every_ms: u64,
+    work_ms: u64,
+    faults_requested: usize,
+    check: WithOk<'a>,
+    unreadable_ledger_lines: usize,
+    fencing_checks: Vec<FencingJson<'a>>,
+    /// Per fault kind.
+    takeover_ms: BTreeMap<&'static str, TakeoverStats<'a>>,
+    takeovers: Vec<TakeoverJson<'a>>,
+    faults_by_kind: BTreeMap<&'static str, usize>,
+    faults: &'a [FaultRecord],
+    store_restarts: Vec<RestartJson<'a>>,
+    store_loss_windows: &'a [LossWindow],
+    poller: PollerJson,
+    replicas_started: usize,
+    notes: &'a [String],
+}
+
+/// A fencing check and what became of the paused command's write.
+#[derive(Debug, Serialize)]
+struct FencingJson<'a> {
+    #[serde(flatten)]
+    check: &'a FencingCheck,
+    outcome: &'static str,
+    run_start_ms: Option<u64>,
+    write_ms: Option<u64>,
+    paused_mid_work: bool,
+}
+
+/// Takeover times of one fault kind.
+#[derive(Debug, Serialize)]
+struct TakeoverStats<'a> {
+    n: usize,
+    p50: u64,
+    max: u64,
+    samples: &'a [u64],
+}
+
+/// A kill or graceful stop, and who took over how soon.
+#[derive(Debug, Serialize)]
+struct TakeoverJson<'a> {
+    #[serde(flatten)]
+    probe: &'a TakeoverProbe,
+    new_holder: Option<String>,
+    takeover_ms: Option<u64>,
+}
+
+/// The tokens before and after one store restart.
+#[derive(Debug, Serialize)]
+struct RestartJson<'a> {
+    at_ms: u64,
+    before: TokensRead<'a>,
+    after: TokensRead<'a>,
+    kept: bool,
+}
+
+/// `{"leader", "task"}`, or `{"error"}` when the store did not answer.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum TokensRead<'a> {
+    Read(Tokens),
+    Failed { error: &'a str },
+}
+
+impl<'a> From<&'a Result<Tokens, String>> for TokensRead<'a> {
+    fn from(t: &'a Result<Tokens, String>) -> Self {
+        match t {
+            Ok(t) => Self::Read(*t),
+            Err(error) => Self::Failed { error },
+        }
     }
+}
+
+/// The harness's own view of the lease.
+#[derive(Debug, Serialize)]
+struct PollerJson {
+    polls: u64,
+    errors: u64,
+    tenures: usize,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// At most this many missed slots are drawn on the timeline.
@@ -100,13 +189,11 @@ impl Harness {
             if let Some((d, _)) = &t {
                 takeovers.entry(p.kind).or_default().push(*d);
             }
-            probes_json.push(json!({
-                "kind": p.kind.as_str(),
-                "at_ms": p.at_ms,
-                "old_holder": p.old_holder,
-                "new_holder": t.as_ref().map(|(_, h)| h.clone()),
-                "takeover_ms": t.map(|(d, _)| d),
-            }));
+            probes_json.push(TakeoverJson {
+                probe: p,
+                takeover_ms: t.as_ref().map(|(d, _)| *d),
+                new_holder: t.map(|(_, h)| h),
+            });
         }
 
         // Faults by kind.
@@ -305,47 +392,64 @@ impl Harness {
         }
 
         // report.json
-        let report = json!({
-            "ok": ok,
-            "store": self.s.store.as_str(),
-            "seed": self.s.seed,
-            "lease": self.lease,
-            "replicas": self.s.replicas,
-            "duration_ms": self.s.duration.as_millis() as u64,
-            "ttl_ms": self.s.ttl.as_millis() as u64,
-            "every_ms": self.s.every.as_millis() as u64,
-            "work_ms": self.s.work.as_millis() as u64,
-            "faults_requested": self.s.faults,
-            "check": checked.to_json(),
-            "unreadable_ledger_lines": unreadable,
-            "fencing_checks": fencing.iter().map(|(c, outcome, write)| json!({
-                "holder": c.holder, "pid": c.pid, "token": c.token,
-                "paused_ms": c.paused_ms, "resumed_ms": c.resumed_ms,
-                "fence_max_at_resume": c.fence_max_at_resume, "outcome": outcome,
-                "run_start_ms": write.map(|e| e.start_ms), "write_ms": write.map(|e| e.end_ms),
-                "paused_mid_work": write.is_some_and(|e| e.start_ms < c.paused_ms),
-            })).collect::<Vec<_>>(),
-            "takeover_ms": takeovers.iter().map(|(k, v)| {
-                let (p50, max) = p50_max(v).unwrap_or_default();
-                (k.as_str().to_owned(), json!({"n": v.len(), "p50": p50, "max": max, "samples": v}))
-            }).collect::<serde_json::Map<String, Value>>(),
-            "takeovers": probes_json,
-            "faults_by_kind": by_kind.iter().map(|(k, n)| (k.as_str().to_owned(), json!(n))).collect::<serde_json::Map<String, Value>>(),
-            "faults": self.faults.iter().map(|f| json!({
-                "kind": f.kind.as_str(), "at_ms": f.at_ms, "until_ms": f.until_ms,
-                "target": f.target, "detail": f.detail, "skipped": f.skipped,
-            })).collect::<Vec<_>>(),
-            "store_restarts": self.restarts.iter().map(|r| json!({
-                "at_ms": r.at_ms,
-                "before": tokens_json(&r.before),
-                "after": tokens_json(&r.after),
-                "kept": r.kept(),
-            })).collect::<Vec<_>>(),
-            "store_loss_windows": self.loss.iter().map(|w| json!({"from_ms": w.from_ms, "to_ms": w.to_ms})).collect::<Vec<_>>(),
-            "poller": {"polls": self.polled.polls, "errors": self.polled.errors, "tenures": tenures.len()},
-            "replicas_started": self.replicas.len() + self.retired.len(),
-            "notes": self.notes,
-        });
+        let report = Report {
+            ok,
+            store: self.s.store.as_str(),
+            seed: self.s.seed,
+            lease: &self.lease,
+            replicas: self.s.replicas,
+            duration_ms: millis(self.s.duration),
+            ttl_ms: millis(self.s.ttl),
+            every_ms: millis(self.s.every),
+            work_ms: millis(self.s.work),
+            faults_requested: self.s.faults,
+            check: checked.with_ok(),
+            unreadable_ledger_lines: unreadable,
+            fencing_checks: fencing
+                .iter()
+                .map(|(c, outcome, write)| FencingJson {
+                    check: c,
+                    outcome,
+                    run_start_ms: write.map(|e| e.start_ms),
+                    write_ms: write.map(|e| e.end_ms),
+                    paused_mid_work: write.is_some_and(|e| e.start_ms < c.paused_ms),
+                })
+                .collect(),
+            takeover_ms: takeovers
+                .iter()
+                .map(|(k, v)| {
+                    let (p50, max) = p50_max(v).unwrap_or_default();
+                    let stats = TakeoverStats {
+                        n: v.len(),
+                        p50,
+                        max,
+                        samples: v,
+                    };
+                    (k.as_str(), stats)
+                })
+                .collect(),
+            takeovers: probes_json,
+            faults_by_kind: by_kind.iter().map(|(k, n)| (k.as_str(), *n)).collect(),
+            faults: &self.faults,
+            store_restarts: self
+                .restarts
+                .iter()
+                .map(|r| RestartJson {
+                    at_ms: r.at_ms,
+                    before: (&r.before).into(),
+                    after: (&r.after).into(),
+                    kept: r.kept(),
+                })
+                .collect(),
+            store_loss_windows: &self.loss,
+            poller: PollerJson {
+                polls: self.polled.polls,
+                errors: self.polled.errors,
+                tenures: tenures.len(),
+            },
+            replicas_started: self.replicas.len() + self.retired.len(),
+            notes: &self.notes,
+        };
         let report_path = self.out.join("report.json");
         std::fs::write(&report_path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("cannot write {}", report_path.display()))?;
@@ -482,5 +586,174 @@ mod tests {
             Some((300, "r2.0".into()))
         );
         assert_eq!(takeover_ms(&tenures, 1000, "r0.0", 100), None);
+    }
+
+    fn keys(v: &serde_json::Value) -> Vec<&str> {
+        let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        k.sort_unstable();
+        k
+    }
+
+    #[test]
+    fn report_json_keeps_its_field_names() {
+        let checked = CheckReport::default();
+        let fencing = FencingCheck {
+            holder: "r0.0".into(),
+            pid: 7,
+            token: 3,
+            paused_ms: 10,
+            resumed_ms: 20,
+            fence_max_at_resume: Some(4),
+        };
+        let probe = TakeoverProbe {
+            kind: FaultKind::Kill,
+            at_ms: 30,
+            old_holder: "r1.0".into(),
+        };
+        let faults = [FaultRecord {
+            kind: FaultKind::StoreRestart,
+            at_ms: 40,
+            until_ms: Some(50),
+            target: None,
+            detail: "d".into(),
+            skipped: false,
+        }];
+        let before = Ok(Tokens {
+            leader: Some(5),
+            task: None,
+        });
+        let after = Err("down".to_owned());
+        let loss = [LossWindow {
+            from_ms: 1,
+            to_ms: 2,
+        }];
+        let samples = [150];
+        let notes = ["n".to_owned()];
+        let report = Report {
+            ok: true,
+            store: "redis",
+            seed: 1,
+            lease: "chaos-x",
+            replicas: 5,
+            duration_ms: 90_000,
+            ttl_ms: 1000,
+            every_ms: 500,
+            work_ms: 100,
+            faults_requested: 10,
+            check: checked.with_ok(),
+            unreadable_ledger_lines: 0,
+            fencing_checks: vec![FencingJson {
+                check: &fencing,
+                outcome: "rejected",
+                run_start_ms: Some(5),
+                write_ms: Some(25),
+                paused_mid_work: true,
+            }],
+            takeover_ms: [(
+                "kill",
+                TakeoverStats {
+                    n: 1,
+                    p50: 150,
+                    max: 150,
+                    samples: &samples,
+                },
+            )]
+            .into(),
+            takeovers: vec![TakeoverJson {
+                probe: &probe,
+                new_holder: Some("r2.0".into()),
+                takeover_ms: Some(150),
+            }],
+            faults_by_kind: [("store-restart", 1)].into(),
+            faults: &faults,
+            store_restarts: vec![RestartJson {
+                at_ms: 40,
+                before: (&before).into(),
+                after: (&after).into(),
+                kept: false,
+            }],
+            store_loss_windows: &loss,
+            poller: PollerJson {
+                polls: 100,
+                errors: 1,
+                tenures: 3,
+            },
+            replicas_started: 6,
+            notes: &notes,
+        };
+        let v = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            keys(&v),
+            [
+                "check",
+                "duration_ms",
+                "every_ms",
+                "faults",
+                "faults_by_kind",
+                "faults_requested",
+                "fencing_checks",
+                "lease",
+                "notes",
+                "ok",
+                "poller",
+                "replicas",
+                "replicas_started",
+                "seed",
+                "store",
+                "store_loss_windows",
+                "store_restarts",
+                "takeover_ms",
+                "takeovers",
+                "ttl_ms",
+                "unreadable_ledger_lines",
+                "work_ms",
+            ]
+        );
+        assert_eq!(v["check"], checked.to_json());
+        assert_eq!(v["check"]["ok"], true);
+        assert_eq!(
+            keys(&v["fencing_checks"][0]),
+            [
+                "fence_max_at_resume",
+                "holder",
+                "outcome",
+                "paused_mid_work",
+                "paused_ms",
+                "pid",
+                "resumed_ms",
+                "run_start_ms",
+                "token",
+                "write_ms",
+            ]
+        );
+        assert_eq!(
+            v["takeover_ms"],
+            serde_json::json!({"kill": {"n": 1, "p50": 150, "max": 150, "samples": [150]}})
+        );
+        assert_eq!(
+            v["takeovers"][0],
+            serde_json::json!({"kind": "kill", "at_ms": 30, "old_holder": "r1.0",
+                               "new_holder": "r2.0", "takeover_ms": 150})
+        );
+        assert_eq!(v["faults_by_kind"], serde_json::json!({"store-restart": 1}));
+        assert_eq!(
+            v["faults"][0],
+            serde_json::json!({"kind": "store-restart", "at_ms": 40, "until_ms": 50,
+                               "target": null, "detail": "d", "skipped": false})
+        );
+        assert_eq!(
+            v["store_restarts"][0],
+            serde_json::json!({"at_ms": 40, "before": {"leader": 5, "task": null},
+                               "after": {"error": "down"}, "kept": false})
+        );
+        assert_eq!(
+            v["store_loss_windows"],
+            serde_json::json!([{"from_ms": 1, "to_ms": 2}])
+        );
+        assert_eq!(
+            v["poller"],
+            serde_json::json!({"polls": 100, "errors": 1, "tenures": 3})
+        );
+        assert_eq!(v["notes"], serde_json::json!(["n"]));
     }
 }
