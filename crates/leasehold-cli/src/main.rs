@@ -2,9 +2,11 @@
 
 mod child;
 mod demo;
+mod logging;
 mod record;
 mod run;
 mod status;
+mod supervise;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,6 +19,9 @@ pub const EXIT_BUSY: u8 = 75;
 pub const EXIT_STORE_DOWN: u8 = 69;
 /// Exit status for bad input.
 pub const EXIT_USAGE: u8 = 2;
+/// Exit status when the store keeps refusing the lease (a key of the wrong type, no permission,
+/// scripts disabled): retrying cannot fix it, so `run` gives up (sysexits' EX_CONFIG).
+pub const EXIT_REFUSED: u8 = 78;
 
 #[derive(Parser)]
 #[command(name = "leasehold", version, about = "Run any command as a single-active job across machines", long_about = None)]
@@ -48,11 +53,51 @@ enum Command {
     /// tests; reads the LEASEHOLD_* variables).
     #[command(hide = true)]
     Record(record::RecordArgs),
+    /// Internal: the process `run` starts its command under, which ties the command's process
+    /// group to the life of `leasehold` (see src/child.rs).
+    #[command(hide = true)]
+    Supervise(supervise::SuperviseArgs),
 }
 
-/// A duration flag: `500ms`, `30s`, `5m`, `1h`, `1m30s`, or seconds.
+/// The longest ttl, renew, retry or grace period: a day. A ttl is how long a crashed holder
+/// blocks everyone else, so a longer one is a typo rather than a plan; the bound also keeps every
+/// deadline (`now + ttl`) far from the clock's range.
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// The longest `--every`: 366 days. A longer interval would not fire in a process's lifetime;
+/// calendar schedules belong in `--cron`.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parses a duration: humantime's forms (`500ms`, `30s`, `5m`, `1h30m`, `2d`), or a bare number
+/// of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(t).map_err(|e| format!("invalid duration {t:?}: {e}"))
+}
+
+fn bounded(text: &str, max: Duration) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d > max {
+        return Err(format!(
+            "{:?} is above the maximum of {}",
+            text.trim(),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+/// A lease timing flag (`--ttl`, `--renew`, `--retry`, `--grace`, and the helpers' durations):
+/// at most [`MAX_LEASE_DURATION`].
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    leasehold::parse_duration(s)
+    bounded(s, MAX_LEASE_DURATION)
+}
+
+/// A schedule interval (`--every`): at most [`MAX_INTERVAL`].
+pub fn interval_arg(s: &str) -> Result<Duration, String> {
+    bounded(s, MAX_INTERVAL)
 }
 
 fn init_logging() {
@@ -60,7 +105,9 @@ fn init_logging() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        // A log line that cannot be written is dropped; see src/logging.rs.
+        .with_writer(logging::LossyStderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .compact()
@@ -90,12 +137,27 @@ impl Failure {
             error: error.into(),
         }
     }
+
+    /// The store keeps refusing: exit 78.
+    pub fn refused(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            code: EXIT_REFUSED,
+            error: error.into(),
+        }
+    }
 }
 
 impl From<anyhow::Error> for Failure {
     fn from(error: anyhow::Error) -> Self {
         Self { code: 1, error }
     }
+}
+
+/// `supervise` is dispatched before the runtime starts.
+fn unreachable_supervise() -> Result<u8, Failure> {
+    Err(Failure::usage(anyhow::anyhow!(
+        "supervise is internal to leasehold run"
+    )))
 }
 
 fn main() -> ExitCode {
@@ -106,7 +168,7 @@ fn main() -> ExitCode {
             let rendered = e.to_string();
             let first = rendered.lines().next().unwrap_or("invalid arguments");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("leasehold: error: {first} (see leasehold --help)");
+            logging::error_line(&format!("{first} (see leasehold --help)"));
             return ExitCode::from(EXIT_USAGE);
         }
         Err(e) => {
@@ -115,6 +177,10 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    if let Command::Supervise(args) = cli.command {
+        // No logging and no multi-threaded runtime: it only waits for two things.
+        return supervise::main(args);
+    }
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -123,7 +189,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("leasehold: error: cannot start the runtime: {e}");
+            logging::error_line(&format!("cannot start the runtime: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -136,6 +202,7 @@ fn main() -> ExitCode {
             Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),
             Command::Bench(args) => leasehold_bench::run(args).await.map_err(Failure::from),
             Command::Witness(args) => leasehold_chaos::witness(args).await.map_err(Failure::from),
+            Command::Supervise(_) => unreachable_supervise(),
         }
     });
     // Background renewers and pollers must not keep the process alive.
@@ -145,7 +212,7 @@ fn main() -> ExitCode {
         Err(Failure { code, error }) => {
             // One line a person can act on: the error and its causes, joined.
             let message = format!("{error:#}").replace('\n', " ");
-            eprintln!("leasehold: error: {message}");
+            logging::error_line(&message);
             ExitCode::from(code)
         }
     }

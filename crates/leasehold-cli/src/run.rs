@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
-use clap::Args;
+use anyhow::anyhow;
+use clap::{Args, ValueEnum};
 use leasehold::{
-    BoxStore, CancellationToken, Lease, LeaseConfig, LeaseName, Schedule, Scheduler, Store,
-    StoreDownPolicy, Task, TaskContext, TryAcquire,
+    BoxStore, CancellationToken, CatchUp, Lease, LeaseConfig, LeaseError, LeaseName, Schedule,
+    Scheduler, Store, StoreDownPolicy, Task, TaskContext, TryAcquire,
 };
 
-use crate::child::{self, ChildSpec};
+use crate::child::{self, ChildSpec, Ended, Stops};
 use crate::{EXIT_BUSY, Failure};
 
 #[derive(Args)]
@@ -22,7 +22,7 @@ pub struct RunArgs {
     #[arg(long)]
     lease: String,
     /// Run once per interval (aligned to the epoch on the store's clock), e.g. 30s.
-    #[arg(long, value_parser = crate::duration_arg, conflicts_with = "cron")]
+    #[arg(long, value_parser = crate::interval_arg, conflicts_with = "cron")]
     every: Option<Duration>,
     /// Run on a cron schedule with a seconds field, in UTC, e.g. "0 */5 * * * *".
     #[arg(long)]
@@ -36,13 +36,25 @@ pub struct RunArgs {
     /// Time between retries after a store error [default: ttl/15, at most 1s].
     #[arg(long, value_parser = crate::duration_arg)]
     retry: Option<Duration>,
-    /// How long a running command may take to finish on shutdown or after SIGTERM.
-    #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]
-    grace: Duration,
+    /// How long the command has to exit after SIGTERM before its process group gets SIGKILL.
+    /// It is also the lease's stop margin: when renewals have failed until only this much of
+    /// the lease is left, the command is stopped, so it is gone before the lease can pass to
+    /// anyone else. On shutdown `leasehold` forwards SIGTERM at once and is done within it.
+    /// [default: ttl/5]
+    #[arg(long, value_parser = crate::duration_arg)]
+    grace: Option<Duration>,
     /// What to do when the store cannot be reached: fail-closed (skip), fail-open (run anyway,
     /// warn), local (single-instance mode).
     #[arg(long, default_value = "fail-closed")]
     on_store_down: StoreDownPolicy,
+    /// With a schedule: what happens to slots no instance ran when they were due (a crashed
+    /// leader, a store outage): skip them, run the latest one, or run all of them in order.
+    /// [default: skip for --every, latest for --cron]
+    #[arg(long, value_enum)]
+    catch_up: Option<CatchUpArg>,
+    /// With --catch-up latest or all: how old a missed slot may be and still run.
+    #[arg(long, default_value = "1h", value_parser = crate::interval_arg)]
+    catch_up_window: Duration,
     /// This instance's holder id [default: host:pid:random].
     #[arg(long)]
     holder: Option<String>,
@@ -54,10 +66,23 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
+/// `--catch-up`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CatchUpArg {
+    Skip,
+    Latest,
+    All,
+}
+
+/// At most this many missed slots run in one catch-up with `--catch-up all`.
+const CATCH_UP_MAX: usize = 100;
+
 struct Settings {
     name: LeaseName,
     schedule: Option<Schedule>,
+    catch_up: Option<CatchUp>,
     config: LeaseConfig,
+    grace: Duration,
     holder: Option<leasehold::HolderId>,
 }
 
@@ -68,6 +93,22 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
         (None, Some(expr)) => Some(Schedule::cron(expr).map_err(Failure::usage)?),
         (None, None) => None,
     };
+    let catch_up = match (args.catch_up, &schedule) {
+        (Some(_), None) => {
+            return Err(Failure::usage(anyhow!(
+                "--catch-up needs a schedule (--every or --cron)"
+            )));
+        }
+        (None, _) => None,
+        (Some(CatchUpArg::Skip), _) => Some(CatchUp::Skip),
+        (Some(CatchUpArg::Latest), _) => Some(CatchUp::Latest {
+            window: args.catch_up_window,
+        }),
+        (Some(CatchUpArg::All), _) => Some(CatchUp::All {
+            window: args.catch_up_window,
+            max: CATCH_UP_MAX,
+        }),
+    };
     let mut config = LeaseConfig::new(args.ttl);
     if let Some(renew) = args.renew {
         config = config.renew_interval(renew);
@@ -76,7 +117,16 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
     if let Some(retry) = args.retry {
         config = config.retry_interval(retry);
     }
-    config.validate().map_err(Failure::usage)?;
+    if let Some(grace) = args.grace {
+        config = config.stop_margin(grace);
+    }
+    config.validate().map_err(|e| match e {
+        leasehold::ConfigError::StopMarginTooLarge { stop, room } => Failure::usage(anyhow!(
+            "--grace {stop:?} leaves no time to renew: it must be below {room:?} \
+             (ttl − renew − drift margin); raise --ttl or lower --grace"
+        )),
+        e => Failure::usage(e),
+    })?;
     let holder = args
         .holder
         .as_deref()
@@ -86,19 +136,21 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
     Ok(Settings {
         name,
         schedule,
+        catch_up,
+        grace: config.stop_margin,
         config,
         holder,
     })
 }
 
-/// The store, or `None` when it cannot be reached and the policy is `local`.
+/// The store, or `None` when it cannot be reached and the policy lets the command run without it.
 async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
     let url = leasehold_connect::store_url(args.store.clone());
     match leasehold_connect::open_store(&url).await {
         Ok(store) => Ok(Some(store)),
         Err(e @ leasehold_connect::OpenError::UnknownScheme { .. }) => Err(Failure::usage(e)),
         Err(e) if args.on_store_down == StoreDownPolicy::Local => {
-            tracing::warn!(error = %e, "store unreachable; single-instance mode (--on-store-down local): every tick runs here");
+            tracing::warn!(error = %e, "store unreachable; single-instance mode (--on-store-down local): the command runs here without coordination");
             Ok(None)
         }
         Err(e)
@@ -145,44 +197,86 @@ async fn termination() {
     }
 }
 
+/// A token cancelled on the first SIGTERM or SIGINT, and the task that watches for them.
+fn shutdown_token() -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let token = CancellationToken::new();
+    let on_signal = token.clone();
+    let task = tokio::spawn(async move {
+        termination().await;
+        on_signal.cancel();
+    });
+    (token, task)
+}
+
+/// The exit status for a command that ended: its own, except that a command this process had to
+/// stop on shutdown gives 143 (terminated), whether SIGTERM or SIGKILL ended it.
+fn exit_status(ended: Ended) -> u8 {
+    if ended.stopped_by_us {
+        143
+    } else {
+        u8::try_from(ended.code).unwrap_or(1)
+    }
+}
+
+/// Runs the command with no lease (the store is down and the policy allows it).
+async fn unleased(args: RunArgs, s: Settings, holder: &str) -> Result<u8, Failure> {
+    let spec = ChildSpec {
+        argv: args.command,
+        env: base_env(&s.name, holder),
+    };
+    let (shutdown, signals) = shutdown_token();
+    let ended = child::run(
+        &spec,
+        Stops {
+            grace: s.grace,
+            lease: None,
+            requested: Some(shutdown),
+        },
+    )
+    .await;
+    signals.abort();
+    Ok(exit_status(ended?))
+}
+
+/// A refusal (wrong key type, no permission) ends the run with exit 78; other errors with 69.
+fn acquire_failure(e: LeaseError) -> Failure {
+    if e.is_transient() {
+        Failure::store(e)
+    } else {
+        Failure::refused(e)
+    }
+}
+
 /// Without a schedule: run the command once if we win the lease.
 async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8, Failure> {
     let Some(store) = store else {
-        let holder = s.holder.map(|h| h.to_string()).unwrap_or_default();
-        let spec = ChildSpec {
-            argv: args.command,
-            env: base_env(&s.name, &holder),
-        };
-        let status = child::run(&spec, CancellationToken::new(), args.grace).await?;
-        return Ok(child::exit_code(status) as u8);
+        let holder = s.holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
+        return unleased(args, s, &holder).await;
     };
     let mut lease = Lease::new(store, s.name.clone(), s.config).map_err(Failure::usage)?;
-    if let Some(h) = s.holder {
+    if let Some(h) = s.holder.clone() {
         lease = lease.with_holder(h);
     }
     let guard = if args.wait {
         tokio::select! {
-            g = lease.acquire() => g.map_err(Failure::store)?,
+            g = lease.acquire() => g.map_err(acquire_failure)?,
             () = termination() => return Ok(0),
         }
     } else {
         match lease.try_acquire().await {
             Ok(TryAcquire::Acquired(g)) => g,
             Ok(TryAcquire::Busy { holder, remaining }) => {
-                eprintln!(
+                crate::logging::line(&format!(
                     "leasehold: lease {} is held by {holder} for another {remaining:.1?}; not running",
                     s.name
-                );
+                ));
                 return Ok(EXIT_BUSY);
             }
+            Err(e) if !e.is_transient() => return Err(Failure::refused(e)),
             Err(e) if args.on_store_down != StoreDownPolicy::FailClosed => {
                 tracing::warn!(error = %e, policy = %args.on_store_down, "store unavailable; running without the lease");
-                let spec = ChildSpec {
-                    argv: args.command,
-                    env: base_env(&s.name, lease.holder().as_str()),
-                };
-                let status = child::run(&spec, CancellationToken::new(), args.grace).await?;
-                return Ok(child::exit_code(status) as u8);
+                let holder = lease.holder().to_string();
+                return unleased(args, s, &holder).await;
             }
             Err(e) => return Err(Failure::store(e)),
         }
@@ -193,22 +287,40 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
         argv: args.command,
         env,
     };
-    let stop = guard.cancellation_token();
-    let on_signal = stop.clone();
-    let grace = args.grace;
-    let signals = tokio::spawn(async move {
-        termination().await;
-        // Give the command the grace period before it is told to stop.
-        tokio::time::sleep(grace).await;
-        on_signal.cancel();
-    });
-    let status = child::run(&spec, stop, args.grace).await;
+    let (shutdown, signals) = shutdown_token();
+    let deadline = || guard.deadline();
+    let ended = child::run(
+        &spec,
+        Stops {
+            grace: s.grace,
+            lease: Some((guard.expiring_token(), &deadline)),
+            requested: Some(shutdown),
+        },
+    )
+    .await;
     signals.abort();
-    if let Some(reason) = guard.loss_reason() {
-        tracing::error!(%reason, "lease lost while the command ran; it was stopped");
-    }
+    let lost = guard.loss_reason().or_else(|| {
+        guard
+            .expiring_token()
+            .is_cancelled()
+            .then_some(leasehold::LossReason::Expired)
+    });
     let _ = guard.release().await;
-    Ok(child::exit_code(status?) as u8)
+    let ended = ended?;
+    if let Some(reason) = lost {
+        tracing::error!(
+            reason = reason.as_str(),
+            "lease lost while the command ran; it was stopped"
+        );
+        if ended.stopped_by_us {
+            return Err(Failure::from(anyhow!(
+                "lease {} lost ({}): the command was stopped",
+                s.name,
+                reason.as_str()
+            )));
+        }
+    }
+    Ok(exit_status(ended))
 }
 
 /// With a schedule: the scheduler runs the command once per tick on the leader.
@@ -225,9 +337,9 @@ async fn scheduled(
         ))
     })?;
     let lease_name = s.name.clone();
-    let grace = args.grace;
+    let grace = s.grace;
     let argv = args.command.clone();
-    let task = Task::new(task_name, schedule, move |ctx: TaskContext| {
+    let mut task = Task::new(task_name, schedule, move |ctx: TaskContext| {
         let mut env = base_env(&lease_name, ctx.holder.as_str());
         if let Some(t) = ctx.token {
             env.push(("LEASEHOLD_TOKEN".into(), t.to_string()));
@@ -240,35 +352,62 @@ async fn scheduled(
             env,
         };
         async move {
-            let status = child::run(&spec, ctx.cancel.clone(), grace).await?;
-            match child::exit_code(status) {
+            // The run's cancel token fires when the lease starts expiring (a stop margin, the
+            // grace, before its deadline) or on shutdown: SIGTERM then, SIGKILL before the
+            // deadline. Should the scheduler abort the run instead, dropping it kills the group.
+            let ended = child::run(
+                &spec,
+                Stops {
+                    grace,
+                    lease: None,
+                    requested: Some(ctx.cancel.clone()),
+                },
+            )
+            .await?;
+            match ended.code {
                 0 => Ok(()),
                 code => Err(anyhow!("command exited with status {code}")),
             }
         }
     });
+    if let Some(policy) = s.catch_up {
+        task = task.catch_up(policy);
+    }
+    // Shutdown cancels running commands at once (SIGTERM), so it takes at most the grace period.
     let handle = match store {
         Some(store) => {
             let mut sched = Scheduler::new(store.clone())
                 .lease_config(s.config)
                 .leader_group(s.name.clone())
-                .grace_period(grace)
+                .grace_period(Duration::ZERO)
                 .on_store_down(args.on_store_down)
                 .task(task);
             if let Some(h) = s.holder {
                 sched = sched.holder(h);
             }
             tracing::info!(lease = %s.name, store = %store.describe(), policy = %args.on_store_down, "scheduling");
-            sched.start(termination()).context("cannot start")?
+            sched
+                .start(termination())
+                .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?
         }
         None => {
-            let mut sched = Scheduler::local().grace_period(grace).task(task);
+            let mut sched = Scheduler::local()
+                .lease_config(s.config)
+                .grace_period(Duration::ZERO)
+                .task(task);
             if let Some(h) = s.holder {
                 sched = sched.holder(h);
             }
-            sched.start(termination()).context("cannot start")?
+            sched
+                .start(termination())
+                .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?
         }
     };
     handle.wait().await;
-    Ok(0)
+    match handle.failure() {
+        Some(reason) => Err(Failure::refused(anyhow!(
+            "the store keeps refusing: {reason}; giving up"
+        ))),
+        None => Ok(0),
+    }
 }

@@ -125,7 +125,7 @@ fn unknown_url_scheme() {
 fn unreachable_store() {
     let args = run(&["--lease", "a", "--store", "redis://:s3cretpw@127.0.0.1:1"]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    fails_in_one_line(&refs, "cannot open store");
+    fails_in_one_line(&refs, "cannot open the redis store");
     let out = Command::new(BIN).args(&refs).output().unwrap();
     assert_eq!(out.status.code(), Some(69));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cretpw"));
@@ -170,4 +170,32 @@ fn missing_command() {
 #[test]
 fn status_without_names() {
     fails_in_one_line(&["status", "--store", "sqlite:t.db"], "required");
+}
+
+/// Issue 18 case 7: durations beyond a sane bound are usage errors, not a panic or a timer
+/// that never fires.
+#[test]
+fn durations_out_of_bounds() {
+    check(
+        &["--lease", "a", "--ttl", "99999999999999999h"],
+        "invalid value",
+    );
+    check(&["--lease", "a", "--ttl", "2d"], "above the maximum");
+    let huge_every = ["run", "--lease", "a", "--every", "400d", "--", "true"];
+    fails_in_one_line(&huge_every, "above the maximum");
+}
+
+/// `--grace` is the lease's stop margin: it must leave time to renew.
+#[test]
+fn grace_too_large_for_the_ttl() {
+    check(
+        &["--lease", "a", "--ttl", "5s", "--grace", "4s"],
+        "--grace 4s leaves no time to renew",
+    );
+}
+
+#[test]
+fn catch_up_without_a_schedule() {
+    let args = ["run", "--lease", "a", "--catch-up", "all", "--", "true"];
+    fails_in_one_line(&args, "--catch-up needs a schedule");
 }

@@ -1,0 +1,307 @@
+//! `leasehold run` under hostile conditions (issue 18), with real processes: the command and
+//! everything it started are gone in time whatever happens to `leasehold` (SIGKILL, a dead log
+//! pipe, shutdown, a lost lease), and a store that keeps refusing ends the run with exit 78.
+//!
+//! Every command here is `sh -c` that ignores SIGTERM and starts a grandchild (`sleep`), the
+//! case where killing only the direct child leaves work running beside the next holder's.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A shell command that ignores SIGTERM, writes its pid and its grandchild's to `dir`, and
+/// waits for the grandchild (a 60 s sleep).
+fn stubborn(dir: &Path) -> Vec<String> {
+    let script = format!(
+        "trap '' TERM; sleep 60 & echo $! > {dir}/grandchild.tmp; echo $$ > {dir}/shell.tmp; \
+         mv {dir}/grandchild.tmp {dir}/grandchild; mv {dir}/shell.tmp {dir}/shell; wait",
+        dir = dir.display()
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
+fn alive(pid: i32) -> bool {
+    // A killed process stays a zombie until whoever adopted it reaps it (the test harness may
+    // be a subreaper): it counts as gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+    })
+}
+
+/// The pids of the stubborn command's shell and grandchild, once both are running.
+fn started(dir: &Path) -> [i32; 2] {
+    let start = Instant::now();
+    loop {
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+        };
+        if let (Some(shell), Some(grandchild)) = (read("shell"), read("grandchild")) {
+            return [shell, grandchild];
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the command did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until none of `pids` is alive; panics after `limit`. Returns how long it took.
+fn all_gone(pids: &[i32], limit: Duration) -> Duration {
+    let start = Instant::now();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(
+            start.elapsed() < limit,
+            "still running {:?} after {limit:?}: {pids:?}",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    start.elapsed()
+}
+
+fn kill(child: &Child, sig: &str) {
+    Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> (Option<i32>, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status.code(), start.elapsed());
+        }
+        assert!(
+            start.elapsed() < limit,
+            "leasehold did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn leasehold(args: &[&str], command: &[String]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .args(args)
+        .arg("--")
+        .args(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    cmd
+}
+
+fn sqlite(dir: &Path) -> String {
+    format!("sqlite:{}", path_str(&dir.join("leases.db")))
+}
+
+/// Issue 18 case 3: `kill -9` of `leasehold` (or the OOM killer) takes the command and its
+/// grandchildren with it: nothing runs on unowned beside the next holder's command.
+#[test]
+fn sigkill_of_leasehold_kills_the_command_and_its_grandchildren() {
+    for scheduled in [false, true] {
+        let dir = temp_dir();
+        let url = sqlite(dir.path());
+        let mut args = vec!["--store", url.as_str(), "--lease", "k"];
+        if scheduled {
+            args.extend(["--every", "1s"]);
+        }
+        let mut run = leasehold(&args, &stubborn(dir.path()))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pids = started(dir.path());
+        kill(&run, "KILL");
+        let _ = run.wait();
+        let took = all_gone(&pids, Duration::from_secs(3));
+        println!("scheduled={scheduled}: command gone {took:?} after SIGKILL of leasehold");
+    }
+}
+
+/// Issue 18 cases 2 and 6: on SIGTERM the command's whole group gets SIGTERM at once and
+/// SIGKILL within `--grace`; shutdown takes at most the grace period (not twice it), and a
+/// flock whose command had to be stopped exits 143, a scheduled run 0.
+#[test]
+fn shutdown_stops_the_group_within_the_grace() {
+    for scheduled in [false, true] {
+        let dir = temp_dir();
+        let url = sqlite(dir.path());
+        let mut args = vec!["--store", url.as_str(), "--lease", "g", "--grace", "1s"];
+        if scheduled {
+            args.extend(["--every", "1s"]);
+        }
+        let mut run = leasehold(&args, &stubborn(dir.path()))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pids = started(dir.path());
+        kill(&run, "TERM");
+        let (code, took) = wait_exit(&mut run, Duration::from_secs(10));
+        assert!(
+            pids.iter().all(|&p| !alive(p)),
+            "scheduled={scheduled}: the group outlived leasehold"
+        );
+        println!("scheduled={scheduled}: shutdown took {took:?}, exit {code:?}");
+        // One grace period plus process start-up and release slack, well below two.
+        assert!(took < Duration::from_millis(1800), "shutdown took {took:?}");
+        assert_eq!(code, Some(if scheduled { 0 } else { 143 }));
+    }
+}
+
+/// Issue 18 case 1: `leasehold run … 2>&1 | logger` whose reader has exited. Every log line
+/// now fails with EPIPE; before, the first one panicked inside whichever task logged (the
+/// signal task: SIGTERM was then ignored and the command ran on).
+#[test]
+fn a_dead_log_pipe_does_not_disable_shutdown() {
+    let dir = temp_dir();
+    let url = sqlite(dir.path());
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut run = leasehold(
+        &[
+            "--store", &url, "--lease", "p", "--every", "200ms", "--grace", "1s",
+        ],
+        &stubborn(dir.path()),
+    )
+    .env("RUST_LOG", "debug")
+    .stderr(writer)
+    .spawn()
+    .unwrap();
+    let pids = started(dir.path());
+    // Ticks overlap the running command and are logged (into the dead pipe).
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "leasehold died of a log write"
+    );
+    kill(&run, "TERM");
+    let (code, _) = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(code, Some(0), "a clean shutdown");
+    all_gone(&pids, Duration::from_secs(1));
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A redis-server of this test's own, killed on drop.
+struct OwnRedis {
+    port: u16,
+    child: Child,
+}
+
+impl OwnRedis {
+    fn start() -> Self {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/stores.sh installs it)");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { port, child }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 11 case 6: when renewals fail, the command's group gets SIGTERM a grace period before
+/// the lease's local deadline and SIGKILL before the deadline itself, so it is gone before the
+/// store could grant the lease to anyone else (a ttl after the last renewal was sent, at the
+/// latest). `leasehold` then exits non-zero, saying the lease was lost.
+#[test]
+fn a_lost_lease_stops_the_group_before_the_ttl_runs_out() {
+    let dir = temp_dir();
+    let mut redis = OwnRedis::start();
+    let url = redis.url();
+    let log = dir.path().join("leasehold.log");
+    let mut run = leasehold(
+        &[
+            "--store", &url, "--lease", "lost", "--ttl", "3s", "--grace", "1s", "--retry", "100ms",
+        ],
+        &stubborn(dir.path()),
+    )
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let pids = started(dir.path());
+    let _ = redis.child.kill();
+    let killed = Instant::now();
+    let _ = redis.child.wait();
+    // The last renewal was sent at most a renew interval (1 s) before the kill: its ttl ends at
+    // most 3 s after it; the group must be gone by then.
+    all_gone(&pids, Duration::from_secs(3));
+    let took = killed.elapsed();
+    let (code, _) = wait_exit(&mut run, Duration::from_secs(10));
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    println!("group gone {took:?} after the store died; exit {code:?}\n{stderr}");
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("lease lost"), "{stderr}");
+}
+
+/// Issue 18 case 5: a key of the wrong type where the lease lives is a refusal no retry can fix:
+/// a flock exits 78 at once, a scheduled run after a bounded number of tries, with a clear
+/// message, instead of idling forever.
+#[test]
+fn a_permanent_refusal_ends_the_run_with_78() {
+    let redis = OwnRedis::start();
+    let url = redis.url();
+    for (lease, scheduled) in [("refused-once", false), ("refused-every", true)] {
+        let ok = Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string()])
+            .args(["RPUSH", &format!("leasehold:{{{lease}}}:lease"), "x"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "redis-cli RPUSH");
+        let mut args = vec!["--store", url.as_str(), "--lease", lease, "--ttl", "1s"];
+        if scheduled {
+            args.extend(["--every", "200ms"]);
+        }
+        let mut cmd = leasehold(&args, &["true".to_owned()]);
+        let child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+        let start = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!(
+            "scheduled={scheduled}: exit {:?} after {:?}",
+            out.status.code(),
+            start.elapsed()
+        );
+        assert_eq!(out.status.code(), Some(78), "{stderr}");
+        assert!(stderr.contains("holds a list"), "{stderr}");
+        assert!(start.elapsed() < Duration::from_secs(30));
+    }
+}
