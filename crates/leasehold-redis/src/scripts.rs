@@ -46,7 +46,8 @@ end
 "#;
 
 /// KEYS: lease, fence. ARGV: holder, ttl ms.
-/// Returns `{1, token}` or `{0, holder, pttl}`.
+/// Returns `{1, token}` or `{0, holder, pttl}`. Every acquisition, the holder's own re-acquire
+/// included, is a new tenure: the counter goes up and the lease key is overwritten.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
@@ -57,11 +58,11 @@ if err then return err end
 if cur then
   local tok, who = parse(cur)
   if not tok then return corrupt(KEYS[1], 'is not a leasehold lease') end
-  if who == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, tok}
+  -- Busy only while another holder's tenure is live. The holder itself gets a new tenure
+  -- below: a new token, replacing its older tenure (whose renew and release then fail).
+  if who ~= ARGV[1] then
+    return {0, who, redis.call('PTTL', KEYS[1])}
   end
-  return {0, who, redis.call('PTTL', KEYS[1])}
 end
 local n = redis.pcall('INCR', KEYS[2])
 if failed(n) then
