@@ -2,6 +2,7 @@
 
 mod child;
 mod demo;
+mod history;
 mod logging;
 mod record;
 mod run;
@@ -37,6 +38,8 @@ enum Command {
     Run(run::RunArgs),
     /// Show holder, fencing token and remaining time of leases.
     Status(status::StatusArgs),
+    /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots.
+    History(history::HistoryArgs),
     /// Watch three instances share one SQLite file: one runs each tick, a killed leader is
     /// replaced, a stopped one hands over at once.
     Demo(demo::DemoArgs),
@@ -197,6 +200,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::History(args) => history::history(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Record(args) => record::record(args).await,
             Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),

@@ -4,7 +4,9 @@ use anyhow::anyhow;
 use clap::Args;
 use leasehold::{LeaseName, Store};
 
-use crate::Failure;
+use leasehold::history::{RunOutcome, RunRecord};
+
+use crate::{Failure, history};
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -26,20 +28,24 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         .map(LeaseName::new)
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
-    let url = leasehold_connect::store_url(args.store);
-    let store = leasehold_connect::open_store(&url)
-        .await
-        .map_err(|e| match e {
-            leasehold_connect::OpenError::UnknownScheme { .. } => Failure::usage(e),
-            _ => Failure::store(e),
-        })?;
+    let store = history::open(args.store).await?;
     let mut rows = Vec::new();
+    let mut tasks = Vec::new();
+    let now_ms = match store.now_millis().await {
+        Ok(ms) => ms,
+        Err(_) => history::local_now_ms(),
+    };
     for name in &names {
         let state = store
             .inspect(name)
             .await
             .map_err(|e| Failure::store(anyhow!("cannot read lease {name}: {e}")))?;
         rows.push((name, state));
+        if let Some((task, records)) = history::records(&store, name, 50).await?
+            && !records.is_empty()
+        {
+            tasks.push(TaskSummary::of(task, &records, now_ms));
+        }
     }
     if args.json {
         let leases: Vec<_> = rows
@@ -49,7 +55,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     "name": name.as_str(),
                     "held": s.holder.is_some(),
                     "holder": s.holder.as_ref().map(|h| h.as_str()),
-                    "token": s.token.get(),
+                    "token": s.token.get().to_string(),
                     "remaining_ms": s.remaining.as_millis() as u64,
                 }),
                 None => serde_json::json!({
@@ -57,7 +63,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                 }),
             })
             .collect();
-        let doc = serde_json::json!({ "store": store.describe(), "leases": leases });
+        let tasks: Vec<_> = tasks.iter().map(TaskSummary::json).collect();
+        let doc =
+            serde_json::json!({ "store": store.describe(), "leases": leases, "tasks": tasks });
         println!("{doc}");
         return Ok(0);
     }
@@ -95,5 +103,60 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             ),
         }
     }
+    if !tasks.is_empty() {
+        let width = tasks
+            .iter()
+            .map(|t| t.task.as_str().len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        println!(
+            "\n{:<width$}  {:<24}  {:<24}  LAST OUTCOME",
+            "TASK", "LAST RUN (UTC)", "NEXT DUE (UTC)"
+        );
+        for t in &tasks {
+            let dash = || "-".to_owned();
+            println!(
+                "{:<width$}  {:<24}  {:<24}  {}",
+                t.task.as_str(),
+                t.last_run
+                    .as_ref()
+                    .and_then(|r| r.started_ms)
+                    .map_or_else(dash, history::time),
+                t.next_due.map_or_else(dash, history::time),
+                t.last_run.as_ref().map_or_else(dash, history::outcome),
+            );
+        }
+    }
     Ok(0)
+}
+
+/// A task's last run and next due slot, from its history.
+struct TaskSummary {
+    task: LeaseName,
+    last_run: Option<RunRecord>,
+    next_due: Option<u64>,
+}
+
+impl TaskSummary {
+    fn of(task: LeaseName, records: &[RunRecord], now_ms: u64) -> Self {
+        let last_run = records
+            .iter()
+            .filter(|r| !matches!(r.outcome, RunOutcome::Missed { .. }))
+            .max_by_key(|r| r.started_ms)
+            .cloned();
+        Self {
+            task,
+            last_run,
+            next_due: history::next_due(records, now_ms),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "task": self.task.as_str(),
+            "last_run": self.last_run,
+            "next_due_ms": self.next_due,
+        })
+    }
 }

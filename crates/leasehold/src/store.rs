@@ -47,6 +47,9 @@ pub enum StoreError {
     /// The store holds a lease record this library cannot read.
     #[error("unreadable lease record: {0}")]
     Corrupt(String),
+    /// This store does not implement the operation (an optional one, such as run history).
+    #[error("this store does not implement {0}")]
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -229,11 +232,8 @@ pub trait Store: Send + Sync + Clone + 'static {
     fn describe(&self) -> String;
 }
 
-fn unsupported(what: &str) -> StoreError {
-    StoreError::Rejected {
-        message: format!("this store does not implement {what}"),
-        source: None,
-    }
+fn unsupported(what: &'static str) -> StoreError {
+    StoreError::Unsupported(what)
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

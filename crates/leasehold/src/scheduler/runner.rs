@@ -53,6 +53,8 @@ impl HistorySink {
                     .unwrap_or(Err(StoreError::Timeout(limit)));
                 match result {
                     Ok(()) => {}
+                    // A store without history: nothing to warn about.
+                    Err(StoreError::Unsupported(_)) => {}
                     // Losing a history entry never stops a run; say so once.
                     Err(e) if !warned => {
                         warned = true;

@@ -1,0 +1,144 @@
+//! `leasehold history`: what ran for a task, and which slots did not run and why.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::anyhow;
+use clap::Args;
+use leasehold::history::{RecordedSchedule, RunOutcome, RunRecord};
+use leasehold::{BoxStore, LeaseName, Schedule, Store};
+
+use crate::Failure;
+
+#[derive(Args)]
+pub struct HistoryArgs {
+    /// Store URL [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
+    #[arg(long)]
+    store: Option<String>,
+    /// The task: a library task's name, or the `--lease` of a `leasehold run --every/--cron`
+    /// job (whose runs are filed under `NAME:run`).
+    task: String,
+    /// How many entries to show, newest first.
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    /// Print JSON (one array of records) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn open(store: Option<String>) -> Result<BoxStore, Failure> {
+    let url = leasehold_connect::store_url(store);
+    leasehold_connect::open_store(&url)
+        .await
+        .map_err(|e| match e {
+            leasehold_connect::OpenError::UnknownScheme { .. } => Failure::usage(e),
+            _ => Failure::store(e),
+        })
+}
+
+/// The task's history, newest first: under `name`, or, if that has none and `name` is a
+/// `leasehold run` lease, under `name:run`. `None` when the store keeps no history.
+pub async fn records(
+    store: &BoxStore,
+    name: &LeaseName,
+    limit: usize,
+) -> Result<Option<(LeaseName, Vec<RunRecord>)>, Failure> {
+    let read = |task: LeaseName| async move {
+        match leasehold::history::read(store, &task, limit).await {
+            Ok(records) => Ok(Some((task, records))),
+            Err(leasehold::StoreError::Unsupported(_)) => Ok(None),
+            Err(e) => Err(Failure::store(anyhow!(
+                "cannot read the history of {task}: {e}"
+            ))),
+        }
+    };
+    let found = read(name.clone()).await?;
+    if matches!(&found, Some((_, r)) if !r.is_empty()) || name.as_str().ends_with(":run") {
+        return Ok(found);
+    }
+    match LeaseName::new(format!("{name}:run")) {
+        Ok(run_task) => match read(run_task).await? {
+            Some((task, r)) if !r.is_empty() => Ok(Some((task, r))),
+            _ => Ok(found),
+        },
+        Err(_) => Ok(found),
+    }
+}
+
+pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
+    let name = LeaseName::new(&args.task).map_err(Failure::usage)?;
+    if args.limit == 0 {
+        return Err(Failure::usage(anyhow!("--limit must be at least 1")));
+    }
+    let store = open(args.store).await?;
+    let Some((task, records)) = records(&store, &name, args.limit).await? else {
+        return Err(Failure::usage(anyhow!(
+            "the {} store keeps no run history",
+            store.describe()
+        )));
+    };
+    if args.json {
+        let doc = serde_json::json!({ "task": task.as_str(), "runs": records });
+        println!("{doc}");
+        return Ok(0);
+    }
+    println!("task: {task}   store: {}", store.describe());
+    if records.is_empty() {
+        println!("no runs recorded");
+        return Ok(0);
+    }
+    println!(
+        "{:<24}  {:<9}  {:<28}  {:>9}  OUTCOME",
+        "SLOT (UTC)", "TRIGGER", "HOLDER", "DURATION"
+    );
+    for r in &records {
+        let when = r.slot.or(r.started_ms).map_or("-".to_owned(), time);
+        let trigger = r.trigger.map_or("-".to_owned(), |t| t.to_string());
+        let duration = match (&r.outcome, r.duration()) {
+            (RunOutcome::Missed { .. } | RunOutcome::Running, _) | (_, None) => "-".to_owned(),
+            (_, Some(d)) => format!("{:.1?}", d),
+        };
+        println!(
+            "{when:<24}  {trigger:<9}  {:<28}  {duration:>9}  {}",
+            r.holder,
+            outcome(r)
+        );
+    }
+    Ok(0)
+}
+
+/// `2026-12-03T03:00:00.000Z`.
+pub fn time(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// The outcome and its detail, on one line.
+pub fn outcome(r: &RunRecord) -> String {
+    match &r.outcome {
+        RunOutcome::Failed { error } => format!("failed: {error}"),
+        RunOutcome::Cancelled { why } => format!("cancelled: {why}"),
+        RunOutcome::Missed {
+            count,
+            last_slot,
+            reason,
+        } if *count > 1 => format!("missed {count} slots to {}: {reason}", time(*last_slot)),
+        RunOutcome::Missed { reason, .. } => format!("missed: {reason}"),
+        other => other.as_str().to_owned(),
+    }
+}
+
+/// When the task's next slot is due after `now_ms`, from the schedule its last record carries.
+pub fn next_due(records: &[RunRecord], now_ms: u64) -> Option<u64> {
+    let schedule = match records.iter().find_map(|r| r.schedule.as_ref())? {
+        RecordedSchedule::EveryMs(ms) => Schedule::every(Duration::from_millis(*ms)).ok()?,
+        RecordedSchedule::Cron(expr) => Schedule::cron(expr).ok()?,
+        _ => return None,
+    };
+    schedule.next_after(now_ms)
+}
+
+/// The local wall clock, for a store that cannot tell its own.
+pub fn local_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
