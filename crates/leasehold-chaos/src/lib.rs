@@ -57,8 +57,8 @@ impl StoreKind {
     }
 }
 
-fn duration_arg(s: &str) -> Result<Duration, String> {
-    leasehold::parse_duration(s)
+fn duration_arg(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
 }
 
 /// `leasehold chaos`: replicas of a fenced task under kills, pauses, dropped, blackholed and

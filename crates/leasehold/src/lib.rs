@@ -21,7 +21,7 @@ pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
 pub use notify::{ReleaseHub, ReleaseSubscription};
-pub use schedule::{CronSchedule, Schedule, ScheduleError, parse_duration};
+pub use schedule::{CronSchedule, Schedule, ScheduleError};
 pub use scheduler::{
     CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,
     StoreDownPolicy, Task, TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,

@@ -151,50 +151,6 @@ impl fmt::Debug for Schedule {
     }
 }
 
-/// Parses a duration such as `500ms`, `30s`, `5m`, `1h`, `1m30s` or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("invalid duration {text:?}: expected a number"));
-        }
-        let n: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            "" => {
-                return Err(format!(
-                    "invalid duration {text:?}: missing unit (ms, s, m, h)"
-                ));
-            }
-            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?}")),
-        };
-        total = total.saturating_add(part);
-    }
-    Ok(total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,17 +221,5 @@ mod tests {
             Schedule::cron("0 0 0 1 1 * 2001"),
             Err(ScheduleError::NeverFires(_))
         ));
-    }
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
-        for bad in ["", "s", "10x", "1.5s", "ten"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
     }
 }

@@ -9,9 +9,7 @@
 //! curl localhost:8081/status
 //! ```
 //!
-//! Flags: `--store URL` (default `$LEASEHOLD_STORE`, else `sqlite:leasehold.db`), `--port N`,
-//! `--every DURATION` (expire sweep; the re-pin sweep runs at 1.5×), `--ledger FILE` (append one
-//! JSON line per run, for tests), `--name NAME` (this replica's holder id).
+//! Flags: see `--help`.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -26,35 +24,24 @@ use leasehold::{
     SchedulerHandle, Task, TaskContext,
 };
 
+/// A service with two sweeps that must each run on one replica per tick.
+#[derive(clap::Parser)]
 struct Options {
+    /// Store URL [default: $LEASEHOLD_STORE, else sqlite:leasehold.db].
+    #[arg(long)]
     store: Option<String>,
+    /// HTTP port on 127.0.0.1.
+    #[arg(long, default_value_t = 8080)]
     port: u16,
+    /// The expire sweep's interval (the re-pin sweep runs at 1.5×), e.g. 10s or 300ms.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     every: Duration,
+    /// Append one JSON line per run to this file (for tests).
+    #[arg(long)]
     ledger: Option<std::path::PathBuf>,
+    /// This replica's holder id.
+    #[arg(long)]
     name: Option<String>,
-}
-
-fn options() -> Result<Options, String> {
-    let mut o = Options {
-        store: None,
-        port: 8080,
-        every: Duration::from_secs(10),
-        ledger: None,
-        name: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--store" => o.store = Some(value()?),
-            "--port" => o.port = value()?.parse().map_err(|e| format!("--port: {e}"))?,
-            "--every" => o.every = leasehold::parse_duration(&value()?)?,
-            "--ledger" => o.ledger = Some(value()?.into()),
-            "--name" => o.name = Some(value()?),
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    Ok(o)
 }
 
 /// One sweep: here it only logs and, for tests, appends to the ledger.
@@ -146,7 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let o = options()?;
+    let o = <Options as clap::Parser>::parse();
     let store = leasehold_connect::open_store(&leasehold_connect::store_url(o.store)).await?;
     let ledger = o.ledger.map(Arc::new);
     let mut scheduler = Scheduler::new(store)
