@@ -157,3 +157,55 @@ return {1}
 "#,
     )
 });
+
+/// KEYS: slot. Returns the last claimed slot (a decimal string) or nil.
+pub(crate) static LAST_SLOT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local last, err = get(KEYS[1])
+if err then return err end
+if last and not string.match(last, '^%d+$') then return corrupt(KEYS[1], 'is not a slot number') end
+return last or false
+"#,
+    )
+});
+
+/// A run history is one sorted set whose members all have score 0 and read
+/// `<key as 20 zero-padded decimal digits>:<entry>`. Members with equal scores sort by their
+/// bytes, so rank order is key order over the whole u64 range (a score, a double, is exact only
+/// up to 2^53), and the entries of one key are the members between `[<key>:` and `(<key>;`.
+pub(crate) const HISTORY_KEY_DIGITS: usize = 20;
+
+/// KEYS: history. ARGV: key (20 digits), entry, keep. Replaces the entry with that key, then
+/// trims to the `keep` highest keys. Returns 1.
+pub(crate) static RECORD_HISTORY: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local removed = redis.pcall('ZREMRANGEBYLEX', KEYS[1], '[' .. ARGV[1] .. ':', '(' .. ARGV[1] .. ';')
+if failed(removed) then
+  if string.sub(removed.err, 1, 9) == 'WRONGTYPE' then return wrongtype(KEYS[1]) end
+  return removed
+end
+redis.call('ZADD', KEYS[1], 0, ARGV[1] .. ':' .. ARGV[2])
+local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
+if excess > 0 then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1)
+end
+return 1
+"#,
+    )
+});
+
+/// KEYS: history. ARGV: last rank (limit - 1). Returns the members, highest key first.
+pub(crate) static HISTORY: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local entries = redis.pcall('ZREVRANGE', KEYS[1], 0, ARGV[1])
+if failed(entries) then
+  if string.sub(entries.err, 1, 9) == 'WRONGTYPE' then return wrongtype(KEYS[1]) end
+  return entries
+end
+return entries
+"#,
+    )
+});

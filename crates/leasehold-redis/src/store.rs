@@ -17,14 +17,18 @@ use tokio::task::AbortHandle;
 use crate::config::{DEFAULT_PREFIX, RedisConfig};
 use crate::error::{Error, Result};
 use crate::listener;
-use crate::scripts::{ACQUIRE, CLAIM_SLOT, INSPECT, LuaScript, RELEASE, RENEW};
+use crate::scripts::{
+    ACQUIRE, CLAIM_SLOT, HISTORY, HISTORY_KEY_DIGITS, INSPECT, LAST_SLOT, LuaScript,
+    RECORD_HISTORY, RELEASE, RENEW,
+};
 
 /// Leases in Redis: each operation is one Lua script (EVALSHA, falling back to EVAL), atomic on
 /// the server and timed by the server's clock (`PX`, `PEXPIRE`, `PTTL`, `TIME`).
 ///
 /// Keys, with the default prefix `leasehold`: `leasehold:{NAME}:lease` (holder and token, with
 /// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, no expiry) and
-/// `leasehold:{TASK}:slot` (the last claimed slot). The braces are a hash tag, so a lease's keys
+/// `leasehold:{TASK}:slot` (the last claimed slot) and `leasehold:{TASK}:history` (the run
+/// history, a sorted set; see [`history_key`](Self::history_key)). The braces are a hash tag, so a lease's keys
 /// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
 ///
 /// Cheap to clone: clones share one multiplexed connection (reconnected automatically after it
@@ -132,6 +136,14 @@ impl RedisStore {
     /// The key holding the last slot claimed for `task`.
     pub fn slot_key(&self, task: &LeaseName) -> String {
         format!("{}:{{{task}}}:slot", self.inner.prefix)
+    }
+
+    /// The key holding `task`'s run history: a sorted set whose members all have score 0 and
+    /// read `<key>:<entry>`, the key as 20 zero-padded decimal digits. Members of equal score sort
+    /// by their bytes, so the set's order is the keys' order over the whole `u64` range (a score,
+    /// a double, would be exact only up to 2^53).
+    pub fn history_key(&self, task: &LeaseName) -> String {
+        format!("{}:{{{task}}}:history", self.inner.prefix)
     }
 
     /// The pub/sub channel on which releases are announced (the payload is the lease name).
@@ -512,6 +524,87 @@ impl Store for RedisStore {
                 Ok(SlotClaim::AlreadyRun { last })
             }
         }
+    }
+
+    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
+        let op = Op {
+            what: "last_slot",
+            name: Some(task),
+        };
+        let key = self.slot_key(task);
+        let reply = self.eval(&LAST_SLOT, &[&key], &[], op, true).await?;
+        if reply == Value::Nil {
+            return Ok(None);
+        }
+        let last = text(op, Some(&reply))?;
+        last.parse()
+            .map(Some)
+            .map_err(|_| corrupt(op, format_args!("slot {last:?} is not a u64")))
+    }
+
+    async fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> StoreResult<()> {
+        let op = Op {
+            what: "record_history",
+            name: Some(task),
+        };
+        let history = self.history_key(task);
+        // Replacing the entry of one key is idempotent, so a retry after a lost reply is safe.
+        self.eval(
+            &RECORD_HISTORY,
+            &[&history],
+            &[
+                &format!("{key:0width$}", width = HISTORY_KEY_DIGITS),
+                entry,
+                &keep.to_string(),
+            ],
+            op,
+            true,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
+        let op = Op {
+            what: "history",
+            name: Some(task),
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let history = self.history_key(task);
+        let last_rank = limit.min(i64::MAX as usize) - 1;
+        let reply = self
+            .eval(&HISTORY, &[&history], &[&last_rank.to_string()], op, true)
+            .await?;
+        items(op, reply)?
+            .iter()
+            .map(|member| {
+                let member = text(op, Some(member))?;
+                match member.as_bytes().get(HISTORY_KEY_DIGITS) {
+                    Some(b':')
+                        if member.as_bytes()[..HISTORY_KEY_DIGITS]
+                            .iter()
+                            .all(u8::is_ascii_digit) =>
+                    {
+                        Ok(member[HISTORY_KEY_DIGITS + 1..].to_owned())
+                    }
+                    _ => Err(corrupt(
+                        op,
+                        format_args!(
+                            "history key {history} holds a member that is not a leasehold \
+                             history entry"
+                        ),
+                    )),
+                }
+            })
+            .collect()
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {

@@ -161,7 +161,33 @@ async fn a_key_of_another_type_is_rejected_naming_the_key() {
         .unwrap();
     let err = store.claim_slot(&task, 1).await.unwrap_err();
     assert!(err.to_string().contains(&store.slot_key(&task)), "{err}");
-    for k in [key, store.fence_key(&other), store.slot_key(&task)] {
+    let err = store.last_slot(&task).await.unwrap_err();
+    assert!(err.to_string().contains(&store.slot_key(&task)), "{err}");
+    // So is the run history (a sorted set): a string there is refused by both operations.
+    let _: () = redis::cmd("SET")
+        .arg(store.history_key(&task))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for result in [
+        store.record_history(&task, 1, "x", 5).await.map(drop),
+        store.history(&task, 5).await.map(drop),
+    ] {
+        match result.expect_err("wrong type refused") {
+            StoreError::Rejected { message, .. } => {
+                assert!(message.contains(&store.history_key(&task)), "{message}");
+                assert!(message.contains("string"), "{message}");
+            }
+            other => panic!("expected Rejected, got {other:?}"),
+        }
+    }
+    for k in [
+        key,
+        store.fence_key(&other),
+        store.slot_key(&task),
+        store.history_key(&task),
+    ] {
         let _: () = redis::cmd("DEL")
             .arg(k)
             .query_async(&mut conn)
@@ -310,11 +336,78 @@ async fn the_documented_least_privilege_acl_user_works() {
         .unwrap();
     store.inspect(&lease).await.unwrap().unwrap();
     store.claim_slot(&lease, 1).await.unwrap();
+    assert_eq!(store.last_slot(&lease).await.unwrap(), Some(1));
+    store.record_history(&lease, 1, "run", 3).await.unwrap();
+    assert_eq!(store.history(&lease, 3).await.unwrap(), ["run"]);
     store.now_millis().await.unwrap();
     store.release(&lease, &who, token).await.unwrap();
     tokio::time::timeout(Duration::from_secs(2), sub.released(&lease))
         .await
         .expect("notification with the least-privilege user");
+}
+
+/// A slot or history member this crate did not write is `Corrupt`, not a panic or a guess.
+#[tokio::test]
+async fn foreign_slots_and_history_members_are_corrupt() {
+    let store = common::make_store().await;
+    let task = name("corrupt-history");
+    let mut conn = store.connection();
+    let _: () = redis::cmd("SET")
+        .arg(store.slot_key(&task))
+        .arg("soon")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = store.last_slot(&task).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    let _: () = redis::cmd("ZADD")
+        .arg(store.history_key(&task))
+        .arg(0)
+        .arg("not-a-key")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = store.history(&task, 5).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    for k in [store.slot_key(&task), store.history_key(&task)] {
+        let _: () = redis::cmd("DEL")
+            .arg(k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// History keys at the ends of the u64 range keep their order, `keep` 0 empties the history,
+/// and any `limit` (0, `usize::MAX`) is answered.
+#[tokio::test]
+async fn history_covers_the_whole_key_range_and_extreme_bounds() {
+    let store = common::make_store().await;
+    let task = name("history-range");
+    for key in [u64::MAX, 0, u64::MAX - 1, 1 << 53, (1 << 53) + 1] {
+        store
+            .record_history(&task, key, &format!("k{key}"), 10)
+            .await
+            .unwrap();
+    }
+    let expected: Vec<String> = [u64::MAX, u64::MAX - 1, (1 << 53) + 1, 1 << 53, 0]
+        .iter()
+        .map(|k| format!("k{k}"))
+        .collect();
+    assert_eq!(store.history(&task, usize::MAX).await.unwrap(), expected);
+    assert!(store.history(&task, 0).await.unwrap().is_empty());
+    // An entry may itself look like a member (digits and a colon): only the prefix is the key.
+    let tricky = "00000000000000000001:x";
+    store.record_history(&task, 0, tricky, 10).await.unwrap();
+    assert_eq!(store.history(&task, 10).await.unwrap()[4], tricky);
+    store.record_history(&task, 5, "last", 0).await.unwrap();
+    assert!(store.history(&task, 10).await.unwrap().is_empty());
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(store.history_key(&task))
+        .query_async(&mut store.connection())
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "an emptied history leaves no key behind");
 }
 
 /// Tokens are exact across the whole u64 range: below 2^53 the script formats INCR's reply (a
