@@ -145,6 +145,14 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
 
 /// The store, or `None` when it cannot be reached and the policy lets the command run without it.
 async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
+    if leasehold_connect::configured_store_url(args.store.clone()).is_none() {
+        let dir = std::env::current_dir().map_or_else(|_| ".".into(), |d| d.display().to_string());
+        tracing::warn!(
+            "no --store and no LEASEHOLD_STORE: using {} in {dir}, which coordinates only processes \
+             on this host started in this directory; give every instance the same --store",
+            leasehold_connect::DEFAULT_STORE
+        );
+    }
     let url = leasehold_connect::store_url(args.store.clone());
     match leasehold_connect::open_store(&url).await {
         Ok(store) => Ok(Some(store)),

@@ -124,3 +124,23 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// Without --store or LEASEHOLD_STORE the default SQLite file coordinates only one host and
+/// directory: `run` says so loudly instead of silently letting each host run every tick.
+#[test]
+fn the_default_store_is_announced() {
+    let dir = temp_dir();
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--lease", "d", "--", "true"])
+        .current_dir(dir.path())
+        .env_remove("LEASEHOLD_STORE")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no --store and no LEASEHOLD_STORE") && stderr.contains("leasehold.db"),
+        "{stderr}"
+    );
+    assert!(dir.path().join("leasehold.db").exists());
+}
