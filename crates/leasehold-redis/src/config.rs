@@ -25,7 +25,8 @@ pub struct RedisConfig {
     /// Prefix of every key and of the release channel. Default [`DEFAULT_PREFIX`]
     /// (`leasehold`). Must be non-empty and free of braces and whitespace.
     pub prefix: String,
-    /// Time limit of each store operation, after which it fails with
+    /// Time limit of each store operation, end to end (retries and the driver's response timeout,
+    /// which is set to it, included), after which it fails with
     /// [`StoreError::Timeout`](leasehold::StoreError::Timeout). Default [`DEFAULT_OP_TIMEOUT`] (2 s).
     pub op_timeout: Duration,
     /// Time limit of establishing a connection (TCP, TLS, AUTH), at start and on each reconnect.

@@ -71,8 +71,12 @@ impl RedisStore {
             // provider (then rustls cannot choose one by itself). Fails only if one is set.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
+        // The driver's own response timeout (500 ms by default) would fail every operation
+        // slower than that as Unavailable long before op_timeout: it is op_timeout, so the one
+        // bound on an operation is op_timeout, end to end, reported as Timeout.
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.op_timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let connect_err = |source| Error::Connect {
@@ -213,6 +217,10 @@ impl RedisStore {
     }
 
     fn classify(&self, e: RedisError, op: Op<'_>) -> StoreError {
+        if e.is_timeout() {
+            // The driver's response timeout, which is op_timeout.
+            return StoreError::Timeout(self.inner.op_timeout);
+        }
         classify(e, op, &self.inner.prefix, &self.inner.url)
     }
 }

@@ -1,0 +1,172 @@
+//! A slow Redis: one operation is bounded by `op_timeout` end to end (the driver's own response
+//! timeout included), and answers slower than the driver's default (500 ms) but within
+//! `op_timeout` succeed (issue 18 case 4). The latency comes from a delaying proxy of the test's
+//! own in front of the shared Redis.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use leasehold::{Acquisition, HolderId, LeaseName, Renewal, Store, StoreError};
+use leasehold_redis::RedisConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+/// A loopback TCP proxy to the shared Redis that holds every reply for `delay` (so a round trip
+/// takes that much longer). Dropping it ends the listener and every connection.
+struct SlowProxy {
+    addr: SocketAddr,
+    delay_ms: Arc<AtomicU64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl SlowProxy {
+    async fn start(delay: Duration) -> Self {
+        let upstream = common::redis_url();
+        let upstream = upstream
+            .strip_prefix("redis://")
+            .expect("a redis:// test url")
+            .trim_end_matches('/')
+            .to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let delay_ms = Arc::new(AtomicU64::new(delay.as_millis() as u64));
+        let delay = delay_ms.clone();
+        let accept = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let (upstream, delay) = (upstream.clone(), delay.clone());
+                conns.spawn(async move {
+                    let Ok(server) = TcpStream::connect(upstream.as_str()).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::io::copy(&mut cr, &mut sw);
+                    let down = async {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = sr.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<_, std::io::Error>(());
+                            }
+                            let ms = delay.load(Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            cw.write_all(&buf[..n]).await?;
+                        }
+                    };
+                    let _ = tokio::try_join!(up, down);
+                });
+            }
+        });
+        Self {
+            addr,
+            delay_ms,
+            accept,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn set_delay(&self, delay: Duration) {
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        // Aborting the accept task drops its JoinSet, which aborts every connection.
+        self.accept.abort();
+    }
+}
+
+fn name(tag: &str) -> LeaseName {
+    LeaseName::new(format!("{tag}/{:08x}", fastrand::u32(..))).unwrap()
+}
+
+/// With op_timeout 2 s, a 600 ms round trip (above the driver's 500 ms default) is just slow:
+/// connect, acquire, renew, inspect, claim_slot and the clock all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_600ms_round_trip_succeeds_within_op_timeout() {
+    let proxy = SlowProxy::start(Duration::from_millis(600)).await;
+    let store = RedisConfig::new(proxy.url())
+        .prefix(common::test_prefix())
+        .op_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect through a 600 ms proxy");
+    let (lease, who) = (name("slow"), HolderId::new("slow-holder").unwrap());
+    let ttl = Duration::from_secs(15);
+    let started = Instant::now();
+    let token = match store.acquire(&lease, &who, ttl).await {
+        Ok(Acquisition::Acquired { token }) => token,
+        other => panic!("acquire through a 600 ms proxy: {other:?}"),
+    };
+    assert!(
+        started.elapsed() >= Duration::from_millis(550),
+        "the proxy did delay the reply ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(
+        store.renew(&lease, &who, token, ttl).await.unwrap(),
+        Renewal::Renewed
+    );
+    let state = store.inspect(&lease).await.unwrap().unwrap();
+    assert_eq!(state.token, token);
+    store.claim_slot(&lease, 1).await.unwrap();
+    store.now_millis().await.unwrap();
+    store.release(&lease, &who, token).await.unwrap();
+}
+
+/// A 3 s round trip with op_timeout 2 s: the operation fails with `Timeout(2 s)` after about
+/// 2 s, not `Unavailable` after 500 ms, and the store works again once the delay is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_3s_round_trip_times_out_after_op_timeout() {
+    let proxy = SlowProxy::start(Duration::ZERO).await;
+    let op_timeout = Duration::from_secs(2);
+    let store = RedisConfig::new(proxy.url())
+        .prefix(common::test_prefix())
+        .op_timeout(op_timeout)
+        .notifications(false)
+        .connect()
+        .await
+        .unwrap();
+    proxy.set_delay(Duration::from_secs(3));
+    let (lease, who) = (name("stalled"), HolderId::new("stalled-holder").unwrap());
+    let started = Instant::now();
+    let err = store
+        .acquire(&lease, &who, Duration::from_secs(15))
+        .await
+        .expect_err("no answer within op_timeout");
+    let took = started.elapsed();
+    assert!(
+        matches!(err, StoreError::Timeout(d) if d == op_timeout),
+        "{err:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1_900) && took < Duration::from_millis(2_900),
+        "failed after {took:?}"
+    );
+    let started = Instant::now();
+    let err = store.now_millis().await.expect_err("still slow");
+    assert!(matches!(err, StoreError::Timeout(_)), "{err:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1_900));
+    proxy.set_delay(Duration::ZERO);
+    // Late replies to the timed-out requests drain; then operations answer again.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.now_millis().await {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "store did not recover: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
