@@ -32,6 +32,7 @@ pub async fn record(args: RecordArgs) -> Result<u8, Failure> {
         "holder": var("LEASEHOLD_HOLDER"),
         "token": var("LEASEHOLD_TOKEN").parse::<u64>().ok(),
         "slot": var("LEASEHOLD_SLOT").parse::<u64>().ok(),
+        "trigger": var("LEASEHOLD_TRIGGER"),
         "pid": std::process::id(),
         "start_ms": start,
         "end_ms": now_ms(),

@@ -355,6 +355,7 @@ async fn scheduled(
         if let Some(slot) = ctx.slot {
             env.push(("LEASEHOLD_SLOT".into(), slot.to_string()));
         }
+        env.push(("LEASEHOLD_TRIGGER".into(), ctx.trigger.as_str().into()));
         let spec = ChildSpec {
             argv: argv.clone(),
             env,

@@ -262,3 +262,47 @@ async fn a_job_sees_its_lease_expiring_before_it_commits() {
     tokio::time::sleep(SEC * 35).await;
     assert_eq!(seen.lock().unwrap()[..2], [true, false]);
 }
+
+/// A handoff a moment after a slot fired: the old leader stops (and releases) 10 ms before the
+/// minute, the new leader is elected a moment after it, when its own timer for that minute has
+/// already been skipped as a follower's. The slot is due by the time the new leader looks, so
+/// `latest` runs it, rather than treating it as too young to judge and losing it.
+#[tokio::test(start_paused = true)]
+async fn a_handoff_right_at_the_slot_does_not_lose_it() {
+    let shared = MemoryStore::new();
+    let ledger = Ledger::default();
+    let minutely = || {
+        recorder(
+            &ledger,
+            "nightly",
+            Schedule::cron("0 * * * * *").unwrap(),
+            SEC,
+        )
+        .catch_up(CatchUp::Latest { window: SEC * 3600 })
+    };
+    let (a_store, b_store) = (view(&shared), view(&shared));
+    let a = start(&a_store, "a", minutely(), true);
+    a.leader().unwrap().elected().await.unwrap();
+    let b = start(&b_store, "b", minutely(), true);
+    until_before_next_minute(&shared, SEC * 2).await;
+    tokio::time::sleep(SEC * 5).await;
+    // The follower's acquire is slow enough that it wins just after the minute.
+    b_store
+        .faults
+        .acquire_delay_ms
+        .store(50, std::sync::atomic::Ordering::SeqCst);
+    let slot = until_before_next_minute(&shared, Duration::from_millis(10)).await;
+    a.shutdown().await;
+    b.leader().unwrap().elected().await.unwrap();
+    tokio::time::sleep(SEC * 30).await;
+    let runs: Vec<_> = ledger
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.slot == Some(slot))
+        .cloned()
+        .collect();
+    assert_eq!(runs.len(), 1, "the 03:00 run of a 03:00 handoff: {runs:?}");
+    assert_eq!(runs[0].holder, "b");
+    assert_no_slot_twice(&ledger);
+}

@@ -78,6 +78,7 @@ impl Drop for Instance {
 pub struct Run {
     pub holder: String,
     pub slot: Option<u64>,
+    pub trigger: String,
     pub token: Option<u64>,
     pub start_ms: u64,
     pub end_ms: u64,
@@ -91,6 +92,7 @@ pub fn read_ledger(path: &Path) -> Vec<Run> {
             Run {
                 holder: v["holder"].as_str().unwrap().to_owned(),
                 slot: v["slot"].as_u64(),
+                trigger: v["trigger"].as_str().unwrap_or_default().to_owned(),
                 token: v["token"].as_u64(),
                 start_ms: v["start_ms"].as_u64().unwrap(),
                 end_ms: v["end_ms"].as_u64().unwrap(),

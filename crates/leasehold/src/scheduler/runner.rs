@@ -416,8 +416,10 @@ impl<S: Store> TaskRunner<S> {
     }
 
     /// Compares the highest claimed slot with the slots due on the store's clock: records the
-    /// ones that did not run and runs those the catch-up policy asks for. Slots younger than the
-    /// renew interval are left alone: another instance may be claiming them right now.
+    /// ones that did not run and runs those the catch-up policy asks for. Every slot due by now
+    /// counts, the one that fired a moment ago included (a handoff at 03:00:00 must not lose the
+    /// 03:00 run): should another instance be claiming it right now, the forward-only claim lets
+    /// only one of the two run it, and its run record replaces the miss record (same key).
     async fn look_for_missed_slots(&self) -> Result<(), StoreError> {
         let (now, _) = self.read_clock().await?;
         self.common.store_answered();
@@ -435,13 +437,12 @@ impl<S: Store> TaskRunner<S> {
                 return Ok(());
             }
         };
-        let settled = now.saturating_sub(millis(limit));
         let (window, max) = match self.catch_up {
             CatchUp::Skip => (0, 0),
             CatchUp::Latest { window } => (millis(window), 1),
             CatchUp::All { window, max } => (millis(window), max),
         };
-        let (count, newest) = self.task.schedule.firings_between(last, settled, max);
+        let (count, newest) = self.task.schedule.firings_between(last, now, max);
         let known = std::mem::take(&mut *lock(&self.known_misses));
         if count == 0 {
             return Ok(());
@@ -466,7 +467,7 @@ impl<S: Store> TaskRunner<S> {
                 None => self
                     .task
                     .schedule
-                    .firings_between(last, settled, 1)
+                    .firings_between(last, now, 1)
                     .1
                     .first()
                     .copied()

@@ -101,6 +101,17 @@ pub enum Trigger {
     Manual,
 }
 
+impl Trigger {
+    /// `timer`, `catch-up` or `manual`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timer => "timer",
+            Self::CatchUp => "catch-up",
+            Self::Manual => "manual",
+        }
+    }
+}
+
 /// What a job is told about its run.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
