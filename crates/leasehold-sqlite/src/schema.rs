@@ -9,9 +9,11 @@ macro_rules! now_ms {
 }
 
 /// `PRAGMA user_version` of the schema below.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
-/// Version 1. A lease row is kept after release and expiry so its token counter survives.
+/// Version 2 (version 1 lacked `history`; every statement is idempotent, so opening a version 1
+/// file adds the table). A lease row is kept after release and expiry so its token counter
+/// survives.
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS leases (
     name          TEXT PRIMARY KEY NOT NULL,
@@ -23,6 +25,12 @@ CREATE TABLE IF NOT EXISTS slots (
     task      TEXT PRIMARY KEY NOT NULL,
     last_slot INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS history (
+    task  TEXT NOT NULL,
+    key   INTEGER NOT NULL,
+    entry TEXT NOT NULL,
+    PRIMARY KEY (task, key)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS releases (
     seq   INTEGER PRIMARY KEY AUTOINCREMENT,
     name  TEXT NOT NULL,
@@ -44,11 +52,9 @@ pub(crate) const READ_FOR_ACQUIRE: &str = concat!(
     " AS now) AS n LEFT JOIN leases AS l ON l.name = ?1"
 );
 
-pub(crate) const EXTEND: &str = concat!(
-    "UPDATE leases SET expires_at_ms = ",
-    now_ms!(),
-    " + ?2 WHERE name = ?1"
-);
+/// The first token of a name this file has never seen: the store's clock in ms × 1000 + 1, so a
+/// deleted and recreated file never hands out a token below one handed out before.
+pub(crate) const SEED_TOKEN: &str = concat!("SELECT ", now_ms!(), " * 1000 + 1");
 
 pub(crate) const TAKE: &str = concat!(
     "INSERT INTO leases (name, holder, token, expires_at_ms) VALUES (?1, ?2, ?3, ",
@@ -96,3 +102,13 @@ pub(crate) const LAST_RELEASE: &str = "SELECT COALESCE(MAX(seq), 0) FROM release
 
 pub(crate) const RELEASES_AFTER: &str =
     "SELECT seq, name FROM releases WHERE seq > ?1 ORDER BY seq";
+
+pub(crate) const RECORD_HISTORY: &str =
+    "INSERT OR REPLACE INTO history (task, key, entry) VALUES (?1, ?2, ?3)";
+
+/// Keeps the `?2` entries with the highest keys.
+pub(crate) const TRIM_HISTORY: &str = "DELETE FROM history WHERE task = ?1 AND key < \
+     COALESCE((SELECT key FROM history WHERE task = ?1 ORDER BY key DESC LIMIT 1 OFFSET ?2 - 1), 0)";
+
+pub(crate) const HISTORY: &str =
+    "SELECT entry FROM history WHERE task = ?1 ORDER BY key DESC LIMIT ?2";

@@ -357,23 +357,21 @@ fn acquire_tx(
         (Some(h), Some(exp)) if exp > now => Some((h, exp)),
         _ => None,
     };
+    // Busy only while another holder's tenure is live; the holder itself gets a new tenure.
     let answer = match live {
-        Some((h, _)) if h == holder.as_str() => {
-            tx.prepare_cached(schema::EXTEND)?
-                .execute(rusqlite::params![name, ttl])?;
-            Acquisition::Acquired {
-                token: token_from_sql(token.unwrap_or_default())?,
-            }
-        }
-        Some((h, exp)) => Acquisition::Busy {
+        Some((h, exp)) if h != holder.as_str() => Acquisition::Busy {
             holder: holder_from_sql(h)?,
             remaining: remaining(exp, now),
         },
-        None => {
-            let next = token
-                .unwrap_or(0)
-                .checked_add(1)
-                .ok_or_else(|| StoreError::Corrupt("fencing token overflow".to_owned()))?;
+        _ => {
+            let next = match token {
+                Some(t) => t
+                    .checked_add(1)
+                    .ok_or_else(|| StoreError::Corrupt("fencing token overflow".to_owned()))?,
+                None => tx
+                    .prepare_cached(schema::SEED_TOKEN)?
+                    .query_row([], |r| r.get(0))?,
+            };
             tx.prepare_cached(schema::TAKE)?.execute(rusqlite::params![
                 name,
                 holder.as_str(),
@@ -563,6 +561,66 @@ impl Store for SqliteStore {
                 .query_row([], |r| r.get(0))?;
             u64::try_from(now)
                 .map_err(|_| Fail::Store(StoreError::Corrupt(format!("store clock {now}"))))
+        })
+    }
+
+    fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        let task = task.as_str().to_owned();
+        self.run(move |conn| {
+            let last: Option<i64> = conn
+                .prepare_cached(schema::LAST_SLOT)?
+                .query_row([&task], |r| r.get(0))
+                .optional()?;
+            last.map(|l| {
+                u64::try_from(l)
+                    .map_err(|_| Fail::Store(StoreError::Corrupt(format!("negative slot {l}"))))
+            })
+            .transpose()
+        })
+    }
+
+    fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let (task, entry) = (task.as_str().to_owned(), entry.to_owned());
+        let keep = i64::try_from(keep.max(1)).unwrap_or(i64::MAX);
+        let key = i64::try_from(key);
+        async move {
+            // Keys are slot times and start times in ms: far below 2^63.
+            let Ok(key) = key else {
+                return Err(StoreError::Rejected {
+                    message: "history keys above 2^63-1 do not fit in sqlite".to_owned(),
+                    source: None,
+                });
+            };
+            self.run(move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                tx.prepare_cached(schema::RECORD_HISTORY)?
+                    .execute(rusqlite::params![task, key, entry])?;
+                tx.prepare_cached(schema::TRIM_HISTORY)?
+                    .execute(rusqlite::params![task, keep])?;
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+        }
+    }
+
+    fn history(
+        &self,
+        task: &LeaseName,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
+        let task = task.as_str().to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |conn| {
+            let mut stmt = conn.prepare_cached(schema::HISTORY)?;
+            let rows = stmt.query_map(rusqlite::params![task, limit], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
         })
     }
 

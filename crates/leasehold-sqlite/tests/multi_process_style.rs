@@ -343,3 +343,77 @@ fn child_processes_exclude_each_other() {
     tokens.dedup();
     assert_eq!(tokens.len(), count, "no token was handed out twice");
 }
+
+/// Tokens come from the store's clock for a name the file has never seen: deleting the
+/// database file (an operator "resetting" leases) never hands out a token below one handed out
+/// before, so a stale holder's write stays fenced off.
+#[tokio::test]
+async fn a_recreated_file_never_hands_out_a_lower_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("leases.db").display());
+    let name = LeaseName::new("reset").unwrap();
+    let me = HolderId::new("me").unwrap();
+    let token = |a: Acquisition| match a {
+        Acquisition::Acquired { token } => token,
+        other => panic!("{other:?}"),
+    };
+    let store = leasehold_sqlite::connect(&url).await.unwrap();
+    let mut before = token(
+        store
+            .acquire(&name, &me, Duration::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    for _ in 0..3 {
+        before = token(
+            store
+                .acquire(&name, &me, Duration::from_secs(60))
+                .await
+                .unwrap(),
+        );
+    }
+    drop(store);
+    for f in ["leases.db", "leases.db-wal", "leases.db-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(f));
+    }
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let store = leasehold_sqlite::connect(&url).await.unwrap();
+    let after = token(
+        store
+            .acquire(&name, &me, Duration::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    assert!(after > before, "{after} after {before}");
+}
+
+/// A file written by schema version 1 (no history table) is upgraded in place on open.
+#[tokio::test]
+async fn a_version_1_file_gains_the_history_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE leases (name TEXT PRIMARY KEY NOT NULL, holder TEXT NULL,
+                 token INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
+             CREATE TABLE slots (task TEXT PRIMARY KEY NOT NULL, last_slot INTEGER NOT NULL);
+             CREATE TABLE releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL);
+             INSERT INTO slots VALUES ('t', 42);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let store = leasehold_sqlite::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    let task = LeaseName::new("t").unwrap();
+    assert_eq!(store.last_slot(&task).await.unwrap(), Some(42));
+    store.record_history(&task, 7, "{}", 10).await.unwrap();
+    assert_eq!(
+        store.history(&task, 10).await.unwrap(),
+        vec!["{}".to_owned()]
+    );
+}

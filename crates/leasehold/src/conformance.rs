@@ -502,7 +502,8 @@ macro_rules! conformance_tests {
             release_only_by_holder_with_token, expiry_hands_over, renew_after_expiry_is_lost,
             tokens_strictly_increase, tokens_are_per_name, inspect_reports_state,
             slot_claims_move_forward, concurrent_racers_one_winner, clock_is_sane,
-            names_round_trip, release_notifies_waiters, guard_renews_and_hands_over);
+            names_round_trip, release_notifies_waiters, guard_renews_and_hands_over,
+            last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact);
     };
     (@each $make:expr; $($check:ident),* $(,)?) => {
         $(

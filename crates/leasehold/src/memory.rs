@@ -251,10 +251,4 @@ mod conformance {
     use super::MemoryStore;
 
     crate::conformance_tests!(async { MemoryStore::new() });
-
-    #[tokio::test]
-    async fn history_checks() {
-        crate::conformance::last_slot_reads_the_highest_claim(MemoryStore::new()).await;
-        crate::conformance::history_is_bounded_keyed_and_exact(MemoryStore::new()).await;
-    }
 }
