@@ -126,6 +126,13 @@ impl RedisConfig {
     pub async fn connect(self) -> Result<RedisStore> {
         RedisStore::connect(self).await
     }
+
+    /// Checks the settings and returns a store at once, which connects (and, with
+    /// [`notifications`](Self::notifications), subscribes) in the background; see
+    /// [`RedisStore::connect_lazy`]. Must be called within a Tokio runtime.
+    pub fn connect_lazy(self) -> Result<RedisStore> {
+        RedisStore::open_lazy(self)
+    }
 }
 
 impl fmt::Debug for RedisConfig {

@@ -23,6 +23,37 @@ struct Settings {
     url: String,
 }
 
+fn settings(
+    client: redis::Client,
+    channel: String,
+    hub: ReleaseHub,
+    config: &RedisConfig,
+    url: &str,
+) -> Settings {
+    Settings {
+        client,
+        channel,
+        hub,
+        connect_timeout: config.connect_timeout,
+        max_delay: config.max_reconnect_delay,
+        keepalive: config.keepalive,
+        url: url.to_owned(),
+    }
+}
+
+/// Keeps trying to subscribe, with backoff, in a background task, and listens once it has; for a
+/// store whose server may not be up yet.
+pub(crate) fn spawn_lazy(
+    client: redis::Client,
+    channel: String,
+    hub: ReleaseHub,
+    config: &RedisConfig,
+    url: &str,
+) -> AbortHandle {
+    let settings = settings(client, channel, hub, config, url);
+    tokio::spawn(run(settings, None)).abort_handle()
+}
+
 /// Subscribes (waiting up to the connect timeout, so the first release after `connect` is
 /// heard), then keeps listening in a background task.
 pub(crate) async fn spawn(
@@ -32,15 +63,7 @@ pub(crate) async fn spawn(
     config: &RedisConfig,
     url: &str,
 ) -> AbortHandle {
-    let settings = Settings {
-        client,
-        channel,
-        hub,
-        connect_timeout: config.connect_timeout,
-        max_delay: config.max_reconnect_delay,
-        keepalive: config.keepalive,
-        url: url.to_owned(),
-    };
+    let settings = settings(client, channel, hub, config, url);
     let first = match subscribe(&settings).await {
         Ok(pubsub) => Some(pubsub),
         Err(e) => {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use leasehold::store::Operation as Op;
@@ -39,7 +39,9 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    /// Replaced only by a lazily connecting store whose first connection failed for a reason
+    /// other than I/O (see [`warm_up`]); the manager itself reconnects after I/O errors.
+    conn: RwLock<ConnectionManager>,
     prefix: String,
     channel: String,
     op_timeout: Duration,
@@ -57,11 +59,19 @@ impl Drop for Inner {
     }
 }
 
-impl RedisStore {
-    pub(crate) async fn connect(config: RedisConfig) -> Result<Self> {
+/// What connecting needs, checked and built from a config before any connection is made.
+struct Setup {
+    client: redis::Client,
+    manager_config: ConnectionManagerConfig,
+    /// The URL without its password.
+    url: String,
+}
+
+impl Setup {
+    fn new(config: &RedisConfig) -> Result<Self> {
         config.validate()?;
         let url = config.redacted_url();
-        let client = open_client(&config).map_err(|e| Error::InvalidUrl {
+        let client = open_client(config).map_err(|e| Error::InvalidUrl {
             url: url.clone(),
             reason: e.to_string(),
         })?;
@@ -79,6 +89,83 @@ impl RedisStore {
             .set_response_timeout(Some(config.op_timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
+        Ok(Self {
+            client,
+            manager_config,
+            url,
+        })
+    }
+
+    /// A connection manager that connects on first use.
+    fn lazy_manager(&self) -> Result<ConnectionManager> {
+        ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone())
+            .map_err(|e| Error::InvalidUrl {
+                url: self.url.clone(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+impl RedisStore {
+    /// A store for the server at `url` (default settings), returned at once without waiting for
+    /// the server: it connects in the background, retrying with backoff until the server
+    /// answers, and reconnects after the connection drops. Until then every operation fails
+    /// with [`StoreError::Unavailable`] (or [`StoreError::Timeout`] if the server does not
+    /// answer at all), so a scheduler or a waiter can start while its store is down.
+    ///
+    /// Fails only on a URL or setting that can never work ([`Error::InvalidUrl`],
+    /// [`Error::Config`]), or when called outside a Tokio runtime ([`Error::Config`]); never
+    /// with [`Error::Connect`]. See [`RedisConfig::connect_lazy`] for other settings.
+    pub fn connect_lazy(url: &str) -> Result<Self> {
+        Self::open_lazy(RedisConfig::new(url))
+    }
+
+    pub(crate) fn open_lazy(config: RedisConfig) -> Result<Self> {
+        let setup = Setup::new(&config)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::Config(
+                "a lazily connecting redis store must be created within a tokio runtime".into(),
+            ));
+        }
+        let conn = setup.lazy_manager()?;
+        let channel = format!("{}:released", config.prefix);
+        let hub = ReleaseHub::new();
+        let listener = config.notifications.then(|| {
+            listener::spawn_lazy(
+                setup.client.clone(),
+                channel.clone(),
+                hub.clone(),
+                &config,
+                &setup.url,
+            )
+        });
+        tracing::debug!(url = %setup.url, prefix = %config.prefix, "connecting to redis in the background");
+        let store = Self {
+            inner: Arc::new(Inner {
+                conn: RwLock::new(conn),
+                prefix: config.prefix,
+                channel,
+                op_timeout: config.op_timeout,
+                url: setup.url.clone(),
+                hub,
+                listener,
+            }),
+        };
+        tokio::spawn(warm_up(
+            Arc::downgrade(&store.inner),
+            setup,
+            config.connect_timeout,
+            config.max_reconnect_delay,
+        ));
+        Ok(store)
+    }
+
+    pub(crate) async fn connect(config: RedisConfig) -> Result<Self> {
+        let Setup {
+            client,
+            manager_config,
+            url,
+        } = Setup::new(&config)?;
         let connect_err = |source| Error::Connect {
             url: url.clone(),
             source,
@@ -111,7 +198,7 @@ impl RedisStore {
         tracing::debug!(url = %url, prefix = %config.prefix, "connected to redis");
         Ok(Self {
             inner: Arc::new(Inner {
-                conn,
+                conn: RwLock::new(conn),
                 prefix: config.prefix,
                 channel,
                 op_timeout: config.op_timeout,
@@ -155,9 +242,11 @@ impl RedisStore {
         &self.inner.channel
     }
 
-    /// A handle on the shared connection, for commands of your own.
+    /// A handle on the shared connection, for commands of your own. (For a store from
+    /// [`connect_lazy`](Self::connect_lazy) that has not connected yet, its commands fail until
+    /// the server answers.)
     pub fn connection(&self) -> ConnectionManager {
-        self.inner.conn.clone()
+        self.inner.conn()
     }
 
     /// Runs `script` (EVALSHA, then EVAL if the server does not have it) within the operation
@@ -193,7 +282,7 @@ impl RedisStore {
         keys: &[&str],
         args: &[&str],
     ) -> redis::RedisResult<Value> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn();
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
             .arg(&script.hash)
@@ -222,6 +311,73 @@ impl RedisStore {
             return StoreError::Timeout(self.inner.op_timeout);
         }
         classify(e, op, &self.inner.prefix, &self.inner.url)
+    }
+}
+
+impl Inner {
+    fn conn(&self) -> ConnectionManager {
+        self.conn
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Brings a lazily connecting store's connection up without waiting for a first operation:
+/// PINGs, with backoff, until the server answers, then leaves reconnecting to the connection
+/// manager. Ends when the store is dropped. One warning while the server is unreachable, one
+/// notice when it answers.
+async fn warm_up(inner: Weak<Inner>, setup: Setup, connect_timeout: Duration, max_delay: Duration) {
+    let min_delay = Duration::from_millis(100);
+    let mut delay = min_delay;
+    let mut warned = false;
+    loop {
+        let Some(store) = inner.upgrade() else {
+            return;
+        };
+        let mut conn = store.conn();
+        drop(store);
+        // Each PING waits for the manager's current connection attempt, so one slow attempt is
+        // not abandoned: a PING that times out is simply followed by another.
+        let ping_cmd = redis::cmd("PING");
+        let ping = ping_cmd.query_async::<Value>(&mut conn);
+        let failure = match tokio::time::timeout(connect_timeout, ping).await {
+            Ok(Ok(_)) => None,
+            // Connected: this user may just not run PING.
+            Ok(Err(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => None,
+            Ok(Err(e)) => {
+                if !e.is_io_error() {
+                    // The manager keeps a failed connection attempt (refused credentials, say)
+                    // and reconnects only after I/O errors: start over with a fresh one, so a
+                    // fix on the server side is picked up.
+                    if let (Some(store), Ok(fresh)) = (inner.upgrade(), setup.lazy_manager()) {
+                        *store.conn.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+                    }
+                }
+                Some(e.to_string())
+            }
+            Err(_) => Some(format!("no answer within {connect_timeout:?}")),
+        };
+        let Some(failure) = failure else {
+            if warned {
+                tracing::info!(url = %setup.url, "connected to redis");
+            } else {
+                tracing::debug!(url = %setup.url, "connected to redis");
+            }
+            return;
+        };
+        if !warned {
+            tracing::warn!(
+                url = %setup.url,
+                "redis is not reachable yet, operations fail until it is; retrying: {failure}"
+            );
+            warned = true;
+        } else {
+            tracing::debug!(url = %setup.url, "redis still not reachable: {failure}");
+        }
+        let jitter = fastrand::u64(..=delay.as_millis() as u64 / 2);
+        tokio::time::sleep(delay + Duration::from_millis(jitter)).await;
+        delay = (delay * 2).min(max_delay);
     }
 }
 
@@ -621,7 +777,7 @@ impl Store for RedisStore {
             name: None,
         };
         let attempt = async {
-            let mut conn = self.inner.conn.clone();
+            let mut conn = self.inner.conn();
             let (secs, micros): (u64, u64) = redis::cmd("TIME")
                 .query_async(&mut conn)
                 .await

@@ -47,7 +47,11 @@ impl OwnRedis {
     /// Starts `redis-server --port <free port> --save "" --appendonly no` plus `extra` arguments
     /// (in which `{port}` stands for the chosen port).
     pub fn start(extra: &[&str]) -> Self {
-        let port = free_port();
+        Self::start_on(free_port(), extra)
+    }
+
+    /// [`start`](Self::start) on a given port.
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
         let mut me = Self {
             port,
             extra: extra
