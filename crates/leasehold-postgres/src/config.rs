@@ -16,6 +16,8 @@ pub const DEFAULT_SCHEMA: &str = "leasehold";
 pub const DEFAULT_LEASE_TABLE: &str = "leases";
 /// Default name of the slot table.
 pub const DEFAULT_SLOT_TABLE: &str = "slots";
+/// Default name of the run history table.
+pub const DEFAULT_HISTORY_TABLE: &str = "history";
 /// Default name of the fence table (see [`Fence`](crate::Fence)).
 pub const DEFAULT_FENCE_TABLE: &str = "fences";
 /// Default time limit of one store operation.
@@ -44,6 +46,9 @@ pub struct PgConfig {
     /// The slot table: `task text PRIMARY KEY, last_slot bigint`. Default
     /// [`DEFAULT_SLOT_TABLE`] (`slots`). A plain identifier.
     pub slot_table: String,
+    /// The run history table: `task text, key bigint, entry text, PRIMARY KEY (task, key)`.
+    /// Default [`DEFAULT_HISTORY_TABLE`] (`history`). A plain identifier.
+    pub history_table: String,
     /// The LISTEN/NOTIFY channel releases are announced on. Default `None`: `SCHEMA.LEASE_TABLE`
     /// (`leasehold.leases`), so stores on different tables do not wake each other. At most 63
     /// bytes.
@@ -89,6 +94,7 @@ impl PgConfig {
             schema: DEFAULT_SCHEMA.to_owned(),
             lease_table: DEFAULT_LEASE_TABLE.to_owned(),
             slot_table: DEFAULT_SLOT_TABLE.to_owned(),
+            history_table: DEFAULT_HISTORY_TABLE.to_owned(),
             channel: None,
             migrate: true,
             pool_size: 4,
@@ -117,6 +123,12 @@ impl PgConfig {
     /// Sets [`slot_table`](Self::slot_table).
     pub fn slot_table(mut self, table: impl Into<String>) -> Self {
         self.slot_table = table.into();
+        self
+    }
+
+    /// Sets [`history_table`](Self::history_table).
+    pub fn history_table(mut self, table: impl Into<String>) -> Self {
+        self.history_table = table.into();
         self
     }
 
@@ -185,9 +197,11 @@ impl PgConfig {
         check_identifier("schema", &self.schema)?;
         check_identifier("lease_table", &self.lease_table)?;
         check_identifier("slot_table", &self.slot_table)?;
-        if self.lease_table == self.slot_table {
+        check_identifier("history_table", &self.history_table)?;
+        let tables = [&self.lease_table, &self.slot_table, &self.history_table];
+        if tables[0] == tables[1] || tables[0] == tables[2] || tables[1] == tables[2] {
             return Err(Error::Config(
-                "lease_table and slot_table must differ".to_owned(),
+                "lease_table, slot_table and history_table must differ".to_owned(),
             ));
         }
         let channel = self.channel_name();
@@ -299,6 +313,7 @@ impl fmt::Debug for PgConfig {
             .field("schema", &self.schema)
             .field("lease_table", &self.lease_table)
             .field("slot_table", &self.slot_table)
+            .field("history_table", &self.history_table)
             .field("channel", &self.channel)
             .field("migrate", &self.migrate)
             .field("pool_size", &self.pool_size)

@@ -81,6 +81,13 @@ pub struct Statements {
     pub claim_slot: String,
     /// The server's clock in milliseconds since the Unix epoch.
     pub now_millis: String,
+    /// The highest claimed slot: `$1` task. `(last_slot bigint)`, no row if none.
+    pub last_slot: String,
+    /// Record a history entry and keep the newest: `$1` task, `$2` key, `$3` entry, `$4` how
+    /// many to keep. One statement.
+    pub record_history: String,
+    /// The newest history entries: `$1` task, `$2` limit. `(entry text)`, newest first.
+    pub history: String,
     /// The names released within the last `$1` milliseconds (at most 1000): the release
     /// listener announces them after it reconnects, since notifications sent while it was away
     /// are lost.
@@ -91,11 +98,15 @@ pub struct Statements {
 }
 
 impl Statements {
-    fn new(schema: &str, lease_table: &str, slot_table: &str) -> Self {
+    fn new(schema: &str, lease_table: &str, slot_table: &str, history_table: &str) -> Self {
         let leases = qualified(schema, lease_table);
         let slots = qualified(schema, slot_table);
+        let history = qualified(schema, history_table);
         let ms = "* interval '1 millisecond'";
         Self {
+            // Every acquisition is a new tenure, the holder's own included: the token goes up.
+            // A name seen for the first time starts from the clock in ms x 1000 + 1, so a
+            // dropped and recreated table never hands out a token below an earlier one.
             // The row is locked by the upsert; a concurrent acquirer waits for this statement's
             // commit and then re-checks the WHERE against the committed row (READ COMMITTED),
             // so exactly one of them takes a free or expired lease. EXCLUDED.expires_at - ttl
@@ -103,12 +114,12 @@ impl Statements {
             acquire: format!(
                 "WITH acq AS (
   INSERT INTO {leases} AS l (name, holder, token, expires_at)
-  VALUES ($1::text, $2::text, 1, clock_timestamp() + $3::bigint {ms})
+  VALUES ($1::text, $2::text,
+          floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint * 1000 + 1,
+          clock_timestamp() + $3::bigint {ms})
   ON CONFLICT (name) DO UPDATE SET
     holder = EXCLUDED.holder,
-    token = CASE WHEN l.holder = EXCLUDED.holder
-                  AND l.expires_at > EXCLUDED.expires_at - $3::bigint {ms}
-             THEN l.token ELSE l.token + 1 END,
+    token = l.token + 1,
     expires_at = EXCLUDED.expires_at
   WHERE l.holder IS NULL
      OR l.holder = EXCLUDED.holder
@@ -156,6 +167,27 @@ SELECT false, s.last_slot FROM {slots} s
             ),
             now_millis: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
                 .to_owned(),
+            last_slot: format!("SELECT last_slot FROM {slots} WHERE task = $1::text"),
+            // The trim sees the table as of the statement's snapshot, without the new row: it
+            // keeps the newest keep - 1 others besides the new entry (if the new key is among
+            // the newest; an older key than all kept ones is trimmed by the next write).
+            record_history: format!(
+                "WITH put AS (
+  INSERT INTO {history} (task, key, entry) VALUES ($1::text, $2::bigint, $3::text)
+  ON CONFLICT (task, key) DO UPDATE SET entry = EXCLUDED.entry
+  RETURNING key
+), keep AS (
+  SELECT key FROM {history} WHERE task = $1::text AND key <> $2::bigint
+  ORDER BY key DESC LIMIT greatest($4::bigint - 1, 0)
+)
+DELETE FROM {history} h
+ WHERE h.task = $1::text AND h.key <> $2::bigint
+   AND h.key NOT IN (SELECT key FROM keep)
+   AND EXISTS (SELECT 1 FROM put)"
+            ),
+            history: format!(
+                "SELECT entry FROM {history} WHERE task = $1::text ORDER BY key DESC LIMIT $2::bigint"
+            ),
             // A release sets `holder = NULL, expires_at = clock_timestamp()`.
             recent_releases: format!(
                 "SELECT name FROM {leases}
@@ -172,6 +204,12 @@ SELECT false, s.last_slot FROM {slots} s
 CREATE TABLE IF NOT EXISTS {slots} (
   task text PRIMARY KEY,
   last_slot bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {history} (
+  task text NOT NULL,
+  key bigint NOT NULL,
+  entry text NOT NULL,
+  PRIMARY KEY (task, key)
 );"
             ),
         }
@@ -219,12 +257,21 @@ impl PgStore {
                 e => connect_err(pool_error(e, op, config.op_timeout)),
             })?;
 
-        let sql = Statements::new(&config.schema, &config.lease_table, &config.slot_table);
+        let sql = Statements::new(
+            &config.schema,
+            &config.lease_table,
+            &config.slot_table,
+            &config.history_table,
+        );
         if config.migrate {
             migrate(
                 &mut client,
                 &config.schema,
-                &[&config.lease_table, &config.slot_table],
+                &[
+                    &config.lease_table,
+                    &config.slot_table,
+                    &config.history_table,
+                ],
                 &sql.create_tables,
             )
             .await
@@ -632,6 +679,62 @@ impl Store for PgStore {
             .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
         let ms: i64 = get(row, 0)?;
         u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
+    }
+
+    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
+        let op = Op {
+            what: "last_slot",
+            name: Some(task),
+        };
+        let rows = self
+            .query(op, &self.inner.sql.last_slot, &[&task.as_str()])
+            .await?;
+        rows.first()
+            .map(|row| {
+                let last: i64 = get(row, 0)?;
+                u64::try_from(last)
+                    .map_err(|_| StoreError::Corrupt(format!("negative slot {last}")))
+            })
+            .transpose()
+    }
+
+    async fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> StoreResult<()> {
+        let op = Op {
+            what: "record_history",
+            name: Some(task),
+        };
+        let Some(key) = to_i64(key) else {
+            return Err(StoreError::Rejected {
+                message: format!("{op}: history key {key} does not fit a bigint"),
+                source: None,
+            });
+        };
+        let keep = i64::try_from(keep.max(1)).unwrap_or(i64::MAX);
+        self.query(
+            op,
+            &self.inner.sql.record_history,
+            &[&task.as_str(), &key, &entry, &keep],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
+        let op = Op {
+            what: "history",
+            name: Some(task),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query(op, &self.inner.sql.history, &[&task.as_str(), &limit])
+            .await?;
+        rows.iter().map(|row| get::<String>(row, 0)).collect()
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {

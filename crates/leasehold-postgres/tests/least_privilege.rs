@@ -79,7 +79,8 @@ async fn least_privileged_role_runs_everything_with_migration_on() {
             "CREATE ROLE \"{role}\" LOGIN PASSWORD '{PASSWORD}';
              GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\";
              GRANT SELECT, INSERT, UPDATE ON \"{schema}\".leases, \"{schema}\".slots,
-                   \"{schema}\".fences TO \"{role}\";"
+                   \"{schema}\".fences TO \"{role}\";
+             GRANT SELECT, INSERT, UPDATE, DELETE ON \"{schema}\".history TO \"{role}\";"
         ))
         .await
         .unwrap();
