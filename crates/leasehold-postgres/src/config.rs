@@ -240,6 +240,15 @@ impl PgConfig {
         PgStore::connect(self).await
     }
 
+    /// Returns the store at once and connects in the background (see
+    /// [`PgStore::connect_lazy`](crate::PgStore)): every operation answers
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server is
+    /// reached and the tables exist. For a service that must start while its database is down.
+    /// Fails only on settings or a URL that can never work, or outside a Tokio runtime.
+    pub fn connect_lazy(self) -> Result<PgStore> {
+        PgStore::connect_lazy(self)
+    }
+
     /// Parses the URL into the driver's config and the TLS choice.
     pub(crate) fn driver_config(&self) -> Result<(tokio_postgres::Config, Tls)> {
         let invalid = |reason: String| Error::InvalidUrl {

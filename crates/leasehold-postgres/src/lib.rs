@@ -33,3 +33,10 @@ pub use deadpool_postgres;
 pub async fn connect(url: &str) -> Result<PgStore> {
     PgConfig::new(url).connect().await
 }
+
+/// Like [`connect`], but returns at once and connects in the background: operations answer
+/// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server answers
+/// (see [`PgConfig::connect_lazy`]). Fails only on a URL or settings that can never work.
+pub fn connect_lazy(url: &str) -> Result<PgStore> {
+    PgConfig::new(url).connect_lazy()
+}

@@ -30,7 +30,7 @@ struct Settings {
 /// Starts the listener and waits (up to the connect timeout) until its first LISTEN is active,
 /// so a subscription taken right after `connect` hears every later release. If that first
 /// attempt fails the task keeps retrying in the background.
-pub(crate) async fn spawn(
+pub(crate) fn spawn(
     mut pg: tokio_postgres::Config,
     tls: Tls,
     channel: String,
@@ -38,7 +38,7 @@ pub(crate) async fn spawn(
     hub: ReleaseHub,
     config: &PgConfig,
     url: &str,
-) -> AbortHandle {
+) -> (AbortHandle, oneshot::Receiver<()>) {
     let app = format!(
         "{}-listen",
         pg.get_application_name().unwrap_or("leasehold")
@@ -55,8 +55,7 @@ pub(crate) async fn spawn(
     };
     let (ready_tx, ready_rx) = oneshot::channel();
     let task = tokio::spawn(run(pg, tls, settings, ready_tx));
-    let _ = tokio::time::timeout(config.connect_timeout, ready_rx).await;
-    task.abort_handle()
+    (task.abort_handle(), ready_rx)
 }
 
 async fn run(pg: tokio_postgres::Config, tls: Tls, settings: Settings, ready: oneshot::Sender<()>) {

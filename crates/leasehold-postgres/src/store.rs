@@ -45,12 +45,20 @@ struct Inner {
     lease_table: String,
     hub: ReleaseHub,
     listener: Option<AbortHandle>,
+    /// Set once the tables are known to exist (the migration ran, or was off); until then
+    /// every operation answers `Unavailable` (a store from [`PgStore::connect_lazy`]).
+    ready: std::sync::OnceLock<std::result::Result<(), String>>,
+    /// The background connect of a lazy store.
+    migration: std::sync::OnceLock<AbortHandle>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(listener) = &self.listener {
-            listener.abort();
+        for task in [self.listener.as_ref(), self.migration.get()]
+            .into_iter()
+            .flatten()
+        {
+            task.abort();
         }
         self.pool.close();
     }
@@ -216,8 +224,17 @@ CREATE TABLE IF NOT EXISTS {history} (
     }
 }
 
-impl PgStore {
-    pub(crate) async fn connect(config: PgConfig) -> Result<Self> {
+/// What connecting needs, parsed and built before any network traffic.
+struct Parts {
+    pool: Pool,
+    pg: tokio_postgres::Config,
+    tls: Tls,
+    url: String,
+    sql: Statements,
+}
+
+impl Parts {
+    fn new(config: &PgConfig) -> Result<Self> {
         config.validate()?;
         let url = config.redacted_url();
         let (pg, tls) = config.driver_config()?;
@@ -237,90 +254,186 @@ impl PgStore {
             .recycle_timeout(Some(config.op_timeout))
             .build()
             .map_err(|e| Error::Config(e.to_string()))?;
-
-        let connect_err = |source| Error::Connect {
-            url: url.clone(),
-            source,
-        };
-        let op = Op {
-            what: "connect",
-            name: None,
-        };
-        let mut client = tokio::time::timeout(config.connect_timeout * 2, pool.get())
-            .await
-            .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
-            .map_err(|e| match e {
-                // Establishing the connection took too long: that is the connect timeout.
-                PoolError::Timeout(TimeoutType::Create) => {
-                    connect_err(StoreError::Timeout(config.connect_timeout))
-                }
-                e => connect_err(pool_error(e, op, config.op_timeout)),
-            })?;
-
         let sql = Statements::new(
             &config.schema,
             &config.lease_table,
             &config.slot_table,
             &config.history_table,
         );
-        if config.migrate {
-            migrate(
-                &mut client,
-                &config.schema,
-                &[
-                    &config.lease_table,
-                    &config.slot_table,
-                    &config.history_table,
-                ],
-                &sql.create_tables,
-            )
-            .await
-            .map_err(|e| Error::Migrate {
-                url: url.clone(),
-                source: classify(
-                    e,
-                    Op {
-                        what: "migration",
-                        name: None,
-                    },
-                    config.op_timeout,
-                ),
-            })?;
-        }
-        drop(client);
-
-        let channel = config.channel_name();
-        let hub = ReleaseHub::new();
-        let listener = if config.notifications {
-            Some(
-                listener::spawn(
-                    pg,
-                    tls,
-                    channel.clone(),
-                    sql.recent_releases.clone(),
-                    hub.clone(),
-                    &config,
-                    &url,
-                )
-                .await,
-            )
-        } else {
-            None
-        };
-        tracing::debug!(url = %url, schema = %config.schema, "connected to postgres");
         Ok(Self {
+            pool,
+            pg,
+            tls,
+            url,
+            sql,
+        })
+    }
+
+    fn tables(config: &PgConfig) -> [String; 3] {
+        [
+            config.lease_table.clone(),
+            config.slot_table.clone(),
+            config.history_table.clone(),
+        ]
+    }
+}
+
+/// Runs the migration on a pooled connection: `Err(Connect)` if no connection could be made,
+/// `Err(Migrate)` if the server refused it.
+async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements) -> Result<()> {
+    let connect_err = |source| Error::Connect {
+        url: url.to_owned(),
+        source,
+    };
+    let op = Op {
+        what: "connect",
+        name: None,
+    };
+    let mut client = tokio::time::timeout(config.connect_timeout * 2, pool.get())
+        .await
+        .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
+        .map_err(|e| match e {
+            // Establishing the connection took too long: that is the connect timeout.
+            PoolError::Timeout(TimeoutType::Create) => {
+                connect_err(StoreError::Timeout(config.connect_timeout))
+            }
+            e => connect_err(pool_error(e, op, config.op_timeout)),
+        })?;
+    if !config.migrate {
+        return Ok(());
+    }
+    let tables = Parts::tables(config);
+    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+    migrate(&mut client, &config.schema, &tables, &sql.create_tables)
+        .await
+        .map_err(|e| Error::Migrate {
+            url: url.to_owned(),
+            source: classify(
+                e,
+                Op {
+                    what: "migration",
+                    name: None,
+                },
+                config.op_timeout,
+            ),
+        })
+}
+
+impl PgStore {
+    fn assemble(
+        config: &PgConfig,
+        parts: Parts,
+        hub: ReleaseHub,
+        listener: Option<AbortHandle>,
+    ) -> Self {
+        Self {
             inner: Arc::new(Inner {
-                pool,
-                sql,
-                channel,
+                pool: parts.pool,
+                sql: parts.sql,
+                channel: config.channel_name(),
                 op_timeout: config.op_timeout,
-                url,
-                schema: config.schema,
-                lease_table: config.lease_table,
+                url: parts.url,
+                schema: config.schema.clone(),
+                lease_table: config.lease_table.clone(),
                 hub,
                 listener,
+                ready: std::sync::OnceLock::new(),
+                migration: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Starts the release listener (if notifications are on): its task and a signal of its
+    /// first LISTEN.
+    fn listen(
+        config: &PgConfig,
+        parts: &Parts,
+        hub: &ReleaseHub,
+    ) -> Option<(AbortHandle, tokio::sync::oneshot::Receiver<()>)> {
+        config.notifications.then(|| {
+            listener::spawn(
+                parts.pg.clone(),
+                parts.tls.clone(),
+                config.channel_name(),
+                parts.sql.recent_releases.clone(),
+                hub.clone(),
+                config,
+                &parts.url,
+            )
         })
+    }
+
+    pub(crate) async fn connect(config: PgConfig) -> Result<Self> {
+        let parts = Parts::new(&config)?;
+        migrate_on(&parts.pool, &config, &parts.url, &parts.sql).await?;
+        let hub = ReleaseHub::new();
+        let listener = match Self::listen(&config, &parts, &hub) {
+            Some((handle, listening)) => {
+                let _ = tokio::time::timeout(config.connect_timeout, listening).await;
+                Some(handle)
+            }
+            None => None,
+        };
+        tracing::debug!(url = %parts.url, schema = %config.schema, "connected to postgres");
+        let store = Self::assemble(&config, parts, hub, listener);
+        let _ = store.inner.ready.set(Ok(()));
+        Ok(store)
+    }
+
+    /// A store that connects in the background: returned at once (the URL and settings are
+    /// checked now), it answers every operation with [`StoreError::Unavailable`] until a
+    /// connection is made and the tables are migrated, retrying with backoff up to
+    /// `max_reconnect_delay`. A migration the server refuses (no permission) makes every
+    /// operation answer [`StoreError::Rejected`]. Needs a Tokio runtime.
+    pub(crate) fn connect_lazy(config: PgConfig) -> Result<Self> {
+        let parts = Parts::new(&config)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::Config(
+                "connect_lazy must be called within a Tokio runtime".to_owned(),
+            ));
+        }
+        let hub = ReleaseHub::new();
+        let listener = Self::listen(&config, &parts, &hub).map(|(handle, _)| handle);
+        let store = Self::assemble(&config, parts, hub, listener);
+        let weak = Arc::downgrade(&store.inner);
+        let task = tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            let mut warned = false;
+            loop {
+                let Some((pool, url, sql)) = weak
+                    .upgrade()
+                    .map(|i| (i.pool.clone(), i.url.clone(), i.sql.clone()))
+                else {
+                    return;
+                };
+                let outcome = migrate_on(&pool, &config, &url, &sql).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                match outcome {
+                    Ok(()) => {
+                        tracing::info!(url = %url, "connected to postgres");
+                        let _ = inner.ready.set(Ok(()));
+                        return;
+                    }
+                    Err(Error::Migrate { source, .. }) if !source.is_transient() => {
+                        tracing::error!(url = %url, error = %source, "postgres refused the migration; every operation will be refused");
+                        let _ = inner.ready.set(Err(format!("migration refused: {source}")));
+                        return;
+                    }
+                    Err(e) => {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(url = %url, error = %e, "postgres not reachable yet; retrying in the background");
+                        }
+                    }
+                }
+                drop(inner);
+                tokio::time::sleep(delay + Duration::from_millis(fastrand::u64(0..100))).await;
+                delay = (delay * 2).min(config.max_reconnect_delay);
+            }
+        });
+        let _ = store.inner.migration.set(task.abort_handle());
+        Ok(store)
     }
 
     /// The SQL statements this store runs.
@@ -351,6 +464,21 @@ impl PgStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> StoreResult<Vec<Row>> {
+        match self.inner.ready.get() {
+            Some(Ok(())) => {}
+            Some(Err(refusal)) => {
+                return Err(StoreError::Rejected {
+                    message: format!("{op}: {refusal}"),
+                    source: None,
+                });
+            }
+            None => {
+                return Err(StoreError::Unavailable {
+                    message: format!("{op}: not connected to {} yet", self.inner.url),
+                    source: None,
+                });
+            }
+        }
         let limit = self.inner.op_timeout;
         let work = async {
             let client = self
