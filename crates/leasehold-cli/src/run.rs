@@ -143,8 +143,7 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
     })
 }
 
-/// The store, or `None` when it cannot be reached and the policy lets the command run without it.
-async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
+fn warn_if_default_store(args: &RunArgs) {
     if leasehold_connect::configured_store_url(args.store.clone()).is_none() {
         let dir = std::env::current_dir().map_or_else(|_| ".".into(), |d| d.display().to_string());
         tracing::warn!(
@@ -153,20 +152,38 @@ async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
             leasehold_connect::DEFAULT_STORE
         );
     }
+}
+
+fn open_failure(e: leasehold_connect::OpenError) -> Failure {
+    match e {
+        leasehold_connect::OpenError::UnknownScheme { .. }
+        | leasehold_connect::OpenError::NotBuilt { .. } => Failure::usage(e),
+        e => Failure::store(e),
+    }
+}
+
+/// With a schedule: the store, connecting in the background if its server is not reachable
+/// yet, so the scheduler starts during an outage and applies `--on-store-down` from the first
+/// tick.
+async fn open_scheduled(args: &RunArgs) -> Result<BoxStore, Failure> {
+    let url = leasehold_connect::store_url(args.store.clone());
+    leasehold_connect::open_store_lazy(&url)
+        .await
+        .map_err(open_failure)
+}
+
+/// Without a schedule: the store, or `None` when it cannot be reached and the policy lets the
+/// command run without it.
+async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
     let url = leasehold_connect::store_url(args.store.clone());
     match leasehold_connect::open_store(&url).await {
         Ok(store) => Ok(Some(store)),
-        Err(e @ leasehold_connect::OpenError::UnknownScheme { .. }) => Err(Failure::usage(e)),
-        Err(e) if args.on_store_down == StoreDownPolicy::Local => {
-            tracing::warn!(error = %e, "store unreachable; single-instance mode (--on-store-down local): the command runs here without coordination");
-            Ok(None)
-        }
-        Err(e)
-            if args.on_store_down == StoreDownPolicy::FailOpen
-                && args.every.is_none()
-                && args.cron.is_none() =>
-        {
-            tracing::warn!(error = %e, "store unreachable; running the command without the lease (--on-store-down fail-open)");
+        Err(
+            e @ (leasehold_connect::OpenError::UnknownScheme { .. }
+            | leasehold_connect::OpenError::NotBuilt { .. }),
+        ) => Err(Failure::usage(e)),
+        Err(e) if args.on_store_down != StoreDownPolicy::FailClosed => {
+            tracing::warn!(error = %e, policy = %args.on_store_down, "store unreachable; running the command without the lease");
             Ok(None)
         }
         Err(e) => Err(Failure::store(e)),
@@ -175,10 +192,16 @@ async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
 
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let settings = settings(&args)?;
-    let store = open(&args).await?;
+    warn_if_default_store(&args);
     match settings.schedule.clone() {
-        Some(schedule) => scheduled(args, settings, schedule, store).await,
-        None => once(args, settings, store).await,
+        Some(schedule) => {
+            let store = open_scheduled(&args).await?;
+            scheduled(args, settings, schedule, store).await
+        }
+        None => {
+            let store = open(&args).await?;
+            once(args, settings, store).await
+        }
     }
 }
 
@@ -336,7 +359,7 @@ async fn scheduled(
     args: RunArgs,
     s: Settings,
     schedule: Schedule,
-    store: Option<BoxStore>,
+    store: BoxStore,
 ) -> Result<u8, Failure> {
     let task_name = LeaseName::new(format!("{}:run", s.name)).map_err(|e| {
         Failure::usage(anyhow!(
@@ -383,35 +406,19 @@ async fn scheduled(
         task = task.catch_up(policy);
     }
     // Shutdown cancels running commands at once (SIGTERM), so it takes at most the grace period.
-    let handle = match store {
-        Some(store) => {
-            let mut sched = Scheduler::new(store.clone())
-                .lease_config(s.config)
-                .leader_group(s.name.clone())
-                .grace_period(Duration::ZERO)
-                .on_store_down(args.on_store_down)
-                .task(task);
-            if let Some(h) = s.holder {
-                sched = sched.holder(h);
-            }
-            tracing::info!(lease = %s.name, store = %store.describe(), policy = %args.on_store_down, "scheduling");
-            sched
-                .start(termination())
-                .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?
-        }
-        None => {
-            let mut sched = Scheduler::local()
-                .lease_config(s.config)
-                .grace_period(Duration::ZERO)
-                .task(task);
-            if let Some(h) = s.holder {
-                sched = sched.holder(h);
-            }
-            sched
-                .start(termination())
-                .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?
-        }
-    };
+    let mut sched = Scheduler::new(store.clone())
+        .lease_config(s.config)
+        .leader_group(s.name.clone())
+        .grace_period(Duration::ZERO)
+        .on_store_down(args.on_store_down)
+        .task(task);
+    if let Some(h) = s.holder {
+        sched = sched.holder(h);
+    }
+    tracing::info!(lease = %s.name, store = %store.describe(), policy = %args.on_store_down, "scheduling");
+    let handle = sched
+        .start(termination())
+        .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
     handle.wait().await;
     match handle.failure() {
         Some(reason) => Err(Failure::refused(anyhow!(

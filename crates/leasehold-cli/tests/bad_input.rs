@@ -123,10 +123,18 @@ fn unknown_url_scheme() {
 
 #[test]
 fn unreachable_store() {
-    let args = run(&["--lease", "a", "--store", "redis://:s3cretpw@127.0.0.1:1"]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    fails_in_one_line(&refs, "cannot open the redis store");
-    let out = Command::new(BIN).args(&refs).output().unwrap();
+    // A flock needs its store now; a scheduled run would wait for it (tests/store_down.rs).
+    let args = [
+        "run",
+        "--lease",
+        "a",
+        "--store",
+        "redis://:s3cretpw@127.0.0.1:1",
+        "--",
+        "true",
+    ];
+    fails_in_one_line(&args, "cannot open the redis store");
+    let out = Command::new(BIN).args(args).output().unwrap();
     assert_eq!(out.status.code(), Some(69));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cretpw"));
 }

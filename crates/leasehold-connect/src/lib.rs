@@ -142,6 +142,36 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     }
 }
 
+/// Opens the store a URL names without waiting for its server: a Redis or PostgreSQL store is
+/// returned at once and connects (and reconnects) in the background, answering every operation
+/// with [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until its server answers,
+/// so a scheduler can start during an outage and apply its store-down policy. A SQLite file is
+/// opened at once (it has no server). Fails only on a URL that can never work.
+pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
+    let kind = StoreKind::of(url)?;
+    let err = connect_error(kind);
+    match kind {
+        #[cfg(feature = "sqlite")]
+        StoreKind::Sqlite => leasehold_sqlite::connect(url)
+            .await
+            .map(BoxStore::new)
+            .map_err(|e| err(e.to_string())),
+        #[cfg(feature = "redis")]
+        StoreKind::Redis => leasehold_redis::RedisStore::connect_lazy(url)
+            .map(BoxStore::new)
+            .map_err(|e| err(e.to_string())),
+        #[cfg(feature = "postgres")]
+        StoreKind::Postgres => leasehold_postgres::connect_lazy(url)
+            .map(BoxStore::new)
+            .map_err(|e| err(e.to_string())),
+        // Reached only for a store whose feature is off.
+        #[allow(unreachable_patterns)]
+        other => Err(OpenError::NotBuilt {
+            scheme: other.as_str().to_owned(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
