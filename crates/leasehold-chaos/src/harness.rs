@@ -332,7 +332,8 @@ impl Harness {
             ttl: args.ttl,
             every: args.every,
             work: args.work,
-            grace: args.ttl.max(Duration::from_secs(1)),
+            // `leasehold run`'s default: the lease's stop margin, a fifth of the ttl.
+            grace: args.ttl / 5,
             bin,
         };
         let watchdog = Watchdog::start(&paused_file, &servers_file)?;
@@ -848,19 +849,23 @@ impl Harness {
         while Instant::now() < deadline {
             // The witness is in its work once its runtime's worker threads run (it records its
             // start first thing); a few ms more and it is asleep in its work.
-            if let Some(&c) = self.replicas[row].commands().first()
+            let running = self.replicas[row]
+                .command_groups()
+                .into_iter()
+                .find_map(|g| Some((g, *procs::children_of(g).first()?)));
+            if let Some((g, c)) = running
                 && procs::threads_of(c) >= 2
                 && let Some(token) =
                     procs::env_of(c, "LEASEHOLD_TOKEN").and_then(|t| t.parse::<u64>().ok())
             {
                 tokio::time::sleep(WORK_SETTLE.min(self.s.work / 4)).await;
-                command = Some((c, token));
+                command = Some((g, c, token));
                 break;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let at = epoch_ms();
-        let Some((cmd, token)) = command else {
+        let Some((group, cmd, token)) = command else {
             procs::signal(runner, Signal::SIGSTOP);
             tokio::time::sleep(f.hold).await;
             procs::signal(runner, Signal::SIGCONT);
@@ -878,8 +883,8 @@ impl Harness {
             }
             return Ok(());
         };
-        self.watchdog.note_paused(cmd);
-        procs::signal_group(cmd, Signal::SIGSTOP);
+        self.watchdog.note_paused(group);
+        procs::signal_group(group, Signal::SIGSTOP);
         procs::signal(runner, Signal::SIGSTOP);
         let paused = Instant::now();
         let longest = self.s.ttl * 4 + self.s.every * 4 + Duration::from_secs(2);
@@ -894,7 +899,7 @@ impl Harness {
         // The command first: it wakes with its work done and writes with its stale token
         // before its runner can notice the lease is gone and stop it.
         let resumed = epoch_ms();
-        procs::signal_group(cmd, Signal::SIGCONT);
+        procs::signal_group(group, Signal::SIGCONT);
         let wait_write = Instant::now();
         while wait_write.elapsed() < Duration::from_secs(3) && !procs::finished(cmd) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -926,8 +931,8 @@ impl Harness {
         for r in self.replicas.iter_mut().chain(self.retired.iter_mut()) {
             if r.alive() {
                 // A paused replica cannot handle SIGTERM.
-                for c in r.commands() {
-                    procs::signal_group(c, Signal::SIGCONT);
+                for g in r.command_groups() {
+                    procs::signal_group(g, Signal::SIGCONT);
                 }
                 procs::signal(r.pid, Signal::SIGCONT);
                 procs::signal(r.pid, Signal::SIGTERM);

@@ -225,8 +225,9 @@ impl Replica {
         self.ended_ms = Some(epoch_ms());
     }
 
-    /// The commands it is running right now (each the leader of its own process group).
-    pub fn commands(&self) -> Vec<u32> {
+    /// The process groups of the commands it is running right now: `leasehold run` starts each
+    /// command under a supervisor that leads the command's group.
+    pub fn command_groups(&self) -> Vec<u32> {
         if self.exit.is_some() {
             return Vec::new();
         }
@@ -235,8 +236,8 @@ impl Replica {
 
     /// SIGKILL of its commands' process groups and of the replica itself.
     pub fn kill_all(&mut self) {
-        for c in self.commands() {
-            signal_group(c, Signal::SIGKILL);
+        for g in self.command_groups() {
+            signal_group(g, Signal::SIGKILL);
         }
         let _ = self.child.start_kill();
     }

@@ -18,9 +18,12 @@ pub(crate) async fn witness(args: WitnessArgs) -> anyhow::Result<u8> {
     if let Some(harness) = args.harness_pid
         && !procs::signal_exists(harness)
     {
-        // Orphaned: the harness was killed. Stop the replica that started us.
-        let parent = std::os::unix::process::parent_id();
-        procs::signal(parent, Signal::SIGTERM);
+        // Orphaned: the harness was killed. Stop the replica that started us (our parent is
+        // its supervisor, which leaves SIGTERM to the command).
+        let replica = var("LEASEHOLD_PID")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(std::os::unix::process::parent_id);
+        procs::signal(replica, Signal::SIGTERM);
         return Ok(0);
     }
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;

@@ -209,6 +209,8 @@ fn base_env(lease: &LeaseName, holder: &str) -> Vec<(String, String)> {
     vec![
         ("LEASEHOLD_LEASE".into(), lease.to_string()),
         ("LEASEHOLD_HOLDER".into(), holder.to_owned()),
+        // The command's parent is its supervisor; this is the process to signal.
+        ("LEASEHOLD_PID".into(), std::process::id().to_string()),
     ]
 }
 
