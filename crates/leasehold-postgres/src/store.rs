@@ -92,7 +92,8 @@ pub struct Statements {
     /// The highest claimed slot: `$1` task. `(last_slot bigint)`, no row if none.
     pub last_slot: String,
     /// Record a history entry and keep the newest: `$1` task, `$2` key, `$3` entry, `$4` how
-    /// many to keep. One statement.
+    /// many to keep (the store passes at least 1). One statement: the entry is written only if
+    /// its key is among the `$4` highest, and the task's other keys beyond those are deleted.
     pub record_history: String,
     /// The newest history entries: `$1` task, `$2` limit. `(entry text)`, newest first.
     pub history: String,
@@ -176,22 +177,24 @@ SELECT false, s.last_slot FROM {slots} s
             now_millis: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
                 .to_owned(),
             last_slot: format!("SELECT last_slot FROM {slots} WHERE task = $1::text"),
-            // The trim sees the table as of the statement's snapshot, without the new row: it
-            // keeps the newest keep - 1 others besides the new entry (if the new key is among
-            // the newest; an older key than all kept ones is trimmed by the next write).
+            // `kept`: the keep highest keys once this entry is in (the statement's snapshot does
+            // not show the row `put` writes, so the new key is added by hand). The entry is
+            // written only if its key is among them, and every other key of the task is
+            // deleted; the two never touch the same row.
             record_history: format!(
-                "WITH put AS (
-  INSERT INTO {history} (task, key, entry) VALUES ($1::text, $2::bigint, $3::text)
+                "WITH kept AS (
+  SELECT k.key FROM (
+    SELECT key FROM {history} WHERE task = $1::text AND key <> $2::bigint
+    UNION ALL SELECT $2::bigint
+  ) k ORDER BY k.key DESC LIMIT $4::bigint
+), put AS (
+  INSERT INTO {history} (task, key, entry)
+  SELECT $1::text, $2::bigint, $3::text WHERE $2::bigint IN (SELECT key FROM kept)
   ON CONFLICT (task, key) DO UPDATE SET entry = EXCLUDED.entry
   RETURNING key
-), keep AS (
-  SELECT key FROM {history} WHERE task = $1::text AND key <> $2::bigint
-  ORDER BY key DESC LIMIT greatest($4::bigint - 1, 0)
 )
 DELETE FROM {history} h
- WHERE h.task = $1::text AND h.key <> $2::bigint
-   AND h.key NOT IN (SELECT key FROM keep)
-   AND EXISTS (SELECT 1 FROM put)"
+ WHERE h.task = $1::text AND h.key NOT IN (SELECT key FROM kept)"
             ),
             history: format!(
                 "SELECT entry FROM {history} WHERE task = $1::text ORDER BY key DESC LIMIT $2::bigint"
