@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tokio_postgres::config::SslMode;
 
-use crate::conninfo::{redact, take_params};
+use crate::conninfo::{check_url, describe, parse_reason, take_params};
 use crate::error::{Error, Result};
-use crate::store::{PgStore, with_causes};
+use crate::store::PgStore;
 
 /// Default schema of the lease, slot and fence tables.
 pub const DEFAULT_SCHEMA: &str = "leasehold";
@@ -180,9 +180,14 @@ impl PgConfig {
         self
     }
 
-    /// The URL with its password removed.
-    pub fn redacted_url(&self) -> String {
-        redact(&self.url)
+    /// The server as the driver reads [`url`](Self::url), without its password:
+    /// `postgres://user@host:port/dbname` (a Unix socket directory percent-encoded,
+    /// `?sslmode=` when given), built from the parsed settings, never from the text. A URL that
+    /// cannot be read shows as `postgres (invalid url)`. `Debug`, [`PgStore`]'s `describe()`,
+    /// log lines and errors show this.
+    pub fn describe(&self) -> String {
+        self.parse()
+            .map_or_else(|_| "postgres (invalid url)".to_owned(), |p| p.shown)
     }
 
     /// The release channel in use: [`channel`](Self::channel), or `SCHEMA.LEASE_TABLE`.
@@ -249,31 +254,41 @@ impl PgConfig {
         PgStore::connect_lazy(self)
     }
 
-    /// Parses the URL into the driver's config and the TLS choice.
-    pub(crate) fn driver_config(&self) -> Result<(tokio_postgres::Config, Tls)> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: self.redacted_url(),
-            reason,
-        };
+    /// Reads the URL with the driver's parser (after taking out `sslmode` and `sslrootcert`,
+    /// which the store handles) and checks what the driver does not.
+    fn parse(&self) -> Result<Parsed> {
+        let invalid = |reason: String| Error::InvalidUrl { reason };
+        check_url(&self.url).map_err(|reason| invalid(reason.to_owned()))?;
         let (rest, params) = take_params(&self.url, &["sslmode", "sslrootcert"]);
-        let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
-            // "unexpected character at byte 9: expected `=` but got `x`" would show a
-            // character of whatever was there, perhaps a password: keep the part before.
-            let reason = with_causes(&e);
-            let reason = reason.split(" but got").next().unwrap_or_default();
-            invalid(reason.to_owned())
-        })?;
+        let pg = tokio_postgres::Config::from_str(&rest)
+            .map_err(|e| invalid(parse_reason(&e, &self.url)))?;
         let sslmode = params[0].clone();
-        let rootcert = params[1].clone();
         let tls_wanted = match sslmode.as_deref() {
             None | Some("disable" | "allow" | "prefer") => false,
             Some("require" | "verify-ca" | "verify-full") => true,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "unknown sslmode {other:?} (use disable, require, verify-ca or verify-full)"
-                )));
+            Some(_) => {
+                return Err(invalid(
+                    "unknown sslmode (use disable, require, verify-ca or verify-full)".to_owned(),
+                ));
             }
         };
+        Ok(Parsed {
+            shown: describe(&pg, sslmode.as_deref()),
+            pg,
+            tls_wanted,
+            rootcert: params[1].clone(),
+        })
+    }
+
+    /// Parses the URL into the driver's config, the TLS choice and the password-free form to
+    /// show.
+    pub(crate) fn driver_config(&self) -> Result<(tokio_postgres::Config, Tls, String)> {
+        let Parsed {
+            mut pg,
+            tls_wanted,
+            rootcert,
+            shown,
+        } = self.parse()?;
         if pg.get_application_name().is_none() {
             pg.application_name(&self.application_name);
         }
@@ -290,7 +305,7 @@ impl PgConfig {
         pg.keepalives_idle(Duration::from_secs(30));
         if !tls_wanted {
             pg.ssl_mode(SslMode::Disable);
-            return Ok((pg, Tls::None));
+            return Ok((pg, Tls::None, shown));
         }
         pg.ssl_mode(SslMode::Require);
         #[cfg(feature = "tls")]
@@ -303,11 +318,11 @@ impl PgConfig {
                 ),
                 (None, None) => None,
             };
-            Ok((pg, Tls::Rustls(tls::connector(pem.as_deref())?)))
+            Ok((pg, Tls::Rustls(tls::connector(pem.as_deref())?), shown))
         }
         #[cfg(not(feature = "tls"))]
         {
-            let _ = rootcert;
+            let _ = (rootcert, shown);
             Err(Error::Config(
                 "sslmode=require/verify-* needs the `tls` feature of leasehold-postgres".to_owned(),
             ))
@@ -318,7 +333,7 @@ impl PgConfig {
 impl fmt::Debug for PgConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgConfig")
-            .field("url", &self.redacted_url())
+            .field("url", &self.describe())
             .field("schema", &self.schema)
             .field("lease_table", &self.lease_table)
             .field("slot_table", &self.slot_table)
@@ -335,6 +350,15 @@ impl fmt::Debug for PgConfig {
             .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|_| "set"))
             .finish()
     }
+}
+
+/// The URL as the driver read it.
+struct Parsed {
+    pg: tokio_postgres::Config,
+    tls_wanted: bool,
+    rootcert: Option<String>,
+    /// [`describe`] of `pg`.
+    shown: String,
 }
 
 /// How connections are encrypted.
@@ -449,9 +473,9 @@ mod tests {
 
     #[test]
     fn tls_choice() {
-        let (_, tls) = PgConfig::new("postgres://h/db").driver_config().unwrap();
+        let (_, tls, _) = PgConfig::new("postgres://h/db").driver_config().unwrap();
         assert!(matches!(tls, Tls::None));
-        let (_, tls) = PgConfig::new("postgres://h/db?sslmode=disable")
+        let (_, tls, _) = PgConfig::new("postgres://h/db?sslmode=disable")
             .driver_config()
             .unwrap();
         assert!(matches!(tls, Tls::None));
@@ -463,16 +487,11 @@ mod tests {
     }
 
     #[test]
-    fn redacts_key_value_passwords() {
-        assert_eq!(
-            redact("host=h password=s3cretpw user=u"),
-            "host=h password=*** user=u"
-        );
-        assert_eq!(
-            redact("postgres://u:s3cretpw@h/db"),
-            "postgres://u:***@h/db"
-        );
+    fn debug_shows_the_parsed_form() {
         let debug = format!("{:?}", PgConfig::new("postgres://u:s3cretpw@h/db"));
+        assert!(debug.contains("postgres://u@h:5432/db"), "{debug}");
         assert!(!debug.contains("s3cretpw"), "{debug}");
+        let debug = format!("{:?}", PgConfig::new("host=h password='s3cret pw"));
+        assert!(debug.contains("postgres (invalid url)"), "{debug}");
     }
 }

@@ -1,8 +1,9 @@
-//! Connection strings read the way tokio-postgres reads them, for two jobs the driver does not
-//! do: taking out the parameters the store handles itself (`sslmode=verify-*`, `sslrootcert`),
-//! and hiding the password. Both must agree with the driver on where the password is, or a
-//! password the driver accepts (say one with an unescaped `/`, or `password = x` with spaces)
-//! would be printed.
+//! Connection strings: the store reads them with tokio-postgres's own parser and shows only the
+//! parsed result ([`describe`]: user, hosts, ports, database, sslmode), which has no password in
+//! it. Two jobs the driver does not do are here: taking out the parameters the store handles
+//! itself (`sslmode=verify-*`, `sslrootcert`), which must agree with the driver on where each
+//! parameter (and the password) is, and refusing the URLs the driver would split in the wrong
+//! place, putting part of a password where a user or host name is shown.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -209,12 +210,6 @@ fn kv_unescape(raw: &str) -> String {
     out
 }
 
-/// Whether a parameter name may carry a secret (`password`, any case, or anything containing
-/// it): its value is never shown.
-fn is_secret(key: &str) -> bool {
-    key.to_ascii_lowercase().contains("password")
-}
-
 /// Removes the parameters `keys` (any case) from a URL's query string or a `key=value` string,
 /// returning the rest and the values found (in the order of `keys`), decoded.
 pub(crate) fn take_params(conn: &str, keys: &[&str]) -> (String, Vec<Option<String>>) {
@@ -264,58 +259,115 @@ pub(crate) fn take_params(conn: &str, keys: &[&str]) -> (String, Vec<Option<Stri
     (out.trim_end().to_owned(), found)
 }
 
-/// The connection string with every password replaced by `***`: the one in a URL's
-/// credentials, `password` parameters, and in a `key=value` string anything the driver could
-/// not parse (it might be part of a password).
-pub(crate) fn redact(conn: &str) -> String {
-    if let Some(url) = Url::parse(conn) {
-        let mut out = String::from(url.scheme);
-        if let Some(creds) = url.creds {
-            match creds.split_once(':') {
-                Some((user, _)) => {
-                    out.push_str(user);
-                    out.push_str(":***");
+/// Refuses a URL that tokio-postgres would split so that part of the password lands in a name
+/// the store shows. The driver ends the credentials at the *first* `@` in the whole string, so
+/// an unencoded `@` in a password leaves the rest of the password in the host, database or
+/// parameters, and an `@` after the host (with no credentials before it) makes the host, path
+/// and query the user name. Unencoded `/ ? # :` in a password are fine: the credentials run to
+/// the first `@` whatever they contain. Not a URL: nothing to check.
+pub(crate) fn check_url(conn: &str) -> Result<(), &'static str> {
+    let Some(url) = Url::parse(conn) else {
+        return Ok(());
+    };
+    let Some(creds) = url.creds else {
+        return Ok(());
+    };
+    let user = creds.split_once(':').map_or(creds, |(user, _)| user);
+    if user.contains(['/', '?']) {
+        return Err("an `@` after the host or database name: percent-encode it as %40");
+    }
+    let after = &conn[url.scheme.len() + creds.len() + 1..];
+    if creds.contains(':') && after.contains('@') {
+        return Err(
+            "more than one `@`: percent-encode an `@` in the password (or anywhere after it) as %40",
+        );
+    }
+    Ok(())
+}
+
+/// Whether `conn` may carry a password: a `password` parameter or a URL's `user:password@`.
+/// Parse errors then leave out text quoted from it (an unquoted space or `&` in a password
+/// makes its tail look like an option name to the driver).
+fn holds_password(conn: &str) -> bool {
+    conn.to_ascii_lowercase().contains("password")
+        || Url::parse(conn).is_some_and(|u| u.creds.is_some_and(|c| c.contains(':')))
+}
+
+/// Why the driver could not read `conn`, without quoting any of it: "unexpected character at
+/// byte 9: expected `=`" (not the character), "unknown option `x`" only when `conn` has no
+/// password.
+pub(crate) fn parse_reason(e: &tokio_postgres::Error, conn: &str) -> String {
+    let text = std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string);
+    let text = text.split(" but got").next().unwrap_or_default();
+    if text.starts_with("unknown option") && holds_password(conn) {
+        return "unknown option (its name is not shown: it may be part of the password)".to_owned();
+    }
+    text.to_owned()
+}
+
+/// Percent-encodes everything but letters, digits and `-._~`.
+fn percent_encode(s: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The parsed connection as a URL without a password: `postgres://user@host:port/dbname`
+/// (several hosts comma-separated, a Unix socket directory percent-encoded as libpq writes it,
+/// `?sslmode=` when one was given). Built from the driver's parsed config, never from the text
+/// the user typed, and without reading its password.
+pub(crate) fn describe(pg: &tokio_postgres::Config, sslmode: Option<&str>) -> String {
+    use tokio_postgres::config::Host;
+    let mut out = String::from("postgres://");
+    if let Some(user) = pg.get_user() {
+        out.push_str(&percent_encode(user.as_bytes()));
+        out.push('@');
+    }
+    let ports = pg.get_ports();
+    let hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let name = match host {
+                Host::Tcp(h) if h.contains(':') => format!("[{h}]"),
+                Host::Tcp(h) => h.clone(),
+                #[cfg(unix)]
+                Host::Unix(path) => {
+                    use std::os::unix::ffi::OsStrExt;
+                    percent_encode(path.as_os_str().as_bytes())
                 }
-                None => out.push_str(creds),
-            }
-            out.push('@');
-        }
-        out.push_str(url.location);
-        if let Some(query) = url.query {
-            let params: Vec<QueryParam<'_>> = query_params(query)
-                .into_iter()
-                .map(|p| match p.value {
-                    Some(_) if is_secret(&percent_decode(p.key)) => QueryParam {
-                        key: p.key,
-                        value: Some("***"),
-                    },
-                    _ => p,
-                })
-                .collect();
-            out.push('?');
-            out.push_str(&join_query(&params));
-        }
-        return out;
+            };
+            let port = ports
+                .get(i)
+                .or_else(|| (ports.len() == 1).then(|| &ports[0]))
+                .copied()
+                .unwrap_or(5432);
+            format!("{name}:{port}")
+        })
+        .collect();
+    out.push_str(&hosts.join(","));
+    if let Some(db) = pg.get_dbname() {
+        out.push('/');
+        out.push_str(&percent_encode(db.as_bytes()));
     }
-    if conn.contains("://") {
-        return leasehold::store::redact_url(conn);
+    let addrs: Vec<String> = pg.get_hostaddrs().iter().map(ToString::to_string).collect();
+    let mut query = Vec::new();
+    if !addrs.is_empty() {
+        query.push(format!("hostaddr={}", addrs.join(",")));
     }
-    let (params, unparsed) = kv_params(conn);
-    let mut out = String::with_capacity(conn.len());
-    let mut copied = 0;
-    for p in &params {
-        if is_secret(&conn[p.key.clone()]) {
-            out.push_str(&conn[copied..p.value.start]);
-            out.push_str("***");
-            copied = p.value.end;
-        }
+    if let Some(mode) = sslmode {
+        query.push(format!("sslmode={}", percent_encode(mode.as_bytes())));
     }
-    match unparsed {
-        Some(at) => {
-            out.push_str(&conn[copied..at]);
-            out.push_str("***");
-        }
-        None => out.push_str(&conn[copied..]),
+    if !query.is_empty() {
+        out.push('?');
+        out.push_str(&query.join("&"));
     }
     out
 }
@@ -324,57 +376,68 @@ pub(crate) fn redact(conn: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The driver's view of the password, to check the redaction hides exactly that.
-    fn driver_password(conn: &str) -> Option<String> {
-        let config: tokio_postgres::Config = conn.parse().ok()?;
-        config
-            .get_password()
-            .map(|p| String::from_utf8_lossy(p).into_owned())
+    fn parsed(conn: &str) -> tokio_postgres::Config {
+        conn.parse().unwrap()
     }
 
     #[test]
-    fn redacts_what_the_driver_takes_as_the_password() {
+    fn describes_the_parsed_form_without_the_password() {
         for (conn, shown) in [
-            ("postgres://u:pw@h/db", "postgres://u:***@h/db"),
-            ("postgresql://u:pw@h:5433", "postgresql://u:***@h:5433"),
-            ("postgres://u:p/w@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:pw@h/db", "postgres://u@h:5432/db"),
+            ("postgresql://u:pw@h:5433", "postgres://u@h:5433"),
+            ("postgres://u:p/w@h/db", "postgres://u@h:5432/db"),
+            ("postgres://u:p?w@h/db", "postgres://u@h:5432/db"),
+            ("postgres://u:p#w@h/db", "postgres://u@h:5432/db"),
+            ("postgres://u:p:w@h/db", "postgres://u@h:5432/db"),
+            ("postgres://u:p%40w@h/db", "postgres://u@h:5432/db"),
             (
-                "postgres://u:p?w@h/db?sslmode=disable",
-                "postgres://u:***@h/db?sslmode=disable",
-            ),
-            ("postgres://u:p#w@h/db", "postgres://u:***@h/db"),
-            (
-                "postgres://u@h/db?password=pw&x=1",
-                "postgres://u@h/db?password=***&x=1",
+                "postgres://u@h/db?password=pw&dbname=x",
+                "postgres://u@h:5432/x",
             ),
             (
-                "postgres://u@h/db?pass%77ord=pw",
-                "postgres://u@h/db?pass%77ord=***",
+                "postgres://u@h1:1,[::1]:2/db",
+                "postgres://u@h1:1,[::1]:2/db",
             ),
-            ("postgres://u@h/db", "postgres://u@h/db"),
             (
-                "postgres://h/db?application_name=a",
-                "postgres://h/db?application_name=a",
+                "postgres://u@%2Frun%2Fpostgresql/db",
+                "postgres://u@%2Frun%2Fpostgresql:5432/db",
             ),
-            ("host=h password=pw user=u", "host=h password=*** user=u"),
             (
-                "host=h password = pw user=u",
-                "host=h password = *** user=u",
+                "host=/run/postgresql user=app dbname=a",
+                "postgres://app@%2Frun%2Fpostgresql:5432/a",
             ),
-            ("host=h password='p w' user=u", "host=h password=*** user=u"),
+            ("host=h port=6 password='p w' user=u", "postgres://u@h:6"),
             (
-                "host=h password='it\\'s' user=u",
-                "host=h password=*** user=u",
+                "hostaddr=127.0.0.1 user=u",
+                "postgres://u@?hostaddr=127.0.0.1",
             ),
-            ("host=h password=p\\ w user=u", "host=h password=*** user=u"),
-            ("host=h password='unterminated", "host=h ***"),
-            ("host=h password pw", "host=h ***"),
-            ("user=u =pw", "user=u ***"),
         ] {
-            assert_eq!(redact(conn), shown, "{conn}");
-            if let Some(pw) = driver_password(conn) {
-                assert!(!redact(conn).contains(&pw), "{conn}: {pw}");
-            }
+            let config = parsed(conn);
+            assert_eq!(describe(&config, None), shown, "{conn}");
+        }
+        assert_eq!(
+            describe(&parsed("postgres://u@h/d b"), Some("verify-full")),
+            "postgres://u@h:5432/d%20b?sslmode=verify-full"
+        );
+    }
+
+    #[test]
+    fn refuses_urls_the_driver_splits_inside_a_password() {
+        for conn in [
+            "postgres://u:p@w@h/db",
+            "postgres://u:p@w/x@h/db",
+            "postgres://u:p@w?application_name=x@h/db",
+            "postgres://h/db?password=p@w",
+        ] {
+            assert!(check_url(conn).is_err(), "{conn}");
+        }
+        for conn in [
+            "postgres://u:p/w?x#y:z@h/db",
+            "postgres://u@h/db?password=p@w",
+            "postgres://h/db",
+            "host=h password=p@w",
+        ] {
+            assert_eq!(check_url(conn), Ok(()), "{conn}");
         }
     }
 

@@ -6,16 +6,17 @@ use leasehold::StoreError;
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why a [`PgStore`](crate::PgStore) or [`Fence`](crate::Fence) could not be set up. URLs in
-/// messages have their password removed.
+/// Why a [`PgStore`](crate::PgStore) or [`Fence`](crate::Fence) could not be set up. Messages
+/// show the server as parsed ([`PgConfig::describe`](crate::PgConfig::describe)), never the URL
+/// text, so never its password.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The URL is not a PostgreSQL URL (or `key=value` connection string) the driver accepts.
-    #[error("invalid postgres url {url}: {reason}")]
+    /// The message quotes none of the URL (it could not be read, so any part of it might be
+    /// a password).
+    #[error("invalid postgres url: {reason}")]
     InvalidUrl {
-        /// The URL, password removed.
-        url: String,
         /// What is wrong with it.
         reason: String,
     },
@@ -38,7 +39,7 @@ pub enum Error {
     /// The server could not be reached, timed out, or refused the connection or credentials.
     #[error("could not connect to {url}: {source}")]
     Connect {
-        /// The URL, password removed.
+        /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
         url: String,
         /// What went wrong.
         #[source]
@@ -47,7 +48,7 @@ pub enum Error {
     /// Creating the tables failed (for example: no permission to create the schema).
     #[error("could not create the lease tables on {url}: {source}")]
     Migrate {
-        /// The URL, password removed.
+        /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
         url: String,
         /// What went wrong.
         #[source]

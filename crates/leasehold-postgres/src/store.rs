@@ -39,7 +39,7 @@ struct Inner {
     sql: Statements,
     channel: String,
     op_timeout: Duration,
-    /// The URL without its password.
+    /// The server as parsed, without its password ([`PgConfig::describe`]).
     url: String,
     schema: String,
     lease_table: String,
@@ -239,8 +239,7 @@ struct Parts {
 impl Parts {
     fn new(config: &PgConfig) -> Result<Self> {
         config.validate()?;
-        let url = config.redacted_url();
-        let (pg, tls) = config.driver_config()?;
+        let (pg, tls, url) = config.driver_config()?;
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
