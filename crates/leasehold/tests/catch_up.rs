@@ -306,3 +306,48 @@ async fn a_handoff_right_at_the_slot_does_not_lose_it() {
     assert_eq!(runs[0].holder, "b");
     assert_no_slot_twice(&ledger);
 }
+
+/// A run longer than the interval: the slots that fell due while it ran are not fired at all;
+/// the leader records them missed (overlap) instead of losing them silently.
+#[tokio::test(start_paused = true)]
+async fn slots_overlapped_by_a_long_run_are_recorded() {
+    let shared = MemoryStore::new();
+    let ledger = Ledger::default();
+    let slow = recorder(
+        &ledger,
+        "slow",
+        Schedule::every(SEC).unwrap(),
+        Duration::from_millis(2500),
+    );
+    let store = view(&shared);
+    let a = start(&store, "a", slow, true);
+    a.leader().unwrap().elected().await.unwrap();
+    tokio::time::sleep(SEC * 12).await;
+    let records = a.history("slow", 100).await.unwrap();
+    a.shutdown().await;
+    let ran: Vec<u64> = ledger
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.slot)
+        .collect();
+    let overlapped: u64 = records
+        .iter()
+        .filter_map(|r| match r.outcome {
+            RunOutcome::Missed {
+                count,
+                reason: MissReason::Overlap,
+                ..
+            } => Some(count),
+            _ => None,
+        })
+        .sum();
+    assert!(ran.len() >= 3, "{ran:?}");
+    let (first, last) = (ran[0], *ran.last().unwrap());
+    let due = (last - first) / 1000 + 1;
+    assert_eq!(
+        ran.len() as u64 + overlapped,
+        due,
+        "every slot from {first} to {last} either ran or is recorded: {records:?}"
+    );
+}

@@ -327,6 +327,9 @@ impl<S: Store> TaskRunner<S> {
         let mut checked: Option<Option<FencingToken>> = None;
         let mut store_was_down = false;
         let mut last: Option<u64> = None;
+        // Whether the last firing ran the job here: slots that fell due while it ran were not
+        // fired at all, and this instance is the one that knows it.
+        let mut ran_last = false;
         while !self.common.stop.is_cancelled() {
             if self.coordinated()
                 && let Some(term) = self.term()
@@ -352,6 +355,20 @@ impl<S: Store> TaskRunner<S> {
                 tracing::warn!(task = %name, "schedule has no further firing; timer stopped");
                 return;
             };
+            if let Some(last) = last
+                && std::mem::take(&mut ran_last)
+            {
+                let (count, newest) =
+                    self.task
+                        .schedule
+                        .firings_between(last, slot.saturating_sub(1), 1);
+                if let (Some(first), Some(&last_missed)) =
+                    (self.task.schedule.next_after(last), newest.first())
+                    && count > 0
+                {
+                    self.record_miss(first, count, last_missed, MissReason::Overlap);
+                }
+            }
             let fire_at = Instant::now() + Duration::from_millis(slot.saturating_sub(now));
             tokio::select! {
                 () = self.common.stop.cancelled() => return,
@@ -393,6 +410,7 @@ impl<S: Store> TaskRunner<S> {
                 }
             };
             last = Some(slot);
+            ran_last = outcome == TickOutcome::Ran;
             self.stats.ticks.fetch_add(1, Ordering::Relaxed);
             *lock(&self.stats.last) = Some((outcome, Some(slot)));
             metrics::counter!("leasehold_ticks_total", "task" => name.as_str().to_owned(), "outcome" => outcome.as_str())
@@ -539,7 +557,7 @@ impl<S: Store> TaskRunner<S> {
         };
         // An exclusive manual run of this task is in progress here.
         let Ok(_exclusive) = self.exclusive.try_lock() else {
-            self.skipped(slot, MissReason::Overlap);
+            self.record_miss(slot, 1, slot, MissReason::Overlap);
             return TickOutcome::SkippedClaimed;
         };
         let guard = match self.lease.try_acquire().await {
@@ -548,8 +566,9 @@ impl<S: Store> TaskRunner<S> {
                 // With a leader gate only the leader ticks: someone else holding the task lease
                 // is a run that overlaps this slot. Without one it is usually another instance
                 // running this very slot.
+                // The leader knows at once that this slot will not run: it says so now.
                 if self.common.leader.is_some() {
-                    self.skipped(slot, MissReason::Overlap);
+                    self.record_miss(slot, 1, slot, MissReason::Overlap);
                 }
                 return self.answered(TickOutcome::SkippedClaimed);
             }
