@@ -43,6 +43,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         rows.push((name, state));
         if let Some((task, records)) = history::records(&store, name, 50).await?
             && !records.is_empty()
+            && !tasks.iter().any(|t: &TaskSummary| t.task == task)
         {
             tasks.push(TaskSummary::of(task, &records, now_ms));
         }
@@ -91,7 +92,11 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     "{:<width$}  {st:<7}  {:>20}  {:>10}  {holder}",
                     name.as_str(),
                     s.token.get(),
-                    format!("{:.1?}", s.remaining),
+                    if s.holder.is_some() {
+                        format!("{:.1?}", s.remaining)
+                    } else {
+                        "-".to_owned()
+                    },
                 );
             }
             None => println!(

@@ -52,6 +52,17 @@ impl Drop for OwnRedis {
 
 #[test]
 fn fail_open_runs_during_the_outage_and_re_attaches_when_the_store_answers() {
+    runs_during_the_outage_and_re_attaches("fail-open");
+}
+
+/// `local` (single-instance mode while the store is away) re-attaches the same way; before, an
+/// instance started during an outage ran every tick for as long as it lived.
+#[test]
+fn local_re_attaches_when_the_store_answers() {
+    runs_during_the_outage_and_re_attaches("local");
+}
+
+fn runs_during_the_outage_and_re_attaches(policy: &str) {
     let dir = temp_dir();
     let ledger = ledger_in(dir.path());
     let port = free_port();
@@ -68,7 +79,7 @@ fn fail_open_runs_during_the_outage_and_re_attaches_when_the_store_answers() {
         "--retry",
         "100ms",
         "--on-store-down",
-        "fail-open",
+        policy,
     ];
     let instances: Vec<Instance> = ["a", "b"]
         .iter()
@@ -110,7 +121,7 @@ fn fail_open_runs_during_the_outage_and_re_attaches_when_the_store_answers() {
         .collect();
     assert!(late.is_empty(), "ungated runs after re-attaching: {late:?}");
     println!(
-        "{} runs during the outage; gated again {} ms after the store came up",
+        "{policy}: {} runs during the outage; gated again {} ms after the store came up",
         during.len(),
         first_gated.saturating_sub(up_ms)
     );

@@ -336,7 +336,15 @@ impl<S: Store> TaskRunner<S> {
                 && checked != Some(term)
             {
                 match self.look_for_missed_slots().await {
-                    Ok(()) => checked = Some(term),
+                    Ok(caught_up) => {
+                        checked = Some(term);
+                        // Slots that fell due while a catch-up ran were not fired: the
+                        // overlap check below records them.
+                        if let Some(slot) = caught_up {
+                            last = Some(slot);
+                            ran_last = true;
+                        }
+                    }
                     Err(e) => {
                         store_was_down = true;
                         self.common.store_unreachable(&e);
@@ -388,9 +396,13 @@ impl<S: Store> TaskRunner<S> {
                             // this slot's claim moves the last claimed slot past it.
                             checked = None;
                             if let Some(term) = self.term()
-                                && self.look_for_missed_slots().await.is_ok()
+                                && let Ok(caught_up) = self.look_for_missed_slots().await
                             {
                                 checked = Some(term);
+                                if caught_up.is_some() {
+                                    // Slots that fell due meanwhile are the next firings.
+                                    last = caught_up.max(last);
+                                }
                             }
                         }
                         if reading.0 < slot {
@@ -438,7 +450,7 @@ impl<S: Store> TaskRunner<S> {
     /// counts, the one that fired a moment ago included (a handoff at 03:00:00 must not lose the
     /// 03:00 run): should another instance be claiming it right now, the forward-only claim lets
     /// only one of the two run it, and its run record replaces the miss record (same key).
-    async fn look_for_missed_slots(&self) -> Result<(), StoreError> {
+    async fn look_for_missed_slots(&self) -> Result<Option<u64>, StoreError> {
         let (now, _) = self.read_clock().await?;
         self.common.store_answered();
         let limit = self.lease.config().renew_interval;
@@ -448,11 +460,11 @@ impl<S: Store> TaskRunner<S> {
         let last = match last {
             Ok(Some(last)) => last,
             // Never ran anywhere: nothing was missed.
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(None),
             Err(e) if e.is_transient() => return Err(e),
             Err(e) => {
                 tracing::debug!(task = %self.task.name, error = %e, "no slot record to catch up from");
-                return Ok(());
+                return Ok(None);
             }
         };
         let (window, max) = match self.catch_up {
@@ -463,7 +475,7 @@ impl<S: Store> TaskRunner<S> {
         let (count, newest) = self.task.schedule.firings_between(last, now, max);
         let known = std::mem::take(&mut *lock(&self.known_misses));
         if count == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let oldest_runnable = now.saturating_sub(window);
         let to_run: Vec<u64> = newest
@@ -497,14 +509,16 @@ impl<S: Store> TaskRunner<S> {
                 .map_or(MissReason::NotClaimed, |(_, reason)| *reason);
             self.record_miss(first, missed, last_missed, reason);
         }
+        let mut caught_up = None;
         for slot in to_run {
             tracing::info!(task = %self.task.name, slot, policy = self.catch_up.as_str(), "catching up a missed slot");
             let outcome = self.tick(slot, Trigger::CatchUp).await;
             if outcome != TickOutcome::Ran {
                 break;
             }
+            caught_up = Some(slot);
         }
-        Ok(())
+        Ok(caught_up)
     }
 
     fn record_miss(&self, first: u64, count: u64, last_slot: u64, reason: MissReason) {
@@ -560,13 +574,28 @@ impl<S: Store> TaskRunner<S> {
             self.record_miss(slot, 1, slot, MissReason::Overlap);
             return TickOutcome::SkippedClaimed;
         };
-        let guard = match self.lease.try_acquire().await {
+        let mut attempt = self.lease.try_acquire().await;
+        if trigger == Trigger::CatchUp
+            && let Ok(TryAcquire::Busy { remaining, .. }) = &attempt
+        {
+            // Typically the run lease of the crashed leader whose slots are being caught up:
+            // it runs out within a ttl. Wait for it once (this instance leads meanwhile; a
+            // timer slot that falls due is caught up too, being the newest).
+            let wait = (*remaining).min(self.lease.config().ttl) + Duration::from_millis(10);
+            tokio::select! {
+                () = self.common.stop.cancelled() => return TickOutcome::SkippedNotLeader,
+                () = fired(leader_cancel.as_ref()) => return TickOutcome::SkippedNotLeader,
+                () = tokio::time::sleep(wait) => {}
+            }
+            attempt = self.lease.try_acquire().await;
+        }
+        let guard = match attempt {
             Ok(TryAcquire::Acquired(guard)) => guard,
             Ok(TryAcquire::Busy { .. }) => {
                 // With a leader gate only the leader ticks: someone else holding the task lease
-                // is a run that overlaps this slot. Without one it is usually another instance
-                // running this very slot.
-                // The leader knows at once that this slot will not run: it says so now.
+                // is a run that overlaps this slot (the leader knows at once that this slot will
+                // not run, and says so). Without one it is usually another instance running
+                // this very slot.
                 if self.common.leader.is_some() {
                     self.record_miss(slot, 1, slot, MissReason::Overlap);
                 }
