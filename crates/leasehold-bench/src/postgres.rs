@@ -17,7 +17,7 @@ use crate::{Plan, StoreKind};
 const FLOOR: &str = "UPDATE";
 
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
-    let url = leasehold::store::redact_url(&plan.postgres_url);
+    let url = PgConfig::new(plan.postgres_url.clone()).describe();
     // A schema of this run's own, created by the store's migration and dropped at the end: the
     // lease table starts empty (no dead rows left by earlier runs or other users of the
     // database, which matter where autovacuum is slow or off) and its release channel

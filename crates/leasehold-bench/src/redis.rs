@@ -40,7 +40,7 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
             .with_context(|| {
                 format!(
                     "connect to {}",
-                    leasehold::store::redact_url(&plan.redis_url)
+                    RedisConfig::new(plan.redis_url.clone()).describe()
                 )
             })
     };

@@ -3,8 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold::store::redact_url;
-
 use crate::error::{Error, Result};
 use crate::store::RedisStore;
 
@@ -90,9 +88,38 @@ impl RedisConfig {
         self
     }
 
-    /// The URL with its password removed.
-    pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+    /// The server as the `redis` crate parsed the URL: scheme, user, address and database,
+    /// built from the parsed form, which holds the password apart, so no password can be
+    /// shown however the URL spells it. `redis (unparsable url)` if it does not parse.
+    pub fn describe(&self) -> String {
+        use redis::{ConnectionAddr, IntoConnectionInfo};
+        let Ok(info) = self.url.as_str().into_connection_info() else {
+            return "redis (unparsable url)".to_owned();
+        };
+        let settings = info.redis_settings();
+        let user = settings
+            .username()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        let db = settings.db();
+        let host = |h: &str| {
+            if h.contains(':') {
+                format!("[{h}]")
+            } else {
+                h.to_owned()
+            }
+        };
+        match info.addr() {
+            ConnectionAddr::Tcp(h, port) => format!("redis://{user}{}:{port}/{db}", host(h)),
+            ConnectionAddr::TcpTls { host: h, port, .. } => {
+                format!("rediss://{user}{}:{port}/{db}", host(h))
+            }
+            ConnectionAddr::Unix(path) => {
+                format!("redis+unix://{user}{}?db={db}", path.display())
+            }
+            #[allow(unreachable_patterns)]
+            _ => "redis".to_owned(),
+        }
     }
 
     /// Checks the settings.
@@ -138,7 +165,7 @@ impl RedisConfig {
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
-            .field("url", &self.redacted_url())
+            .field("url", &self.describe())
             .field("prefix", &self.prefix)
             .field("op_timeout", &self.op_timeout)
             .field("connect_timeout", &self.connect_timeout)
@@ -147,5 +174,50 @@ impl fmt::Debug for RedisConfig {
             .field("keepalive", &self.keepalive)
             .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|_| "set"))
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RedisConfig;
+
+    /// The description comes from the parsed URL, so no spelling of a password reaches it
+    /// (issue 11 case 8: `rediss://user:pa?ss@…` used to print part of it).
+    #[test]
+    fn no_password_form_is_described() {
+        for (url, shown) in [
+            (
+                "redis://:s3cret@127.0.0.1:6379/2",
+                "redis://127.0.0.1:6379/2",
+            ),
+            ("redis://app:s3cret@cache:6380", "redis://app@cache:6380/0"),
+            (
+                "rediss://app:s3cret%3F%23%2F@cache",
+                "rediss://app@cache:6379/0",
+            ),
+            (
+                "redis://app:s3%40cret@[::1]:6379/1",
+                "redis://app@[::1]:6379/1",
+            ),
+            (
+                "redis+unix:///run/redis.sock?db=3&pass=s3cret",
+                "redis+unix:///run/redis.sock?db=3",
+            ),
+            (
+                "unix:///run/redis.sock?password=s3cret",
+                "redis+unix:///run/redis.sock?db=0",
+            ),
+            ("redis://app@cache", "redis://app@cache:6379/0"),
+        ] {
+            let described = RedisConfig::new(url).describe();
+            assert_eq!(described, shown, "{url}");
+            assert!(!described.contains("s3"), "{url}: {described}");
+            let debug = format!("{:?}", RedisConfig::new(url));
+            assert!(!debug.contains("s3"), "{url}: {debug}");
+        }
+        assert_eq!(
+            RedisConfig::new("redis://:s3cret@host:notaport").describe(),
+            "redis (unparsable url)"
+        );
     }
 }

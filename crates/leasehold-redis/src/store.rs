@@ -70,7 +70,7 @@ struct Setup {
 impl Setup {
     fn new(config: &RedisConfig) -> Result<Self> {
         config.validate()?;
-        let url = config.redacted_url();
+        let url = config.describe();
         let client = open_client(config).map_err(|e| Error::InvalidUrl {
             url: url.clone(),
             reason: e.to_string(),
