@@ -101,7 +101,10 @@ async fn password_never_appears_with_a_wrong_or_right_password() {
     let shown = format!("{}\n{store:?}", store.describe());
     println!("{shown}");
     assert_no_secret(&shown);
-    assert!(store.describe().contains("redis://app@127.0.0.1:"), "{shown}");
+    assert!(
+        store.describe().contains("redis://app@127.0.0.1:"),
+        "{shown}"
+    );
     store.now_millis().await.unwrap();
 }
 
