@@ -51,27 +51,29 @@ async fn each_tick_exactly_once(url: &str, replicas: usize) {
     let dir = temp_dir();
     let ledger = ledger_in(dir.path());
     let lease = lease_name("sweep");
+    // A tick a second: each run starts two processes (the supervisor and the command), which
+    // on a loaded 2-core CI host can take a good part of a shorter interval.
     let args = [
-        "--store", url, "--lease", &lease, "--every", "500ms", "--ttl", "2s",
+        "--store", url, "--lease", &lease, "--every", "1s", "--ttl", "3s",
     ];
     let instances: Vec<Instance> = (1..=replicas)
         .map(|i| Instance::start(&format!("i{i}"), &args, &ledger, "50ms", dir.path()))
         .collect();
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
     for i in instances {
         assert_eq!(i.stop(Duration::from_secs(10)), 0, "clean exit on SIGTERM");
     }
     let runs = read_ledger(&ledger);
     let by_slot = assert_exactly_once(&runs);
     assert!(
-        by_slot.len() >= 12,
-        "only {} ticks ran in 8 s",
+        by_slot.len() >= 7,
+        "only {} ticks ran in 9 s",
         by_slot.len()
     );
     let slots: Vec<u64> = by_slot.keys().copied().collect();
     assert!(
-        // Slots are firing times in ms on the store's clock: one every 500 ms.
-        slots.windows(2).all(|w| w[1] == w[0] + 500),
+        // Slots are firing times in ms on the store's clock: one a second.
+        slots.windows(2).all(|w| w[1] == w[0] + 1000),
         "no tick missed: {slots:?}"
     );
 }
