@@ -82,7 +82,6 @@ struct Settings {
     schedule: Option<Schedule>,
     catch_up: Option<CatchUp>,
     config: LeaseConfig,
-    grace: Duration,
     holder: Option<leasehold::HolderId>,
 }
 
@@ -137,7 +136,6 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
         name,
         schedule,
         catch_up,
-        grace: config.stop_margin,
         config,
         holder,
     })
@@ -261,7 +259,7 @@ async fn unleased(args: RunArgs, s: Settings, holder: &str) -> Result<u8, Failur
     let ended = child::run(
         &spec,
         Stops {
-            grace: s.grace,
+            grace: s.config.stop_margin,
             lease: None,
             requested: Some(shutdown),
         },
@@ -325,7 +323,7 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
     let ended = child::run(
         &spec,
         Stops {
-            grace: s.grace,
+            grace: s.config.stop_margin,
             lease: Some((guard.expiring_token(), &deadline)),
             requested: Some(shutdown),
         },
@@ -370,7 +368,7 @@ async fn scheduled(
         ))
     })?;
     let lease_name = s.name.clone();
-    let grace = s.grace;
+    let grace = s.config.stop_margin;
     let argv = args.command.clone();
     let mut task = Task::new(task_name, schedule, move |ctx: TaskContext| {
         let mut env = base_env(&lease_name, ctx.holder.as_str());

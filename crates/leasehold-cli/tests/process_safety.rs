@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -187,53 +186,6 @@ fn a_dead_log_pipe_does_not_disable_shutdown() {
     let (code, _) = wait_exit(&mut run, Duration::from_secs(10));
     assert_eq!(code, Some(0), "a clean shutdown");
     all_gone(&pids, Duration::from_secs(1));
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A redis-server of this test's own, killed on drop.
-struct OwnRedis {
-    port: u16,
-    child: Child,
-}
-
-impl OwnRedis {
-    fn start() -> Self {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/stores.sh installs it)");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Self { port, child }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Issue 11 case 6: when renewals fail, the command's group gets SIGTERM a grace period before

@@ -6,49 +6,9 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct OwnRedis(Child);
-
-impl OwnRedis {
-    fn start(port: u16) -> Self {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/stores.sh installs it)");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Self(child)
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn fail_open_runs_during_the_outage_and_re_attaches_when_the_store_answers() {
@@ -96,7 +56,7 @@ fn runs_during_the_outage_and_re_attaches(policy: &str) {
     }
     assert!(during.iter().all(|r| r.token.is_none()), "{during:?}");
 
-    let _redis = OwnRedis::start(port);
+    let _redis = OwnRedis::start_on(port);
     let up_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -146,7 +106,7 @@ fn fail_closed_waits_for_the_store_instead_of_exiting() {
         read_ledger(&ledger).is_empty(),
         "ran while the store was down"
     );
-    let _redis = OwnRedis::start(port);
+    let _redis = OwnRedis::start_on(port);
     let start = Instant::now();
     while read_ledger(&ledger).is_empty() {
         assert!(

@@ -151,11 +151,7 @@ pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
     let kind = StoreKind::of(url)?;
     let err = connect_error(kind);
     match kind {
-        #[cfg(feature = "sqlite")]
-        StoreKind::Sqlite => leasehold_sqlite::connect(url)
-            .await
-            .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+        StoreKind::Sqlite => open_store(url).await,
         #[cfg(feature = "redis")]
         StoreKind::Redis => leasehold_redis::RedisStore::connect_lazy(url)
             .map(BoxStore::new)

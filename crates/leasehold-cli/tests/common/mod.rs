@@ -139,3 +139,56 @@ pub fn path_str(p: &Path) -> String {
 pub fn ledger_in(dir: &Path) -> PathBuf {
     dir.join("ledger.jsonl")
 }
+
+/// A free loopback port (nothing listens on it once this returns).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A redis-server of the test's own on `port`, without persistence; killed on drop.
+pub struct OwnRedis {
+    pub port: u16,
+    pub child: Child,
+}
+
+impl OwnRedis {
+    /// Starts it on a free port.
+    pub fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    /// Starts it on `port` and waits until it accepts connections.
+    pub fn start_on(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/stores.sh installs it)");
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { port, child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
