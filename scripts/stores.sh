@@ -54,6 +54,8 @@ ensure_postgres() {
 ensure_tools() {
   if ! command -v openssl >/dev/null; then log "installing openssl"; apt_install openssl; fi
   if ! command -v cc >/dev/null; then log "installing a C compiler"; apt_install gcc libc6-dev; fi
+  # The SQLite clock-step test runs a process with a stepped wall clock.
+  if ! command -v faketime >/dev/null; then log "installing faketime"; apt_install faketime; fi
 }
 
 ensure_redis

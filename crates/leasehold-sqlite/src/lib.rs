@@ -2,6 +2,7 @@
 
 mod config;
 mod error;
+mod host_clock;
 mod poller;
 #[macro_use]
 mod schema;

@@ -9,11 +9,17 @@ macro_rules! now_ms {
 }
 
 /// `PRAGMA user_version` of the schema below.
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+pub(crate) const SCHEMA_VERSION: i64 = 3;
 
-/// Version 2 (version 1 lacked `history`; every statement is idempotent, so opening a version 1
-/// file adds the table). A lease row is kept after release and expiry so its token counter
-/// survives.
+/// Version 3. Every statement is idempotent, so opening an older file adds what it lacks:
+/// version 1 lacked `history`; version 2 lacked `meta` and kept `expires_at_ms` on the wall clock
+/// (the upgrade converts it, see [`TO_HOST_CLOCK`]). A lease row is kept after release and expiry
+/// so its token counter survives.
+///
+/// `expires_at_ms` is on the host's boot-time clock (`CLOCK_BOOTTIME`, which a wall-clock step
+/// does not move and which counts suspended time), passed in by the store: every process using
+/// the file is on this host, so they share the clock. `meta.boot_id` names the boot it belongs
+/// to; after a reboot every lease has expired.
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS leases (
     name          TEXT PRIMARY KEY NOT NULL,
@@ -31,6 +37,10 @@ CREATE TABLE IF NOT EXISTS history (
     entry TEXT NOT NULL,
     PRIMARY KEY (task, key)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY NOT NULL,
+    value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS releases (
     seq   INTEGER PRIMARY KEY AUTOINCREMENT,
     name  TEXT NOT NULL,
@@ -45,37 +55,38 @@ pub(crate) const PRUNE_EVERY: i64 = 64;
 
 pub(crate) const NOW: &str = concat!("SELECT ", now_ms!());
 
-/// The store's now and the lease row (all NULL when there is none).
-pub(crate) const READ_FOR_ACQUIRE: &str = concat!(
-    "SELECT n.now, l.holder, l.token, l.expires_at_ms FROM (SELECT ",
-    now_ms!(),
-    " AS now) AS n LEFT JOIN leases AS l ON l.name = ?1"
-);
+/// Converts wall-clock expiries of a version 2 file to the host clock: `?1` wall now, `?2` host
+/// now.
+pub(crate) const TO_HOST_CLOCK: &str = "UPDATE leases SET expires_at_ms = expires_at_ms - ?1 + ?2";
+
+pub(crate) const BOOT_ID: &str = "SELECT value FROM meta WHERE key = 'boot_id'";
+
+pub(crate) const SET_BOOT_ID: &str =
+    "INSERT OR REPLACE INTO meta (key, value) VALUES ('boot_id', ?1)";
+
+/// After a reboot the host clock starts again near zero: every lease of the old boot is over.
+pub(crate) const EXPIRE_ALL: &str = "UPDATE leases SET expires_at_ms = 0";
+
+/// `?2` (host now) and the lease row (all NULL when there is none).
+pub(crate) const READ_FOR_ACQUIRE: &str = "SELECT n.now, l.holder, l.token, l.expires_at_ms \
+     FROM (SELECT ?2 AS now) AS n LEFT JOIN leases AS l ON l.name = ?1";
 
 /// The first token of a name this file has never seen: the store's clock in ms × 1000 + 1, so a
 /// deleted and recreated file never hands out a token below one handed out before.
 pub(crate) const SEED_TOKEN: &str = concat!("SELECT ", now_ms!(), " * 1000 + 1");
 
-pub(crate) const TAKE: &str = concat!(
-    "INSERT INTO leases (name, holder, token, expires_at_ms) VALUES (?1, ?2, ?3, ",
-    now_ms!(),
-    " + ?4) ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token, \
-     expires_at_ms = excluded.expires_at_ms"
-);
+/// `?5`: host now.
+pub(crate) const TAKE: &str = "INSERT INTO leases (name, holder, token, expires_at_ms) \
+     VALUES (?1, ?2, ?3, ?5 + ?4) ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+     token = excluded.token, expires_at_ms = excluded.expires_at_ms";
 
-pub(crate) const RENEW: &str = concat!(
-    "UPDATE leases SET expires_at_ms = ",
-    now_ms!(),
-    " + ?4 WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ",
-    now_ms!()
-);
+/// `?5`: host now.
+pub(crate) const RENEW: &str = "UPDATE leases SET expires_at_ms = ?5 + ?4 \
+     WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ?5";
 
-pub(crate) const RELEASE: &str = concat!(
-    "UPDATE leases SET holder = NULL, expires_at_ms = ",
-    now_ms!(),
-    " WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ",
-    now_ms!()
-);
+/// `?4`: host now.
+pub(crate) const RELEASE: &str = "UPDATE leases SET holder = NULL, expires_at_ms = ?4 \
+     WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ?4";
 
 pub(crate) const LOG_RELEASE: &str = concat!(
     "INSERT INTO releases (name, at_ms) VALUES (?1, ",
@@ -86,11 +97,9 @@ pub(crate) const LOG_RELEASE: &str = concat!(
 pub(crate) const PRUNE_RELEASES: &str =
     concat!("DELETE FROM releases WHERE at_ms < ", now_ms!(), " - ?1");
 
-pub(crate) const INSPECT: &str = concat!(
-    "SELECT holder, token, expires_at_ms, ",
-    now_ms!(),
-    " FROM leases WHERE name = ?1"
-);
+/// `?2`: host now.
+pub(crate) const INSPECT: &str =
+    "SELECT holder, token, expires_at_ms, ?2 FROM leases WHERE name = ?1";
 
 pub(crate) const CLAIM_SLOT: &str = "INSERT INTO slots (task, last_slot) VALUES (?1, ?2) \
      ON CONFLICT (task) DO UPDATE SET last_slot = excluded.last_slot \

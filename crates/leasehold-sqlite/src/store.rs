@@ -18,6 +18,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::SqliteConfig;
 use crate::error::{Error, Result};
+use crate::host_clock;
 use crate::poller::{self, LocalReleases, Poller};
 use crate::schema;
 
@@ -204,16 +205,49 @@ fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<P
             });
         }
         tx.execute_batch(schema::SCHEMA).map_err(open_err)?;
+        if version == 1 || version == 2 {
+            // Expiries were on the wall clock: move them to the host clock.
+            let wall: i64 = tx
+                .query_row(schema::NOW, [], |r| r.get(0))
+                .map_err(open_err)?;
+            let host = host_clock::now_ms().map_err(|e| Error::Runtime(e.to_string()))?;
+            tx.execute(schema::TO_HOST_CLOCK, [wall, host])
+                .map_err(open_err)?;
+        }
         tx.pragma_update(None, "user_version", schema::SCHEMA_VERSION)
             .map_err(open_err)?;
         tx.commit().map_err(open_err)?;
     }
+    check_boot(&mut conn).map_err(open_err)?;
     let poller = if config.notifications {
         Some(Poller::open(path, config).map_err(open_err)?)
     } else {
         None
     };
     Ok((conn, poller))
+}
+
+/// Leases of an earlier boot of this host are over: their expiries are on a clock that restarted.
+/// Checked on open (every process using the file on this host started after the boot).
+fn check_boot(conn: &mut Connection) -> rusqlite::Result<()> {
+    let Some(boot) = host_clock::boot_id() else {
+        return Ok(());
+    };
+    let recorded: Option<String> = conn
+        .query_row(schema::BOOT_ID, [], |r| r.get(0))
+        .optional()?;
+    if recorded.as_deref() == Some(boot.as_str()) {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let recorded: Option<String> = tx.query_row(schema::BOOT_ID, [], |r| r.get(0)).optional()?;
+    if recorded.as_deref() != Some(boot.as_str()) {
+        if recorded.is_some() {
+            tx.execute(schema::EXPIRE_ALL, [])?;
+        }
+        tx.execute(schema::SET_BOOT_ID, [&boot])?;
+    }
+    tx.commit()
 }
 
 /// Turns the common ways a path is unusable into clear errors before SQLite sees it.
@@ -350,9 +384,12 @@ fn acquire_tx(
     ttl: i64,
 ) -> std::result::Result<Acquisition, Fail> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let host_now = host_clock::now_ms()?;
     let (now, current, token, expires): (i64, Option<String>, Option<i64>, Option<i64>) = tx
         .prepare_cached(schema::READ_FOR_ACQUIRE)?
-        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        .query_row(rusqlite::params![name, host_now], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
     let live = match (current, expires) {
         (Some(h), Some(exp)) if exp > now => Some((h, exp)),
         _ => None,
@@ -376,7 +413,8 @@ fn acquire_tx(
                 name,
                 holder.as_str(),
                 next,
-                ttl
+                ttl,
+                now
             ])?;
             Acquisition::Acquired {
                 token: token_from_sql(next)?,
@@ -395,9 +433,10 @@ fn release_tx(
     local: Option<&LocalReleases>,
 ) -> std::result::Result<Release, Fail> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let now = host_clock::now_ms()?;
     let changed = tx
         .prepare_cached(schema::RELEASE)?
-        .execute(rusqlite::params![name, holder, token])?;
+        .execute(rusqlite::params![name, holder, token, now])?;
     if changed == 0 {
         tx.commit()?;
         return Ok(Release::NotHeld);
@@ -467,9 +506,10 @@ impl Store for SqliteStore {
         let (token, ttl) = (token_sql(token), ttl_ms(ttl));
         self.run(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
             let changed = tx
                 .prepare_cached(schema::RENEW)?
-                .execute(rusqlite::params![name, holder, token, ttl])?;
+                .execute(rusqlite::params![name, holder, token, ttl, now])?;
             tx.commit()?;
             Ok(if changed == 1 {
                 Renewal::Renewed
@@ -511,9 +551,10 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
         let name = name.as_str().to_owned();
         self.run(move |conn| {
+            let now = host_clock::now_ms()?;
             let row: Option<(Option<String>, i64, i64, i64)> = conn
                 .prepare_cached(schema::INSPECT)?
-                .query_row([&name], |r| {
+                .query_row(rusqlite::params![name, now], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
                 })
                 .optional()?;
