@@ -170,3 +170,40 @@ async fn a_3s_round_trip_times_out_after_op_timeout() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 18's latency bar: with ttl 15 s, a guard keeps its lease through round trips of
+/// 300 ms, 1 s and 3 s (op_timeout 5 s, above the slowest), renewing every second, and is never
+/// told it is expiring or lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_keeps_its_lease_through_slow_round_trips() {
+    use leasehold::{Lease, LeaseConfig};
+    let proxy = SlowProxy::start(Duration::ZERO).await;
+    let store = RedisConfig::new(proxy.url())
+        .prefix(common::test_prefix())
+        .op_timeout(Duration::from_secs(5))
+        .notifications(false)
+        .connect()
+        .await
+        .unwrap();
+    let config = LeaseConfig::new(Duration::from_secs(15)).renew_interval(Duration::from_secs(1));
+    let lease = Lease::new(store.clone(), name("latency"), config).unwrap();
+    let guard = lease.acquire().await.unwrap();
+    for delay in [300, 1000, 3000] {
+        proxy.set_delay(Duration::from_millis(delay));
+        // Several renewals at this latency (each takes a round trip plus the renew interval).
+        tokio::time::sleep(Duration::from_millis(3 * (delay + 1000))).await;
+        assert!(guard.is_held(), "lost at a {delay} ms round trip");
+        assert!(
+            !guard.expiring_token().is_cancelled(),
+            "told to stop at a {delay} ms round trip"
+        );
+        let state = store.inspect(lease.name()).await.unwrap().unwrap();
+        assert_eq!(state.token, guard.token());
+        assert!(
+            state.remaining > Duration::from_secs(5),
+            "{delay} ms: {state:?}"
+        );
+    }
+    proxy.set_delay(Duration::ZERO);
+    guard.release().await.unwrap();
+}
