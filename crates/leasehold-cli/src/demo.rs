@@ -78,7 +78,7 @@ impl Demo {
             .arg(format!("{}ms", every.as_millis()))
             .arg("--ttl")
             .arg(format!("{}ms", ttl.as_millis()))
-            .args(["--grace", "2s", "--"])
+            .arg("--")
             .arg(&exe)
             .arg("record")
             .arg(&ledger)
