@@ -243,7 +243,16 @@ async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
         runs.keys().next().copied().unwrap_or(0),
         runs.keys().last().copied().unwrap_or(0),
     );
-    let missed = (last - first + 1) as usize - runs.len();
+    // Slots are firing times in ms, one every `--every`.
+    let step = u64::try_from(args.every.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let due = if runs.is_empty() {
+        0
+    } else {
+        ((last - first) / step + 1) as usize
+    };
+    let missed = due.saturating_sub(runs.len());
     let mut per_instance: BTreeMap<&str, usize> = BTreeMap::new();
     for holder in runs.values().flatten() {
         *per_instance.entry(holder.as_str()).or_default() += 1;
