@@ -337,16 +337,23 @@ fn store_error(e: rusqlite::Error) -> StoreError {
             | ErrorCode::AuthorizationForStatementDenied
             | ErrorCode::ConstraintViolation
             | ErrorCode::TooBig
-            | ErrorCode::TypeMismatch => StoreError::rejected("sqlite refused the operation", e),
+            | ErrorCode::TypeMismatch => {
+                StoreError::rejected(format!("sqlite refused the operation: {e}"), e)
+            }
             ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
                 StoreError::Corrupt(format!("sqlite database: {e}"))
             }
-            _ => StoreError::unavailable("sqlite operation failed", e),
+            // Transient: space may be freed.
+            ErrorCode::DiskFull => StoreError::unavailable(
+                format!("the disk holding the sqlite database is full ({e})"),
+                e,
+            ),
+            _ => StoreError::unavailable(format!("sqlite operation failed: {e}"), e),
         },
         E::FromSqlConversionFailure(..)
         | E::IntegralValueOutOfRange(..)
         | E::InvalidColumnType(..) => StoreError::Corrupt(format!("lease row: {e}")),
-        _ => StoreError::unavailable("sqlite operation failed", e),
+        _ => StoreError::unavailable(format!("sqlite operation failed: {e}"), e),
     }
 }
 
@@ -671,5 +678,31 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.inner.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::store_error;
+
+    /// Issue 18 case 8: a full disk said only "sqlite operation failed".
+    #[test]
+    fn a_full_disk_says_so() {
+        const SQLITE_FULL: i32 = 13;
+        let e = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(SQLITE_FULL), None);
+        let err = store_error(e);
+        assert!(err.is_transient(), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("disk holding the sqlite database is full"),
+            "{err}"
+        );
+        const SQLITE_IOERR: i32 = 10;
+        let e = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(SQLITE_IOERR), None);
+        let shown = store_error(e).to_string();
+        assert!(
+            shown.contains("sqlite operation failed") && shown.contains("disk I/O error"),
+            "{shown}"
+        );
     }
 }
