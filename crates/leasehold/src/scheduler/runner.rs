@@ -335,7 +335,7 @@ impl<S: Store> TaskRunner<S> {
                 && let Some(term) = self.term()
                 && checked != Some(term)
             {
-                match self.look_for_missed_slots().await {
+                match self.look_for_missed_slots(None).await {
                     Ok(caught_up) => {
                         checked = Some(term);
                         // Slots that fell due while a catch-up ran were not fired: the
@@ -384,6 +384,18 @@ impl<S: Store> TaskRunner<S> {
                 () = leader_changed(&mut leader_rx) => continue,
                 () = tokio::time::sleep_until(fire_at) => {}
             }
+            // Elected just as this slot fell due: the slots before it were missed (or are to be
+            // caught up) before this one claims past them.
+            if self.coordinated()
+                && let Some(term) = self.term()
+                && checked != Some(term)
+                && self
+                    .look_for_missed_slots(Some(slot.saturating_sub(1)))
+                    .await
+                    .is_ok()
+            {
+                checked = Some(term);
+            }
             let outcome = if !self.coordinated() {
                 self.run(Trigger::Timer, Some(slot), Held::default()).await;
                 TickOutcome::RanUngated
@@ -396,7 +408,9 @@ impl<S: Store> TaskRunner<S> {
                             // this slot's claim moves the last claimed slot past it.
                             checked = None;
                             if let Some(term) = self.term()
-                                && let Ok(caught_up) = self.look_for_missed_slots().await
+                                && let Ok(caught_up) = self
+                                    .look_for_missed_slots(Some(slot.saturating_sub(1)))
+                                    .await
                             {
                                 checked = Some(term);
                                 if caught_up.is_some() {
@@ -450,8 +464,10 @@ impl<S: Store> TaskRunner<S> {
     /// counts, the one that fired a moment ago included (a handoff at 03:00:00 must not lose the
     /// 03:00 run): should another instance be claiming it right now, the forward-only claim lets
     /// only one of the two run it, and its run record replaces the miss record (same key).
-    async fn look_for_missed_slots(&self) -> Result<Option<u64>, StoreError> {
+    /// `until` bounds the slots looked at (the one about to fire is not missed).
+    async fn look_for_missed_slots(&self, until: Option<u64>) -> Result<Option<u64>, StoreError> {
         let (now, _) = self.read_clock().await?;
+        let horizon = until.map_or(now, |u| u.min(now));
         self.common.store_answered();
         let limit = self.lease.config().renew_interval;
         let last = tokio::time::timeout(limit, self.lease.store().last_slot(&self.task.name))
@@ -472,7 +488,7 @@ impl<S: Store> TaskRunner<S> {
             CatchUp::Latest { window } => (millis(window), 1),
             CatchUp::All { window, max } => (millis(window), max),
         };
-        let (count, newest) = self.task.schedule.firings_between(last, now, max);
+        let (count, newest) = self.task.schedule.firings_between(last, horizon, max);
         let known = std::mem::take(&mut *lock(&self.known_misses));
         if count == 0 {
             return Ok(None);
@@ -497,7 +513,7 @@ impl<S: Store> TaskRunner<S> {
                 None => self
                     .task
                     .schedule
-                    .firings_between(last, now, 1)
+                    .firings_between(last, horizon, 1)
                     .1
                     .first()
                     .copied()
