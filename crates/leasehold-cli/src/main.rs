@@ -6,6 +6,7 @@ mod history;
 mod logging;
 mod record;
 mod run;
+mod serve;
 mod status;
 mod supervise;
 
@@ -38,6 +39,9 @@ enum Command {
     Run(run::RunArgs),
     /// Show holder, fencing token and remaining time of leases.
     Status(status::StatusArgs),
+    /// The sidecar: an HTTP API (JSON, OpenAPI at /openapi.json) for leases, leadership and
+    /// gated ticks, for applications in any language.
+    Serve(serve::ServeArgs),
     /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots.
     History(history::HistoryArgs),
     /// Watch three instances share one SQLite file: one runs each tick, a killed leader is
@@ -201,6 +205,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
             Command::History(args) => history::history(args).await,
+            Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Record(args) => record::record(args).await,
             Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),

@@ -142,7 +142,12 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
 }
 
 fn warn_if_default_store(args: &RunArgs) {
-    if leasehold_connect::configured_store_url(args.store.clone()).is_none() {
+    warn_if_no_store(args.store.as_deref());
+}
+
+/// Warns loudly when neither `--store` nor `LEASEHOLD_STORE` is given.
+pub fn warn_if_no_store(store: Option<&str>) {
+    if leasehold_connect::configured_store_url(store.map(str::to_owned)).is_none() {
         let dir = std::env::current_dir().map_or_else(|_| ".".into(), |d| d.display().to_string());
         tracing::warn!(
             "no --store and no LEASEHOLD_STORE: using {} in {dir}, which coordinates only processes \
@@ -152,7 +157,7 @@ fn warn_if_default_store(args: &RunArgs) {
     }
 }
 
-fn open_failure(e: leasehold_connect::OpenError) -> Failure {
+pub fn open_failure(e: leasehold_connect::OpenError) -> Failure {
     match e {
         leasehold_connect::OpenError::UnknownScheme { .. }
         | leasehold_connect::OpenError::NotBuilt { .. } => Failure::usage(e),
@@ -213,7 +218,7 @@ fn base_env(lease: &LeaseName, holder: &str) -> Vec<(String, String)> {
 }
 
 /// Completes on the first SIGTERM or SIGINT.
-async fn termination() {
+pub async fn termination() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

@@ -176,6 +176,36 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// A run that started at `started_ms` and is still running: of `slot` for timer and
+    /// catch-up runs, `None` for manual ones. (For code outside the scheduler that runs gated
+    /// work, such as the sidecar, to keep the same history.)
+    pub fn started(
+        slot: Option<u64>,
+        trigger: RecordTrigger,
+        holder: impl Into<String>,
+        token: Option<FencingToken>,
+        started_ms: u64,
+        schedule: Option<RecordedSchedule>,
+    ) -> Self {
+        Self {
+            slot,
+            trigger: Some(trigger),
+            holder: holder.into(),
+            token,
+            started_ms: Some(started_ms),
+            ended_ms: None,
+            outcome: RunOutcome::Running,
+            schedule,
+        }
+    }
+
+    /// This run, ended at `ended_ms` with `outcome`.
+    pub fn ended(mut self, ended_ms: u64, outcome: RunOutcome) -> Self {
+        self.ended_ms = Some(ended_ms);
+        self.outcome = outcome;
+        self
+    }
+
     /// The key the store files it under: its slot, else its start time.
     pub fn key(&self) -> u64 {
         self.slot.or(self.started_ms).unwrap_or_default()

@@ -14,6 +14,8 @@ mod token;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+#[cfg(any(test, feature = "faults"))]
+pub mod faults;
 
 pub use config::{ConfigError, LeaseConfig};
 pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};

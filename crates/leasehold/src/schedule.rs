@@ -97,6 +97,25 @@ impl Schedule {
         }
     }
 
+    /// The latest firing at or before `now_ms`: the slot that a tick arriving at `now_ms`
+    /// belongs to (an application that keeps its own timer asks which slot it is in). `None`
+    /// before the schedule's first firing.
+    pub fn latest_at_or_before(&self, now_ms: u64) -> Option<u64> {
+        match self {
+            Self::Every(interval) => {
+                let iv = u64::try_from(interval.as_millis()).ok()?.max(1);
+                Some(now_ms - now_ms % iv)
+            }
+            Self::Cron(cron) => {
+                // Firings are whole seconds; the one at `now_ms` itself counts.
+                let bound = i64::try_from(now_ms.checked_add(1)?).ok()?;
+                let after = chrono::DateTime::from_timestamp_millis(bound)?;
+                let at = cron.parsed.after(&after).next_back()?;
+                u64::try_from(at.timestamp_millis()).ok()
+            }
+        }
+    }
+
     /// The firings `f` with `after < f <= until`: how many there are (counted up to 100,000 for
     /// cron; exact for intervals) and the newest `newest` of them, oldest first.
     pub fn firings_between(&self, after: u64, until: u64, newest: usize) -> (u64, Vec<u64>) {
@@ -169,6 +188,23 @@ mod tests {
             Schedule::every(Duration::ZERO).unwrap_err(),
             ScheduleError::ZeroInterval
         );
+    }
+
+    #[test]
+    fn a_tick_belongs_to_the_latest_firing_at_or_before_it() {
+        let every = Schedule::every(Duration::from_secs(30)).unwrap();
+        assert_eq!(every.latest_at_or_before(29_999), Some(0));
+        assert_eq!(every.latest_at_or_before(30_000), Some(30_000));
+        assert_eq!(every.latest_at_or_before(59_999), Some(30_000));
+        let cron = Schedule::cron("0 */5 * * * *").unwrap();
+        let five = 1_767_225_900_000; // 2026-01-01T00:05:00Z
+        assert_eq!(cron.latest_at_or_before(five), Some(five));
+        assert_eq!(cron.latest_at_or_before(five + 299_999), Some(five));
+        assert_eq!(cron.latest_at_or_before(five - 1), Some(five - 300_000));
+        // Consistent with next_after: the slot's next firing is after the tick.
+        let now = five + 123_456;
+        let slot = cron.latest_at_or_before(now).unwrap();
+        assert!(cron.next_after(slot).unwrap() > now);
     }
 
     #[test]

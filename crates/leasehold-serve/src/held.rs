@@ -1,0 +1,292 @@
+//! The leases and runs the sidecar holds for applications, each kept only while its
+//! application keeps calling.
+//!
+//! Every grant is an [`Entry`] with a supervisor task that ends it at the first of: the
+//! application's release, the guard's expiring signal (renewal overdue, or the store said it is
+//! no longer ours), the application's silence for `keepalive`, the sidecar's shutdown. An ended
+//! entry stays a while as a tombstone so that a late keepalive learns *why* it was lost.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use leasehold::history::{RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
+use leasehold::{
+    BoxStore, CancellationToken, FencingToken, LeaseGuard, LeaseName, LossReason, Release, Store,
+};
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use crate::error::EndReason;
+
+/// How long an ended entry is remembered, so a keepalive after the end gets its reason.
+const TOMBSTONE: Duration = Duration::from_secs(120);
+
+/// Entries kept per task's history by runs recorded here (as the scheduler's default).
+const HISTORY_KEEP: usize = leasehold::history::DEFAULT_HISTORY_LIMIT;
+
+/// A run of a task's slot, granted by a tick.
+#[derive(Debug, Clone)]
+pub(crate) struct RunInfo {
+    pub(crate) slot: u64,
+    pub(crate) started_ms: u64,
+    pub(crate) started_at: Instant,
+    pub(crate) schedule: RecordedSchedule,
+}
+
+/// One lease (or run) held for an application.
+pub(crate) struct Entry {
+    pub(crate) name: LeaseName,
+    pub(crate) token: FencingToken,
+    pub(crate) holder: String,
+    pub(crate) keepalive: Duration,
+    stop_margin: Duration,
+    guard: Mutex<Option<LeaseGuard>>,
+    /// The arrival of the application's last call.
+    contact: Mutex<Instant>,
+    ended: OnceLock<EndReason>,
+    ended_signal: CancellationToken,
+    pub(crate) run: Option<RunInfo>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Values behind these locks are replaced whole: a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Entry {
+    /// Until when the application may act, or why it may not: the earlier of the lease's
+    /// deadline less its stop margin and the application's keepalive deadline.
+    pub(crate) fn valid_until(&self) -> Result<Instant, EndReason> {
+        if let Some(reason) = self.ended.get() {
+            return Err(*reason);
+        }
+        let lease_until = {
+            let guard = lock(&self.guard);
+            let Some(guard) = guard.as_ref() else {
+                return Err(EndReason::Released);
+            };
+            if !guard.is_held() {
+                return Err(loss(guard.loss_reason()));
+            }
+            guard.deadline().checked_sub(self.stop_margin)
+        };
+        let app_until = *lock(&self.contact) + self.keepalive;
+        let until = lease_until.map_or(app_until, |l| l.min(app_until));
+        if until <= Instant::now() {
+            return Err(EndReason::Expired);
+        }
+        Ok(until)
+    }
+
+    /// Milliseconds the application may act for, measured from `arrival`.
+    pub(crate) fn valid_for_ms(&self, arrival: Instant) -> Result<u64, EndReason> {
+        let until = self.valid_until()?;
+        Ok(ms(until.saturating_duration_since(arrival)))
+    }
+
+    /// The application called (at `arrival`): it is alive. Refused once the entry ended.
+    pub(crate) fn touch(&self, arrival: Instant) -> Result<(), EndReason> {
+        self.valid_until()?;
+        let mut contact = lock(&self.contact);
+        *contact = (*contact).max(arrival);
+        Ok(())
+    }
+
+    /// Completes when the entry ends.
+    pub(crate) async fn end_signal(&self) {
+        self.ended_signal.cancelled().await;
+    }
+
+    /// Ends the entry for `reason` (the first reason wins) and releases its lease. Returns
+    /// whether the store released it (false when it was no longer ours or ended before).
+    pub(crate) async fn end(&self, reason: EndReason) -> bool {
+        if self.ended.set(reason).is_ok() {
+            self.ended_signal.cancel();
+        }
+        let guard = lock(&self.guard).take();
+        let Some(guard) = guard else {
+            return false;
+        };
+        match guard.release().await {
+            Ok(Release::Released) => true,
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(lease = %self.name, error = %e, "release failed; the lease expires in the store after its ttl");
+                false
+            }
+        }
+    }
+
+    /// The history record of this entry's run ending with `outcome`.
+    pub(crate) fn run_record(&self, outcome: RunOutcome) -> Option<RunRecord> {
+        let run = self.run.as_ref()?;
+        let record = RunRecord::started(
+            Some(run.slot),
+            RecordTrigger::Timer,
+            self.holder.clone(),
+            Some(self.token),
+            run.started_ms,
+            Some(run.schedule.clone()),
+        );
+        Some(match outcome {
+            RunOutcome::Running => record,
+            outcome => record.ended(run.started_ms + ms(run.started_at.elapsed()), outcome),
+        })
+    }
+}
+
+/// Maps a guard's loss to the reason an application is told.
+fn loss(reason: Option<LossReason>) -> EndReason {
+    match reason {
+        Some(LossReason::TakenOver | LossReason::Superseded) => EndReason::TakenOver,
+        _ => EndReason::Expired,
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The entries of one sidecar, by lease name and token.
+pub(crate) struct Registry {
+    store: BoxStore,
+    entries: Mutex<HashMap<(LeaseName, u64), Arc<Entry>>>,
+    live: AtomicU64,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// What a new entry is made of.
+pub(crate) struct Grant {
+    pub(crate) guard: LeaseGuard,
+    pub(crate) keepalive: Duration,
+    pub(crate) stop_margin: Duration,
+    pub(crate) arrival: Instant,
+    pub(crate) run: Option<RunInfo>,
+}
+
+impl Registry {
+    pub(crate) fn new(store: BoxStore, stop: CancellationToken) -> Self {
+        Self {
+            store,
+            entries: Mutex::default(),
+            live: AtomicU64::new(0),
+            stop,
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// Leases and runs held now.
+    pub(crate) fn live(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn get(&self, name: &LeaseName, token: FencingToken) -> Option<Arc<Entry>> {
+        lock(&self.entries)
+            .get(&(name.clone(), token.get()))
+            .cloned()
+    }
+
+    /// Holds `grant` for the application and supervises it.
+    pub(crate) fn insert(self: &Arc<Self>, grant: Grant) -> Arc<Entry> {
+        let Grant {
+            guard,
+            keepalive,
+            stop_margin,
+            arrival,
+            run,
+        } = grant;
+        let expiring = guard.expiring_token();
+        let entry = Arc::new(Entry {
+            name: guard.name().clone(),
+            token: guard.token(),
+            holder: guard.holder().to_string(),
+            keepalive,
+            stop_margin,
+            guard: Mutex::new(Some(guard)),
+            contact: Mutex::new(arrival),
+            ended: OnceLock::new(),
+            ended_signal: CancellationToken::new(),
+            run,
+        });
+        lock(&self.entries).insert((entry.name.clone(), entry.token.get()), entry.clone());
+        self.live.fetch_add(1, Ordering::Relaxed);
+        if let Some(record) = entry.run_record(RunOutcome::Running) {
+            self.record(&entry.name, record);
+        }
+        let registry = self.clone();
+        let supervised = entry.clone();
+        self.tasks
+            .spawn(async move { registry.supervise(supervised, expiring).await });
+        entry
+    }
+
+    async fn supervise(self: Arc<Self>, entry: Arc<Entry>, expiring: CancellationToken) {
+        let reason = loop {
+            let app_deadline = *lock(&entry.contact) + entry.keepalive;
+            tokio::select! {
+                biased;
+                () = entry.ended_signal.cancelled() => break None,
+                () = self.stop.cancelled() => break Some(EndReason::Released),
+                () = expiring.cancelled() => {
+                    let reason = lock(&entry.guard).as_ref().map(LeaseGuard::loss_reason);
+                    break Some(loss(reason.flatten()));
+                }
+                () = tokio::time::sleep_until(app_deadline) => {
+                    if *lock(&entry.contact) + entry.keepalive <= Instant::now() {
+                        break Some(EndReason::AppSilent);
+                    }
+                }
+            }
+        };
+        if let Some(reason) = reason {
+            tracing::info!(lease = %entry.name, token = %entry.token, reason = reason.as_str(), "lease ended for the application");
+            entry.end(reason).await;
+            if reason != EndReason::Released
+                && let Some(record) = entry.run_record(RunOutcome::Cancelled {
+                    why: reason.as_str().to_owned(),
+                })
+            {
+                self.record(&entry.name, record);
+            }
+        }
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        if self.stop.is_cancelled() {
+            return;
+        }
+        let registry = self.clone();
+        // The tombstone outlives shutdown's wait for supervisors: it is not tracked.
+        tokio::spawn(async move {
+            tokio::select! {
+                () = registry.stop.cancelled() => {}
+                () = tokio::time::sleep(TOMBSTONE) => {}
+            }
+            lock(&registry.entries).remove(&(entry.name.clone(), entry.token.get()));
+        });
+    }
+
+    /// Writes a run record in the background; a lost record never fails a request.
+    pub(crate) fn record(&self, task: &LeaseName, record: RunRecord) {
+        let store = self.store.clone();
+        let task = task.clone();
+        self.tasks.spawn(async move {
+            let json = record.to_json();
+            let limit = Duration::from_secs(5);
+            let write = store.record_history(&task, record.key(), &json, HISTORY_KEEP);
+            match tokio::time::timeout(limit, write).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(task = %task, error = %e, "run history not recorded"),
+                Err(_) => tracing::debug!(task = %task, "run history not recorded: timed out"),
+            }
+        });
+    }
+
+    /// Ends every entry (releasing its lease) and waits for the releases, at most `limit`.
+    pub(crate) async fn shut_down(&self, limit: Duration) {
+        self.stop.cancel();
+        self.tasks.close();
+        let _ = tokio::time::timeout(limit, self.tasks.wait()).await;
+    }
+}

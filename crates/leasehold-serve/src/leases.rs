@@ -1,0 +1,411 @@
+//! Leases and group leadership for applications: acquire, keepalive, watch, release, state,
+//! campaign, observe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use leasehold::{
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, LeaseState, Store, TryAcquire,
+};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::error::{ApiError, EndReason, in_range, parse};
+use crate::held::{Entry, Grant, ms};
+use crate::{Shared, Sidecar};
+
+/// The longest ttl or keepalive: a day.
+pub(crate) const MAX_TTL_MS: u64 = 86_400_000;
+/// The shortest ttl or keepalive.
+pub(crate) const MIN_TTL_MS: u64 = 100;
+const MAX_WAIT_MS: u64 = 300_000;
+const MAX_WATCH_MS: u64 = 60_000;
+const DEFAULT_WATCH_MS: u64 = 30_000;
+
+pub(crate) fn lease_name(field: &str, name: &str) -> Result<LeaseName, ApiError> {
+    LeaseName::new(name).map_err(|e| ApiError::field(field, format!("{field}: {e}")))
+}
+
+pub(crate) fn token(text: &str) -> Result<FencingToken, ApiError> {
+    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ApiError::field(
+            "token",
+            "token must be a decimal number as granted (a string)",
+        ));
+    }
+    text.parse::<u64>()
+        .map(FencingToken)
+        .map_err(|_| ApiError::field("token", "token is larger than any token granted"))
+}
+
+/// A lease config for `ttl_ms`, with the ttl's range checked.
+pub(crate) fn lease_config(ttl_ms: u64) -> Result<LeaseConfig, ApiError> {
+    let ttl = in_range("ttl_ms", ttl_ms, MIN_TTL_MS..=MAX_TTL_MS)?;
+    let config = LeaseConfig::new(Duration::from_millis(ttl));
+    config
+        .validate()
+        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
+    Ok(config)
+}
+
+pub(crate) fn keepalive(keepalive_ms: Option<u64>, ttl_ms: u64) -> Result<Duration, ApiError> {
+    let ms = in_range(
+        "keepalive_ms",
+        keepalive_ms.unwrap_or(ttl_ms),
+        MIN_TTL_MS..=MAX_TTL_MS,
+    )?;
+    Ok(Duration::from_millis(ms))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireRequest {
+    ttl_ms: u64,
+    #[serde(default)]
+    wait_ms: u64,
+    keepalive_ms: Option<u64>,
+    holder: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct AcquireResponse {
+    acquired: bool,
+    name: String,
+    holder: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    valid_for_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keepalive_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining_ms: Option<u64>,
+}
+
+pub(crate) async fn acquire(
+    State(sidecar): State<Sidecar>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AcquireResponse>, ApiError> {
+    take(&sidecar.0, ("name", &name), body).await
+}
+
+/// A term of a group is a lease named after the group.
+pub(crate) async fn campaign(
+    State(sidecar): State<Sidecar>,
+    Path(group): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AcquireResponse>, ApiError> {
+    take(&sidecar.0, ("group", &group), body).await
+}
+
+/// Acquire and campaign: `(field, name)` is the path's lease name and what to call it.
+async fn take(
+    shared: &Arc<Shared>,
+    (field, name): (&str, &str),
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AcquireResponse>, ApiError> {
+    let arrival = Instant::now();
+    let name = lease_name(field, name)?;
+    let request: AcquireRequest = parse(body)?;
+    let config = lease_config(request.ttl_ms)?;
+    let keepalive = keepalive(request.keepalive_ms, request.ttl_ms)?;
+    let wait = Duration::from_millis(in_range("wait_ms", request.wait_ms, 0..=MAX_WAIT_MS)?);
+    let label = match &request.holder {
+        Some(label) if label.len() > 100 => {
+            return Err(ApiError::field(
+                "holder",
+                "holder must be at most 100 bytes",
+            ));
+        }
+        Some(label) => Some(
+            HolderId::new(label.as_str()).map_err(|e| ApiError::field("holder", e.to_string()))?,
+        ),
+        None => None,
+    };
+    let lease = Lease::new(shared.store.clone(), name.clone(), config)
+        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
+        .with_holder(shared.holder_id(label.as_ref().map(HolderId::as_str)));
+    let attempt = lease.try_acquire().await;
+    shared.saw_store(matches!(&attempt, Err(e) if e.is_transient()));
+    let guard = match attempt {
+        Ok(TryAcquire::Acquired(guard)) => guard,
+        Ok(TryAcquire::Busy { holder, remaining }) if wait.is_zero() => {
+            return Ok(Json(busy(&name, Some(holder.to_string()), remaining)));
+        }
+        Ok(TryAcquire::Busy { .. }) => {
+            let left = wait.saturating_sub(arrival.elapsed());
+            match tokio::time::timeout(left, lease.acquire()).await {
+                Ok(Ok(guard)) => guard,
+                Ok(Err(e)) => return Err(ApiError::store(&e)),
+                Err(_) => {
+                    let state = inspect(shared, &name).await.ok().flatten();
+                    let (holder, remaining) = state
+                        .map(|s| (s.holder.map(|h| h.to_string()), s.remaining))
+                        .unwrap_or((None, Duration::ZERO));
+                    return Ok(Json(busy(&name, holder, remaining)));
+                }
+            }
+        }
+        Err(e) => return Err(ApiError::store(&e)),
+    };
+    let holder = guard.holder().to_string();
+    let entry = shared.registry.insert(Grant {
+        guard,
+        keepalive,
+        stop_margin: config.stop_margin,
+        arrival,
+        run: None,
+    });
+    let valid_for_ms = entry.valid_for_ms(arrival).map_err(ApiError::lost)?;
+    Ok(Json(AcquireResponse {
+        acquired: true,
+        name: name.to_string(),
+        holder: Some(holder),
+        token: Some(entry.token.to_string()),
+        valid_for_ms: Some(valid_for_ms),
+        ttl_ms: Some(request.ttl_ms),
+        keepalive_ms: Some(ms(keepalive)),
+        remaining_ms: None,
+    }))
+}
+
+fn busy(name: &LeaseName, holder: Option<String>, remaining: Duration) -> AcquireResponse {
+    AcquireResponse {
+        acquired: false,
+        name: name.to_string(),
+        holder,
+        token: None,
+        valid_for_ms: None,
+        ttl_ms: None,
+        keepalive_ms: None,
+        remaining_ms: Some(ms(remaining)),
+    }
+}
+
+async fn inspect(shared: &Shared, name: &LeaseName) -> Result<Option<LeaseState>, ApiError> {
+    let limit = Duration::from_secs(5);
+    let result = tokio::time::timeout(limit, shared.store.inspect(name))
+        .await
+        .unwrap_or(Err(leasehold::StoreError::Timeout(limit)));
+    shared.saw_store(matches!(&result, Err(e) if e.is_transient()));
+    result.map_err(|e| ApiError::store(&e.into()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRequest {
+    token: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WatchRequest {
+    token: String,
+    wait_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Held {
+    held: bool,
+    token: String,
+    valid_for_ms: u64,
+}
+
+fn held(entry: &Entry, arrival: Instant) -> Result<Json<Held>, ApiError> {
+    let valid_for_ms = entry.valid_for_ms(arrival).map_err(ApiError::lost)?;
+    Ok(Json(Held {
+        held: true,
+        token: entry.token.to_string(),
+        valid_for_ms,
+    }))
+}
+
+fn find(shared: &Shared, name: &str, token: &str) -> Result<Arc<Entry>, ApiError> {
+    let name = lease_name("name", name)?;
+    let token = self::token(token)?;
+    shared
+        .registry
+        .get(&name, token)
+        .ok_or(ApiError::lost(EndReason::Unknown))
+}
+
+pub(crate) async fn keepalive_lease(
+    State(sidecar): State<Sidecar>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Held>, ApiError> {
+    let arrival = Instant::now();
+    let request: TokenRequest = parse(body)?;
+    let entry = find(&sidecar.0, &name, &request.token)?;
+    entry.touch(arrival).map_err(ApiError::lost)?;
+    held(&entry, arrival)
+}
+
+pub(crate) async fn watch(
+    State(sidecar): State<Sidecar>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Held>, ApiError> {
+    let arrival = Instant::now();
+    let request: WatchRequest = parse(body)?;
+    let wait = in_range(
+        "wait_ms",
+        request.wait_ms.unwrap_or(DEFAULT_WATCH_MS),
+        0..=MAX_WATCH_MS,
+    )?;
+    let entry = find(&sidecar.0, &name, &request.token)?;
+    entry.touch(arrival).map_err(ApiError::lost)?;
+    // Answer in time for the next call to keep the lease: a frozen application cannot hold a
+    // lease through an open request.
+    let wait = Duration::from_millis(wait).min(entry.keepalive / 2);
+    tokio::select! {
+        () = entry.end_signal() => {}
+        () = tokio::time::sleep(wait) => {}
+    }
+    held(&entry, arrival)
+}
+
+#[derive(Serialize)]
+pub(crate) struct Released {
+    released: bool,
+}
+
+pub(crate) async fn release(
+    State(sidecar): State<Sidecar>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Released>, ApiError> {
+    let request: TokenRequest = parse(body)?;
+    let released = match find(&sidecar.0, &name, &request.token) {
+        Ok(entry) => entry.end(EndReason::Released).await,
+        Err(_) => false,
+    };
+    Ok(Json(Released { released }))
+}
+
+pub(crate) fn released(released: bool) -> Json<Released> {
+    Json(Released { released })
+}
+
+#[derive(Serialize)]
+pub(crate) struct LeaseStateBody {
+    name: String,
+    held: bool,
+    holder: Option<String>,
+    token: Option<String>,
+    remaining_ms: u64,
+}
+
+pub(crate) async fn state(
+    State(sidecar): State<Sidecar>,
+    Path(name): Path<String>,
+) -> Result<Json<LeaseStateBody>, ApiError> {
+    let name = lease_name("name", &name)?;
+    let state = inspect(&sidecar.0, &name).await?;
+    let (held, holder, token, remaining) = match state {
+        None => (false, None, None, Duration::ZERO),
+        Some(s) => (
+            s.holder.is_some(),
+            s.holder.map(|h| h.to_string()),
+            Some(s.token.to_string()),
+            s.remaining,
+        ),
+    };
+    Ok(Json(LeaseStateBody {
+        name: name.to_string(),
+        held,
+        holder,
+        token,
+        remaining_ms: ms(remaining),
+    }))
+}
+
+#[derive(Serialize, PartialEq)]
+pub(crate) struct GroupState {
+    group: String,
+    leader: Option<String>,
+    token: Option<String>,
+    remaining_ms: u64,
+}
+
+async fn group_state(shared: &Shared, group: &LeaseName) -> Result<GroupState, ApiError> {
+    let state = inspect(shared, group).await?;
+    let (leader, token, remaining) = match state {
+        Some(LeaseState {
+            holder: Some(holder),
+            token,
+            remaining,
+            ..
+        }) => (Some(holder.to_string()), Some(token.to_string()), remaining),
+        _ => (None, None, Duration::ZERO),
+    };
+    Ok(GroupState {
+        group: group.to_string(),
+        leader,
+        token,
+        remaining_ms: ms(remaining),
+    })
+}
+
+pub(crate) async fn leader(
+    State(sidecar): State<Sidecar>,
+    Path(group): Path<String>,
+) -> Result<Json<GroupState>, ApiError> {
+    let group = lease_name("group", &group)?;
+    group_state(&sidecar.0, &group).await.map(Json)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObserveRequest {
+    token: Option<String>,
+    wait_ms: Option<u64>,
+}
+
+/// How often an observer re-reads the group while nothing wakes it.
+const OBSERVE_POLL: Duration = Duration::from_millis(250);
+
+pub(crate) async fn observe(
+    State(sidecar): State<Sidecar>,
+    Path(group): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<GroupState>, ApiError> {
+    let arrival = Instant::now();
+    let group = lease_name("group", &group)?;
+    let request: ObserveRequest = parse(body)?;
+    let known = request.token.as_deref().map(token).transpose()?;
+    let wait = Duration::from_millis(in_range(
+        "wait_ms",
+        request.wait_ms.unwrap_or(DEFAULT_WATCH_MS),
+        0..=MAX_WATCH_MS,
+    )?);
+    let shared = &sidecar.0;
+    let mut releases = shared.store.subscribe_releases();
+    loop {
+        let state = group_state(shared, &group).await?;
+        let now = state.token.as_deref().map(token).transpose()?;
+        let left = wait.saturating_sub(arrival.elapsed());
+        if now != known || left.is_zero() {
+            return Ok(Json(state));
+        }
+        // A term ends by release (notified where the store can) or by expiry (its remaining
+        // time), whichever is first; poll in between for a takeover by a new term.
+        let nap = left
+            .min(OBSERVE_POLL)
+            .min(Duration::from_millis(state.remaining_ms.saturating_add(1)));
+        match releases.as_mut() {
+            Some(sub) => tokio::select! {
+                () = sub.released(&group) => {}
+                () = tokio::time::sleep(nap) => {}
+            },
+            None => tokio::time::sleep(nap).await,
+        }
+    }
+}

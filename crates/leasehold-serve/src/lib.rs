@@ -1,0 +1,374 @@
+//! The leasehold sidecar: leases, group leadership and gated timer ticks over HTTP, for
+//! applications in any language. `leasehold serve` runs it; this crate is the server.
+//!
+//! Run one sidecar beside each instance of the application, every sidecar on the same store.
+//! The application keeps its own timer and asks its sidecar before each run:
+//!
+//! ```text
+//! POST /v1/tasks/expire-gigs/ticks   {"every_ms": 60000}
+//!   -> {"run": true, "slot": 1767225600000, "token": "1767225512345001", "valid_for_ms": 23980, ...}
+//!   or {"run": false, "slot": 1767225600000, "reason": "already-run"}
+//! POST /v1/tasks/expire-gigs/ticks/1767225600000/done   {"token": "1767225512345001", "outcome": "ok"}
+//! ```
+//!
+//! The whole API, with what each answer means, is the OpenAPI document served at
+//! `GET /openapi.json` ([`OPENAPI`]). Two rules carry the guarantees:
+//!
+//! - **The application's liveness is part of the lease.** A lease or run is renewed in the store
+//!   only while the application calls `keepalive` (or `watch`) at least once per `keepalive_ms`;
+//!   a hung application loses it then, and cannot block the others.
+//! - **Every grant says for how long the application may act** (`valid_for_ms`, from when the
+//!   request arrived): the earlier of the lease's deadline less its stop margin and the
+//!   application's keepalive deadline. A loss is learnt from `watch` (a long-poll) the moment it
+//!   happens.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use leasehold::{BoxStore, MemoryStore};
+//! use leasehold_serve::{Listen, Sidecar, SidecarConfig};
+//!
+//! let sidecar = Sidecar::new(BoxStore::new(MemoryStore::new()), SidecarConfig::default());
+//! let listen: Listen = "127.0.0.1:7070".parse().expect("an address");
+//! let shutdown = async { let _ = tokio::signal::ctrl_c().await; };
+//! leasehold_serve::serve(sidecar, &listen, None, shutdown).await
+//! # }
+//! ```
+
+mod error;
+mod held;
+mod leases;
+mod ticks;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use leasehold::{BoxStore, CancellationToken, HolderId, Store, StoreDownPolicy};
+use serde::Serialize;
+
+use crate::error::{ApiError, MAX_BODY};
+use crate::held::Registry;
+use crate::ticks::TickGroups;
+
+/// The API's OpenAPI 3 document, as served at `GET /openapi.json`.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// How a sidecar behaves.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SidecarConfig {
+    /// The holder id leases are taken under; each grant adds `#N`. Default `HOSTNAME-PID`.
+    pub holder: String,
+    /// What a tick does while the store cannot answer, unless the tick says.
+    pub on_store_down: StoreDownPolicy,
+}
+
+impl Default for SidecarConfig {
+    fn default() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "sidecar".to_owned());
+        Self {
+            holder: format!("{host}-{}", std::process::id()),
+            on_store_down: StoreDownPolicy::FailClosed,
+        }
+    }
+}
+
+impl SidecarConfig {
+    /// Sets the holder id prefix.
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = holder.into();
+        self
+    }
+
+    /// Sets the default store-down policy of ticks.
+    pub fn on_store_down(mut self, policy: StoreDownPolicy) -> Self {
+        self.on_store_down = policy;
+        self
+    }
+}
+
+/// A sidecar's state: what it holds for applications. Cheap to clone.
+#[derive(Clone)]
+pub struct Sidecar(Arc<Shared>);
+
+struct Shared {
+    store: BoxStore,
+    holder: String,
+    seq: AtomicU64,
+    on_store_down: StoreDownPolicy,
+    registry: Arc<Registry>,
+    groups: TickGroups,
+    /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
+    store_state: AtomicU8,
+    stop: CancellationToken,
+}
+
+const STORE_UNKNOWN: u8 = 0;
+const STORE_UP: u8 = 1;
+const STORE_DOWN: u8 = 2;
+
+impl Shared {
+    /// A holder id of its own for one grant, so two grants of one sidecar never share a
+    /// tenure (a re-acquire by the same holder would end the older one).
+    fn holder_id(&self, label: Option<&str>) -> HolderId {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let id = match label {
+            Some(label) => format!("{label}@{}#{n}", self.holder),
+            None => format!("{}#{n}", self.holder),
+        };
+        HolderId::new(id).unwrap_or_else(|_| self.fallback_holder(n))
+    }
+
+    /// The holder id of this sidecar's campaigns for tick groups.
+    fn group_holder(&self) -> HolderId {
+        HolderId::new(format!("{}#group", self.holder)).unwrap_or_else(|_| self.fallback_holder(0))
+    }
+
+    fn fallback_holder(&self, n: u64) -> HolderId {
+        HolderId::new(format!("sidecar-{}#{n}", std::process::id()))
+            .unwrap_or_else(|_| HolderId::generate())
+    }
+
+    /// Notes whether the store answered (`failed` is true for an unreachable store).
+    fn saw_store(&self, failed: bool) {
+        let state = if failed { STORE_DOWN } else { STORE_UP };
+        self.store_state.store(state, Ordering::Relaxed);
+    }
+}
+
+impl Sidecar {
+    /// A sidecar on `store`.
+    pub fn new(store: BoxStore, config: SidecarConfig) -> Self {
+        let stop = CancellationToken::new();
+        Self(Arc::new(Shared {
+            registry: Arc::new(Registry::new(store.clone(), stop.clone())),
+            store,
+            holder: config.holder,
+            seq: AtomicU64::new(0),
+            on_store_down: config.on_store_down,
+            groups: TickGroups::default(),
+            store_state: AtomicU8::new(STORE_UNKNOWN),
+            stop,
+        }))
+    }
+
+    /// The HTTP API. With `auth_token`, every request but `/healthz` and `/openapi.json` must
+    /// carry `Authorization: Bearer TOKEN`.
+    pub fn router(&self, auth_token: Option<String>) -> Router {
+        let api = Router::new()
+            .route("/v1/leases/{name}", get(leases::state))
+            .route("/v1/leases/{name}/acquire", post(leases::acquire))
+            .route("/v1/leases/{name}/keepalive", post(leases::keepalive_lease))
+            .route("/v1/leases/{name}/watch", post(leases::watch))
+            .route("/v1/leases/{name}/release", post(leases::release))
+            .route("/v1/groups/{group}", get(leases::leader))
+            .route("/v1/groups/{group}/campaign", post(leases::campaign))
+            .route("/v1/groups/{group}/observe", post(leases::observe))
+            .route("/v1/tasks/{task}/ticks", post(ticks::tick))
+            .route("/v1/tasks/{task}/ticks/{slot}/done", post(ticks::done))
+            .route_layer(axum::middleware::from_fn_with_state(
+                Arc::new(auth_token),
+                authorize,
+            ));
+        Router::new()
+            .route("/healthz", get(health))
+            .route("/openapi.json", get(openapi))
+            .merge(api)
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
+            .layer(DefaultBodyLimit::max(MAX_BODY))
+            .with_state(self.clone())
+    }
+
+    /// Releases every lease and run held for applications and steps down from every group,
+    /// waiting at most `limit`. Later calls about them answer 410 (released).
+    pub async fn shut_down(&self, limit: Duration) {
+        self.0.stop.cancel();
+        let registry = self.0.registry.shut_down(limit);
+        let groups = self.0.groups.shut_down(limit);
+        tokio::join!(registry, groups);
+    }
+
+    /// Leases and runs held for applications now.
+    pub fn held(&self) -> u64 {
+        self.0.registry.live()
+    }
+}
+
+async fn authorize(
+    State(token): State<Arc<Option<String>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = token.as_deref() {
+        let given = request
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same(given.as_bytes(), token.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Compares without stopping at the first difference, so timing does not reveal the token.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Serialize)]
+struct Health {
+    status: &'static str,
+    store: String,
+    store_reachable: Option<bool>,
+    held: u64,
+}
+
+async fn health(State(sidecar): State<Sidecar>) -> axum::Json<Health> {
+    let reachable = match sidecar.0.store_state.load(Ordering::Relaxed) {
+        STORE_UP => Some(true),
+        STORE_DOWN => Some(false),
+        _ => None,
+    };
+    axum::Json(Health {
+        status: "ok",
+        store: sidecar.0.store.describe(),
+        store_reachable: reachable,
+        held: sidecar.held(),
+    })
+}
+
+async fn openapi() -> Response {
+    ([(CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found()
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+/// Where the sidecar listens: a TCP address or a unix socket (`unix:/path`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Listen {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A unix socket's path.
+    Unix(PathBuf),
+}
+
+/// A `--listen` value that is neither `HOST:PORT` with an IP address nor `unix:/path`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("listen address {0:?} is neither IP:PORT (e.g. 127.0.0.1:7070) nor unix:/path/to.sock")]
+pub struct BadListen(String);
+
+impl FromStr for Listen {
+    type Err = BadListen;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(BadListen(s.to_owned()));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(Self::Tcp)
+            .map_err(|_| BadListen(s.to_owned()))
+    }
+}
+
+impl Listen {
+    /// Whether only this host can connect: a loopback address or a unix socket.
+    pub fn is_local(&self) -> bool {
+        match self {
+            Self::Tcp(addr) => addr.ip().is_loopback(),
+            Self::Unix(_) => true,
+        }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "http://{addr}"),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// Serves `sidecar` on `listen` until `shutdown` completes, then stops taking requests,
+/// releases what it holds for applications and returns.
+///
+/// Binding beyond loopback without `auth_token` is refused: anyone who can reach the sidecar
+/// could take and release leases.
+pub async fn serve(
+    sidecar: Sidecar,
+    listen: &Listen,
+    auth_token: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if !listen.is_local() && auth_token.is_none() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{listen} is reachable from other hosts: give an auth token file, or listen on loopback"
+            ),
+        ));
+    }
+    let app = sidecar.router(auth_token);
+    let stop = sidecar.0.stop.clone();
+    let graceful = async move {
+        shutdown.await;
+        // Open watches answer (410) at once rather than holding shutdown up.
+        stop.cancel();
+    };
+    let served = match listen {
+        Listen::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(graceful)
+                .await
+        }
+        Listen::Unix(path) => {
+            let listener = bind_unix(path)?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(graceful)
+                .await
+        }
+    };
+    sidecar.shut_down(Duration::from_secs(10)).await;
+    served
+}
+
+/// Binds a unix socket, replacing a stale socket file that nobody listens on.
+fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    match tokio::net::UnixListener::bind(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(e);
+            }
+            std::fs::remove_file(path)?;
+            tokio::net::UnixListener::bind(path)
+        }
+        other => other,
+    }
+}
