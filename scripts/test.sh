@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: stores, formatting, lints, unit/integration/doc tests, the short chaos run.
+# The whole test suite: stores, formatting, lints, unit/integration/doc tests, the short chaos run,
+# the sidecar's API fuzzing.
 # This is the command the README gives and CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +24,6 @@ else
 fi
 echo "== doc tests"
 cargo test --workspace --all-features --locked --doc
+echo "== sidecar API fuzzing (schemathesis, from the OpenAPI document)"
+cargo build -p leasehold-cli --all-features --locked
+bash scripts/fuzz-api.sh target/debug/leasehold

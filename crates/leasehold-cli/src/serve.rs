@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// fail-open or local (run without coordination).
     #[arg(long, default_value = "fail-closed")]
     on_store_down: StoreDownPolicy,
+    /// The longest a request waits (acquire's wait_ms, watch, observe); keep it below the idle
+    /// timeout of any proxy between the application and the sidecar.
+    #[arg(long, default_value = "5m", value_parser = crate::duration_arg)]
+    max_wait: std::time::Duration,
     /// The holder id prefix of this sidecar's leases [default: HOSTNAME-PID]
     #[arg(long)]
     holder: Option<String>,
@@ -61,7 +65,9 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
     let store = leasehold_connect::open_store_lazy(&url)
         .await
         .map_err(crate::run::open_failure)?;
-    let mut config = SidecarConfig::default().on_store_down(args.on_store_down);
+    let mut config = SidecarConfig::default()
+        .on_store_down(args.on_store_down)
+        .max_wait(args.max_wait);
     if let Some(holder) = args.holder {
         if leasehold::HolderId::new(format!("{holder}#0")).is_err() || holder.len() > 150 {
             return Err(Failure::usage(anyhow!(

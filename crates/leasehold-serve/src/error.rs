@@ -119,6 +119,10 @@ impl ApiError {
         )
     }
 
+    pub(crate) fn is_bad_request(&self) -> bool {
+        self.status == StatusCode::BAD_REQUEST
+    }
+
     /// A store error: unreachable or slow is `store-down`, a refusal `store-refused`.
     pub(crate) fn store(e: &leasehold::LeaseError) -> Self {
         if e.is_transient() {
@@ -136,7 +140,19 @@ impl IntoResponse for ApiError {
 }
 
 /// The largest request body accepted.
-pub(crate) const MAX_BODY: usize = 16 * 1024;
+/// The largest request body accepted: room for every valid body even with every character of
+/// its longest string escaped as a surrogate pair (`\uXXXX\uXXXX`).
+pub(crate) const MAX_BODY: usize = 64 * 1024;
+
+/// For optional fields that may be left out but are not nullable: `null` is refused (serde's
+/// `Option` would take it as absent), so the API accepts exactly what its document says.
+pub(crate) fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
 
 /// Parses a JSON request body, naming the field at fault when it does not fit. Takes the raw
 /// bytes rather than axum's `Json` so that every failure (size, syntax, type, unknown field) is

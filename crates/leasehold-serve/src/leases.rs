@@ -8,13 +8,11 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use leasehold::{
-    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, LeaseState, Store, TryAcquire,
-};
+use leasehold::{FencingToken, Lease, LeaseConfig, LeaseName, LeaseState, Store, TryAcquire};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::error::{ApiError, EndReason, in_range, parse};
+use crate::error::{ApiError, EndReason, in_range, not_null, parse};
 use crate::held::{Entry, Grant, ms};
 use crate::{Shared, Sidecar};
 
@@ -67,7 +65,9 @@ struct AcquireRequest {
     ttl_ms: u64,
     #[serde(default)]
     wait_ms: u64,
+    #[serde(default, deserialize_with = "not_null")]
     keepalive_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
     holder: Option<String>,
 }
 
@@ -116,22 +116,20 @@ async fn take(
     let request: AcquireRequest = parse(body)?;
     let config = lease_config(request.ttl_ms)?;
     let keepalive = keepalive(request.keepalive_ms, request.ttl_ms)?;
-    let wait = Duration::from_millis(in_range("wait_ms", request.wait_ms, 0..=MAX_WAIT_MS)?);
-    let label = match &request.holder {
-        Some(label) if label.len() > 100 => {
+    let wait = Duration::from_millis(in_range("wait_ms", request.wait_ms, 0..=MAX_WAIT_MS)?)
+        .min(shared.max_wait);
+    if let Some(label) = &request.holder {
+        let allowed = |b: u8| b.is_ascii_alphanumeric() || b"._:@/-".contains(&b);
+        if label.is_empty() || label.len() > 100 || !label.bytes().all(allowed) {
             return Err(ApiError::field(
                 "holder",
-                "holder must be at most 100 bytes",
+                "holder must be 1 to 100 of A-Z a-z 0-9 . _ : @ / -",
             ));
         }
-        Some(label) => Some(
-            HolderId::new(label.as_str()).map_err(|e| ApiError::field("holder", e.to_string()))?,
-        ),
-        None => None,
-    };
+    }
     let lease = Lease::new(shared.store.clone(), name.clone(), config)
         .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
-        .with_holder(shared.holder_id(label.as_ref().map(HolderId::as_str)));
+        .with_holder(shared.holder_id(request.holder.as_deref()));
     let attempt = lease.try_acquire().await;
     shared.saw_store(matches!(&attempt, Err(e) if e.is_transient()));
     let guard = match attempt {
@@ -163,7 +161,16 @@ async fn take(
         arrival,
         run: None,
     });
-    let valid_for_ms = entry.valid_for_ms(arrival).map_err(ApiError::lost)?;
+    // A grant that is no longer valid by the time it can be answered (a ttl too short for the
+    // store's latency) is given back, as the core treats a late reply.
+    let Ok(valid_for_ms) = entry.valid_for_ms(arrival) else {
+        entry.end(EndReason::Expired).await;
+        return Err(ApiError::store_down(format!(
+            "the lease was granted but had no validity left when the answer was ready \
+             (ttl {} ms is too short for this store's latency)",
+            request.ttl_ms
+        )));
+    };
     Ok(Json(AcquireResponse {
         acquired: true,
         name: name.to_string(),
@@ -208,6 +215,7 @@ struct TokenRequest {
 #[serde(deny_unknown_fields)]
 struct WatchRequest {
     token: String,
+    #[serde(default, deserialize_with = "not_null")]
     wait_ms: Option<u64>,
 }
 
@@ -264,7 +272,9 @@ pub(crate) async fn watch(
     entry.touch(arrival).map_err(ApiError::lost)?;
     // Answer in time for the next call to keep the lease: a frozen application cannot hold a
     // lease through an open request.
-    let wait = Duration::from_millis(wait).min(entry.keepalive / 2);
+    let wait = Duration::from_millis(wait)
+        .min(entry.keepalive / 2)
+        .min(sidecar.0.max_wait);
     tokio::select! {
         () = entry.end_signal() => {}
         () = tokio::time::sleep(wait) => {}
@@ -285,6 +295,8 @@ pub(crate) async fn release(
     let request: TokenRequest = parse(body)?;
     let released = match find(&sidecar.0, &name, &request.token) {
         Ok(entry) => entry.end(EndReason::Released).await,
+        // A name or token that cannot be valid is a bad request; an unknown one was not ours.
+        Err(e) if e.is_bad_request() => return Err(e),
         Err(_) => false,
     };
     Ok(Json(Released { released }))
@@ -366,6 +378,7 @@ pub(crate) async fn leader(
 #[serde(deny_unknown_fields)]
 struct ObserveRequest {
     token: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     wait_ms: Option<u64>,
 }
 
@@ -385,7 +398,8 @@ pub(crate) async fn observe(
         "wait_ms",
         request.wait_ms.unwrap_or(DEFAULT_WATCH_MS),
         0..=MAX_WATCH_MS,
-    )?);
+    )?)
+    .min(sidecar.0.max_wait);
     let shared = &sidecar.0;
     let mut releases = shared.store.subscribe_releases();
     loop {

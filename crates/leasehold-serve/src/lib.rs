@@ -70,6 +70,9 @@ pub struct SidecarConfig {
     pub holder: String,
     /// What a tick does while the store cannot answer, unless the tick says.
     pub on_store_down: StoreDownPolicy,
+    /// The longest any request waits (acquire's `wait_ms`, watch, observe): a long-poll
+    /// answers by then, below the idle timeout of a proxy in between. Default 5 minutes.
+    pub max_wait: Duration,
 }
 
 impl Default for SidecarConfig {
@@ -82,6 +85,7 @@ impl Default for SidecarConfig {
         Self {
             holder: format!("{host}-{}", std::process::id()),
             on_store_down: StoreDownPolicy::FailClosed,
+            max_wait: Duration::from_secs(300),
         }
     }
 }
@@ -90,6 +94,12 @@ impl SidecarConfig {
     /// Sets the holder id prefix.
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = holder.into();
+        self
+    }
+
+    /// Caps every wait a request asks for.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
         self
     }
 
@@ -109,6 +119,7 @@ struct Shared {
     holder: String,
     seq: AtomicU64,
     on_store_down: StoreDownPolicy,
+    max_wait: Duration,
     registry: Arc<Registry>,
     groups: TickGroups,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
@@ -159,6 +170,7 @@ impl Sidecar {
             holder: config.holder,
             seq: AtomicU64::new(0),
             on_store_down: config.on_store_down,
+            max_wait: config.max_wait,
             groups: TickGroups::default(),
             store_state: AtomicU8::new(STORE_UNKNOWN),
             stop,

@@ -24,7 +24,7 @@ use leasehold::{
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::error::{ApiError, EndReason, in_range, parse};
+use crate::error::{ApiError, EndReason, in_range, not_null, parse};
 use crate::held::{Grant, RunInfo, ms};
 use crate::leases::{keepalive, lease_config, lease_name, token};
 use crate::{Shared, Sidecar};
@@ -37,11 +37,17 @@ const MAX_EVERY_MS: u64 = 31_622_400_000;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TickRequest {
+    #[serde(default, deserialize_with = "not_null")]
     every_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
     cron: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     group: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     ttl_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
     keepalive_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
     on_store_down: Option<String>,
 }
 
@@ -263,6 +269,7 @@ enum Outcome {
 struct DoneRequest {
     token: String,
     outcome: Outcome,
+    #[serde(default, deserialize_with = "not_null")]
     error: Option<String>,
 }
 
@@ -272,9 +279,12 @@ pub(crate) async fn done(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<crate::leases::Released>, ApiError> {
     let task = lease_name("task", &task)?;
+    // Slots are milliseconds since the epoch: an int64 in the API document.
     let slot: u64 = slot
-        .parse()
-        .map_err(|_| ApiError::field("slot", "slot must be a number as granted by the tick"))?;
+        .parse::<i64>()
+        .ok()
+        .and_then(|s| u64::try_from(s).ok())
+        .ok_or_else(|| ApiError::field("slot", "slot must be a number as granted by the tick"))?;
     let request: DoneRequest = parse(body)?;
     let token = token(&request.token)?;
     if request.error.as_ref().is_some_and(|e| e.len() > 2000) {

@@ -637,7 +637,7 @@ async fn bad_requests_get_a_json_error_naming_the_field() {
     assert_eq!(api.send(request).await.0, StatusCode::BAD_REQUEST);
     let big = format!(
         "{{\"ttl_ms\": 1000, \"holder\": \"{}\"}}",
-        "x".repeat(20_000)
+        "x".repeat(70_000)
     );
     let request = Request::post("/v1/leases/a/acquire")
         .body(Body::from(big))

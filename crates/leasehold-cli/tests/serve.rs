@@ -1,0 +1,239 @@
+//! `leasehold serve` as a process on the real Redis: gated ticks across two sidecars, handover
+//! on SIGTERM, unix sockets, and the refusals of unsafe or bad flags.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BIN, free_port, temp_dir};
+use serde_json::{Value, json};
+
+struct Sidecar {
+    child: Child,
+    port: u16,
+}
+
+impl Sidecar {
+    fn start(store: &str, holder: &str) -> Self {
+        let port = free_port();
+        let child = Command::new(BIN)
+            .args(["serve", "--store", store, "--holder", holder])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start leasehold serve");
+        let sidecar = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "sidecar did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sidecar
+    }
+
+    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        http(self.port, "POST", path, Some(body))
+    }
+
+    fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+
+    fn wait(&mut self, limit: Duration) -> i32 {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "sidecar did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 exchange with `Connection: close`: the status and the JSON body.
+fn exchange(
+    mut stream: impl Read + Write,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let (_, body) = response.split_once("\r\n\r\n").unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn http(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    exchange(
+        TcpStream::connect(("127.0.0.1", port)).unwrap(),
+        method,
+        path,
+        body,
+    )
+}
+
+fn redis_url() -> String {
+    std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), free_port())
+}
+
+#[test]
+fn two_sidecars_on_redis_run_each_slot_once_and_hand_over_on_sigterm() {
+    let store = redis_url();
+    let mut a = Sidecar::start(&store, "a");
+    let b = Sidecar::start(&store, "b");
+    let task = unique("serve-task");
+    let tick = json!({"every_ms": 500, "ttl_ms": 5000});
+    let mut runs: Vec<(u64, &str)> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        for (name, sidecar) in [("a", &a), ("b", &b)] {
+            let (status, answer) = sidecar.post(&format!("/v1/tasks/{task}/ticks"), tick.clone());
+            assert_eq!(status, 200, "{answer}");
+            if answer["run"] == true {
+                let slot = answer["slot"].as_u64().unwrap();
+                runs.push((slot, name));
+                let (status, done) = sidecar.post(
+                    &format!("/v1/tasks/{task}/ticks/{slot}/done"),
+                    json!({"token": answer["token"], "outcome": "ok"}),
+                );
+                assert_eq!((status, done["released"].clone()), (200, json!(true)));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    let mut slots: Vec<u64> = runs.iter().map(|r| r.0).collect();
+    let n = slots.len();
+    slots.dedup();
+    assert_eq!(slots.len(), n, "a slot ran twice: {runs:?}");
+    assert!(
+        n >= 6,
+        "only {n} slots ran in 4 s of 500 ms slots: {runs:?}"
+    );
+
+    // a holds a lease; b waits for it; SIGTERM of a releases it and b has it at once.
+    let lease = unique("serve-lease");
+    let (_, held) = a.post(
+        &format!("/v1/leases/{lease}/acquire"),
+        json!({"ttl_ms": 20000, "keepalive_ms": 60000}),
+    );
+    assert_eq!(held["acquired"], true, "{held}");
+    let waiter = {
+        let port = b.port;
+        let lease = lease.clone();
+        std::thread::spawn(move || {
+            http(
+                port,
+                "POST",
+                &format!("/v1/leases/{lease}/acquire"),
+                Some(json!({"ttl_ms": 20000, "wait_ms": 30000})),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = Instant::now();
+    a.sigterm();
+    assert_eq!(a.wait(Duration::from_secs(10)), 0);
+    let (_, got) = waiter.join().unwrap();
+    let handover = stopped.elapsed();
+    assert_eq!(got["acquired"], true, "{got}");
+    assert!(token(&got) > token(&held));
+    // Released on shutdown, not left to its 20 s ttl.
+    assert!(
+        handover < Duration::from_secs(5),
+        "handover took {handover:?}"
+    );
+}
+
+fn token(v: &Value) -> u64 {
+    v["token"].as_str().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_unix_socket_serves_the_same_api() {
+    let dir = temp_dir();
+    let socket = dir.path().join("sidecar.sock");
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let mut child = Command::new(BIN)
+        .args(["serve", "--store", &store])
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let connect = || std::os::unix::net::UnixStream::connect(&socket);
+    while connect().is_err() {
+        assert!(Instant::now() < deadline, "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, health) = exchange(connect().unwrap(), "GET", "/healthz", None);
+    assert_eq!((status, health["status"].clone()), (200, json!("ok")));
+    let (status, granted) = exchange(
+        connect().unwrap(),
+        "POST",
+        "/v1/leases/u/acquire",
+        Some(json!({"ttl_ms": 3000})),
+    );
+    assert_eq!((status, granted["acquired"].clone()), (200, json!(true)));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(BIN).arg("serve").args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn unsafe_or_bad_flags_are_refused() {
+    let dir = temp_dir();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let err = refused(&["--store", &store, "--listen", "0.0.0.0:0"]);
+    assert!(err.contains("--auth-token-file"), "{err}");
+    let short = dir.path().join("token");
+    std::fs::write(&short, "abc\n").unwrap();
+    let err = refused(&[
+        "--store",
+        &store,
+        "--listen",
+        "0.0.0.0:0",
+        "--auth-token-file",
+        short.to_str().unwrap(),
+    ]);
+    assert!(err.contains("at least 16"), "{err}");
+    let err = refused(&["--store", &store, "--listen", "localhost:7070"]);
+    assert!(err.contains("IP:PORT"), "{err}");
+    let err = refused(&["--store", &store, "--holder", "has space"]);
+    assert!(err.contains("--holder"), "{err}");
+}
