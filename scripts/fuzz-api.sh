@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bin=${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}
-venv=target/schemathesis-venv
+venv=$PWD/target/schemathesis-venv
 version=4.32.5
 if [ ! -x "$venv/bin/schemathesis" ] || ! "$venv/bin/schemathesis" --version | grep -q "$version"; then
   echo "fuzz-api: installing schemathesis $version into $venv" >&2
@@ -37,10 +37,11 @@ PY
 # keepalive_ms below 100). Everything else is checked: negative data must be refused, answers
 # must match the document. One worker: schemathesis' coverage phase is not thread-safe.
 status=0
-"$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
+# From the temporary directory, where schemathesis keeps its example database.
+(cd "$dir" && "$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
   --checks all --exclude-checks positive_data_acceptance \
   --max-examples 60 --workers 1 --request-timeout 5 \
-  --seed "${FUZZ_SEED:-20261204}" || status=$?
+  --seed "${FUZZ_SEED:-20261204}") || status=$?
 if ! kill -0 $server 2>/dev/null; then
   echo "fuzz-api: the sidecar died during the run:" >&2
   tail -20 "$dir/serve.log" >&2
