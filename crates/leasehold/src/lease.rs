@@ -2,6 +2,7 @@
 //! itself and says the moment it is lost).
 
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, LeaseConfig};
-use crate::store::{Acquisition, Release, Renewal, Store, StoreError};
+use crate::store::{Acquisition, Release, Renewal, Store, StoreError, StoreResult};
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// Why acquiring or releasing a lease failed.
@@ -459,8 +460,23 @@ struct Renewer<S> {
     shared: Arc<Shared>,
 }
 
+/// A renewal on its way: when it was sent, and the store's answer (or the deadline passing).
+type InFlight = std::pin::Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Instant,
+                    Result<StoreResult<Renewal>, tokio::time::error::Elapsed>,
+                ),
+            > + Send,
+    >,
+>;
+
 impl<S: Store> Renewer<S> {
     async fn run(mut self, mut release_rx: oneshot::Receiver<ReleaseReply>) {
+        // The renewal runs beside the timers rather than inside one of their arms, so a store that
+        // never answers still lets the stop margin and the deadline fire on time.
+        let mut in_flight: Option<InFlight> = None;
         loop {
             let held = self.shared.lost.get().is_none();
             let warn_work = held && !self.shared.expiring.is_cancelled();
@@ -468,10 +484,14 @@ impl<S: Store> Renewer<S> {
                 .deadline
                 .checked_sub(self.config.stop_margin)
                 .unwrap_or(self.deadline);
+            let renewing = in_flight.is_some();
             tokio::select! {
                 biased;
                 // Checked first, so after a pause an overdue deadline wins over a due renewal.
-                () = sleep_until(self.deadline), if held => self.lose(LossReason::Expired),
+                () = sleep_until(self.deadline), if held => {
+                    in_flight = None;
+                    self.lose(LossReason::Expired);
+                }
                 cmd = &mut release_rx => {
                     self.release(cmd.ok()).await;
                     return;
@@ -480,19 +500,39 @@ impl<S: Store> Renewer<S> {
                     self.shared.expiring.cancel();
                     tracing::warn!(lease = %self.name, token = %self.token, "renewal overdue; telling the work to stop before the lease can expire");
                 }
-                () = sleep_until(self.next_renewal), if held => self.renew().await,
+                (sent, reply) = async { in_flight.as_mut().expect("guarded by renewing").await }, if renewing => {
+                    in_flight = None;
+                    self.renewed(sent, reply);
+                }
+                () = sleep_until(self.next_renewal), if held && !renewing => {
+                    in_flight = Some(self.send_renewal());
+                }
             }
         }
     }
 
-    async fn renew(&mut self) {
-        let sent = Instant::now();
-        let reply = tokio::time::timeout_at(
+    fn send_renewal(&self) -> InFlight {
+        let (store, name, holder, token, ttl, deadline) = (
+            self.store.clone(),
+            self.name.clone(),
+            self.holder.clone(),
+            self.token,
+            self.config.ttl,
             self.deadline,
-            self.store
-                .renew(&self.name, &self.holder, self.token, self.config.ttl),
-        )
-        .await;
+        );
+        Box::pin(async move {
+            let sent = Instant::now();
+            let reply =
+                tokio::time::timeout_at(deadline, store.renew(&name, &holder, token, ttl)).await;
+            (sent, reply)
+        })
+    }
+
+    fn renewed(
+        &mut self,
+        sent: Instant,
+        reply: Result<StoreResult<Renewal>, tokio::time::error::Elapsed>,
+    ) {
         metrics::histogram!("leasehold_lease_renewal_seconds").record(sent.elapsed().as_secs_f64());
         // A reply read after the deadline (this task was late to run) is not trusted.
         if Instant::now() >= self.deadline {

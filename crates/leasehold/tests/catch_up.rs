@@ -248,7 +248,8 @@ async fn a_job_sees_its_lease_expiring_before_it_commits() {
             async move {
                 log.lock().unwrap().push(ctx.is_held());
                 flaky.set(|f| &f.renew_hangs, true);
-                tokio::time::sleep(SEC * 3).await;
+                // Past the stop margin (2.37 s of a 3 s ttl), before the local deadline.
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
                 log.lock().unwrap().push(ctx.is_held());
                 Ok::<(), std::io::Error>(())
             }

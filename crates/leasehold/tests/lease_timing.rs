@@ -212,3 +212,23 @@ async fn cancelling_the_callers_token_does_not_touch_the_guard() {
     tokio::time::sleep(MS * 5_000).await;
     assert!(guard.is_held());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_renewal_still_tells_the_work_to_stop_at_the_stop_margin() {
+    let store = FlakyStore::new();
+    let start = Instant::now();
+    let guard = held(&lease(&store)).await;
+    store.set(|f| &f.renew_hangs, true);
+    guard.expiring().await;
+    let config = LeaseConfig::new(TTL);
+    // The renewal sent at 1 s never answers: the work is told to stop a stop margin before the
+    // local deadline, not at it.
+    assert_eq!(
+        Instant::now() - start,
+        TTL - config.drift_margin - config.stop_margin
+    );
+    assert!(
+        guard.loss_reason().is_none(),
+        "not lost yet: only told to stop"
+    );
+}
