@@ -79,6 +79,9 @@ pub struct Statements {
     pub acquire: String,
     /// Renew: `$1` name, `$2` holder, `$3` token, `$4` ttl in milliseconds. One row when renewed.
     pub renew: String,
+    /// Renew many: `$1` names `text[]`, `$2` holder, `$3` tokens `bigint[]` (pairwise with the
+    /// names), `$4` ttl in milliseconds. `(name text, token bigint)` per lease renewed.
+    pub renew_many: String,
     /// Release, with `pg_notify` in the same statement: `$1` name, `$2` holder, `$3` token,
     /// `$4` channel. One row when released.
     pub release: String,
@@ -147,6 +150,13 @@ SELECT NULL::bigint, cur.holder,
  WHERE name = $1::text AND holder = $2::text AND token = $3::bigint
    AND expires_at > clock_timestamp()
 RETURNING 1"
+            ),
+            renew_many: format!(
+                "UPDATE {leases} l SET expires_at = clock_timestamp() + $4::bigint {ms}
+  FROM unnest($1::text[], $3::bigint[]) AS r(name, token)
+ WHERE l.name = r.name AND l.holder = $2::text AND l.token = r.token
+   AND l.expires_at > clock_timestamp()
+RETURNING l.name, l.token"
             ),
             release: format!(
                 "WITH rel AS (
@@ -700,6 +710,47 @@ impl Store for PgStore {
         } else {
             Renewal::Renewed
         })
+    }
+
+    /// One statement for the whole batch.
+    async fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        // A token beyond i64 was never handed out here: it stays out of the statement (Lost).
+        let (names, tokens): (Vec<&str>, Vec<i64>) = leases
+            .iter()
+            .filter_map(|(name, token)| Some((name.as_str(), to_i64(token.get())?)))
+            .unzip();
+        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
+        let op = Op {
+            what: "renew_many",
+            name: None,
+        };
+        let rows = self
+            .query(
+                op,
+                &self.inner.sql.renew_many,
+                &[&names, &holder.as_str(), &tokens, &ttl_ms],
+            )
+            .await?;
+        let mut renewed = std::collections::HashSet::with_capacity(rows.len());
+        for row in &rows {
+            renewed.insert((get::<String>(row, 0)?, get::<i64>(row, 1)?));
+        }
+        Ok(leases
+            .iter()
+            .map(|(name, token)| {
+                let key = to_i64(token.get()).map(|t| (name.as_str().to_owned(), t));
+                if key.is_some_and(|k| renewed.contains(&k)) {
+                    Renewal::Renewed
+                } else {
+                    Renewal::Lost
+                }
+            })
+            .collect())
     }
 
     async fn release(

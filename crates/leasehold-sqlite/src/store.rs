@@ -526,6 +526,40 @@ impl Store for SqliteStore {
         })
     }
 
+    /// One transaction for the whole batch.
+    fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
+        let holder = holder.as_str().to_owned();
+        let leases: Vec<(String, i64)> = leases
+            .iter()
+            .map(|(name, token)| (name.as_str().to_owned(), token_sql(*token)))
+            .collect();
+        let ttl = ttl_ms(ttl);
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
+            let mut renewals = Vec::with_capacity(leases.len());
+            {
+                let mut renew = tx.prepare_cached(schema::RENEW)?;
+                for (name, token) in &leases {
+                    let changed =
+                        renew.execute(rusqlite::params![name, holder, token, ttl, now])?;
+                    renewals.push(if changed == 1 {
+                        Renewal::Renewed
+                    } else {
+                        Renewal::Lost
+                    });
+                }
+            }
+            tx.commit()?;
+            Ok(renewals)
+        })
+    }
+
     fn release(
         &self,
         name: &LeaseName,

@@ -168,6 +168,50 @@ pub async fn renew_only_by_holder_with_token<S: Store>(store: S) {
     assert_eq!(state.token, token, "renewal keeps the token");
 }
 
+/// `renew_many` answers each lease as `renew` would, in order: renewed when `holder` holds it
+/// with that token, lost when released, never acquired, held with another token or by another
+/// holder; renewed leases are extended.
+pub async fn renew_many_answers_each_lease_in_order<S: Store>(store: S) {
+    let (a, b) = (holder("a"), holder("b"));
+    let names: Vec<LeaseName> = (0..5).map(|i| unique_name(&format!("many{i}"))).collect();
+    let t0 = acquired(&store, &names[0], &a, SHORT_TTL).await;
+    let t1 = acquired(&store, &names[1], &a, SHORT_TTL).await;
+    let t2 = acquired(&store, &names[2], &a, SHORT_TTL).await;
+    let t3 = acquired(&store, &names[3], &b, SHORT_TTL).await;
+    assert_eq!(
+        store.release(&names[1], &a, t1).await.unwrap(),
+        Release::Released
+    );
+    let batch = vec![
+        (names[0].clone(), t0),
+        (names[1].clone(), t1),
+        (names[2].clone(), FencingToken(t2.get() + 1)),
+        (names[3].clone(), t3),
+        (names[4].clone(), FencingToken(1)),
+        (names[2].clone(), t2),
+    ];
+    let renewals = store.renew_many(&a, &batch, LONG_TTL).await.unwrap();
+    use Renewal::{Lost, Renewed};
+    assert_eq!(renewals, vec![Renewed, Lost, Lost, Lost, Lost, Renewed]);
+    for (name, token) in [(&names[0], t0), (&names[2], t2)] {
+        let state = store.inspect(name).await.unwrap().unwrap();
+        assert!(state.remaining > SHORT_TTL, "extended: {state:?}");
+        assert_eq!(state.token, token);
+    }
+    let other = store.inspect(&names[3]).await.unwrap().unwrap();
+    assert!(
+        other.remaining <= SHORT_TTL,
+        "b's lease untouched: {other:?}"
+    );
+    assert!(
+        store
+            .renew_many(&a, &[], LONG_TTL)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// Only the holder with the right token releases; afterwards another holder gets a new token.
 pub async fn release_only_by_holder_with_token<S: Store>(store: S) {
     let (name, a, b) = (unique_name("release"), holder("a"), holder("b"));
@@ -499,6 +543,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@each $make;
             acquire_then_busy, reacquire_by_holder_starts_a_new_tenure,
             new_names_start_tokens_from_the_clock, drop_then_reacquire_keeps_the_new_tenure, renew_only_by_holder_with_token,
+            renew_many_answers_each_lease_in_order,
             release_only_by_holder_with_token, expiry_hands_over, renew_after_expiry_is_lost,
             tokens_strictly_increase, tokens_are_per_name, inspect_reports_state,
             slot_claims_move_forward, concurrent_racers_one_winner, clock_is_sane,

@@ -64,6 +64,8 @@ pub struct FaultyStore<S = MemoryStore> {
     pub faults: Arc<Faults>,
     /// When each renewal was sent.
     pub renewals: Arc<Mutex<Vec<Instant>>>,
+    /// The size of each `renew_many` call, in order.
+    pub batches: Arc<Mutex<Vec<usize>>>,
 }
 
 impl FaultyStore {
@@ -80,6 +82,7 @@ impl<S: Store> FaultyStore<S> {
             inner,
             faults: Arc::default(),
             renewals: Arc::default(),
+            batches: Arc::default(),
         }
     }
 
@@ -148,6 +151,26 @@ impl<S: Store> Store for FaultyStore<S> {
             return Ok(Renewal::Lost);
         }
         answer
+    }
+
+    async fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        lock(&self.batches).push(leases.len());
+        lock(&self.renewals).push(Instant::now());
+        self.check()?;
+        if self.faults.renew_hangs.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let answer = self.inner.renew_many(holder, leases, ttl).await?;
+        sleep_ms(&self.faults.renew_delay_ms).await;
+        if self.faults.renew_lost.load(Ordering::SeqCst) {
+            return Ok(vec![Renewal::Lost; leases.len()]);
+        }
+        Ok(answer)
     }
 
     async fn release(

@@ -6,11 +6,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, LeaseConfig};
+use crate::session;
 use crate::store::{Acquisition, Release, Renewal, Store, StoreError, StoreResult};
 use crate::{FencingToken, HolderId, LeaseName};
 
@@ -158,44 +159,24 @@ impl<S: Store> Lease<S> {
         if let Some(previous) = lock(&self.current).take() {
             previous.end(LossReason::Superseded);
         }
-        let sent = Instant::now();
-        let deadline = sent + self.config.ttl - self.config.drift_margin;
-        let reply = tokio::time::timeout_at(
+        let (token, deadline) =
+            match acquire_once(&self.store, &self.name, &self.holder, &self.config).await? {
+                Ok(granted) => granted,
+                Err(busy) => return Ok(busy),
+            };
+        tracing::debug!(lease = %self.name, holder = %self.holder, %token, "lease acquired");
+        let sent = deadline + self.config.drift_margin - self.config.ttl;
+        let guard = LeaseGuard::start(
+            self.store.clone(),
+            self.name.clone(),
+            self.holder.clone(),
+            token,
+            self.config,
             deadline,
-            self.store
-                .acquire(&self.name, &self.holder, self.config.ttl),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(deadline - sent))??;
-        match reply {
-            Acquisition::Busy { holder, remaining } => Ok(TryAcquire::Busy { holder, remaining }),
-            Acquisition::Acquired { token } => {
-                let now = Instant::now();
-                if now >= deadline {
-                    // The store may still list us; free it for others rather than wait for expiry.
-                    let (store, name, holder) =
-                        (self.store.clone(), self.name.clone(), self.holder.clone());
-                    tokio::spawn(async move {
-                        let _ = store.release(&name, &holder, token).await;
-                    });
-                    return Err(LeaseError::LateReply {
-                        elapsed: now - sent,
-                    });
-                }
-                tracing::debug!(lease = %self.name, holder = %self.holder, %token, "lease acquired");
-                let guard = LeaseGuard::start(
-                    self.store.clone(),
-                    self.name.clone(),
-                    self.holder.clone(),
-                    token,
-                    self.config,
-                    deadline,
-                    sent + self.config.renew_interval,
-                );
-                *lock(&self.current) = Some(guard.shared.clone());
-                Ok(TryAcquire::Acquired(guard))
-            }
-        }
+            sent + self.config.renew_interval,
+        );
+        *lock(&self.current) = Some(guard.shared.clone());
+        Ok(TryAcquire::Acquired(guard))
     }
 
     /// Waits until the lease is ours. While it is busy, wakes on the store's release
@@ -245,17 +226,50 @@ impl<S: Store> Lease<S> {
     }
 }
 
-type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
+/// One acquire in the store: the token and local deadline of a grant (measured from when the
+/// request was sent), or the busy answer. A grant whose reply came after that deadline is handed
+/// back and reported as [`LeaseError::LateReply`].
+pub(crate) async fn acquire_once<S: Store>(
+    store: &S,
+    name: &LeaseName,
+    holder: &HolderId,
+    config: &LeaseConfig,
+) -> Result<Result<(FencingToken, Instant), TryAcquire>, LeaseError> {
+    let sent = Instant::now();
+    let deadline = sent + config.ttl - config.drift_margin;
+    let reply = tokio::time::timeout_at(deadline, store.acquire(name, holder, config.ttl))
+        .await
+        .map_err(|_| StoreError::Timeout(deadline - sent))??;
+    match reply {
+        Acquisition::Busy { holder, remaining } => Ok(Err(TryAcquire::Busy { holder, remaining })),
+        Acquisition::Acquired { token } => {
+            let now = Instant::now();
+            if now >= deadline {
+                // The store may still list us; free it for others rather than wait for expiry.
+                let (store, name, holder) = (store.clone(), name.clone(), holder.clone());
+                tokio::spawn(async move {
+                    let _ = store.release(&name, &holder, token).await;
+                });
+                return Err(LeaseError::LateReply {
+                    elapsed: now - sent,
+                });
+            }
+            Ok(Ok((token, deadline)))
+        }
+    }
+}
+
+pub(crate) type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
 
 /// State the guard, its renewer and its [`Lease`] handle share.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    deadline: Mutex<Instant>,
+    pub(crate) deadline: Mutex<Instant>,
     lost: OnceLock<LossReason>,
     /// Fires on loss, release or drop.
-    cancel: CancellationToken,
+    pub(crate) cancel: CancellationToken,
     /// Fires at `deadline - stop_margin` while renewal is overdue, and with `cancel`.
-    expiring: CancellationToken,
+    pub(crate) expiring: CancellationToken,
 }
 
 /// A cheap, clonable view of whether a guard still holds its lease, for [`TaskContext`]
@@ -282,19 +296,28 @@ impl HeldProbe {
 impl Shared {
     /// Records the loss (the first reason wins) and tells the work. The cancellation comes
     /// before any logging: a log write that fails must never keep the work running.
-    fn end(&self, reason: LossReason) -> bool {
+    pub(crate) fn new(deadline: Instant) -> Arc<Self> {
+        Arc::new(Self {
+            deadline: Mutex::new(deadline),
+            lost: OnceLock::new(),
+            cancel: CancellationToken::new(),
+            expiring: CancellationToken::new(),
+        })
+    }
+
+    pub(crate) fn end(&self, reason: LossReason) -> bool {
         let first = self.lost.set(reason).is_ok();
         self.expiring.cancel();
         self.cancel.cancel();
         first
     }
 
-    fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         *lock(&self.deadline)
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Every value behind these locks is replaced whole, so a poisoned lock is still consistent.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -307,7 +330,18 @@ pub struct LeaseGuard {
     holder: HolderId,
     token: FencingToken,
     shared: Arc<Shared>,
-    release_tx: Option<oneshot::Sender<ReleaseReply>>,
+    /// Who renews it, and so who releases it. `None` once released.
+    owner: Option<Owner>,
+}
+
+/// A guard's renewer: its own task, or a [`LeaseSession`](crate::LeaseSession)'s.
+enum Owner {
+    /// Dropping the sender tells the task to release best-effort and stop.
+    Task(oneshot::Sender<ReleaseReply>),
+    Session {
+        id: u64,
+        tx: mpsc::UnboundedSender<session::Command>,
+    },
 }
 
 impl fmt::Debug for LeaseGuard {
@@ -331,12 +365,7 @@ impl LeaseGuard {
         deadline: Instant,
         first_renewal: Instant,
     ) -> Self {
-        let shared = Arc::new(Shared {
-            deadline: Mutex::new(deadline),
-            lost: OnceLock::new(),
-            cancel: CancellationToken::new(),
-            expiring: CancellationToken::new(),
-        });
+        let shared = Shared::new(deadline);
         let (release_tx, release_rx) = oneshot::channel();
         let renewer = Renewer {
             store,
@@ -354,7 +383,25 @@ impl LeaseGuard {
             holder,
             token,
             shared,
-            release_tx: Some(release_tx),
+            owner: Some(Owner::Task(release_tx)),
+        }
+    }
+
+    /// A guard renewed by a session's task.
+    pub(crate) fn of_session(
+        name: LeaseName,
+        holder: HolderId,
+        token: FencingToken,
+        shared: Arc<Shared>,
+        id: u64,
+        tx: mpsc::UnboundedSender<session::Command>,
+    ) -> Self {
+        Self {
+            name,
+            holder,
+            token,
+            shared,
+            owner: Some(Owner::Session { id, tx }),
         }
     }
 
@@ -425,11 +472,13 @@ impl LeaseGuard {
     /// no longer had it.
     pub async fn release(mut self) -> Result<Release, LeaseError> {
         let (reply_tx, reply_rx) = oneshot::channel();
-        let sent = self
-            .release_tx
-            .take()
-            .map(|tx| tx.send(reply_tx).is_ok())
-            .unwrap_or(false);
+        let sent = match self.owner.take() {
+            Some(Owner::Task(tx)) => tx.send(reply_tx).is_ok(),
+            Some(Owner::Session { id, tx }) => {
+                tx.send(session::Command::Release(id, reply_tx)).is_ok()
+            }
+            None => false,
+        };
         if !sent {
             return Ok(Release::NotHeld);
         }
@@ -443,9 +492,12 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        // Dropping `release_tx` tells the renewer to release best-effort and stop.
         self.shared.expiring.cancel();
         self.shared.cancel.cancel();
+        // A task's renewer learns it from its channel closing; a session is told.
+        if let Some(Owner::Session { id, tx }) = self.owner.take() {
+            let _ = tx.send(session::Command::Drop(id));
+        }
     }
 }
 

@@ -9,6 +9,7 @@ mod name;
 mod notify;
 mod schedule;
 mod scheduler;
+pub mod session;
 pub mod store;
 mod token;
 
@@ -28,6 +29,7 @@ pub use scheduler::{
     CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,
     StoreDownPolicy, Task, TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,
 };
+pub use session::LeaseSession;
 pub use store::{
     Acquisition, BoxStore, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,
 };

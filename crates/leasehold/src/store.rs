@@ -167,6 +167,25 @@ pub trait Store: Send + Sync + Clone + 'static {
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Renewal>> + Send;
 
+    /// Renews many leases of `holder` at once, answering in the order given: each as
+    /// [`renew`](Self::renew) would. A [`LeaseSession`](crate::LeaseSession) calls it with up to
+    /// [`MAX_BATCH`](crate::session::MAX_BATCH) leases; stores override it to do that in one
+    /// round trip. The default renews one after another.
+    fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
+        async move {
+            let mut renewals = Vec::with_capacity(leases.len());
+            for (name, token) in leases {
+                renewals.push(self.renew(name, holder, *token, ttl).await?);
+            }
+            Ok(renewals)
+        }
+    }
+
     /// Frees the lease if `holder` holds it with `token`. The token counter is kept.
     fn release(
         &self,
@@ -254,6 +273,12 @@ trait DynStore: Send + Sync {
         token: FencingToken,
         ttl: Duration,
     ) -> BoxFuture<'a, StoreResult<Renewal>>;
+    fn renew_many<'a>(
+        &'a self,
+        holder: &'a HolderId,
+        leases: &'a [(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Vec<Renewal>>>;
     fn release<'a>(
         &'a self,
         name: &'a LeaseName,
@@ -302,6 +327,14 @@ impl<S: Store> DynStore for S {
         ttl: Duration,
     ) -> BoxFuture<'a, StoreResult<Renewal>> {
         Box::pin(Store::renew(self, name, holder, token, ttl))
+    }
+    fn renew_many<'a>(
+        &'a self,
+        holder: &'a HolderId,
+        leases: &'a [(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Vec<Renewal>>> {
+        Box::pin(Store::renew_many(self, holder, leases, ttl))
     }
     fn release<'a>(
         &'a self,
@@ -391,6 +424,15 @@ impl Store for BoxStore {
     ) -> impl Future<Output = StoreResult<Renewal>> + Send {
         let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
         async move { store.renew(&name, &holder, token, ttl).await }
+    }
+    fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
+        let (store, holder, leases) = (self.0.clone(), holder.clone(), leases.to_vec());
+        async move { store.renew_many(&holder, &leases, ttl).await }
     }
     fn release(
         &self,

@@ -1,0 +1,413 @@
+//! Many leases renewed together: one store round trip per renewal interval for all of them.
+//!
+//! A service that holds a lease per job (a worker claiming rows, each with its own lease) would
+//! otherwise run a renewer task and a round trip per lease per interval. A [`LeaseSession`] holds
+//! every lease it grants on one timer and renews them with [`Store::renew_many`] (one script,
+//! statement or transaction per [`MAX_BATCH`] leases); each guard keeps its own token, deadline,
+//! stop signal and loss reason, exactly as a guard of a [`Lease`](crate::Lease).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until};
+
+use crate::config::{ConfigError, LeaseConfig};
+use crate::lease::{LeaseError, LeaseGuard, LossReason, Shared, TryAcquire, acquire_once};
+use crate::store::{Release, Renewal, Store, StoreError};
+use crate::{FencingToken, HolderId, LeaseName};
+
+/// The most leases renewed in one store call.
+pub const MAX_BATCH: usize = 1000;
+
+pub(crate) type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
+
+/// What guards and handles tell the session's task.
+pub(crate) enum Command {
+    Add(Member),
+    Release(u64, ReleaseReply),
+    Drop(u64),
+}
+
+/// One lease held by the session.
+pub(crate) struct Member {
+    id: u64,
+    name: LeaseName,
+    token: FencingToken,
+    shared: Arc<Shared>,
+}
+
+/// A member's timing, known only to the session's task.
+struct Held {
+    member: Member,
+    deadline: Instant,
+}
+
+/// Leases of one holder on one store, renewed together. Cheap to clone.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use leasehold::{LeaseConfig, LeaseName, LeaseSession, MemoryStore, TryAcquire};
+/// use std::time::Duration;
+///
+/// let session = LeaseSession::new(MemoryStore::new(), LeaseConfig::new(Duration::from_secs(60)))?;
+/// for job in 0..100 {
+///     if let TryAcquire::Acquired(guard) = session.try_acquire(LeaseName::new(format!("job:{job}"))?).await? {
+///         // hand `guard` to the job: guard.cancellation_token() fires if this lease is lost
+///         # drop(guard);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LeaseSession<S> {
+    store: S,
+    holder: HolderId,
+    config: LeaseConfig,
+    tx: mpsc::UnboundedSender<Command>,
+    next_id: Arc<AtomicUsize>,
+    held: Arc<AtomicUsize>,
+}
+
+impl<S: Store> LeaseSession<S> {
+    /// A session on `store` whose leases all have `config`'s timing, under a generated holder
+    /// id. Starts its renewal task (a tokio runtime must be running).
+    pub fn new(store: S, config: LeaseConfig) -> Result<Self, ConfigError> {
+        Self::with_holder(store, config, HolderId::generate())
+    }
+
+    /// As [`new`](Self::new), under `holder`.
+    pub fn with_holder(
+        store: S,
+        config: LeaseConfig,
+        holder: HolderId,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let held = Arc::new(AtomicUsize::new(0));
+        let renewer = SessionRenewer {
+            store: store.clone(),
+            holder: holder.clone(),
+            config,
+            members: HashMap::new(),
+            by_name: HashMap::new(),
+            held: held.clone(),
+        };
+        tokio::spawn(renewer.run(rx));
+        Ok(Self {
+            store,
+            holder,
+            config,
+            tx,
+            next_id: Arc::default(),
+            held,
+        })
+    }
+
+    /// The holder id of every lease of this session.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
+    }
+
+    /// Leases held now.
+    pub fn len(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Whether no lease is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One attempt to take `name`. Taking a name this session already holds starts a new
+    /// tenure and ends the older guard's ([`LossReason::Superseded`]).
+    pub async fn try_acquire(&self, name: LeaseName) -> Result<TryAcquire, LeaseError> {
+        let (token, deadline) =
+            match acquire_once(&self.store, &name, &self.holder, &self.config).await? {
+                Ok(granted) => granted,
+                Err(busy) => return Ok(busy),
+            };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) as u64;
+        let shared = Shared::new(deadline);
+        let member = Member {
+            id,
+            name: name.clone(),
+            token,
+            shared: shared.clone(),
+        };
+        // The task is gone only if the runtime is shutting down: the guard is then lost at once.
+        self.held.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(Command::Add(member)).is_err() {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+            shared.end(LossReason::Expired);
+        }
+        Ok(TryAcquire::Acquired(LeaseGuard::of_session(
+            name,
+            self.holder.clone(),
+            token,
+            shared,
+            id,
+            self.tx.clone(),
+        )))
+    }
+}
+
+struct SessionRenewer<S> {
+    store: S,
+    holder: HolderId,
+    config: LeaseConfig,
+    members: HashMap<u64, Held>,
+    by_name: HashMap<LeaseName, u64>,
+    held: Arc<AtomicUsize>,
+}
+
+/// One member's answer; a failed store call is shared by its whole batch.
+type Reply = Result<Renewal, Arc<StoreError>>;
+
+/// A batch of renewals on its way: when it was sent, and per member the store's answer.
+type InFlight =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (Instant, Vec<(u64, Reply)>)> + Send>>;
+
+impl<S: Store> SessionRenewer<S> {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        let mut in_flight: Option<InFlight> = None;
+        let mut next_renewal = Instant::now() + self.config.renew_interval;
+        loop {
+            // Members share one renewal cadence; their deadlines differ only by when they
+            // joined or last failed, so the earliest is found by a scan at each event.
+            let earliest = self.members.values().map(|h| h.deadline).min();
+            let warn_at = self
+                .members
+                .values()
+                .filter(|h| !h.member.shared.expiring.is_cancelled())
+                .map(|h| {
+                    h.deadline
+                        .checked_sub(self.config.stop_margin)
+                        .unwrap_or(h.deadline)
+                })
+                .min();
+            let renewing = in_flight.is_some();
+            let due = !self.members.is_empty() && !renewing;
+            tokio::select! {
+                biased;
+                () = sleep_until(earliest.unwrap_or(next_renewal)), if earliest.is_some() => {
+                    self.expire_overdue();
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => {
+                        // The first member starts the cadence: an idle session's next renewal
+                        // time is long past.
+                        if self.members.is_empty() && matches!(cmd, Command::Add(_)) {
+                            next_renewal = Instant::now() + self.config.renew_interval;
+                        }
+                        self.command(cmd);
+                    }
+                    // Every guard and handle is gone.
+                    None => return,
+                },
+                () = sleep_until(warn_at.unwrap_or(next_renewal)), if warn_at.is_some() => {
+                    self.warn_overdue();
+                }
+                (sent, replies) = async { in_flight.as_mut().expect("guarded by renewing").await }, if renewing => {
+                    in_flight = None;
+                    next_renewal = self.renewed(sent, replies);
+                }
+                () = sleep_until(next_renewal), if due => {
+                    in_flight = Some(self.send_renewals());
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add(member) => {
+                if let Some(&old) = self.by_name.get(&member.name)
+                    && let Some(old) = self.take(old)
+                {
+                    self.lose(old, LossReason::Superseded);
+                }
+                self.by_name.insert(member.name.clone(), member.id);
+                let deadline = member.shared.deadline();
+                self.members.insert(member.id, Held { member, deadline });
+            }
+            Command::Release(id, reply) => {
+                // Answered from its own task: many releases at once must not hold up renewals.
+                let Some(held) = self.remove(id) else {
+                    let _ = reply.send(Ok(Release::NotHeld));
+                    return;
+                };
+                let release = self.releasing(held);
+                tokio::spawn(async move {
+                    let _ = reply.send(release.await);
+                });
+            }
+            Command::Drop(id) => {
+                // Best effort, as a dropped guard of a `Lease`: others need not wait for expiry.
+                if let Some(held) = self.remove(id) {
+                    tokio::spawn(self.releasing(held));
+                }
+            }
+        }
+    }
+
+    /// Frees a removed member's lease in the store, at most a ttl.
+    fn releasing(
+        &self,
+        held: Held,
+    ) -> impl std::future::Future<Output = Result<Release, StoreError>> + Send + 'static {
+        let (store, holder, ttl) = (self.store.clone(), self.holder.clone(), self.config.ttl);
+        async move {
+            let release = store.release(&held.member.name, &holder, held.member.token);
+            tokio::time::timeout(ttl, release)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(ttl)))
+        }
+    }
+
+    /// Takes a member out of the session (it is no longer renewed).
+    fn take(&mut self, id: u64) -> Option<Held> {
+        let held = self.members.remove(&id)?;
+        if self.by_name.get(&held.member.name) == Some(&id) {
+            self.by_name.remove(&held.member.name);
+        }
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        Some(held)
+    }
+
+    /// Takes a member out for its release: its work is told to stop first.
+    fn remove(&mut self, id: u64) -> Option<Held> {
+        let held = self.take(id)?;
+        held.member.shared.expiring.cancel();
+        held.member.shared.cancel.cancel();
+        Some(held)
+    }
+
+    fn lose(&mut self, held: Held, reason: LossReason) {
+        if held.member.shared.end(reason) {
+            metrics::counter!("leasehold_leases_lost_total", "reason" => reason.as_str())
+                .increment(1);
+            tracing::warn!(lease = %held.member.name, token = %held.member.token, %reason, "lease lost");
+        }
+    }
+
+    fn expire_overdue(&mut self) {
+        let now = Instant::now();
+        let overdue: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|(_, h)| h.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in overdue {
+            if let Some(held) = self.take(id) {
+                self.lose(held, LossReason::Expired);
+            }
+        }
+    }
+
+    fn warn_overdue(&mut self) {
+        let now = Instant::now();
+        let mut told = 0;
+        for held in self.members.values() {
+            let stop_at = held
+                .deadline
+                .checked_sub(self.config.stop_margin)
+                .unwrap_or(held.deadline);
+            if stop_at <= now && !held.member.shared.expiring.is_cancelled() {
+                held.member.shared.expiring.cancel();
+                told += 1;
+            }
+        }
+        if told > 0 {
+            tracing::warn!(
+                leases = told,
+                "renewal overdue; telling the work to stop before the leases can expire"
+            );
+        }
+    }
+
+    /// Renews every member, [`MAX_BATCH`] per store call, the calls one after another.
+    fn send_renewals(&self) -> InFlight {
+        let leases: Vec<(u64, LeaseName, FencingToken)> = self
+            .members
+            .iter()
+            .map(|(id, h)| (*id, h.member.name.clone(), h.member.token))
+            .collect();
+        let earliest = self.members.values().map(|h| h.deadline).min();
+        let (store, holder, ttl) = (self.store.clone(), self.holder.clone(), self.config.ttl);
+        Box::pin(async move {
+            let sent = Instant::now();
+            let deadline = earliest.unwrap_or(sent + ttl);
+            let mut replies = Vec::with_capacity(leases.len());
+            for chunk in leases.chunks(MAX_BATCH) {
+                let batch: Vec<(LeaseName, FencingToken)> =
+                    chunk.iter().map(|(_, n, t)| (n.clone(), *t)).collect();
+                let answer =
+                    tokio::time::timeout_at(deadline, store.renew_many(&holder, &batch, ttl))
+                        .await
+                        .unwrap_or(Err(StoreError::Timeout(deadline - sent)));
+                match answer {
+                    Ok(renewals) if renewals.len() == chunk.len() => replies.extend(
+                        chunk
+                            .iter()
+                            .zip(renewals)
+                            .map(|((id, _, _), r)| (*id, Ok(r))),
+                    ),
+                    Ok(renewals) => {
+                        let e = Arc::new(StoreError::Corrupt(format!(
+                            "renew_many answered {} renewals for {} leases",
+                            renewals.len(),
+                            chunk.len()
+                        )));
+                        replies.extend(chunk.iter().map(|(id, _, _)| (*id, Err(e.clone()))));
+                    }
+                    Err(e) => {
+                        let e = Arc::new(e);
+                        replies.extend(chunk.iter().map(|(id, _, _)| (*id, Err(e.clone()))));
+                    }
+                }
+            }
+            (sent, replies)
+        })
+    }
+
+    /// Applies a batch's answers; returns when to renew next.
+    fn renewed(&mut self, sent: Instant, replies: Vec<(u64, Reply)>) -> Instant {
+        metrics::histogram!("leasehold_lease_renewal_seconds").record(sent.elapsed().as_secs_f64());
+        let now = Instant::now();
+        let mut failed = false;
+        for (id, reply) in replies {
+            let Some(held) = self.members.get_mut(&id) else {
+                continue; // released meanwhile
+            };
+            // A reply read after the member's deadline is not trusted.
+            if now >= held.deadline {
+                continue; // expire_overdue ends it
+            }
+            match reply {
+                Ok(Renewal::Renewed) => {
+                    held.deadline = sent + self.config.ttl - self.config.drift_margin;
+                    *crate::lease::lock(&held.member.shared.deadline) = held.deadline;
+                }
+                Ok(Renewal::Lost) => {
+                    if let Some(held) = self.take(id) {
+                        self.lose(held, LossReason::TakenOver);
+                    }
+                }
+                Err(e) => {
+                    if !failed {
+                        tracing::warn!(error = %e, "session renewal failed; retrying");
+                    }
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            now + self.config.retry_interval
+        } else {
+            sent + self.config.renew_interval
+        }
+    }
+}

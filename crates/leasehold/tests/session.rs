@@ -1,0 +1,134 @@
+//! A `LeaseSession` renews all its leases in one store call per 1,000 per interval, while each
+//! guard keeps its own deadline, stop signal and loss.
+
+use std::time::Duration;
+
+use leasehold::faults::FaultyStore;
+use leasehold::{
+    FencingToken, HolderId, LeaseConfig, LeaseGuard, LeaseName, LeaseSession, LossReason, Release,
+    Store, TryAcquire,
+};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn session(store: &FaultyStore) -> LeaseSession<FaultyStore> {
+    LeaseSession::with_holder(
+        store.clone(),
+        LeaseConfig::new(TTL),
+        HolderId::new("worker-1").unwrap(),
+    )
+    .unwrap()
+}
+
+async fn take(session: &LeaseSession<FaultyStore>, name: &str) -> LeaseGuard {
+    match session
+        .try_acquire(LeaseName::new(name).unwrap())
+        .await
+        .unwrap()
+    {
+        TryAcquire::Acquired(guard) => guard,
+        TryAcquire::Busy { holder, .. } => panic!("{name} busy, held by {holder}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn thousands_of_leases_take_one_call_per_thousand_per_interval() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    let mut guards = Vec::new();
+    for i in 0..2_500 {
+        guards.push(take(&s, &format!("job:{i}")).await);
+    }
+    assert_eq!(s.len(), 2_500);
+    // Ten renewal intervals (1 s each at ttl 3 s), well past the ttl.
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    let batches = store.batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 30, "3 calls per interval: {batches:?}");
+    assert!(batches.iter().all(|&n| n <= 1_000));
+    assert_eq!(batches.iter().sum::<usize>(), 25_000);
+    assert!(guards.iter().all(LeaseGuard::is_held));
+    // Each guard's deadline moved with the renewals.
+    assert!(guards[0].deadline() > Instant::now() + Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_lost_lease_is_lost_alone() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    let a = take(&s, "a").await;
+    let b = take(&s, "b").await;
+    // The store drops a's tenure (as if it expired there and someone else came and went).
+    let released = store
+        .inner
+        .release(a.name(), a.holder(), a.token())
+        .await
+        .unwrap();
+    assert_eq!(released, Release::Released);
+    assert_eq!(a.lost().await, Some(LossReason::TakenOver));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(b.is_held(), "b is renewed on");
+    assert_eq!(s.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_stops_every_lease_at_its_stop_margin_then_its_deadline() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    let start = Instant::now();
+    let a = take(&s, "a").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = take(&s, "b").await;
+    store.set(|f| &f.renew_hangs, true);
+    let config = LeaseConfig::new(TTL);
+    a.expiring().await;
+    assert_eq!(
+        Instant::now() - start,
+        TTL - config.drift_margin - config.stop_margin
+    );
+    assert!(a.loss_reason().is_none() && b.is_held(), "b joined later");
+    assert_eq!(a.lost().await, Some(LossReason::Expired));
+    assert_eq!(Instant::now() - start, TTL - config.drift_margin);
+    assert_eq!(b.lost().await, Some(LossReason::Expired));
+    assert_eq!(
+        Instant::now() - start,
+        Duration::from_millis(500) + TTL - config.drift_margin
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_and_drop_free_the_lease_and_leave_the_others() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    let a = take(&s, "a").await;
+    let b = take(&s, "b").await;
+    let c = take(&s, "c").await;
+    let (a_name, b_name) = (a.name().clone(), b.name().clone());
+    assert_eq!(a.release().await.unwrap(), Release::Released);
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    for name in [&a_name, &b_name] {
+        let state = store.inner.inspect(name).await.unwrap().unwrap();
+        assert_eq!(state.holder, None, "{name} freed");
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(c.is_held());
+    assert_eq!(s.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn taking_a_name_again_supersedes_the_older_guard() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    let first = take(&s, "x").await;
+    let second = take(&s, "x").await;
+    assert!(second.token() > first.token());
+    assert_eq!(first.lost().await, Some(LossReason::Superseded));
+    // The older guard's release cannot touch the new tenure.
+    assert_eq!(first.release().await.unwrap(), Release::NotHeld);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(second.is_held());
+    let state = store.inner.inspect(second.name()).await.unwrap().unwrap();
+    assert_eq!(state.token, second.token());
+    assert_ne!(state.token, FencingToken(0));
+}
