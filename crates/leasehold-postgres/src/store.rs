@@ -85,6 +85,9 @@ pub struct Statements {
     /// Release, with `pg_notify` in the same statement: `$1` name, `$2` holder, `$3` token,
     /// `$4` channel. One row when released.
     pub release: String,
+    /// Purge: `$1` retention in milliseconds. Deletes the leases free (released or expired) for
+    /// at least that long. One row: `(count bigint)`.
+    pub purge: String,
     /// Inspect: `$1` name. `(holder text, token bigint, remaining_us bigint)`, no row when the
     /// name was never acquired.
     pub inspect: String,
@@ -166,6 +169,13 @@ RETURNING l.name, l.token"
   RETURNING name
 )
 SELECT pg_notify($4::text, rel.name)::text FROM rel"
+            ),
+            // A released lease's expiry is its release time, so one comparison covers both.
+            purge: format!(
+                "WITH gone AS (
+  DELETE FROM {leases} WHERE expires_at <= clock_timestamp() - $1::bigint {ms} RETURNING 1
+)
+SELECT count(*) FROM gone"
             ),
             inspect: format!(
                 "SELECT l.holder, l.token,
@@ -710,6 +720,22 @@ impl Store for PgStore {
         } else {
             Renewal::Renewed
         })
+    }
+
+    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
+        let retention_ms = retention.as_millis().clamp(0, i64::MAX as u128) as i64;
+        let op = Op {
+            what: "purge",
+            name: None,
+        };
+        let rows = self
+            .query(op, &self.inner.sql.purge, &[&retention_ms])
+            .await?;
+        let deleted: i64 = match rows.first() {
+            Some(row) => get(row, 0)?,
+            None => 0,
+        };
+        Ok(deleted.max(0) as u64)
     }
 
     /// One statement for the whole batch.

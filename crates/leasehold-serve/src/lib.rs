@@ -348,6 +348,7 @@ pub async fn serve(
     }
     let app = sidecar.router(auth_token);
     let stop = sidecar.0.stop.clone();
+    tokio::spawn(purge_hourly(sidecar.0.store.clone(), stop.clone()));
     let graceful = async move {
         shutdown.await;
         // Open watches answer (410) at once rather than holding shutdown up.
@@ -369,6 +370,23 @@ pub async fn serve(
     };
     sidecar.shut_down(Duration::from_secs(10)).await;
     served
+}
+
+/// Applications name leases freely (a lease per job): the records of names free for a day are
+/// purged every hour (see `Store::purge` for why fencing stays safe).
+async fn purge_hourly(store: BoxStore, stop: CancellationToken) {
+    let retention = leasehold::session::DEFAULT_RETENTION;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
+        match store.purge(retention).await {
+            Ok(n) => tracing::debug!(purged = n, "free lease records purged"),
+            Err(leasehold::StoreError::Unsupported(_)) => return,
+            Err(e) => tracing::debug!(error = %e, "purge failed; trying again in an hour"),
+        }
+    }
 }
 
 /// Binds a unix socket, replacing a stale socket file that nobody listens on.

@@ -88,6 +88,10 @@ pub(crate) const RENEW: &str = "UPDATE leases SET expires_at_ms = ?5 + ?4 \
 pub(crate) const RELEASE: &str = "UPDATE leases SET holder = NULL, expires_at_ms = ?4 \
      WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ?4";
 
+/// Leases free since before `?1 - ?2` (`?1`: now on the host's boot-time clock). A released
+/// lease's expiry is its release time, so one comparison covers released and expired alike.
+pub(crate) const PURGE: &str = "DELETE FROM leases WHERE expires_at_ms <= ?1 - ?2";
+
 pub(crate) const LOG_RELEASE: &str = concat!(
     "INSERT INTO releases (name, at_ms) VALUES (?1, ",
     now_ms!(),

@@ -636,6 +636,17 @@ impl Store for SqliteStore {
         }
     }
 
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let retention = ttl_ms(retention);
+        self.run(move |conn| {
+            let now = host_clock::now_ms()?;
+            let deleted = conn
+                .prepare_cached(schema::PURGE)?
+                .execute(rusqlite::params![now, retention])?;
+            Ok(deleted as u64)
+        })
+    }
+
     fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
         self.run(|conn| {
             let now: i64 = conn

@@ -212,6 +212,42 @@ pub async fn renew_many_answers_each_lease_in_order<S: Store>(store: S) {
     );
 }
 
+/// `purge` deletes records free for at least the retention and nothing else; a purged name's
+/// next token is still above every earlier one. (Other checks share the server: the retention
+/// is longer than any of them keeps a free record it still reads.)
+pub async fn purge_removes_only_long_free_records<S: Store>(store: S) {
+    const RETENTION: Duration = Duration::from_secs(3);
+    let (old, recent, live, a) = (
+        unique_name("purge-old"),
+        unique_name("purge-recent"),
+        unique_name("purge-live"),
+        holder("a"),
+    );
+    let old_token = acquired(&store, &old, &a, SHORT_TTL).await;
+    store.release(&old, &a, old_token).await.unwrap();
+    let live_token = acquired(&store, &live, &a, LONG_TTL).await;
+    tokio::time::sleep(RETENTION + Duration::from_millis(500)).await;
+    let recent_token = acquired(&store, &recent, &a, SHORT_TTL).await;
+    store.release(&recent, &a, recent_token).await.unwrap();
+    match store.purge(RETENTION).await {
+        Err(crate::StoreError::Unsupported(_)) => return,
+        Ok(n) => assert!(n >= 1, "the old record was purged"),
+        Err(e) => panic!("purge failed: {e}"),
+    }
+    assert!(
+        store.inspect(&old).await.unwrap().is_none(),
+        "old record gone"
+    );
+    assert!(
+        store.inspect(&recent).await.unwrap().is_some(),
+        "recent record kept"
+    );
+    let state = store.inspect(&live).await.unwrap().unwrap();
+    assert_eq!((state.holder, state.token), (Some(a.clone()), live_token));
+    let again = acquired(&store, &old, &a, SHORT_TTL).await;
+    assert!(again > old_token, "{again} after {old_token}");
+}
+
 /// Only the holder with the right token releases; afterwards another holder gets a new token.
 pub async fn release_only_by_holder_with_token<S: Store>(store: S) {
     let (name, a, b) = (unique_name("release"), holder("a"), holder("b"));
@@ -543,7 +579,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@each $make;
             acquire_then_busy, reacquire_by_holder_starts_a_new_tenure,
             new_names_start_tokens_from_the_clock, drop_then_reacquire_keeps_the_new_tenure, renew_only_by_holder_with_token,
-            renew_many_answers_each_lease_in_order,
+            renew_many_answers_each_lease_in_order, purge_removes_only_long_free_records,
             release_only_by_holder_with_token, expiry_hands_over, renew_after_expiry_is_lost,
             tokens_strictly_increase, tokens_are_per_name, inspect_reports_state,
             slot_claims_move_forward, concurrent_racers_one_winner, clock_is_sane,

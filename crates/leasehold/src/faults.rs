@@ -184,6 +184,11 @@ impl<S: Store> Store for FaultyStore<S> {
         self.inner.release(name, holder, token).await
     }
 
+    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
+        self.check()?;
+        self.inner.purge(retention).await
+    }
+
     async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
         self.check()?;
         self.inner.inspect(name).await

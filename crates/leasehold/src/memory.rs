@@ -122,6 +122,16 @@ impl Store for MemoryStore {
         std::future::ready(Ok(answer))
     }
 
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let before = state.leases.len();
+        state
+            .leases
+            .retain(|_, e| e.live_holder(now).is_some() || e.expires_at + retention > now);
+        std::future::ready(Ok((before - state.leases.len()) as u64))
+    }
+
     fn renew(
         &self,
         name: &LeaseName,

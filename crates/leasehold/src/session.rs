@@ -5,10 +5,15 @@
 //! every lease it grants on one timer and renews them with [`Store::renew_many`] (one script,
 //! statement or transaction per [`MAX_BATCH`] leases); each guard keeps its own token, deadline,
 //! stop signal and loss reason, exactly as a guard of a [`Lease`](crate::Lease).
+//!
+//! Names that come and go (a lease per job) would leave a record each behind: a session also
+//! purges the records free for longer than a retention ([`DEFAULT_RETENTION`], hourly; see
+//! [`Store::purge`] for why fencing tokens stay safe).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
@@ -21,11 +26,18 @@ use crate::{FencingToken, HolderId, LeaseName};
 /// The most leases renewed in one store call.
 pub const MAX_BATCH: usize = 1000;
 
+/// How long a free lease record is kept before a session purges it, unless told otherwise.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// How often a session purges.
+const PURGE_EVERY: Duration = Duration::from_secs(3600);
+
 pub(crate) type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
 
 /// What guards and handles tell the session's task.
 pub(crate) enum Command {
     Add(Member),
+    Retention(Option<Duration>),
     Release(u64, ReleaseReply),
     Drop(u64),
 }
@@ -93,6 +105,7 @@ impl<S: Store> LeaseSession<S> {
             members: HashMap::new(),
             by_name: HashMap::new(),
             held: held.clone(),
+            retention: Some(DEFAULT_RETENTION),
         };
         tokio::spawn(renewer.run(rx));
         Ok(Self {
@@ -108,6 +121,12 @@ impl<S: Store> LeaseSession<S> {
     /// The holder id of every lease of this session.
     pub fn holder(&self) -> &HolderId {
         &self.holder
+    }
+
+    /// Sets how long free lease records are kept before this session purges them (hourly);
+    /// `None` stops purging. Default [`DEFAULT_RETENTION`].
+    pub fn purge_after(&self, retention: Option<Duration>) {
+        let _ = self.tx.send(Command::Retention(retention));
     }
 
     /// Leases held now.
@@ -160,6 +179,7 @@ struct SessionRenewer<S> {
     members: HashMap<u64, Held>,
     by_name: HashMap<LeaseName, u64>,
     held: Arc<AtomicUsize>,
+    retention: Option<Duration>,
 }
 
 /// One member's answer; a failed store call is shared by its whole batch.
@@ -173,6 +193,7 @@ impl<S: Store> SessionRenewer<S> {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut in_flight: Option<InFlight> = None;
         let mut next_renewal = Instant::now() + self.config.renew_interval;
+        let mut next_purge = Instant::now() + PURGE_EVERY;
         loop {
             // Members share one renewal cadence; their deadlines differ only by when they
             // joined or last failed, so the earliest is found by a scan at each event.
@@ -216,6 +237,10 @@ impl<S: Store> SessionRenewer<S> {
                 () = sleep_until(next_renewal), if due => {
                     in_flight = Some(self.send_renewals());
                 }
+                () = sleep_until(next_purge), if self.retention.is_some() => {
+                    next_purge = Instant::now() + PURGE_EVERY;
+                    self.purge();
+                }
             }
         }
     }
@@ -232,6 +257,7 @@ impl<S: Store> SessionRenewer<S> {
                 let deadline = member.shared.deadline();
                 self.members.insert(member.id, Held { member, deadline });
             }
+            Command::Retention(retention) => self.retention = retention,
             Command::Release(id, reply) => {
                 // Answered from its own task: many releases at once must not hold up renewals.
                 let Some(held) = self.remove(id) else {
@@ -264,6 +290,21 @@ impl<S: Store> SessionRenewer<S> {
                 .await
                 .unwrap_or(Err(StoreError::Timeout(ttl)))
         }
+    }
+
+    /// Purges old free records in the background; a store without purge is left alone.
+    fn purge(&mut self) {
+        let Some(retention) = self.retention else {
+            return;
+        };
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            match store.purge(retention).await {
+                Ok(n) => tracing::debug!(purged = n, "free lease records purged"),
+                Err(StoreError::Unsupported(_)) => {}
+                Err(e) => tracing::debug!(error = %e, "purge failed; trying again in an hour"),
+            }
+        });
     }
 
     /// Takes a member out of the session (it is no longer renewed).

@@ -194,6 +194,19 @@ pub trait Store: Send + Sync + Clone + 'static {
         token: FencingToken,
     ) -> impl Future<Output = StoreResult<Release>> + Send;
 
+    /// Deletes the records of leases that have been free (released or expired) for at least
+    /// `retention`, so a store that sees many distinct names (a lease per job) does not grow
+    /// without bound; returns how many it deleted. Slot claims and history are kept.
+    ///
+    /// Fencing stays safe: a purged name's next token is seeded from the store's clock
+    /// (ms × 1000) like any new name's, above every token handed out for it before, unless the
+    /// store's clock stepped back by more than `retention` or the name was acquired more than a
+    /// thousand times per millisecond on average.
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let _ = retention;
+        std::future::ready(Err(unsupported("purge")))
+    }
+
     /// Reads the lease without changing it. `None` when the name was never acquired.
     fn inspect(
         &self,
@@ -285,6 +298,7 @@ trait DynStore: Send + Sync {
         holder: &'a HolderId,
         token: FencingToken,
     ) -> BoxFuture<'a, StoreResult<Release>>;
+    fn purge(&self, retention: Duration) -> BoxFuture<'_, StoreResult<u64>>;
     fn inspect<'a>(&'a self, name: &'a LeaseName)
     -> BoxFuture<'a, StoreResult<Option<LeaseState>>>;
     fn claim_slot<'a>(
@@ -343,6 +357,9 @@ impl<S: Store> DynStore for S {
         token: FencingToken,
     ) -> BoxFuture<'a, StoreResult<Release>> {
         Box::pin(Store::release(self, name, holder, token))
+    }
+    fn purge(&self, retention: Duration) -> BoxFuture<'_, StoreResult<u64>> {
+        Box::pin(Store::purge(self, retention))
     }
     fn inspect<'a>(
         &'a self,
@@ -442,6 +459,10 @@ impl Store for BoxStore {
     ) -> impl Future<Output = StoreResult<Release>> + Send {
         let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
         async move { store.release(&name, &holder, token).await }
+    }
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let store = self.0.clone();
+        async move { store.purge(retention).await }
     }
     fn inspect(
         &self,

@@ -132,3 +132,29 @@ async fn taking_a_name_again_supersedes_the_older_guard() {
     assert_eq!(state.token, second.token());
     assert_ne!(state.token, FencingToken(0));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_session_purges_records_free_for_longer_than_the_retention() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    s.purge_after(Some(Duration::from_secs(2 * 3600)));
+    let done = take(&s, "job:done").await;
+    let kept = take(&s, "job:running").await;
+    let name = done.name().clone();
+    tokio::time::sleep(Duration::from_secs(1800)).await;
+    done.release().await.unwrap();
+    // Purges run hourly from the session's start; at 2 h the record has been free for 1.5 h
+    // (kept), at 3 h for 2.5 h (purged).
+    tokio::time::sleep(Duration::from_secs(5400 + 60)).await;
+    assert!(
+        store.inner.inspect(&name).await.unwrap().is_some(),
+        "kept within the retention"
+    );
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(
+        store.inner.inspect(&name).await.unwrap().is_none(),
+        "purged after it"
+    );
+    assert!(kept.is_held());
+    assert!(store.inner.inspect(kept.name()).await.unwrap().is_some());
+}
