@@ -10,9 +10,9 @@
 //! purges the records free for longer than a retention ([`DEFAULT_RETENTION`], hourly; see
 //! [`Store::purge`] for why fencing tokens stay safe).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -80,6 +80,13 @@ pub struct LeaseSession<S> {
     tx: mpsc::UnboundedSender<Command>,
     next_id: Arc<AtomicUsize>,
     held: Arc<AtomicUsize>,
+    names: Names,
+}
+
+type Names = Arc<Mutex<HashSet<LeaseName>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<S: Store> LeaseSession<S> {
@@ -98,12 +105,13 @@ impl<S: Store> LeaseSession<S> {
         config.validate()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let held = Arc::new(AtomicUsize::new(0));
+        let names = Names::default();
         let renewer = SessionRenewer {
             store: store.clone(),
             holder: holder.clone(),
             config,
             members: HashMap::new(),
-            by_name: HashMap::new(),
+            names: names.clone(),
             held: held.clone(),
             retention: Some(DEFAULT_RETENTION),
         };
@@ -115,6 +123,7 @@ impl<S: Store> LeaseSession<S> {
             tx,
             next_id: Arc::default(),
             held,
+            names,
         })
     }
 
@@ -139,13 +148,26 @@ impl<S: Store> LeaseSession<S> {
         self.len() == 0
     }
 
-    /// One attempt to take `name`. Taking a name this session already holds starts a new
-    /// tenure and ends the older guard's ([`LossReason::Superseded`]).
+    /// One attempt to take `name`. A name this session already holds is busy (held by this
+    /// session's holder): two jobs of one worker never share a lease.
     pub async fn try_acquire(&self, name: LeaseName) -> Result<TryAcquire, LeaseError> {
+        if !lock(&self.names).insert(name.clone()) {
+            return Ok(TryAcquire::Busy {
+                holder: self.holder.clone(),
+                remaining: self.config.ttl,
+            });
+        }
         let (token, deadline) =
-            match acquire_once(&self.store, &name, &self.holder, &self.config).await? {
-                Ok(granted) => granted,
-                Err(busy) => return Ok(busy),
+            match acquire_once(&self.store, &name, &self.holder, &self.config).await {
+                Ok(Ok(granted)) => granted,
+                Ok(Err(busy)) => {
+                    lock(&self.names).remove(&name);
+                    return Ok(busy);
+                }
+                Err(e) => {
+                    lock(&self.names).remove(&name);
+                    return Err(e);
+                }
             };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) as u64;
         let shared = Shared::new(deadline);
@@ -159,6 +181,7 @@ impl<S: Store> LeaseSession<S> {
         self.held.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(Command::Add(member)).is_err() {
             self.held.fetch_sub(1, Ordering::Relaxed);
+            lock(&self.names).remove(&name);
             shared.end(LossReason::Expired);
         }
         Ok(TryAcquire::Acquired(LeaseGuard::of_session(
@@ -177,7 +200,8 @@ struct SessionRenewer<S> {
     holder: HolderId,
     config: LeaseConfig,
     members: HashMap<u64, Held>,
-    by_name: HashMap<LeaseName, u64>,
+    /// The names held (or being acquired), shared with the handles.
+    names: Names,
     held: Arc<AtomicUsize>,
     retention: Option<Duration>,
 }
@@ -248,12 +272,6 @@ impl<S: Store> SessionRenewer<S> {
     fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Add(member) => {
-                if let Some(&old) = self.by_name.get(&member.name)
-                    && let Some(old) = self.take(old)
-                {
-                    self.lose(old, LossReason::Superseded);
-                }
-                self.by_name.insert(member.name.clone(), member.id);
                 let deadline = member.shared.deadline();
                 self.members.insert(member.id, Held { member, deadline });
             }
@@ -310,9 +328,7 @@ impl<S: Store> SessionRenewer<S> {
     /// Takes a member out of the session (it is no longer renewed).
     fn take(&mut self, id: u64) -> Option<Held> {
         let held = self.members.remove(&id)?;
-        if self.by_name.get(&held.member.name) == Some(&id) {
-            self.by_name.remove(&held.member.name);
-        }
+        lock(&self.names).remove(&held.member.name);
         self.held.fetch_sub(1, Ordering::Relaxed);
         Some(held)
     }
