@@ -120,8 +120,22 @@ impl Fence {
 
     /// Records that `token` writes to `resource`, or fails with [`FenceError::Stale`] if a
     /// higher token already did. Run it inside the transaction that does the write
-    /// (`client` is a [`tokio_postgres::Transaction`], or a deadpool one via `&**tx`), before
+    /// (`client` is a [`tokio_postgres::Transaction`], or a deadpool one via `&*tx`), before
     /// or after the write, and roll back on error. One round trip when the write may go ahead.
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     pool: leasehold_postgres::deadpool_postgres::Pool,
+    /// #     token: leasehold::FencingToken,
+    /// # ) -> Result<(), Box<dyn std::error::Error>> {
+    /// let fence = leasehold_postgres::Fence::default();
+    /// let mut client = pool.get().await?;
+    /// let tx = client.transaction().await?;
+    /// fence.check(&*tx, "invoice:42", token).await?; // Stale: roll back (drop tx)
+    /// tx.execute("UPDATE invoices SET sent = true WHERE id = 42", &[]).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn check<C>(
         &self,
         client: &C,
