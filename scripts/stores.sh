@@ -56,6 +56,8 @@ ensure_tools() {
   if ! command -v cc >/dev/null; then log "installing a C compiler"; apt_install gcc libc6-dev; fi
   # The SQLite clock-step test runs a process with a stepped wall clock.
   if ! command -v faketime >/dev/null; then log "installing faketime"; apt_install faketime; fi
+  # The sidecar's TypeScript client and NestJS example (Node 20 or later).
+  if ! command -v npm >/dev/null; then log "installing nodejs and npm"; apt_install nodejs npm; fi
   # The API fuzzer (schemathesis) is installed from PyPI into a virtualenv.
   if ! python3 -c "import ensurepip, venv" 2>/dev/null; then
     log "installing python3-venv"; apt_install python3 python3-venv

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: stores, formatting, lints, unit/integration/doc tests, the short chaos run,
-# the sidecar's API fuzzing.
+# the sidecar's API fuzzing, and the Node client and NestJS example against real sidecars.
 # This is the command the README gives and CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +27,5 @@ cargo test --workspace --all-features --locked --doc
 echo "== sidecar API fuzzing (schemathesis, from the OpenAPI document)"
 cargo build -p leasehold-cli --all-features --locked
 bash scripts/fuzz-api.sh target/debug/leasehold
+echo "== sidecar clients: TypeScript client, NestJS example end to end"
+bash scripts/node-tests.sh target/debug/leasehold

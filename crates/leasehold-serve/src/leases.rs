@@ -273,7 +273,7 @@ pub(crate) async fn watch(
     // Answer in time for the next call to keep the lease: a frozen application cannot hold a
     // lease through an open request.
     let wait = Duration::from_millis(wait)
-        .min(entry.keepalive / 2)
+        .min(entry.keepalive / 4)
         .min(sidecar.0.max_wait);
     tokio::select! {
         () = entry.end_signal() => {}

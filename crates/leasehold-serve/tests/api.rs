@@ -186,7 +186,7 @@ async fn watch_answers_the_moment_the_lease_is_lost() {
         .acquire("w", json!({"ttl_ms": 3000, "keepalive_ms": 60000}))
         .await;
     let token = granted["token"].clone();
-    // A quiet watch answers after its wait (at most keepalive / 2), still held.
+    // A quiet watch answers after its wait (at most keepalive / 4), still held.
     let (status, held) = api
         .post(
             "/v1/leases/w/watch",

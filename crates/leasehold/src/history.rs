@@ -154,7 +154,7 @@ pub struct RunRecord {
     pub trigger: Option<RecordTrigger>,
     /// The instance that ran it (or recorded the miss).
     pub holder: String,
-    /// The fencing token the run held, if any. A string in JSON: tokens exceed 2^53.
+    /// The fencing token the run held, if any. A string in JSON: tokens are 64-bit and can exceed 2^53.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

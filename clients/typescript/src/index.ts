@@ -1,0 +1,365 @@
+// Client for the leasehold sidecar (`leasehold serve`). No dependencies: Node's fetch,
+// AbortController and timers.
+//
+// Every lease or run this client holds keeps itself alive with a loop of `watch` long-polls
+// (each one is also the keepalive the sidecar requires), and carries an AbortSignal that aborts
+// the moment the lease is lost: when the sidecar says so (410), or when the validity the sidecar
+// last granted runs out locally without a renewal (sidecar unreachable, this process paused).
+// The application must never act on a lease after `signal.aborted`.
+
+/** What to do when the sidecar itself cannot be reached. */
+export type SidecarDownPolicy = "fail-closed" | "fail-open";
+
+export interface ClientOptions {
+  /** The sidecar, default `process.env.LEASEHOLD_SIDECAR` or `http://127.0.0.1:7070`. */
+  baseUrl?: string;
+  /** The bearer token, when the sidecar runs with `--auth-token-file`. */
+  authToken?: string;
+  /**
+   * `gate` when the sidecar cannot be reached: `fail-closed` (default) does not run the job;
+   * `fail-open` runs it ungated on this instance (every instance that cannot reach its sidecar
+   * runs it).
+   */
+  onSidecarDown?: SidecarDownPolicy;
+}
+
+/** An error answer of the sidecar, or `sidecar-down` when it could not be reached. */
+export class LeaseholdError extends Error {
+  constructor(
+    message: string,
+    /** The HTTP status; 0 when the sidecar could not be reached. */
+    readonly status: number,
+    /** The API's error code (`bad-request`, `lost`, `store-down`, ...) or `sidecar-down`. */
+    readonly code: string,
+    /** The request field at fault, for `bad-request`. */
+    readonly field?: string,
+    /** Why a lease is not held, for `lost`. */
+    readonly reason?: string,
+  ) {
+    super(message);
+    this.name = "LeaseholdError";
+  }
+}
+
+export interface AcquireOptions {
+  ttlMs: number;
+  /** Wait this long for a busy lease (default 0: answer at once). */
+  waitMs?: number;
+  /** Call the sidecar at least this often or lose the lease (default: the ttl). */
+  keepaliveMs?: number;
+  /** A label for status, e.g. the pod name. */
+  holder?: string;
+}
+
+export type Schedule = { everyMs: number } | { cron: string };
+
+export type TickOptions = Schedule & {
+  /** Run only on the leader of this group. */
+  group?: string;
+  ttlMs?: number;
+  keepaliveMs?: number;
+  onStoreDown?: "fail-closed" | "fail-open" | "local";
+};
+
+export interface GroupState {
+  group: string;
+  leader: string | null;
+  token: string | null;
+  remaining_ms: number;
+}
+
+export interface NotRun {
+  run: false;
+  slot: number | null;
+  reason: "not-leader" | "already-run" | "busy" | "store-down" | "not-due" | "sidecar-down";
+}
+
+type Json = Record<string, unknown>;
+
+/** A lease held through the sidecar. */
+export class Lease {
+  protected readonly client: LeaseholdClient;
+  readonly #controller = new AbortController();
+  #validUntil: number;
+  #expiry: ReturnType<typeof setTimeout> | undefined;
+  #ended = false;
+  readonly #keepaliveMs: number;
+
+  constructor(
+    client: LeaseholdClient,
+    /** The lease (or group, or task) name. */
+    readonly name: string,
+    /** The fencing token: send it with every write the lease protects. A string: tokens are 64-bit and can exceed 2^53. */
+    readonly token: string,
+    /** This grant's holder id. */
+    readonly holder: string,
+    sentAt: number,
+    validForMs: number,
+    keepaliveMs: number,
+  ) {
+    this.client = client;
+    this.#keepaliveMs = keepaliveMs;
+    this.#validUntil = sentAt + validForMs;
+    this.#armExpiry();
+    void this.#keepLoop();
+  }
+
+  /** Aborts the moment the lease is lost (or released). `signal.reason` says why. */
+  get signal(): AbortSignal {
+    return this.#controller.signal;
+  }
+
+  /** Milliseconds this holder may still act, by the local clock. */
+  get validForMs(): number {
+    return Math.max(0, this.#validUntil - performance.now());
+  }
+
+  /** Stops keeping the lease and frees it so another instance takes over at once. */
+  async release(): Promise<boolean> {
+    if (this.#ended) return false;
+    this.#end("released");
+    const answer = await this.client.post(`/v1/leases/${enc(this.name)}/release`, {
+      token: this.token,
+    });
+    return answer.released === true;
+  }
+
+  /** Ends the keepalive loop locally (the sidecar releases the lease). */
+  protected end(reason: string): void {
+    this.#end(reason);
+  }
+
+  #end(reason: string): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    clearTimeout(this.#expiry);
+    this.#controller.abort(new LeaseholdError(`lease ${this.name}: ${reason}`, 410, "lost", undefined, reason));
+  }
+
+  #armExpiry(): void {
+    clearTimeout(this.#expiry);
+    const left = this.#validUntil - performance.now();
+    this.#expiry = setTimeout(() => this.#end("expired"), Math.max(0, left));
+  }
+
+  async #keepLoop(): Promise<void> {
+    // The sidecar answers each watch within keepalive/4: the next call then reaches it long
+    // before the validity granted by the previous answer runs out.
+    const waitMs = Math.max(25, Math.floor(this.#keepaliveMs / 4));
+    while (!this.#ended) {
+      const sentAt = performance.now();
+      try {
+        const held = await this.client.post(`/v1/leases/${enc(this.name)}/watch`, {
+          token: this.token,
+          wait_ms: waitMs,
+        });
+        if (this.#ended) return;
+        this.#validUntil = sentAt + Number(held.valid_for_ms);
+        this.#armExpiry();
+      } catch (e) {
+        if (e instanceof LeaseholdError && e.status === 410) {
+          this.#end(e.reason ?? "lost");
+          return;
+        }
+        // The sidecar is unreachable or slow: the validity timer decides; retry shortly.
+        await sleep(Math.min(200, waitMs));
+      }
+    }
+  }
+}
+
+/** A run granted by a tick: a lease on the task, plus the slot it runs. */
+export class Run extends Lease {
+  readonly run = true as const;
+
+  constructor(
+    client: LeaseholdClient,
+    readonly task: string,
+    /** The slot: ms since the epoch of the firing this run is for. */
+    readonly slot: number,
+    token: string,
+    holder: string,
+    sentAt: number,
+    validForMs: number,
+    keepaliveMs: number,
+  ) {
+    super(client, task, token, holder, sentAt, validForMs, keepaliveMs);
+  }
+
+  /** Ends the run: records its outcome in the task's history and releases the task lease. */
+  async done(outcome: "ok" | "failed", error?: string): Promise<boolean> {
+    this.end("done");
+    const body: Json = { token: this.token, outcome };
+    if (error !== undefined) body.error = error.slice(0, 2000);
+    const answer = await this.client.post(`/v1/tasks/${enc(this.task)}/ticks/${this.slot}/done`, body);
+    return answer.released === true;
+  }
+}
+
+/** A run the store-down policy allowed without coordination: no token, never aborted. */
+export interface UngatedRun {
+  run: true;
+  gated: false;
+  task: string;
+  slot: number | null;
+  signal: AbortSignal;
+  done(outcome: "ok" | "failed", error?: string): Promise<boolean>;
+}
+
+const enc = (s: string) => encodeURIComponent(s);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export class LeaseholdClient {
+  readonly baseUrl: string;
+  readonly #auth?: string;
+  readonly onSidecarDown: SidecarDownPolicy;
+
+  constructor(options: ClientOptions = {}) {
+    this.baseUrl = (options.baseUrl ?? process.env.LEASEHOLD_SIDECAR ?? "http://127.0.0.1:7070").replace(/\/$/, "");
+    this.#auth = options.authToken;
+    this.onSidecarDown = options.onSidecarDown ?? "fail-closed";
+  }
+
+  /** @internal One request; JSON in and out; error answers become LeaseholdError. */
+  async request(method: string, path: string, body?: Json): Promise<Json> {
+    const headers: Record<string, string> = { "content-type": "application/json" };
+    if (this.#auth) headers.authorization = `Bearer ${this.#auth}`;
+    let response: Response;
+    try {
+      response = await fetch(this.baseUrl + path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch (e) {
+      throw new LeaseholdError(`sidecar ${this.baseUrl} unreachable: ${(e as Error).message}`, 0, "sidecar-down");
+    }
+    const text = await response.text();
+    let json: Json;
+    try {
+      json = JSON.parse(text) as Json;
+    } catch {
+      throw new LeaseholdError(`sidecar answered ${response.status} without JSON`, response.status, "bad-answer");
+    }
+    if (!response.ok) {
+      throw new LeaseholdError(
+        String(json.message ?? response.statusText),
+        response.status,
+        String(json.error ?? "error"),
+        json.field as string | undefined,
+        json.reason as string | undefined,
+      );
+    }
+    return json;
+  }
+
+  /** @internal */
+  post(path: string, body: Json): Promise<Json> {
+    return this.request("POST", path, body);
+  }
+
+  /** Takes `name`, waiting up to `waitMs`; `null` when it stays busy. */
+  async acquire(name: string, options: AcquireOptions): Promise<Lease | null> {
+    return this.#take(`/v1/leases/${enc(name)}/acquire`, name, options);
+  }
+
+  /** Becomes the leader of `group` (a lease named after it); `null` when another leads. */
+  async campaign(group: string, options: AcquireOptions): Promise<Lease | null> {
+    return this.#take(`/v1/groups/${enc(group)}/campaign`, group, options);
+  }
+
+  async #take(path: string, name: string, o: AcquireOptions): Promise<Lease | null> {
+    const body: Json = { ttl_ms: o.ttlMs };
+    if (o.waitMs !== undefined) body.wait_ms = o.waitMs;
+    if (o.keepaliveMs !== undefined) body.keepalive_ms = o.keepaliveMs;
+    if (o.holder !== undefined) body.holder = o.holder;
+    const sentAt = performance.now();
+    const answer = await this.post(path, body);
+    if (answer.acquired !== true) return null;
+    return new Lease(
+      this,
+      name,
+      String(answer.token),
+      String(answer.holder),
+      sentAt,
+      Number(answer.valid_for_ms),
+      Number(answer.keepalive_ms),
+    );
+  }
+
+  /** The group's current leader and term token. */
+  async leader(group: string): Promise<GroupState> {
+    return (await this.request("GET", `/v1/groups/${enc(group)}`)) as unknown as GroupState;
+  }
+
+  /** Waits (up to `waitMs`) until the group's term differs from `token`. */
+  async observe(group: string, token: string | null, waitMs = 30000): Promise<GroupState> {
+    return (await this.post(`/v1/groups/${enc(group)}/observe`, { token, wait_ms: waitMs })) as unknown as GroupState;
+  }
+
+  /**
+   * The gated tick: call it from your own timer. Resolves to a `Run` on exactly one caller per
+   * slot of the task (across every sidecar on the store), otherwise to why not.
+   */
+  async tick(task: string, options: TickOptions): Promise<Run | UngatedRun | NotRun> {
+    const body: Json = "everyMs" in options ? { every_ms: options.everyMs } : { cron: options.cron };
+    if (options.group !== undefined) body.group = options.group;
+    if (options.ttlMs !== undefined) body.ttl_ms = options.ttlMs;
+    if (options.keepaliveMs !== undefined) body.keepalive_ms = options.keepaliveMs;
+    if (options.onStoreDown !== undefined) body.on_store_down = options.onStoreDown;
+    const sentAt = performance.now();
+    const answer = await this.post(`/v1/tasks/${enc(task)}/ticks`, body);
+    if (answer.run !== true) {
+      return { run: false, slot: answer.slot as number | null, reason: answer.reason as NotRun["reason"] };
+    }
+    if (answer.gated === false) return ungated(task, answer.slot as number | null);
+    return new Run(
+      this,
+      task,
+      Number(answer.slot),
+      String(answer.token),
+      "",
+      sentAt,
+      Number(answer.valid_for_ms),
+      Number(answer.keepalive_ms),
+    );
+  }
+
+  /**
+   * Ticks, and if this caller runs the slot, runs `job` with the run (its `signal` aborts if the
+   * run's lease is lost) and ends the run with the job's outcome. Resolves to `ran` or the reason
+   * it did not run. When the sidecar cannot be reached, `onSidecarDown` decides.
+   */
+  async gate(task: string, options: TickOptions, job: (run: Run | UngatedRun) => Promise<void>): Promise<string> {
+    let answer: Run | UngatedRun | NotRun;
+    try {
+      answer = await this.tick(task, options);
+    } catch (e) {
+      if (!(e instanceof LeaseholdError) || e.code !== "sidecar-down" || this.onSidecarDown !== "fail-open") {
+        if (e instanceof LeaseholdError && e.code === "sidecar-down") return "sidecar-down";
+        throw e;
+      }
+      answer = ungated(task, null);
+    }
+    if (answer.run === false) return answer.reason;
+    try {
+      await job(answer);
+    } catch (e) {
+      await answer.done("failed", String(e)).catch(() => false);
+      return "failed";
+    }
+    await answer.done("ok").catch(() => false);
+    return "ran";
+  }
+}
+
+function ungated(task: string, slot: number | null): UngatedRun {
+  return {
+    run: true,
+    gated: false,
+    task,
+    slot,
+    signal: new AbortController().signal,
+    done: async () => false,
+  };
+}
