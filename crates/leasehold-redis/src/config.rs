@@ -38,6 +38,11 @@ pub struct RedisConfig {
     /// How often the notification connection is checked with a PING, so a silently dead
     /// connection is replaced. Default 15 s.
     pub keepalive: Duration,
+    /// How long a name's fencing counter outlives its last acquisition before Redis expires it,
+    /// so names that come and go (a lease per job) do not leave a key each behind for ever.
+    /// Safe for fencing: a name whose counter expired starts again from the server's clock
+    /// (ms × 1000), above every token it had. Never shorter than the lease's ttl. Default one day.
+    pub retention: Duration,
     /// PEM root certificates to trust for `rediss://` instead of the system's (for a private CA).
     /// Needs the `tls` feature. Default `None`: the system's root certificates.
     pub tls_ca_pem: Option<Vec<u8>>,
@@ -54,6 +59,7 @@ impl RedisConfig {
             notifications: true,
             max_reconnect_delay: Duration::from_secs(5),
             keepalive: Duration::from_secs(15),
+            retention: Duration::from_secs(24 * 3600),
             tls_ca_pem: None,
         }
     }
@@ -79,6 +85,12 @@ impl RedisConfig {
     /// Sets [`notifications`](Self::notifications).
     pub fn notifications(mut self, on: bool) -> Self {
         self.notifications = on;
+        self
+    }
+
+    /// Sets [`retention`](Self::retention).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
         self
     }
 

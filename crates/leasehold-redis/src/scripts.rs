@@ -2,7 +2,8 @@
 //! operation is one round trip (EVALSHA, or EVAL the first time a server sees the script).
 //!
 //! A lease key holds `"<token> <holder>"` (holder ids contain no whitespace) with a `PX` expiry;
-//! its fencing counter is a plain integer key without expiry. Tokens travel as decimal strings:
+//! its fencing counter is a plain integer key that expires a retention after the last
+//! acquisition (a name seen again after that starts from the clock, above its old tokens). Tokens travel as decimal strings:
 //! Lua numbers are doubles, so the scripts never turn a token into a number.
 
 use std::sync::LazyLock;
@@ -45,7 +46,7 @@ local function corrupt(k, what)
 end
 "#;
 
-/// KEYS: lease, fence. ARGV: holder, ttl ms.
+/// KEYS: lease, fence. ARGV: holder, ttl ms, counter retention ms (at least the ttl).
 /// Returns `{1, token}` or `{0, holder, pttl}`. Every acquisition, the holder's own re-acquire
 /// included, is a new tenure: the counter goes up and the lease key is overwritten.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -82,6 +83,7 @@ elseif n < 9007199254740992 then
 else
   tok = redis.call('GET', KEYS[2])
 end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], tok .. ' ' .. ARGV[1], 'PX', ARGV[2])
 return {1, tok}
 "#,

@@ -26,7 +26,8 @@ use crate::scripts::{
 /// the server and timed by the server's clock (`PX`, `PEXPIRE`, `PTTL`, `TIME`).
 ///
 /// Keys, with the default prefix `leasehold`: `leasehold:{NAME}:lease` (holder and token, with
-/// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, no expiry) and
+/// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, expiring a
+/// [`retention`](crate::RedisConfig::retention) after the last acquisition) and
 /// `leasehold:{TASK}:slot` (the last claimed slot) and `leasehold:{TASK}:history` (the run
 /// history, a sorted set; see [`history_key`](Self::history_key)). The braces are a hash tag, so a lease's keys
 /// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
@@ -45,6 +46,7 @@ struct Inner {
     prefix: String,
     channel: String,
     op_timeout: Duration,
+    retention: Duration,
     /// The URL without its password.
     url: String,
     hub: ReleaseHub,
@@ -146,6 +148,7 @@ impl RedisStore {
                 prefix: config.prefix,
                 channel,
                 op_timeout: config.op_timeout,
+                retention: config.retention,
                 url: setup.url.clone(),
                 hub,
                 listener,
@@ -202,6 +205,7 @@ impl RedisStore {
                 prefix: config.prefix,
                 channel,
                 op_timeout: config.op_timeout,
+                retention: config.retention,
                 url,
                 hub,
                 listener,
@@ -561,7 +565,11 @@ impl Store for RedisStore {
             .eval(
                 &ACQUIRE,
                 &[&lease, &fence],
-                &[holder_id.as_str(), &ttl_millis(ttl)],
+                &[
+                    holder_id.as_str(),
+                    &ttl_millis(ttl),
+                    &ttl_millis(self.inner.retention.max(ttl)),
+                ],
                 op,
                 true,
             )
@@ -607,6 +615,68 @@ impl Store for RedisStore {
             1 => Renewal::Renewed,
             _ => Renewal::Lost,
         })
+    }
+
+    /// One pipeline of renew scripts: one round trip for the batch.
+    async fn renew_many(
+        &self,
+        holder_id: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let op = Op {
+            what: "renew_many",
+            name: None,
+        };
+        let ttl = ttl_millis(ttl);
+        let pipeline = |by_hash: bool| {
+            let mut pipe = redis::pipe();
+            for (name, token) in leases {
+                let (command, script) = if by_hash {
+                    ("EVALSHA", &RENEW.hash)
+                } else {
+                    ("EVAL", &RENEW.code)
+                };
+                pipe.cmd(command)
+                    .arg(script)
+                    .arg(1)
+                    .arg(self.lease_key(name))
+                    .arg(holder_id.as_str())
+                    .arg(token.get().to_string())
+                    .arg(&ttl);
+            }
+            pipe
+        };
+        let attempt = async {
+            let mut conn = self.inner.conn();
+            let replies: Vec<Value> = match pipeline(true).query_async(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    pipeline(false).query_async(&mut conn).await
+                }
+                result => result,
+            }
+            .map_err(|e| self.classify(e, op))?;
+            if replies.len() != leases.len() {
+                return Err(StoreError::Corrupt(format!(
+                    "{op}: {} replies for {} renewals",
+                    replies.len(),
+                    leases.len()
+                )));
+            }
+            replies
+                .iter()
+                .map(|reply| {
+                    Ok(match int(op, Some(reply))? {
+                        1 => Renewal::Renewed,
+                        _ => Renewal::Lost,
+                    })
+                })
+                .collect()
+        };
+        self.timed(attempt).await
     }
 
     async fn release(

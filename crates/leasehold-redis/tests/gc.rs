@@ -1,0 +1,95 @@
+//! Garbage collection on the real server: fencing counters expire a retention after their last
+//! acquisition, so 100,000 names used once leave nothing behind, and a name seen again starts
+//! above its old tokens.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use leasehold::{Acquisition, HolderId, LeaseName, Release, Store};
+use leasehold_redis::RedisConfig;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_of_names_used_once_expire_and_tokens_stay_ahead() {
+    let prefix = common::test_prefix();
+    let store = RedisConfig::new(common::redis_url())
+        .prefix(&prefix)
+        .retention(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    let holder = HolderId::new("gc").unwrap();
+    let ttl = Duration::from_millis(500);
+    // 100,000 jobs, each with its own lease, taken and released.
+    let started = Instant::now();
+    let mut first_token = None;
+    let mut tasks = tokio::task::JoinSet::new();
+    for chunk in 0..100 {
+        let (store, holder) = (store.clone(), holder.clone());
+        tasks.spawn(async move {
+            let mut first = None;
+            for i in 0..1000 {
+                let name = LeaseName::new(format!("job:{}", chunk * 1000 + i)).unwrap();
+                let Acquisition::Acquired { token } =
+                    store.acquire(&name, &holder, ttl).await.unwrap()
+                else {
+                    panic!("busy");
+                };
+                first.get_or_insert(token);
+                assert_eq!(
+                    store.release(&name, &holder, token).await.unwrap(),
+                    Release::Released
+                );
+            }
+            first
+        });
+    }
+    while let Some(first) = tasks.join_next().await {
+        first_token = first_token.or(first.unwrap());
+    }
+    println!("100,000 acquire+release in {:?}", started.elapsed());
+    let mut conn = store.connection();
+    let pattern = format!("{prefix}:*");
+    let count = |conn: &mut redis::aio::ConnectionManager| {
+        let pattern = pattern.clone();
+        let mut conn = conn.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            keys.len()
+        }
+    };
+    // The last counters still exist, each expiring within the retention.
+    let last_fence = store.fence_key(&LeaseName::new("job:99999").unwrap());
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&last_fence)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 3000, "counter expiry {pttl} ms");
+    let done = Instant::now();
+    loop {
+        let left = count(&mut conn).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            done.elapsed() < Duration::from_secs(6),
+            "{left} keys left after the retention"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("all keys gone {:?} after the last release", done.elapsed());
+    // A name used again starts from the clock, above the tokens it had.
+    let name = LeaseName::new("job:0").unwrap();
+    let Acquisition::Acquired { token } = store.acquire(&name, &holder, ttl).await.unwrap() else {
+        panic!("busy");
+    };
+    assert!(
+        token > first_token.unwrap(),
+        "{token} after {first_token:?}"
+    );
+}
