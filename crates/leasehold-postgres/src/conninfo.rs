@@ -96,12 +96,13 @@ fn percent_decode(s: &str) -> Cow<'_, str> {
     let mut i = 0;
     while i < bytes.len() {
         let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -171,10 +172,10 @@ fn kv_params(s: &str) -> (Vec<KvParam>, Option<usize>) {
         } else {
             while let Some(c) = at(j).filter(|c| !c.is_whitespace()) {
                 j += c.len_utf8();
-                if c == '\\' {
-                    if let Some(c) = at(j) {
-                        j += c.len_utf8();
-                    }
+                if c == '\\'
+                    && let Some(c) = at(j)
+                {
+                    j += c.len_utf8();
                 }
             }
             if j == value_start {
