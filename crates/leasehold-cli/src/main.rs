@@ -49,12 +49,15 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Fault-injection run: replicas under kills, pauses, dropped connections and store
     /// restarts; reports overlaps, duplicate slots and stale fenced writes (all must be 0).
+    #[cfg(feature = "chaos")]
     Chaos(leasehold_chaos::ChaosArgs),
     /// Latency and throughput of acquire, renew, release and handoff per store, next to the
     /// store's own floor measured in the same run.
+    #[cfg(feature = "bench")]
     Bench(leasehold_bench::BenchArgs),
     /// The command chaos replicas run: a fenced write plus a ledger line.
     #[command(hide = true)]
+    #[cfg(feature = "chaos")]
     Witness(leasehold_chaos::WitnessArgs),
     /// Append one JSON line describing the current run to FILE (a witness ledger for demos and
     /// tests; reads the LEASEHOLD_* variables).
@@ -208,8 +211,11 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Record(args) => record::record(args).await,
+            #[cfg(feature = "chaos")]
             Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),
+            #[cfg(feature = "bench")]
             Command::Bench(args) => leasehold_bench::run(args).await.map_err(Failure::from),
+            #[cfg(feature = "chaos")]
             Command::Witness(args) => leasehold_chaos::witness(args).await.map_err(Failure::from),
             Command::Supervise(_) => unreachable_supervise(),
         }
