@@ -552,7 +552,7 @@ impl<S: Store> Renewer<S> {
                     self.shared.expiring.cancel();
                     tracing::warn!(lease = %self.name, token = %self.token, "renewal overdue; telling the work to stop before the lease can expire");
                 }
-                (sent, reply) = async { in_flight.as_mut().expect("guarded by renewing").await }, if renewing => {
+                (sent, reply) = in_flight_reply(&mut in_flight), if renewing => {
                     in_flight = None;
                     self.renewed(sent, reply);
                 }
@@ -643,5 +643,16 @@ impl<S: Store> Renewer<S> {
         if let Some(reply) = reply {
             let _ = reply.send(result);
         }
+    }
+}
+
+/// The in-flight renewal's answer; never completes when none is in flight (its select arm is
+/// disabled then anyway).
+pub(crate) async fn in_flight_reply<T>(
+    in_flight: &mut Option<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
+) -> T {
+    match in_flight.as_mut() {
+        Some(renewal) => renewal.await,
+        None => std::future::pending().await,
     }
 }

@@ -19,7 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use crate::config::{ConfigError, LeaseConfig};
-use crate::lease::{LeaseError, LeaseGuard, LossReason, Shared, TryAcquire, acquire_once};
+use crate::lease::{
+    LeaseError, LeaseGuard, LossReason, Shared, TryAcquire, acquire_once, in_flight_reply,
+};
 use crate::store::{Release, Renewal, Store, StoreError};
 use crate::{FencingToken, HolderId, LeaseName};
 
@@ -254,7 +256,7 @@ impl<S: Store> SessionRenewer<S> {
                 () = sleep_until(warn_at.unwrap_or(next_renewal)), if warn_at.is_some() => {
                     self.warn_overdue();
                 }
-                (sent, replies) = async { in_flight.as_mut().expect("guarded by renewing").await }, if renewing => {
+                (sent, replies) = in_flight_reply(&mut in_flight), if renewing => {
                     in_flight = None;
                     next_renewal = self.renewed(sent, replies);
                 }
