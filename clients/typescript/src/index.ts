@@ -21,6 +21,12 @@ export interface ClientOptions {
    * runs it).
    */
   onSidecarDown?: SidecarDownPolicy;
+  /**
+   * A request the sidecar has not answered after this many ms (on top of the wait it was asked
+   * for, for acquire, watch and observe) fails as `sidecar-down`, like a refused connection, so a
+   * hung or stopped sidecar does not hang the application's timer. Default 10000.
+   */
+  timeoutMs?: number;
 }
 
 /** An error answer of the sidecar, or `sidecar-down` when it could not be reached. */
@@ -38,6 +44,11 @@ export class LeaseholdError extends Error {
   ) {
     super(message);
     this.name = "LeaseholdError";
+  }
+
+  /** The API's `error` field (same as `code`). */
+  get error(): string {
+    return this.code;
   }
 }
 
@@ -68,6 +79,9 @@ export interface GroupState {
   remaining_ms: number;
 }
 
+/** What `gate` did: ran the job (`ran`, or `failed` when it threw), or why it did not. */
+export type GateResult = "ran" | "failed" | NotRun["reason"];
+
 export interface NotRun {
   run: false;
   slot: number | null;
@@ -83,6 +97,7 @@ export class Lease {
   #validUntil: number;
   #expiry: ReturnType<typeof setTimeout> | undefined;
   #ended = false;
+  #freed = false;
   readonly #keepaliveMs: number;
 
   constructor(
@@ -99,24 +114,37 @@ export class Lease {
   ) {
     this.client = client;
     this.#keepaliveMs = keepaliveMs;
+    // The sidecar counts valid_for_ms from when the request reached it, which is after it was
+    // sent: counting from the send is on the safe side.
     this.#validUntil = sentAt + validForMs;
     this.#armExpiry();
     void this.#keepLoop();
   }
 
-  /** Aborts the moment the lease is lost (or released). `signal.reason` says why. */
+  /**
+   * Aborts the moment the lease is lost, released or (for a run) done. `signal.reason` is a
+   * `LeaseholdError` whose `reason` says why: `released`, `taken-over`, `expired` (no renewal
+   * confirmed in time: the sidecar or this process was unresponsive), `app-silent`, `unknown`,
+   * `done`.
+   */
   get signal(): AbortSignal {
     return this.#controller.signal;
   }
 
-  /** Milliseconds this holder may still act, by the local clock. */
+  /** Milliseconds this holder may still act, by the local clock; 0 once the lease is lost. */
   get validForMs(): number {
+    if (this.#ended) return 0;
     return Math.max(0, this.#validUntil - performance.now());
   }
 
-  /** Stops keeping the lease and frees it so another instance takes over at once. */
+  /**
+   * Stops keeping the lease and frees it so another instance takes over at once. Resolves to
+   * false when it was no longer held. Throws `sidecar-down` when the sidecar cannot be reached
+   * (the lease then ends by itself within its keepalive).
+   */
   async release(): Promise<boolean> {
-    if (this.#ended) return false;
+    if (this.#freed) return false;
+    this.#freed = true;
     this.#end("released");
     const answer = await this.client.post(`/v1/leases/${enc(this.name)}/release`, {
       token: this.token,
@@ -124,16 +152,18 @@ export class Lease {
     return answer.released === true;
   }
 
-  /** Ends the keepalive loop locally (the sidecar releases the lease). */
-  protected end(reason: string): void {
-    this.#end(reason);
+  /** Ends the keepalive loop locally; returns false if it had been ended already (by a loss). */
+  protected end(reason: string): boolean {
+    this.#freed = true;
+    return this.#end(reason);
   }
 
-  #end(reason: string): void {
-    if (this.#ended) return;
+  #end(reason: string): boolean {
+    if (this.#ended) return false;
     this.#ended = true;
     clearTimeout(this.#expiry);
     this.#controller.abort(new LeaseholdError(`lease ${this.name}: ${reason}`, 410, "lost", undefined, reason));
+    return true;
   }
 
   #armExpiry(): void {
@@ -149,14 +179,16 @@ export class Lease {
     while (!this.#ended) {
       const sentAt = performance.now();
       try {
-        const held = await this.client.post(`/v1/leases/${enc(this.name)}/watch`, {
-          token: this.token,
-          wait_ms: waitMs,
-        });
+        const held = await this.client.post(
+          `/v1/leases/${enc(this.name)}/watch`,
+          { token: this.token, wait_ms: waitMs },
+          { waitMs, signal: this.signal },
+        );
         if (this.#ended) return;
         this.#validUntil = sentAt + Number(held.valid_for_ms);
         this.#armExpiry();
       } catch (e) {
+        if (this.#ended) return;
         if (e instanceof LeaseholdError && e.status === 410) {
           this.#end(e.reason ?? "lost");
           return;
@@ -188,6 +220,7 @@ export class Run extends Lease {
 
   /** Ends the run: records its outcome in the task's history and releases the task lease. */
   async done(outcome: "ok" | "failed", error?: string): Promise<boolean> {
+    // The run is over either way; done is still sent after a loss, so the history has it.
     this.end("done");
     const body: Json = { token: this.token, outcome };
     if (error !== undefined) body.error = error.slice(0, 2000);
@@ -206,6 +239,14 @@ export interface UngatedRun {
   done(outcome: "ok" | "failed", error?: string): Promise<boolean>;
 }
 
+/** @internal */
+export interface RequestOptions {
+  /** How long the sidecar may hold the request before it answers (added to the timeout). */
+  waitMs?: number;
+  /** Cancels the request. */
+  signal?: AbortSignal;
+}
+
 const enc = (s: string) => encodeURIComponent(s);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -213,28 +254,39 @@ export class LeaseholdClient {
   readonly baseUrl: string;
   readonly #auth?: string;
   readonly onSidecarDown: SidecarDownPolicy;
+  readonly timeoutMs: number;
 
   constructor(options: ClientOptions = {}) {
     this.baseUrl = (options.baseUrl ?? process.env.LEASEHOLD_SIDECAR ?? "http://127.0.0.1:7070").replace(/\/$/, "");
     this.#auth = options.authToken;
     this.onSidecarDown = options.onSidecarDown ?? "fail-closed";
+    this.timeoutMs = options.timeoutMs ?? 10_000;
   }
 
-  /** @internal One request; JSON in and out; error answers become LeaseholdError. */
-  async request(method: string, path: string, body?: Json): Promise<Json> {
+  /**
+   * @internal One request; JSON in and out; error answers become LeaseholdError. `waitMs`: how
+   * long the sidecar may hold the request (long-polls), on top of the timeout.
+   */
+  async request(method: string, path: string, body?: Json, opts: RequestOptions = {}): Promise<Json> {
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (this.#auth) headers.authorization = `Bearer ${this.#auth}`;
+    const limit = this.timeoutMs + (opts.waitMs ?? 0);
+    const timeout = AbortSignal.timeout(limit);
+    const signal = opts.signal ? AbortSignal.any([timeout, opts.signal]) : timeout;
     let response: Response;
+    let text: string;
     try {
       response = await fetch(this.baseUrl + path, {
         method,
         headers,
         body: body === undefined ? undefined : JSON.stringify(body),
+        signal,
       });
+      text = await response.text();
     } catch (e) {
-      throw new LeaseholdError(`sidecar ${this.baseUrl} unreachable: ${(e as Error).message}`, 0, "sidecar-down");
+      const why = timeout.aborted ? `no answer within ${limit} ms` : (e as Error).message;
+      throw new LeaseholdError(`sidecar ${this.baseUrl} unreachable: ${why}`, 0, "sidecar-down");
     }
-    const text = await response.text();
     let json: Json;
     try {
       json = JSON.parse(text) as Json;
@@ -254,8 +306,8 @@ export class LeaseholdClient {
   }
 
   /** @internal */
-  post(path: string, body: Json): Promise<Json> {
-    return this.request("POST", path, body);
+  post(path: string, body: Json, opts?: RequestOptions): Promise<Json> {
+    return this.request("POST", path, body, opts);
   }
 
   /** Takes `name`, waiting up to `waitMs`; `null` when it stays busy. */
@@ -274,7 +326,7 @@ export class LeaseholdClient {
     if (o.keepaliveMs !== undefined) body.keepalive_ms = o.keepaliveMs;
     if (o.holder !== undefined) body.holder = o.holder;
     const sentAt = performance.now();
-    const answer = await this.post(path, body);
+    const answer = await this.post(path, body, { waitMs: o.waitMs });
     if (answer.acquired !== true) return null;
     return new Lease(
       this,
@@ -292,9 +344,13 @@ export class LeaseholdClient {
     return (await this.request("GET", `/v1/groups/${enc(group)}`)) as unknown as GroupState;
   }
 
-  /** Waits (up to `waitMs`) until the group's term differs from `token`. */
-  async observe(group: string, token: string | null, waitMs = 30000): Promise<GroupState> {
-    return (await this.post(`/v1/groups/${enc(group)}/observe`, { token, wait_ms: waitMs })) as unknown as GroupState;
+  /**
+   * Waits (up to `waitMs`, default 30 s) until the group's term differs from `token` (`null`:
+   * nobody leads), then answers the group's state. Loop on it to follow the leadership.
+   */
+  async observe(group: string, token: string | null = null, waitMs = 30_000): Promise<GroupState> {
+    const answer = await this.post(`/v1/groups/${enc(group)}/observe`, { token, wait_ms: waitMs }, { waitMs });
+    return answer as unknown as GroupState;
   }
 
   /**
@@ -328,18 +384,22 @@ export class LeaseholdClient {
   /**
    * Ticks, and if this caller runs the slot, runs `job` with the run (its `signal` aborts if the
    * run's lease is lost) and ends the run with the job's outcome. Resolves to `ran` or the reason
-   * it did not run. When the sidecar cannot be reached, `onSidecarDown` decides.
+   * it did not run. When the sidecar cannot be reached (refused, or no answer within
+   * `timeoutMs`), `onSidecarDown` decides: `fail-closed` resolves to `sidecar-down` without
+   * running, `fail-open` runs the job ungated. Other errors (bad input, auth) reject.
    */
-  async gate(task: string, options: TickOptions, job: (run: Run | UngatedRun) => Promise<void>): Promise<string> {
+  async gate(task: string, options: TickOptions, job: (run: Run | UngatedRun) => Promise<void>): Promise<GateResult> {
     let answer: Run | UngatedRun | NotRun;
     try {
       answer = await this.tick(task, options);
     } catch (e) {
-      if (!(e instanceof LeaseholdError) || e.code !== "sidecar-down" || this.onSidecarDown !== "fail-open") {
-        if (e instanceof LeaseholdError && e.code === "sidecar-down") return "sidecar-down";
-        throw e;
-      }
-      answer = ungated(task, null);
+      if (!(e instanceof LeaseholdError)) throw e;
+      if (e.code === "store-down") return "store-down";
+      if (e.code !== "sidecar-down") throw e;
+      if (this.onSidecarDown !== "fail-open") return "sidecar-down";
+      // Ungated, on this instance's own clock: the slot the schedule would have.
+      const slot = "everyMs" in options ? Math.floor(Date.now() / options.everyMs) * options.everyMs : null;
+      answer = ungated(task, slot);
     }
     if (answer.run === false) return answer.reason;
     try {

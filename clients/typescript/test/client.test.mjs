@@ -1,11 +1,16 @@
 // The client against real sidecars: a SQLite file shared by two sidecars, and one Redis test.
-import { after, before, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { LeaseholdClient, LeaseholdError } from "../dist/index.js";
 import { BIN, redis, sidecar, sleep, tempDir } from "../support/helpers.mjs";
+
+/** Resolves when `signal` has aborted (at once if it already has). */
+const aborted = (signal) =>
+  signal.aborted ? Promise.resolve() : new Promise((ok) => signal.addEventListener("abort", ok, { once: true }));
 
 const dir = tempDir();
 const store = `sqlite:${join(dir, "leases.db")}`;
@@ -51,7 +56,7 @@ test("the lease is kept past its ttl while held, and its signal aborts when it i
   const orphan = await cc.acquire("orphan", { ttlMs: 1000 });
   const lostAt = performance.now();
   await c.stop("SIGKILL");
-  await new Promise((ok) => orphan.signal.addEventListener("abort", ok, { once: true }));
+  await aborted(orphan.signal);
   assert.ok(performance.now() - lostAt <= 1000, "aborted within the validity it was granted");
   // Another instance gets it once the store's ttl ran out.
   let other = null;
@@ -79,16 +84,20 @@ test("an application that stops calling loses its lease within keepalive", async
   await other.release();
 });
 
-test("one run per slot across two sidecars, and done feeds the history", async () => {
+test("one run per slot across two sidecars ticking at the same moment, and done feeds the history", async () => {
   const runs = [];
   const end = Date.now() + 3500;
   while (Date.now() < end) {
-    for (const [name, c] of [["a", ca], ["b", cb]]) {
-      const result = await c.gate("ts-sweep", { everyMs: 500 }, async (run) => {
-        runs.push({ slot: run.slot, name });
-      });
-      assert.ok(["ran", "already-run", "busy"].includes(result), result);
-    }
+    // Both instances' timers fire together, as replicas' timers do.
+    const results = await Promise.all(
+      [["a", ca], ["b", cb]].map(([name, c]) =>
+        c.gate("ts-sweep", { everyMs: 500 }, async (run) => {
+          runs.push({ slot: run.slot, name, token: run.token });
+          await sleep(30);
+        }),
+      ),
+    );
+    for (const result of results) assert.ok(["ran", "already-run", "busy"].includes(result), result);
     await sleep(70);
   }
   const slots = runs.map((r) => r.slot);
@@ -100,12 +109,130 @@ test("one run per slot across two sidecars, and done feeds the history", async (
   ).runs;
   const ok = history.filter((r) => r.outcome === "ok").map((r) => r.slot);
   for (const slot of slots) assert.ok(ok.includes(slot), `slot ${slot} recorded ok`);
+  assert.ok(new Set(runs.map((r) => r.name)).size >= 1);
+  // The run tokens go up with the slots.
+  for (let i = 1; i < runs.length; i++) assert.ok(BigInt(runs[i].token) > BigInt(runs[i - 1].token));
+});
+
+test("a failed job is recorded failed with its error", async () => {
+  const result = await ca.gate("ts-failing", { everyMs: 60_000 }, async () => {
+    throw new Error("webhook endpoint answered 500");
+  });
+  assert.equal(result, "failed");
+  const history = JSON.parse(execFileSync(BIN, ["history", "--store", store, "ts-failing", "--json"]).toString()).runs;
+  assert.equal(history.length, 1, JSON.stringify(history));
+  assert.equal(history[0].outcome, "failed");
+  assert.match(JSON.stringify(history[0]), /webhook endpoint answered 500/);
+  assert.equal(await cb.gate("ts-failing", { everyMs: 60_000 }, async () => {}), "already-run");
+});
+
+test("the signal aborts with the sidecar's reason when the lease ends elsewhere", async () => {
+  const lease = await ca.acquire("ended-elsewhere", { ttlMs: 4000 });
+  assert.ok(lease);
+  // Another part of the application (or an operator) releases the same tenure by its token.
+  const started = performance.now();
+  assert.equal((await ca.post("/v1/leases/ended-elsewhere/release", { token: lease.token })).released, true);
+  await aborted(lease.signal);
+  assert.ok(performance.now() - started < 1500, "the watch in flight answered the loss");
+  assert.equal(lease.signal.reason.reason, "released");
+  assert.equal(lease.validForMs, 0);
+  assert.equal(await lease.release(), false, "no longer ours");
+});
+
+test("a frozen process: validity is 0 the moment it wakes, and another instance has the lease", async () => {
+  const lease = await ca.acquire("frozen-loop", { ttlMs: 10_000, keepaliveMs: 600 });
+  assert.ok(lease);
+  assert.ok(lease.validForMs > 0 && lease.validForMs <= 600, `${lease.validForMs}`);
+  // The event loop blocks for 2 s (a long GC pause, a synchronous call gone wrong): no watch goes out.
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 2000);
+  assert.equal(lease.validForMs, 0, "no validity left on waking, before any timer ran");
+  await sleep(0);
+  assert.ok(lease.signal.aborted, "aborted on the first turn of the event loop");
+  // The sidecar gave the lease up for the silence (not after the 10 s ttl).
+  const other = await cb.acquire("frozen-loop", { ttlMs: 10_000 });
+  assert.ok(other, "another instance took it over");
+  assert.ok(BigInt(other.token) > BigInt(lease.token));
+  await other.release();
+});
+
+test("a stopped sidecar: the lease aborts when its validity runs out, gate fails closed in timeoutMs", async () => {
+  const c = await sidecar(store);
+  const cc = new LeaseholdClient({ baseUrl: c.url, timeoutMs: 800 });
+  const lease = await cc.acquire("stopped-sidecar", { ttlMs: 2000, keepaliveMs: 1000 });
+  assert.ok(lease);
+  c.child.kill("SIGSTOP");
+  try {
+    const stoppedAt = performance.now();
+    await aborted(lease.signal);
+    const abortedAfter = performance.now() - stoppedAt;
+    assert.ok(abortedAfter <= 1100, `aborted ${abortedAfter} ms after the sidecar stopped (keepalive 1000)`);
+    assert.equal(lease.signal.reason.reason, "expired");
+    let ran = false;
+    const before = performance.now();
+    assert.equal(await cc.gate("stopped-task", { everyMs: 1000 }, async () => { ran = true; }), "sidecar-down");
+    const took = performance.now() - before;
+    assert.ok(took >= 700 && took < 3000, `gate gave up after ${took} ms`);
+    assert.equal(ran, false);
+  } finally {
+    c.child.kill("SIGCONT");
+    await c.stop("SIGKILL");
+  }
+});
+
+test("observe answers when the leadership changes", async () => {
+  assert.deepEqual(await cb.observe("ts-group", null, 200), { group: "ts-group", leader: null, token: null, remaining_ms: 0 });
+  const term = await ca.campaign("ts-group", { ttlMs: 3000, holder: "pod-a" });
+  assert.ok(term);
+  const now = await cb.observe("ts-group", null, 5000);
+  assert.equal(now.token, term.token);
+  assert.match(now.leader, /^pod-a/);
+  // Someone watching the current term hears of its end at once, not after the wait.
+  const watching = cb.observe("ts-group", term.token, 20_000);
+  await sleep(300);
+  const released = performance.now();
+  await term.release();
+  const after = await watching;
+  assert.ok(performance.now() - released < 2000);
+  assert.notEqual(after.token, term.token);
+  const next = await cb.campaign("ts-group", { ttlMs: 3000 });
+  assert.ok(next && BigInt(next.token) > BigInt(term.token));
+  assert.equal((await ca.leader("ts-group")).token, next.token);
+  await next.release();
+});
+
+test("with --auth-token-file: the client's bearer token is required", async () => {
+  const tokenFile = join(dir, "auth-token");
+  writeFileSync(tokenFile, "0123456789abcdef0123456789abcdef\n");
+  const c = await sidecar(store, ["--auth-token-file", tokenFile]);
+  try {
+    const anonymous = new LeaseholdClient({ baseUrl: c.url });
+    await assert.rejects(anonymous.acquire("authed", { ttlMs: 1000 }), (e) => e.status === 401 && e.error === "unauthorized");
+    const wrong = new LeaseholdClient({ baseUrl: c.url, authToken: "0123456789abcdef0123456789abcdeX" });
+    await assert.rejects(wrong.acquire("authed", { ttlMs: 1000 }), (e) => e.status === 401);
+    const authed = new LeaseholdClient({ baseUrl: c.url, authToken: "0123456789abcdef0123456789abcdef" });
+    const lease = await authed.acquire("authed", { ttlMs: 1000 });
+    assert.ok(lease);
+    await sleep(1500);
+    assert.equal(lease.signal.aborted, false, "the watch loop carries the token too");
+    assert.equal(await lease.release(), true);
+  } finally {
+    await c.stop();
+  }
 });
 
 test("bad input is a 400 naming the field", async () => {
   await assert.rejects(ca.acquire("x", { ttlMs: 5 }), (e) => e.status === 400 && e.field === "ttl_ms");
   await assert.rejects(ca.tick("t", { cron: "not cron" }), (e) => e.status === 400 && e.field === "cron");
   await assert.rejects(ca.acquire("bad name", { ttlMs: 1000 }), (e) => e.status === 400 && e.field === "name");
+  await assert.rejects(ca.acquire("x", { ttlMs: 1000, waitMs: -1 }), (e) => e.status === 400 && e.field === "wait_ms");
+  await assert.rejects(ca.tick("t", { everyMs: 0 }), (e) => {
+    assert.ok(e instanceof LeaseholdError);
+    assert.equal(e.error, "bad-request");
+    assert.equal(e.field, "every_ms");
+    assert.ok(e.message.length > 0);
+    return true;
+  });
+  await assert.rejects(ca.post("/v1/leases/x/keepalive", { token: "12x" }), (e) => e.status === 400 && e.field === "token");
 });
 
 test("an unreachable sidecar: fail-closed does not run, fail-open runs ungated", async () => {
@@ -119,12 +246,20 @@ test("an unreachable sidecar: fail-closed does not run, fail-open runs ungated",
   assert.equal(ran, 1);
 });
 
-test("on Redis: a group's ticks run on its leader only", async () => {
-  const r = await redis();
-  const [x, y] = await Promise.all([sidecar(r.url), sidecar(r.url)]);
-  const cx = new LeaseholdClient({ baseUrl: x.url });
-  const cy = new LeaseholdClient({ baseUrl: y.url });
-  try {
+describe("on a redis-server of the test's own", () => {
+  let r, x, y, cx, cy;
+  before(async () => {
+    r = await redis();
+    [x, y] = await Promise.all([sidecar(r.url), sidecar(r.url)]);
+    cx = new LeaseholdClient({ baseUrl: x.url });
+    cy = new LeaseholdClient({ baseUrl: y.url });
+  });
+  after(async () => {
+    await Promise.all([x.stop(), y.stop()]);
+    await r.stop();
+  });
+
+  test("a group's ticks run on its leader only", async () => {
     const ran = { x: 0, y: 0 };
     const end = Date.now() + 3000;
     while (Date.now() < end) {
@@ -137,8 +272,47 @@ test("on Redis: a group's ticks run on its leader only", async () => {
     assert.ok(ran.x === 0 || ran.y === 0, `both ran: ${JSON.stringify(ran)}`);
     const state = await cx.leader("workers");
     assert.ok(state.leader && state.token, JSON.stringify(state));
-  } finally {
-    await Promise.all([x.stop(), y.stop()]);
+  });
+
+  test("tokens above 2^53 come as exact strings and keep increasing", async () => {
+    // A counter far along (a long-lived name, or a store seeded from a clock far ahead).
+    execFileSync("redis-cli", ["-p", String(r.port), "set", "leasehold:{big}:fence", String(2 ** 53)]);
+    const first = await cx.acquire("big", { ttlMs: 2000 });
+    assert.equal(first.token, "9007199254740993", "2^53 + 1, exact");
+    assert.equal(Number(first.token), 2 ** 53, "a JSON number would have been read as 2^53");
+    assert.equal((await cy.request("GET", "/v1/leases/big")).token, "9007199254740993");
+    assert.equal(await first.release(), true);
+    const second = await cy.acquire("big", { ttlMs: 2000 });
+    assert.equal(second.token, "9007199254740994");
+    assert.ok(BigInt(second.token) > BigInt(first.token));
+    await second.release();
+  });
+
+  test("store down: ticks fail closed by default, run ungated with fail-open; gated again when it is back", async () => {
+    const ran = [];
+    const job = (name) => async (run) => { ran.push({ name, gated: run.gated !== false }); };
+    assert.equal(await cx.gate("outage", { everyMs: 200 }, job("x")), "ran");
     await r.stop();
-  }
+    await sleep(300);
+    const closed = await Promise.all([
+      cx.gate("outage", { everyMs: 200 }, job("x")),
+      cy.gate("outage", { everyMs: 200 }, job("y")),
+    ]);
+    assert.deepEqual(closed, ["store-down", "store-down"]);
+    assert.equal(ran.length, 1, "nothing ran while the store was down");
+    const open = await Promise.all([
+      cx.gate("outage", { everyMs: 200, onStoreDown: "fail-open" }, job("x")),
+      cy.gate("outage", { everyMs: 200, onStoreDown: "fail-open" }, job("y")),
+    ]);
+    assert.deepEqual(open, ["ran", "ran"], "fail-open: every instance runs, uncoordinated");
+    assert.deepEqual(ran.slice(1), [{ name: "x", gated: false }, { name: "y", gated: false }]);
+    r = await redis(r.port);
+    let result;
+    for (let i = 0; i < 50 && result !== "ran"; i++) {
+      await sleep(200);
+      result = await cx.gate("outage", { everyMs: 200 }, job("x"));
+    }
+    assert.equal(result, "ran", "gated runs resume once the store is back");
+    assert.equal(ran.at(-1).gated, true);
+  });
 });
