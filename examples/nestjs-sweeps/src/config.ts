@@ -17,6 +17,8 @@ export const config = {
   workMs: num("WORK_MS", 100),
   /** The task lease's ttl while a sweep runs: how long a crashed replica's run blocks the task. */
   ttlMs: num("LEASE_TTL_MS", 15_000),
+  /** Log every tick's outcome (ran, already-run, store-down, ...), not only failures. */
+  logTicks: process.env.LOG_TICKS === "1",
   /** When the sidecar itself is unreachable: skip the sweep (default) or run it ungated. */
   onSidecarDown: (process.env.ON_SIDECAR_DOWN ?? "fail-closed") as "fail-closed" | "fail-open",
 };

@@ -4,13 +4,15 @@ import { config } from "./config.js";
 
 export interface Entry {
   worker: string;
+  /** `start` when a sweep begins, `end` when it has finished (the e2e test checks both). */
+  phase: "start" | "end";
   slot: number | null;
   token: string | null;
   start: number;
-  end: number;
+  end?: number;
 }
 
-/** One line per completed sweep: which replica ran which slot, under which fencing token. */
+/** One line per sweep start and end: which replica ran which slot, under which fencing token. */
 export function record(entry: Entry): void {
   appendFileSync(config.ledger, JSON.stringify({ ...entry, replica: config.replica }) + "\n");
 }

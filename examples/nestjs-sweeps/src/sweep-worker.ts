@@ -11,6 +11,7 @@ export abstract class SweepWorker implements OnApplicationBootstrap, BeforeAppli
   protected abstract readonly task: string;
   private timer?: ReturnType<typeof setInterval>;
   private running: Promise<unknown> = Promise.resolve();
+  private busy = false;
   private readonly logger = new Logger(this.constructor.name);
 
   constructor(private readonly leasehold: LeaseholdClient) {}
@@ -24,12 +25,20 @@ export abstract class SweepWorker implements OnApplicationBootstrap, BeforeAppli
   }
 
   private tick(): void {
-    // One tick at a time per worker; a tick that finds the last one still going is skipped.
-    this.running = this.running.then(() =>
-      this.leasehold
-        .gate(this.task, { everyMs: config.intervalMs, ttlMs: config.ttlMs }, (run) => this.runOnce(run))
-        .catch((e: unknown) => this.logger.warn(`tick failed: ${String(e)}`)),
-    );
+    // One tick at a time per worker: a tick that finds the last one still going is skipped (the
+    // sidecar would answer busy anyway).
+    if (this.busy) return;
+    this.busy = true;
+    this.running = this.leasehold
+      .gate(this.task, { everyMs: config.intervalMs, ttlMs: config.ttlMs }, (run) => this.runOnce(run))
+      .then((result) => {
+        if (result === "failed" || result === "sidecar-down") this.logger.warn(`${this.task}: ${result}`);
+        else if (config.logTicks) this.logger.warn(`${this.task}: ${result}`);
+      })
+      .catch((e: unknown) => this.logger.warn(`${this.task}: tick failed: ${String(e)}`))
+      .finally(() => {
+        this.busy = false;
+      });
   }
 
   /** SIGTERM: no new ticks; the sweep in progress finishes and reports done, then the app exits. */

@@ -18,8 +18,10 @@ function work(signal: AbortSignal): Promise<void> {
 
 async function sweep(worker: string, run: Run | UngatedRun): Promise<void> {
   const start = Date.now();
+  const entry = { worker, slot: run.slot, token: "token" in run ? run.token : null, start };
+  record({ ...entry, phase: "start" });
   await work(run.signal);
-  record({ worker, slot: run.slot, token: "token" in run ? run.token : null, start, end: Date.now() });
+  record({ ...entry, phase: "end", end: Date.now() });
 }
 
 /** Expires gigs past their deadline and sends the webhooks: must not run twice per interval. */

@@ -1,24 +1,28 @@
 // Three replicas of the NestJS service, each with its own sidecar, all on one Redis of the
-// test's own. Checked from the ledger the sweeps write:
-// - every slot of both sweeps runs exactly once (never twice, over the whole run);
-// - SIGTERM of the replica that ran the latest slot (app, then its sidecar) hands over at once:
-//   no slot is missed around it;
-// - SIGKILL of a replica and its sidecar mid-run: the others resume within the task lease's ttl;
-// - Redis unreachable: with the default fail-closed policy no sweep starts while it is down, and
+// test's own (1 s interval, 3 s task-lease ttl). Checked from the ledger the sweeps write (a line
+// when a sweep starts, another when it ends) and from the run history in Redis:
+// - no slot of either sweep ever starts twice, and none is missed in normal operation;
+// - SIGTERM of a replica in the middle of a sweep (app, then its sidecar): the sweep finishes and
+//   is reported done (history: ok), and the next slot runs on another replica at once;
+// - SIGKILL of a replica and its sidecar in the middle of a sweep: the others resume within the
+//   task lease's ttl;
+// - Redis killed: with the default fail-closed policy no sweep starts while it is down, and
 //   sweeps resume once it is back.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { existsSync, openSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { redis, sidecar, sleep, tempDir } from "../../../clients/typescript/support/helpers.mjs";
+import { BIN, redis, sidecar, sleep, tempDir } from "../../../clients/typescript/support/helpers.mjs";
 
 const INTERVAL = 1000;
 const TTL = 3000;
+const WORK = 300;
 const WORKERS = ["gig-expiry", "repin"];
 
-function startApp(name, sidecarUrl, ledger, dir) {
+function startApp(name, sidecarUrl, ledger, log) {
+  const out = openSync(log, "a");
   const child = spawn(process.execPath, ["dist/main.js"], {
     env: {
       ...process.env,
@@ -26,10 +30,12 @@ function startApp(name, sidecarUrl, ledger, dir) {
       LEDGER: ledger,
       REPLICA: name,
       SWEEP_INTERVAL_MS: String(INTERVAL),
-      WORK_MS: "200",
+      WORK_MS: String(WORK),
       LEASE_TTL_MS: String(TTL),
+      LOG_TICKS: "1",
+      NO_COLOR: "1",
     },
-    stdio: ["ignore", "ignore", "inherit"],
+    stdio: ["ignore", out, out],
   });
   return {
     name,
@@ -48,16 +54,36 @@ const read = (ledger) =>
   existsSync(ledger)
     ? readFileSync(ledger, "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l))
     : [];
+const starts = (lines, worker) => lines.filter((l) => l.phase === "start" && (!worker || l.worker === worker));
+const ends = (lines, worker) => lines.filter((l) => l.phase === "end" && (!worker || l.worker === worker));
 
-/** The slots of `worker` that ran, sorted. */
-const slotsOf = (runs, worker) => runs.filter((r) => r.worker === worker).map((r) => r.slot).sort((a, b) => a - b);
-
-/** Slots due in [from, to) (slot times, ms) that did not run. */
-function missing(runs, worker, from, to) {
-  const ran = new Set(slotsOf(runs, worker));
+/** Slots due in [from, to) (slot times, ms) that no sweep started. */
+function missing(lines, worker, from, to) {
+  const ran = new Set(starts(lines, worker).map((l) => l.slot));
   const out = [];
   for (let s = Math.ceil(from / INTERVAL) * INTERVAL; s < to; s += INTERVAL) if (!ran.has(s)) out.push(s);
   return out;
+}
+
+/** Waits until a sweep of one of `replicas` has started and not ended; returns its start line. */
+async function sweepInProgress(ledger, replicas, limitMs = 10_000) {
+  const names = new Set(replicas.map((r) => r.name));
+  const deadline = Date.now() + limitMs;
+  while (Date.now() < deadline) {
+    const lines = read(ledger);
+    const ended = new Set(ends(lines).map((l) => `${l.worker}/${l.slot}`));
+    const open = starts(lines).filter((l) => names.has(l.replica) && !ended.has(`${l.worker}/${l.slot}`));
+    // Not one about to end: at least WORK/3 ms left.
+    const fresh = open.find((l) => Date.now() - l.start < (2 * WORK) / 3);
+    if (fresh) return fresh;
+    await sleep(15);
+  }
+  throw new Error("no sweep in progress");
+}
+
+function history(storeUrl, worker) {
+  const out = execFileSync(BIN, ["history", "--store", storeUrl, worker, "--json", "--limit", "1000"]);
+  return JSON.parse(out.toString()).runs;
 }
 
 test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, SIGKILL and a store outage", { timeout: 120_000 }, async () => {
@@ -67,33 +93,43 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
   const replicas = [];
   for (const name of ["r1", "r2", "r3"]) {
     const sc = await sidecar(store.url, ["--holder", name], join(dir, `${name}-sidecar.log`));
-    replicas.push({ name, sidecar: sc, app: startApp(name, sc.url, ledger, dir) });
+    replicas.push({ name, sidecar: sc, app: startApp(name, sc.url, ledger, join(dir, `${name}-app.log`)) });
   }
+  const report = {};
   try {
     await sleep(1500);
     const t0 = Date.now();
-    await sleep(5000);
+    await sleep(4000);
 
-    // SIGTERM the replica that ran the latest slot: its app finishes the sweep and exits, then
-    // its sidecar releases what it holds.
-    const latest = read(ledger).sort((a, b) => b.slot - a.slot)[0];
-    const leaving = replicas.find((r) => r.name === latest.replica);
+    // SIGTERM a replica in the middle of a sweep: Nest's shutdown hook stops its timers, lets
+    // the sweep finish and report done, and the app exits; then its sidecar releases the rest.
+    const termed = await sweepInProgress(ledger, replicas);
+    const leaving = replicas.find((r) => r.name === termed.replica);
     const t1 = Date.now();
     // Nest runs its shutdown hooks, then re-raises the signal.
     assert.ok([0, "SIGTERM"].includes(await leaving.app.stop("SIGTERM")), "the app exits on SIGTERM");
-    assert.equal(await leaving.sidecar.stop("SIGTERM"), 0);
+    const appExited = Date.now();
+    assert.equal(await leaving.sidecar.stop("SIGTERM"), 0, "the sidecar exits 0 on SIGTERM");
     await sleep(4000);
 
-    // SIGKILL another replica, app and sidecar together, while it may be mid-sweep.
+    // SIGKILL another replica, app and sidecar together, in the middle of a sweep: its run's
+    // lease stays in Redis until its ttl runs out.
     const live = replicas.filter((r) => r !== leaving);
-    const latest2 = read(ledger).sort((a, b) => b.slot - a.slot)[0];
-    const killed = live.find((r) => r.name === latest2.replica) ?? live[0];
+    const killedRun = await sweepInProgress(ledger, live);
+    const killed = live.find((r) => r.name === killedRun.replica);
     const t2 = Date.now();
     await Promise.all([killed.app.stop("SIGKILL"), killed.sidecar.stop("SIGKILL")]);
-    await sleep(TTL + 4000);
+    await sleep(TTL + 3000);
+    // The orchestrator starts a replacement (new sidecar, new app) for the outage phase.
+    const sc4 = await sidecar(store.url, ["--holder", "r4"], join(dir, "r4-sidecar.log"));
+    replicas.push({ name: "r4", sidecar: sc4, app: startApp("r4", sc4.url, ledger, join(dir, "r4-app.log")) });
+    await sleep(2000);
 
-    // Redis goes away (killed), then comes back on the same port.
+    // The history, before Redis (which keeps nothing on disk) goes away.
+    const histories = Object.fromEntries(WORKERS.map((w) => [w, history(store.url, w)]));
     const t3 = Date.now();
+
+    // Redis goes away (killed), then comes back on the same port, empty.
     await store.stop();
     await sleep(4000);
     const t4 = Date.now();
@@ -101,26 +137,60 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
     await sleep(6000);
     const t5 = Date.now();
 
-    const runs = read(ledger);
+    const lines = read(ledger);
     for (const worker of WORKERS) {
-      const slots = slotsOf(runs, worker);
-      assert.equal(new Set(slots).size, slots.length, `${worker}: a slot ran twice`);
+      const slots = starts(lines, worker).map((l) => l.slot);
+      assert.equal(new Set(slots).size, slots.length, `${worker}: a slot started twice: ${slots}`);
+      // Every sweep that started ended (the SIGTERMed one and those running when Redis died
+      // included), but those in progress on the SIGKILLed replica, and the last, still running.
+      for (const s of starts(lines, worker).filter((l) => l.start < t5 - WORK - 500)) {
+        const wasKilled = s.replica === killed.name && s.start > t2 - WORK - 500;
+        const end = ends(lines, worker).find((e) => e.slot === s.slot);
+        if (!wasKilled) assert.ok(end, `${worker} slot ${s.slot} on ${s.replica} never ended`);
+        if (end) assert.equal(end.replica, s.replica);
+      }
       // Normal operation, and across the SIGTERM handover: nothing missed.
-      assert.deepEqual(missing(runs, worker, t0, t2 - INTERVAL), [], `${worker}: missed before the kill (SIGTERM at ${t1})`);
+      assert.deepEqual(missing(lines, worker, t0, t2 - INTERVAL), [], `${worker}: missed before the kill (SIGTERM at ${t1})`);
+      // After the SIGTERM, the first slot ran elsewhere promptly.
+      const lastOfLeaving = Math.max(...starts(lines, worker).filter((l) => l.replica === leaving.name).map((l) => l.slot));
+      const next = starts(lines, worker).filter((l) => l.slot > lastOfLeaving).sort((p, q) => p.slot - q.slot)[0];
+      assert.ok(next && next.replica !== leaving.name, `${worker}: next slot after SIGTERM: ${JSON.stringify(next)}`);
+      assert.ok(next.start - next.slot < 2 * INTERVAL, `${worker}: slot ${next.slot} started ${next.start - next.slot} ms late`);
       // After the SIGKILL: at most the slots the dead replica's run lease blocked (its ttl).
-      const afterKill = missing(runs, worker, t2, t3 - INTERVAL);
+      const afterKill = missing(lines, worker, t2, t3 - INTERVAL);
       assert.ok(afterKill.length <= TTL / INTERVAL + 1, `${worker}: ${afterKill.length} missed after SIGKILL`);
-      assert.deepEqual(missing(runs, worker, t2 + TTL + 2 * INTERVAL, t3 - INTERVAL), [], `${worker}: not resumed after SIGKILL`);
+      assert.deepEqual(missing(lines, worker, t2 + TTL + 2 * INTERVAL, t3 - INTERVAL), [], `${worker}: not resumed after SIGKILL`);
+      // Every completed sweep up to then is in the run history as ok, by the replica's sidecar:
+      // done was called (the SIGTERMed replica's last sweep included).
+      const recorded = new Map(histories[worker].map((h) => [h.slot, h]));
+      for (const e of ends(lines, worker).filter((e) => e.end < t3 - 500)) {
+        const h = recorded.get(e.slot);
+        assert.ok(h, `${worker} slot ${e.slot} (${e.replica}) not in the history`);
+        assert.equal(h.outcome, "ok");
+        assert.equal(h.token, e.token);
+        assert.match(h.holder, new RegExp(`^${e.replica}#`));
+      }
       // Store down, fail-closed: no sweep starts while Redis is gone.
-      const during = runs.filter((r) => r.worker === worker && r.start > t3 + 300 && r.start < t4);
-      assert.deepEqual(during, [], `${worker}: ran while the store was down`);
+      const during = starts(lines, worker).filter((l) => l.start > t3 + 300 && l.start < t4);
+      assert.deepEqual(during, [], `${worker}: started while the store was down`);
       // And they resume once it is back.
-      const resumed = runs.filter((r) => r.worker === worker && r.start > t4);
-      assert.ok(resumed.length >= 2, `${worker}: ${resumed.length} runs in the ${t5 - t4} ms after Redis came back`);
+      const resumed = starts(lines, worker).filter((l) => l.start > t4);
+      assert.ok(resumed.length >= 2, `${worker}: ${resumed.length} sweeps in the ${t5 - t4} ms after Redis came back`);
+      report[worker] = {
+        nextAfterSigterm: { slot: next.slot, replica: next.replica, lateMs: next.start - next.slot, afterExitMs: next.start - appExited },
+        missedAfterSigkill: afterKill.length,
+        firstAfterSigkillMs: Math.min(...starts(lines, worker).filter((l) => l.start > t2).map((l) => l.start)) - t2,
+        firstAfterRedisBackMs: Math.min(...resumed.map((l) => l.start)) - t4,
+      };
     }
+    // The sweep in progress at SIGTERM finished (and is in the history: checked above).
+    assert.ok(ends(lines).some((e) => e.worker === termed.worker && e.slot === termed.slot && e.replica === leaving.name));
     const byReplica = {};
-    for (const r of runs) byReplica[r.replica] = (byReplica[r.replica] ?? 0) + 1;
-    console.log(`runs per replica: ${JSON.stringify(byReplica)}; SIGTERM ${leaving.name}, SIGKILL ${killed.name}`);
+    for (const l of starts(lines)) byReplica[l.replica] = (byReplica[l.replica] ?? 0) + 1;
+    console.log(
+      `sweeps per replica: ${JSON.stringify(byReplica)}; SIGTERM ${leaving.name} mid-${termed.worker}, ` +
+        `SIGKILL ${killed.name} mid-${killedRun.worker}; ${JSON.stringify(report)}`,
+    );
   } finally {
     for (const r of replicas) {
       await r.app.stop("SIGKILL");
