@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # The Node side of the sidecar: the TypeScript client's tests and the NestJS example's end-to-end
-# test, against real `leasehold serve` processes and redis-servers of their own. Installs the
-# npm packages from the committed lockfiles. Usage: scripts/node-tests.sh [LEASEHOLD_BIN].
+# test, against real `leasehold serve` processes and redis-servers of their own (redis-server from
+# PATH: scripts/stores.sh installs it). Installs the npm packages from the committed lockfiles
+# (npm ci, cache first). Usage: scripts/node-tests.sh [LEASEHOLD_BIN]; the binary defaults to
+# $LEASEHOLD_BIN, else target/debug/leasehold. Exits non-zero if anything fails. About a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bin="${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}"
+if [ ! -x "$bin" ]; then
+  echo "node-tests: no leasehold binary at $bin (cargo build -p leasehold-cli --bin leasehold)" >&2
+  exit 1
+fi
+for tool in node npm redis-server redis-cli; do
+  command -v "$tool" >/dev/null || { echo "node-tests: $tool is not on PATH (scripts/stores.sh installs it)" >&2; exit 1; }
+done
 export LEASEHOLD_BIN
-LEASEHOLD_BIN=$(realpath "${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}")
+LEASEHOLD_BIN=$(realpath "$bin")
+npm_ci() { npm ci --prefer-offline --no-audit --no-fund --loglevel=error; }
 
-echo "== clients/typescript"
-(cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && npm test)
+# The client first: the example depends on it (file:../../clients/typescript) and on its build.
+echo "== clients/typescript (node $(node --version))"
+(cd clients/typescript && npm_ci && npm test)
 echo "== examples/nestjs-sweeps"
-(cd examples/nestjs-sweeps && npm ci --no-audit --no-fund --loglevel=error && npm test)
+(cd examples/nestjs-sweeps && npm_ci && npm test)
