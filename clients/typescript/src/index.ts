@@ -203,6 +203,8 @@ export class Lease {
 /** A run granted by a tick: a lease on the task, plus the slot it runs. */
 export class Run extends Lease {
   readonly run = true as const;
+  /** Coordinated through the store: this is the one run of the slot. */
+  readonly gated = true as const;
 
   constructor(
     client: LeaseholdClient,
@@ -235,6 +237,8 @@ export interface UngatedRun {
   gated: false;
   task: string;
   slot: number | null;
+  /** No fencing token: nothing coordinated this run. */
+  token: null;
   signal: AbortSignal;
   done(outcome: "ok" | "failed", error?: string): Promise<boolean>;
 }
@@ -419,6 +423,7 @@ function ungated(task: string, slot: number | null): UngatedRun {
     gated: false,
     task,
     slot,
+    token: null,
     signal: new AbortController().signal,
     done: async () => false,
   };

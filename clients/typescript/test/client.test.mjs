@@ -252,7 +252,13 @@ test("an unreachable sidecar: fail-closed does not run, fail-open runs ungated",
   assert.equal(await closed.gate("t", { everyMs: 1000 }, async () => { ran++; }), "sidecar-down");
   assert.equal(ran, 0);
   const open = new LeaseholdClient({ baseUrl: nowhere, onSidecarDown: "fail-open" });
-  assert.equal(await open.gate("t", { everyMs: 1000 }, async (run) => { ran++; assert.equal(run.gated, false); }), "ran");
+  assert.equal(await open.gate("t", { everyMs: 1000 }, async (run) => {
+    ran++;
+    assert.equal(run.gated, false);
+    assert.equal(run.token, null);
+    assert.equal(run.slot % 1000, 0);
+    assert.ok(Math.abs(Date.now() - run.slot) < 2000, "the slot by the local clock");
+  }), "ran");
   assert.equal(ran, 1);
 });
 
@@ -300,7 +306,10 @@ describe("on a redis-server of the test's own", () => {
 
   test("store down: ticks fail closed by default, run ungated with fail-open; gated again when it is back", async () => {
     const ran = [];
-    const job = (name) => async (run) => { ran.push({ name, gated: run.gated !== false }); };
+    const job = (name) => async (run) => {
+      assert.equal(run.token === null, run.gated === false, "a token exactly when gated");
+      ran.push({ name, gated: run.gated });
+    };
     assert.equal(await cx.gate("outage", { everyMs: 200 }, job("x")), "ran");
     await r.stop();
     await sleep(300);

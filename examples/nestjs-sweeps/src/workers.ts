@@ -18,7 +18,7 @@ function work(signal: AbortSignal): Promise<void> {
 
 async function sweep(worker: string, run: Run | UngatedRun): Promise<void> {
   const start = Date.now();
-  const entry = { worker, slot: run.slot, token: "token" in run ? run.token : null, start };
+  const entry = { worker, slot: run.slot, token: run.token, start };
   record({ ...entry, phase: "start" });
   await work(run.signal);
   record({ ...entry, phase: "end", end: Date.now() });
