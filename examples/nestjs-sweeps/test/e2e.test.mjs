@@ -159,7 +159,13 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
       // After the SIGKILL: at most the slots the dead replica's run lease blocked (its ttl).
       const afterKill = missing(lines, worker, t2, t3 - INTERVAL);
       assert.ok(afterKill.length <= TTL / INTERVAL + 1, `${worker}: ${afterKill.length} missed after SIGKILL`);
-      assert.deepEqual(missing(lines, worker, t2 + TTL + 2 * INTERVAL, t3 - INTERVAL), [], `${worker}: not resumed after SIGKILL`);
+      const firstAfterKill = Math.min(...starts(lines, worker).filter((l) => l.start > t2).map((l) => l.start));
+      assert.ok(firstAfterKill - t2 <= TTL + 2 * INTERVAL, `${worker}: resumed ${firstAfterKill - t2} ms after SIGKILL`);
+      // Then steady again. (At most one slot: until the replacement joins, one replica ticks
+      // alone, and its setInterval drifts a millisecond or so per tick, so a tick can cross a
+      // slot boundary and skip that slot; with two or more replicas another one covers it.)
+      const later = missing(lines, worker, t2 + TTL + 2 * INTERVAL, t3 - INTERVAL);
+      assert.ok(later.length <= 1, `${worker}: missed ${later} after resuming from SIGKILL`);
       // Every completed sweep up to then is in the run history as ok, by the replica's sidecar:
       // done was called (the SIGTERMed replica's last sweep included).
       const recorded = new Map(histories[worker].map((h) => [h.slot, h]));
@@ -179,7 +185,7 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
       report[worker] = {
         nextAfterSigterm: { slot: next.slot, replica: next.replica, lateMs: next.start - next.slot, afterExitMs: next.start - appExited },
         missedAfterSigkill: afterKill.length,
-        firstAfterSigkillMs: Math.min(...starts(lines, worker).filter((l) => l.start > t2).map((l) => l.start)) - t2,
+        firstAfterSigkillMs: firstAfterKill - t2,
         firstAfterRedisBackMs: Math.min(...resumed.map((l) => l.start)) - t4,
       };
     }
