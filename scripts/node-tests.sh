@@ -14,6 +14,12 @@ fi
 for tool in node npm redis-server redis-cli; do
   command -v "$tool" >/dev/null || { echo "node-tests: $tool is not on PATH (scripts/stores.sh installs it)" >&2; exit 1; }
 done
+# NestJS 11 needs Node 20; the tests use import.meta.dirname and --test-timeout (Node 20.11).
+# (Debian 12's own nodejs package is 18: install Node 20 from elsewhere, e.g. NodeSource.)
+if ! node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 11) ? 0 : 1)'; then
+  echo "node-tests: Node $(node --version) is too old; these tests need Node 20.11 or later" >&2
+  exit 1
+fi
 export LEASEHOLD_BIN
 LEASEHOLD_BIN=$(realpath "$bin")
 npm_ci() { npm ci --prefer-offline --no-audit --no-fund --loglevel=error; }
