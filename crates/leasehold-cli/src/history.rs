@@ -20,7 +20,7 @@ pub struct HistoryArgs {
     /// How many entries to show, newest first.
     #[arg(long, default_value_t = 20)]
     limit: usize,
-    /// Print JSON (one array of records) instead of a table.
+    /// Print JSON (`{"task": NAME, "runs": [records, newest first]}`) instead of a table.
     #[arg(long)]
     json: bool,
 }

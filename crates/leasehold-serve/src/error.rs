@@ -175,7 +175,8 @@ pub(crate) fn parse<T: DeserializeOwned>(
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let field = if path == "." {
+        // serde_path_to_error says "?" where the JSON itself is malformed.
+        let field = if path == "." || path == "?" {
             unknown_field(&inner.to_string()).unwrap_or_else(|| "body".to_owned())
         } else {
             path

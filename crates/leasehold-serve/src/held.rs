@@ -100,21 +100,22 @@ impl Entry {
     }
 
     /// Ends the entry for `reason` (the first reason wins) and releases its lease. Returns
-    /// whether the store released it (false when it was no longer ours or ended before).
-    pub(crate) async fn end(&self, reason: EndReason) -> bool {
+    /// whether the store released it (false when it was no longer ours or ended before), or
+    /// why the store could not be told (the lease then expires there after its ttl).
+    pub(crate) async fn end(&self, reason: EndReason) -> Result<bool, String> {
         if self.ended.set(reason).is_ok() {
             self.ended_signal.cancel();
         }
         let guard = lock(&self.guard).take();
         let Some(guard) = guard else {
-            return false;
+            return Ok(false);
         };
         match guard.release().await {
-            Ok(Release::Released) => true,
-            Ok(_) => false,
+            Ok(Release::Released) => Ok(true),
+            Ok(_) => Ok(false),
             Err(e) => {
                 tracing::warn!(lease = %self.name, error = %e, "release failed; the lease expires in the store after its ttl");
-                false
+                Err(e.to_string())
             }
         }
     }
@@ -243,7 +244,7 @@ impl Registry {
         };
         if let Some(reason) = reason {
             tracing::info!(lease = %entry.name, token = %entry.token, reason = reason.as_str(), "lease ended for the application");
-            entry.end(reason).await;
+            let _ = entry.end(reason).await;
             if reason != EndReason::Released
                 && let Some(record) = entry.run_record(RunOutcome::Cancelled {
                     why: reason.as_str().to_owned(),

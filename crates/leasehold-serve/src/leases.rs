@@ -164,7 +164,7 @@ async fn take(
     // A grant that is no longer valid by the time it can be answered (a ttl too short for the
     // store's latency) is given back, as the core treats a late reply.
     let Ok(valid_for_ms) = entry.valid_for_ms(arrival) else {
-        entry.end(EndReason::Expired).await;
+        let _ = entry.end(EndReason::Expired).await;
         return Err(ApiError::store_down(format!(
             "the lease was granted but had no validity left when the answer was ready \
              (ttl {} ms is too short for this store's latency)",
@@ -294,7 +294,11 @@ pub(crate) async fn release(
 ) -> Result<Json<Released>, ApiError> {
     let request: TokenRequest = parse(body)?;
     let released = match find(&sidecar.0, &name, &request.token) {
-        Ok(entry) => entry.end(EndReason::Released).await,
+        Ok(entry) => entry.end(EndReason::Released).await.map_err(|e| {
+            ApiError::store_down(format!(
+                "stopped renewing, but the store could not be told ({e}): the lease expires there after its ttl"
+            ))
+        })?,
         // A name or token that cannot be valid is a bad request; an unknown one was not ours.
         Err(e) if e.is_bad_request() => return Err(e),
         Err(_) => false,

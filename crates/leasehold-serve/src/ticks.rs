@@ -217,7 +217,7 @@ pub(crate) async fn tick(
     // The claim took so long that the lease is expiring: the slot stays claimed but unrun,
     // rather than run by a holder about to lose it (as the scheduler does).
     let Ok(valid_for_ms) = entry.valid_for_ms(arrival) else {
-        entry.end(EndReason::Expired).await;
+        let _ = entry.end(EndReason::Expired).await;
         return Ok(Json(answer(false, Some(slot), Some("store-down"))));
     };
     Ok(Json(TickResponse {
@@ -303,7 +303,12 @@ pub(crate) async fn done(
             ));
         }
     }
-    let released = entry.end(EndReason::Released).await;
+    let released = entry.end(EndReason::Released).await.map_err(|e| {
+        ApiError::store_down(format!(
+            "the run is over here, but the store could not be told ({e}): its lease expires \
+             there after its ttl, and the outcome is not in the history"
+        ))
+    })?;
     let outcome = match request.outcome {
         Outcome::Ok => RunOutcome::Ok,
         Outcome::Failed => RunOutcome::Failed {

@@ -423,7 +423,16 @@ async fn ticks_in_a_group_run_on_its_leader_only_and_pass_on_when_its_app_stops_
 async fn store_down_follows_the_policy() {
     let store = FaultyStore::new();
     let api = Api::on(&store, "a");
+    let held = api.acquire("held", json!({"ttl_ms": 30000})).await;
     store.set(|f| &f.down, true);
+    // A release the store cannot hear is not reported as "was no longer ours".
+    let (status, err) = api
+        .post("/v1/leases/held/release", json!({"token": held["token"]}))
+        .await;
+    assert_eq!(
+        (status, err["error"].clone()),
+        (StatusCode::SERVICE_UNAVAILABLE, json!("store-down"))
+    );
     let closed = api.tick("d", json!({"every_ms": 1000})).await;
     assert_eq!(
         (closed["run"].clone(), closed["reason"].clone()),
