@@ -56,6 +56,8 @@ ensure_tools() {
   if ! command -v cc >/dev/null; then log "installing a C compiler"; apt_install gcc libc6-dev; fi
   # The SQLite clock-step test runs a process with a stepped wall clock.
   if ! command -v faketime >/dev/null; then log "installing faketime"; apt_install faketime; fi
+  # The etcd store's tests start clusters of their own from Debian's etcd-server.
+  if ! command -v etcd >/dev/null; then log "installing etcd"; apt_install etcd-server; fi
   # The sidecar's TypeScript client and NestJS example (Node 20 or later).
   if ! command -v npm >/dev/null; then log "installing nodejs and npm"; apt_install nodejs npm; fi
   # The API fuzzer (schemathesis) is installed from PyPI into a virtualenv.
