@@ -2,9 +2,14 @@
 //! operation is one round trip (EVALSHA, or EVAL the first time a server sees the script).
 //!
 //! A lease key holds `"<token> <holder>"` (holder ids contain no whitespace) with a `PX` expiry;
-//! its fencing counter is a plain integer key that expires a retention after the last
-//! acquisition (a name seen again after that starts from the clock, above its old tokens). Tokens travel as decimal strings:
-//! Lua numbers are doubles, so the scripts never turn a token into a number.
+//! its fencing counter is a plain integer key that expires a retention after the name's first
+//! token was seeded from the clock (a name seen again after that starts from the clock again,
+//! above its old tokens). Tokens travel as decimal strings: Lua numbers are doubles, so the
+//! scripts never turn a token received from the client into a number.
+//!
+//! The hot paths (acquire of a free lease, renew, release) are kept to the commands they need:
+//! the client sends the `"<token> <holder>"` value to compare with, the error helpers are one
+//! closure, and the counter's expiry is set once, when it is seeded.
 
 use std::sync::LazyLock;
 
@@ -15,50 +20,43 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(body: &str) -> Self {
+    pub(crate) fn new(body: &str) -> Self {
         let code = format!("{PRELUDE}\n{body}");
         let hash = redis::Script::new(&code).get_hash().to_owned();
         Self { code, hash }
     }
 }
 
-/// Shared helpers. A key of another type is only looked at when a command on it fails, so the
-/// common path pays for no `TYPE` call: the refusal then names the key and what it holds.
+/// The error replies, in one closure (each closure a script defines costs on every call). A key
+/// of another type is only looked at when a command on it fails, so the common path pays for no
+/// `TYPE` call: `fail(k)` then names the key and what it holds; `fail(k, what)` reports a
+/// leasehold key whose content is not what leasehold writes.
 const PRELUDE: &str = r#"
-local function wrongtype(k)
+local function fail(k, what)
+  if what then return redis.error_reply('LEASEHOLD_CORRUPT key ' .. k .. ' ' .. what) end
   return redis.error_reply('WRONGTYPE key ' .. k .. ' holds a ' .. redis.call('TYPE', k)['ok'] .. ', not a leasehold value')
-end
-local function failed(r)
-  return type(r) == 'table' and r.err
-end
-local function get(k)
-  local v = redis.pcall('GET', k)
-  if failed(v) then return nil, wrongtype(k) end
-  return v
-end
-local function parse(v)
-  local sp = string.find(v, ' ', 1, true)
-  if not sp or sp == 1 or sp == #v then return nil end
-  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
-end
-local function corrupt(k, what)
-  return redis.error_reply('LEASEHOLD_CORRUPT key ' .. k .. ' ' .. what)
 end
 "#;
 
 /// KEYS: lease, fence. ARGV: holder, ttl ms, counter retention ms (at least the ttl).
 /// Returns `{1, token}` or `{0, holder, pttl}`. Every acquisition, the holder's own re-acquire
 /// included, is a new tenure: the counter goes up and the lease key is overwritten.
+///
+/// The counter's expiry is set when it is seeded from the clock and left alone by `INCR`, so a
+/// name's counter lives one retention from its seed: a name still in use then is seeded again
+/// from the clock, above every token it had (as a name unused for a retention is), which saves a
+/// `PEXPIRE` on every acquisition.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
--- Redis < 5 replicates scripts verbatim unless told otherwise, which forbids TIME before a write.
+-- Redis < 5 replicates scripts verbatim unless told otherwise, which forbids TIME after a write.
 if redis.replicate_commands then redis.replicate_commands() end
-local cur, err = get(KEYS[1])
-if err then return err end
+local cur = redis.pcall('GET', KEYS[1])
 if cur then
-  local tok, who = parse(cur)
-  if not tok then return corrupt(KEYS[1], 'is not a leasehold lease') end
+  if type(cur) == 'table' then return fail(KEYS[1]) end
+  local sp = string.find(cur, ' ', 1, true)
+  if not sp or sp == 1 or sp == #cur then return fail(KEYS[1], 'is not a leasehold lease') end
+  local who = string.sub(cur, sp + 1)
   -- Busy only while another holder's tenure is live. The holder itself gets a new tenure
   -- below: a new token, replacing its older tenure (whose renew and release then fail).
   if who ~= ARGV[1] then
@@ -66,56 +64,56 @@ if cur then
   end
 end
 local n = redis.pcall('INCR', KEYS[2])
-if failed(n) then
-  if string.sub(n.err, 1, 9) == 'WRONGTYPE' then return wrongtype(KEYS[2]) end
-  return corrupt(KEYS[2], 'is not a fencing counter')
-end
 local tok
-if n == 1 then
-  -- The counter was missing (first use, or the server lost its data): start from the server's
-  -- clock in milliseconds x 1000, above any token handed out before.
+if type(n) ~= 'number' then
+  if string.sub(n.err, 1, 9) == 'WRONGTYPE' then return fail(KEYS[2]) end
+  return fail(KEYS[2], 'is not a fencing counter')
+elseif n == 1 then
+  -- The counter was missing (first use, expired after its retention, or the server lost its
+  -- data): start from the server's clock in milliseconds x 1000, above any token handed out before.
   local t = redis.call('TIME')
   tok = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)) .. '001'
-  redis.call('SET', KEYS[2], tok)
+  redis.call('SET', KEYS[2], tok, 'PX', ARGV[3])
 elseif n < 9007199254740992 then
-  -- Exact as a Lua number (a double) below 2^53.
-  tok = string.format('%.0f', n)
+  -- Exact as a Lua number (a double) below 2^53. Two %d halves below 2^31 each: exact whatever
+  -- the width of the C long Lua formats them with, and cheaper than '%.0f'.
+  local hi = math.floor(n / 1000000000)
+  tok = string.format('%d%09d', hi, n - hi * 1000000000)
 else
   tok = redis.call('GET', KEYS[2])
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], tok .. ' ' .. ARGV[1], 'PX', ARGV[2])
 return {1, tok}
 "#,
     )
 });
 
-/// KEYS: lease. ARGV: holder, token, ttl ms. Returns 1 (renewed) or 0 (lost).
+/// KEYS: lease. ARGV: `"<token> <holder>"`, ttl ms. Returns 1 (renewed) or 0 (lost).
 pub(crate) static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
-local cur, err = get(KEYS[1])
-if err then return err end
-if cur == ARGV[2] .. ' ' .. ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local cur = redis.pcall('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
+if type(cur) == 'table' then return fail(KEYS[1]) end
 return 0
 "#,
     )
 });
 
-/// KEYS: lease. ARGV: holder, token, channel, name. Returns 1 (released, announced) or 0.
+/// KEYS: lease. ARGV: `"<token> <holder>"`, channel, name. Returns 1 (released, announced) or 0.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
-local cur, err = get(KEYS[1])
-if err then return err end
-if cur == ARGV[2] .. ' ' .. ARGV[1] then
+local cur = redis.pcall('GET', KEYS[1])
+if cur == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
   return 1
 end
+if type(cur) == 'table' then return fail(KEYS[1]) end
 return 0
 "#,
     )
@@ -126,15 +124,15 @@ return 0
 pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
-local cur, err = get(KEYS[1])
-if err then return err end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then return fail(KEYS[1]) end
 if cur then
-  local tok, who = parse(cur)
-  if not tok then return corrupt(KEYS[1], 'is not a leasehold lease') end
-  return {1, tok, who, redis.call('PTTL', KEYS[1])}
+  local sp = string.find(cur, ' ', 1, true)
+  if not sp or sp == 1 or sp == #cur then return fail(KEYS[1], 'is not a leasehold lease') end
+  return {1, string.sub(cur, 1, sp - 1), string.sub(cur, sp + 1), redis.call('PTTL', KEYS[1])}
 end
-local fence, ferr = get(KEYS[2])
-if ferr then return ferr end
+local fence = redis.pcall('GET', KEYS[2])
+if type(fence) == 'table' then return fail(KEYS[2]) end
 if fence then return {0, fence} end
 return false
 "#,
@@ -146,10 +144,10 @@ return false
 pub(crate) static CLAIM_SLOT: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
-local last, err = get(KEYS[1])
-if err then return err end
+local last = redis.pcall('GET', KEYS[1])
+if type(last) == 'table' then return fail(KEYS[1]) end
 if last then
-  if not string.match(last, '^%d+$') then return corrupt(KEYS[1], 'is not a slot number') end
+  if not string.match(last, '^%d+$') then return fail(KEYS[1], 'is not a slot number') end
   if #last > #ARGV[1] or (#last == #ARGV[1] and last >= ARGV[1]) then
     return {0, last}
   end
@@ -164,9 +162,9 @@ return {1}
 pub(crate) static LAST_SLOT: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
-local last, err = get(KEYS[1])
-if err then return err end
-if last and not string.match(last, '^%d+$') then return corrupt(KEYS[1], 'is not a slot number') end
+local last = redis.pcall('GET', KEYS[1])
+if type(last) == 'table' then return fail(KEYS[1]) end
+if last and not string.match(last, '^%d+$') then return fail(KEYS[1], 'is not a slot number') end
 return last or false
 "#,
     )
@@ -184,8 +182,8 @@ pub(crate) static RECORD_HISTORY: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
 local removed = redis.pcall('ZREMRANGEBYLEX', KEYS[1], '[' .. ARGV[1] .. ':', '(' .. ARGV[1] .. ';')
-if failed(removed) then
-  if string.sub(removed.err, 1, 9) == 'WRONGTYPE' then return wrongtype(KEYS[1]) end
+if type(removed) == 'table' then
+  if string.sub(removed.err, 1, 9) == 'WRONGTYPE' then return fail(KEYS[1]) end
   return removed
 end
 redis.call('ZADD', KEYS[1], 0, ARGV[1] .. ':' .. ARGV[2])
@@ -203,8 +201,8 @@ pub(crate) static HISTORY: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
 local entries = redis.pcall('ZREVRANGE', KEYS[1], 0, ARGV[1])
-if failed(entries) then
-  if string.sub(entries.err, 1, 9) == 'WRONGTYPE' then return wrongtype(KEYS[1]) end
+if type(entries) == 'table' and entries.err then
+  if string.sub(entries.err, 1, 9) == 'WRONGTYPE' then return fail(KEYS[1]) end
   return entries
 end
 return entries

@@ -14,6 +14,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::task::AbortHandle;
 
+use crate::call::{Arg, FENCE, HISTORY as HISTORY_KIND, LEASE, SLOT, key_parts, script_cmd};
 use crate::config::{DEFAULT_PREFIX, RedisConfig};
 use crate::error::{Error, Result};
 use crate::listener;
@@ -27,7 +28,7 @@ use crate::scripts::{
 ///
 /// Keys, with the default prefix `leasehold`: `leasehold:{NAME}:lease` (holder and token, with
 /// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, expiring a
-/// [`retention`](crate::RedisConfig::retention) after the last acquisition) and
+/// [`retention`](crate::RedisConfig::retention) after it was seeded) and
 /// `leasehold:{TASK}:slot` (the last claimed slot) and `leasehold:{TASK}:history` (the run
 /// history, a sorted set; see [`history_key`](Self::history_key)). The braces are a hash tag, so a lease's keys
 /// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
@@ -220,17 +221,18 @@ impl RedisStore {
 
     /// The key holding `name`'s lease (holder and token, with the lease's expiry).
     pub fn lease_key(&self, name: &LeaseName) -> String {
-        format!("{}:{{{name}}}:lease", self.inner.prefix)
+        key_parts(&self.inner.prefix, name.as_str(), LEASE).concat()
     }
 
-    /// The key holding `name`'s fencing counter (no expiry).
+    /// The key holding `name`'s fencing counter (expiring a
+    /// [`retention`](crate::RedisConfig::retention) after it was seeded).
     pub fn fence_key(&self, name: &LeaseName) -> String {
-        format!("{}:{{{name}}}:fence", self.inner.prefix)
+        key_parts(&self.inner.prefix, name.as_str(), FENCE).concat()
     }
 
     /// The key holding the last slot claimed for `task`.
     pub fn slot_key(&self, task: &LeaseName) -> String {
-        format!("{}:{{{task}}}:slot", self.inner.prefix)
+        key_parts(&self.inner.prefix, task.as_str(), SLOT).concat()
     }
 
     /// The key holding `task`'s run history: a sorted set whose members all have score 0 and
@@ -238,7 +240,16 @@ impl RedisStore {
     /// by their bytes, so the set's order is the keys' order over the whole `u64` range (a score,
     /// a double, would be exact only up to 2^53).
     pub fn history_key(&self, task: &LeaseName) -> String {
-        format!("{}:{{{task}}}:history", self.inner.prefix)
+        key_parts(&self.inner.prefix, task.as_str(), HISTORY_KIND).concat()
+    }
+
+    /// One of `name`'s keys, as a script argument.
+    fn key<'a>(&'a self, name: &'a LeaseName, kind: &'static str) -> Arg<'a> {
+        Arg::Key {
+            prefix: &self.inner.prefix,
+            name: name.as_str(),
+            kind,
+        }
     }
 
     /// The pub/sub channel on which releases are announced (the payload is the lease name).
@@ -260,8 +271,8 @@ impl RedisStore {
     async fn eval(
         &self,
         script: &LuaScript,
-        keys: &[&str],
-        args: &[&str],
+        keys: &[Arg<'_>],
+        args: &[Arg<'_>],
         op: Op<'_>,
         idempotent: bool,
     ) -> StoreResult<Value> {
@@ -283,21 +294,18 @@ impl RedisStore {
     async fn eval_once(
         &self,
         script: &LuaScript,
-        keys: &[&str],
-        args: &[&str],
+        keys: &[Arg<'_>],
+        args: &[Arg<'_>],
     ) -> redis::RedisResult<Value> {
         let mut conn = self.inner.conn();
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha
-            .arg(&script.hash)
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        match evalsha.query_async(&mut conn).await {
+        match script_cmd(script, true, keys, args)
+            .query_async(&mut conn)
+            .await
+        {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(&script.code).arg(keys.len()).arg(keys).arg(args);
-                eval.query_async(&mut conn).await
+                script_cmd(script, false, keys, args)
+                    .query_async(&mut conn)
+                    .await
             }
             result => result,
         }
@@ -486,11 +494,8 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
     }
 }
 
-fn ttl_millis(ttl: Duration) -> String {
-    u64::try_from(ttl.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1)
-        .to_string()
+fn ttl_millis(ttl: Duration) -> Arg<'static> {
+    Arg::Int(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
 }
 
 fn corrupt(op: Op<'_>, what: impl fmt::Display) -> StoreError {
@@ -517,12 +522,12 @@ fn int(op: Op<'_>, v: Option<&Value>) -> StoreResult<i64> {
     }
 }
 
-fn text(op: Op<'_>, v: Option<&Value>) -> StoreResult<String> {
+fn str_of<'v>(op: Op<'_>, v: Option<&'v Value>) -> StoreResult<&'v str> {
     match v {
         Some(Value::BulkString(b)) => {
-            String::from_utf8(b.clone()).map_err(|_| corrupt(op, "a stored value is not UTF-8"))
+            std::str::from_utf8(b).map_err(|_| corrupt(op, "a stored value is not UTF-8"))
         }
-        Some(Value::SimpleString(s)) => Ok(s.clone()),
+        Some(Value::SimpleString(s)) => Ok(s),
         other => Err(corrupt(
             op,
             format_args!("expected a string, got {other:?}"),
@@ -530,16 +535,20 @@ fn text(op: Op<'_>, v: Option<&Value>) -> StoreResult<String> {
     }
 }
 
+fn text(op: Op<'_>, v: Option<&Value>) -> StoreResult<String> {
+    str_of(op, v).map(str::to_owned)
+}
+
 fn token(op: Op<'_>, v: Option<&Value>) -> StoreResult<FencingToken> {
-    let s = text(op, v)?;
+    let s = str_of(op, v)?;
     s.parse()
         .map(FencingToken)
         .map_err(|_| corrupt(op, format_args!("fencing token {s:?} is not a u64")))
 }
 
 fn holder(op: Op<'_>, v: Option<&Value>) -> StoreResult<HolderId> {
-    let s = text(op, v)?;
-    HolderId::new(&s).map_err(|_| corrupt(op, format_args!("holder {s:?} is not a holder id")))
+    let s = str_of(op, v)?;
+    HolderId::new(s).map_err(|_| corrupt(op, format_args!("holder {s:?} is not a holder id")))
 }
 
 fn remaining(op: Op<'_>, v: Option<&Value>) -> StoreResult<Duration> {
@@ -560,15 +569,14 @@ impl Store for RedisStore {
             what: "acquire",
             name: Some(name),
         };
-        let (lease, fence) = (self.lease_key(name), self.fence_key(name));
         let reply = self
             .eval(
                 &ACQUIRE,
-                &[&lease, &fence],
+                &[self.key(name, LEASE), self.key(name, FENCE)],
                 &[
-                    holder_id.as_str(),
-                    &ttl_millis(ttl),
-                    &ttl_millis(self.inner.retention.max(ttl)),
+                    Arg::Str(holder_id.as_str()),
+                    ttl_millis(ttl),
+                    ttl_millis(self.inner.retention.max(ttl)),
                 ],
                 op,
                 true,
@@ -597,16 +605,11 @@ impl Store for RedisStore {
             what: "renew",
             name: Some(name),
         };
-        let lease = self.lease_key(name);
         let reply = self
             .eval(
                 &RENEW,
-                &[&lease],
-                &[
-                    holder_id.as_str(),
-                    &token.get().to_string(),
-                    &ttl_millis(ttl),
-                ],
+                &[self.key(name, LEASE)],
+                &[Arg::Tenure(token, holder_id), ttl_millis(ttl)],
                 op,
                 true,
             )
@@ -633,20 +636,14 @@ impl Store for RedisStore {
         };
         let ttl = ttl_millis(ttl);
         let pipeline = |by_hash: bool| {
-            let mut pipe = redis::pipe();
+            let mut pipe = redis::Pipeline::with_capacity(leases.len());
             for (name, token) in leases {
-                let (command, script) = if by_hash {
-                    ("EVALSHA", &RENEW.hash)
-                } else {
-                    ("EVAL", &RENEW.code)
-                };
-                pipe.cmd(command)
-                    .arg(script)
-                    .arg(1)
-                    .arg(self.lease_key(name))
-                    .arg(holder_id.as_str())
-                    .arg(token.get().to_string())
-                    .arg(&ttl);
+                pipe.add_command(script_cmd(
+                    &RENEW,
+                    by_hash,
+                    &[self.key(name, LEASE)],
+                    &[Arg::Tenure(*token, holder_id), ttl],
+                ));
             }
             pipe
         };
@@ -689,16 +686,14 @@ impl Store for RedisStore {
             what: "release",
             name: Some(name),
         };
-        let lease = self.lease_key(name);
         let reply = self
             .eval(
                 &RELEASE,
-                &[&lease],
+                &[self.key(name, LEASE)],
                 &[
-                    holder_id.as_str(),
-                    &token.get().to_string(),
-                    &self.inner.channel,
-                    name.as_str(),
+                    Arg::Tenure(token, holder_id),
+                    Arg::Str(&self.inner.channel),
+                    Arg::Str(name.as_str()),
                 ],
                 op,
                 false,
@@ -715,9 +710,14 @@ impl Store for RedisStore {
             what: "inspect",
             name: Some(name),
         };
-        let (lease, fence) = (self.lease_key(name), self.fence_key(name));
         let reply = self
-            .eval(&INSPECT, &[&lease, &fence], &[], op, true)
+            .eval(
+                &INSPECT,
+                &[self.key(name, LEASE), self.key(name, FENCE)],
+                &[],
+                op,
+                true,
+            )
             .await?;
         if reply == Value::Nil {
             return Ok(None);
@@ -743,9 +743,14 @@ impl Store for RedisStore {
             what: "claim_slot",
             name: Some(task),
         };
-        let key = self.slot_key(task);
         let reply = self
-            .eval(&CLAIM_SLOT, &[&key], &[&slot.to_string()], op, false)
+            .eval(
+                &CLAIM_SLOT,
+                &[self.key(task, SLOT)],
+                &[Arg::Int(slot)],
+                op,
+                false,
+            )
             .await?;
         let reply = items(op, reply)?;
         match int(op, reply.first())? {
@@ -765,8 +770,9 @@ impl Store for RedisStore {
             what: "last_slot",
             name: Some(task),
         };
-        let key = self.slot_key(task);
-        let reply = self.eval(&LAST_SLOT, &[&key], &[], op, true).await?;
+        let reply = self
+            .eval(&LAST_SLOT, &[self.key(task, SLOT)], &[], op, true)
+            .await?;
         if reply == Value::Nil {
             return Ok(None);
         }
@@ -787,15 +793,14 @@ impl Store for RedisStore {
             what: "record_history",
             name: Some(task),
         };
-        let history = self.history_key(task);
         // Replacing the entry of one key is idempotent, so a retry after a lost reply is safe.
         self.eval(
             &RECORD_HISTORY,
-            &[&history],
+            &[self.key(task, HISTORY_KIND)],
             &[
-                &format!("{key:0width$}", width = HISTORY_KEY_DIGITS),
-                entry,
-                &keep.to_string(),
+                Arg::Str(&format!("{key:0width$}", width = HISTORY_KEY_DIGITS)),
+                Arg::Str(entry),
+                Arg::Int(keep as u64),
             ],
             op,
             true,
@@ -815,7 +820,13 @@ impl Store for RedisStore {
         let history = self.history_key(task);
         let last_rank = limit.min(i64::MAX as usize) - 1;
         let reply = self
-            .eval(&HISTORY, &[&history], &[&last_rank.to_string()], op, true)
+            .eval(
+                &HISTORY,
+                &[self.key(task, HISTORY_KIND)],
+                &[Arg::Int(last_rank as u64)],
+                op,
+                true,
+            )
             .await?;
         items(op, reply)?
             .iter()

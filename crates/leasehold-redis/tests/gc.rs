@@ -93,3 +93,54 @@ async fn counters_of_names_used_once_expire_and_tokens_stay_ahead() {
         "{token} after {first_token:?}"
     );
 }
+
+/// The counter's expiry is set when it is seeded, not refreshed by each acquisition (that saves a
+/// command per acquire): a name in continuous use past its retention is seeded again from the
+/// clock, and its tokens still only go up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_in_use_past_its_retention_is_reseeded_above_its_tokens() {
+    let prefix = common::test_prefix();
+    let retention = Duration::from_millis(1000);
+    let store = RedisConfig::new(common::redis_url())
+        .prefix(&prefix)
+        .retention(retention)
+        .connect()
+        .await
+        .unwrap();
+    let (holder, ttl) = (HolderId::new("busy").unwrap(), Duration::from_millis(200));
+    let name = LeaseName::new("busy-name").unwrap();
+    let mut conn = store.connection();
+    let fence = store.fence_key(&name);
+    let started = Instant::now();
+    let (mut last, mut seeds, mut pttls) = (None, 0, Vec::new());
+    while started.elapsed() < Duration::from_millis(2500) {
+        let Acquisition::Acquired { token } = store.acquire(&name, &holder, ttl).await.unwrap()
+        else {
+            panic!("busy");
+        };
+        if let Some(previous) = last {
+            assert!(token > previous, "{token} after {previous}");
+            if token.get() != previous.get() + 1 {
+                seeds += 1;
+            }
+        }
+        last = Some(token);
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&fence)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(pttl > 0 && pttl <= 1000, "counter expiry {pttl} ms");
+        pttls.push(pttl);
+        assert_eq!(
+            store.release(&name, &holder, token).await.unwrap(),
+            Release::Released
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Re-seeded at least twice in 2.5 s with a 1 s retention; between seeds the expiry runs down
+    // rather than being pushed back by every acquisition.
+    assert!(seeds >= 2, "{seeds} re-seeds");
+    let falling = pttls.windows(2).filter(|w| w[1] < w[0]).count();
+    assert!(falling * 10 >= pttls.len() * 8, "{pttls:?}");
+}
