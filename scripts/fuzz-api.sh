@@ -36,8 +36,8 @@ PY
 # schema cannot say (a cron expression that does not parse, every_ms together with cron, a
 # keepalive_ms below 100). Everything else is checked: negative data must be refused, answers
 # must match the document. One worker: schemathesis' coverage phase is not thread-safe.
-# Response times are not what this run checks: the fuzzer leaves hundreds of leases with 100 ms
-# ttls and day-long keepalives, which the sidecar renews every 33 ms each on one SQLite file, and
+# Response times are not what this run checks: the fuzzer leaves hundreds of leases with 1 s
+# ttls and day-long keepalives, which the sidecar renews every 333 ms each on one SQLite file, and
 # requests queue behind those writes (15 s once on a loaded CI host); hence the generous limits.
 status=0
 # From the temporary directory, where schemathesis keeps its example database.

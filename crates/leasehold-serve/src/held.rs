@@ -164,7 +164,9 @@ pub(crate) struct Grant {
     pub(crate) guard: LeaseGuard,
     pub(crate) keepalive: Duration,
     pub(crate) stop_margin: Duration,
-    pub(crate) arrival: Instant,
+    /// When the store granted it: the application's keepalive interval starts here, since it
+    /// was waiting on the answer until then (a grant after a long wait is not already silent).
+    pub(crate) granted: Instant,
     pub(crate) run: Option<RunInfo>,
 }
 
@@ -196,7 +198,7 @@ impl Registry {
             guard,
             keepalive,
             stop_margin,
-            arrival,
+            granted,
             run,
         } = grant;
         let expiring = guard.expiring_token();
@@ -207,7 +209,7 @@ impl Registry {
             keepalive,
             stop_margin,
             guard: Mutex::new(Some(guard)),
-            contact: Mutex::new(arrival),
+            contact: Mutex::new(granted),
             ended: OnceLock::new(),
             ended_signal: CancellationToken::new(),
             run,

@@ -18,8 +18,12 @@ use crate::{Shared, Sidecar};
 
 /// The longest ttl or keepalive: a day.
 pub(crate) const MAX_TTL_MS: u64 = 86_400_000;
-/// The shortest ttl or keepalive.
-pub(crate) const MIN_TTL_MS: u64 = 100;
+/// The shortest ttl: a lease must outlast an HTTP round trip plus the store's latency with room
+/// to spare, or grants arrive already expired on a loaded machine.
+pub(crate) const MIN_TTL_MS: u64 = 1_000;
+/// The shortest keepalive: counted from the grant (see `Grant::granted`), so it only has to cover
+/// the application's own call interval.
+pub(crate) const MIN_KEEPALIVE_MS: u64 = 100;
 const MAX_WAIT_MS: u64 = 300_000;
 const MAX_WATCH_MS: u64 = 60_000;
 const DEFAULT_WATCH_MS: u64 = 30_000;
@@ -54,7 +58,7 @@ pub(crate) fn keepalive(keepalive_ms: Option<u64>, ttl_ms: u64) -> Result<Durati
     let ms = in_range(
         "keepalive_ms",
         keepalive_ms.unwrap_or(ttl_ms),
-        MIN_TTL_MS..=MAX_TTL_MS,
+        MIN_KEEPALIVE_MS..=MAX_TTL_MS,
     )?;
     Ok(Duration::from_millis(ms))
 }
@@ -158,7 +162,7 @@ async fn take(
         guard,
         keepalive,
         stop_margin: config.stop_margin,
-        arrival,
+        granted: Instant::now(),
         run: None,
     });
     // A grant that is no longer valid by the time it can be answered (a ttl too short for the

@@ -206,7 +206,7 @@ pub(crate) async fn tick(
         guard,
         keepalive,
         stop_margin: config.stop_margin,
-        arrival,
+        granted: Instant::now(),
         run: Some(RunInfo {
             slot,
             started_ms: now,

@@ -275,6 +275,38 @@ async fn a_busy_lease_is_waited_for_and_handed_over_on_release() {
     assert!(waited < Duration::from_millis(2500), "{waited:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_grant_after_a_wait_longer_than_the_keepalive_starts_the_keepalive_at_the_grant() {
+    let store = FaultyStore::new();
+    let a = Api::on(&store, "a");
+    let b = Api::on(&store, "b");
+    let held = a.acquire("w", json!({"ttl_ms": 10000})).await;
+    let waiter = tokio::spawn(async move {
+        let got = b
+            .acquire(
+                "w",
+                json!({"ttl_ms": 10000, "keepalive_ms": 500, "wait_ms": 30000}),
+            )
+            .await;
+        (got, b)
+    });
+    // The waiter was blocked on the answer for 2 s, four times its keepalive.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    a.post("/v1/leases/w/release", json!({"token": held["token"]}))
+        .await;
+    let (got, b) = waiter.await.unwrap();
+    assert_eq!(got["acquired"], true, "{got}");
+    // Measured from the request's arrival, the grant lasts the wait plus one keepalive.
+    let valid = got["valid_for_ms"].as_u64().unwrap();
+    assert!((2400..=2600).contains(&valid), "{got}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (status, kept) = b.keepalive("w", &got["token"]).await;
+    assert_eq!(status, StatusCode::OK, "{kept}");
+    // Silence past the keepalive still ends it.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(b.keepalive("w", &got["token"]).await.0, StatusCode::GONE);
+}
+
 async fn run_ticks(
     sidecars: &[Api],
     task: &str,
