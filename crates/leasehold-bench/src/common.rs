@@ -4,9 +4,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use leasehold::faults::FaultyStore;
+use leasehold::session::MAX_BATCH;
 use leasehold::{
-    Acquisition, FencingToken, HolderId, Lease, LeaseConfig, LeaseName, MemoryStore, Release,
-    Renewal, Store, TryAcquire,
+    Acquisition, FencingToken, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, LeaseSession,
+    MemoryStore, Release, Renewal, Store, TryAcquire,
 };
 use tokio::task::JoinSet;
 
@@ -171,162 +173,185 @@ pub(crate) fn ratio(figure: &[Round], floor: &[Round], floor_name: &str) -> Opti
     })
 }
 
-/// Renews a batch of held leases in one go, the way the store allows.
-pub(crate) trait BatchRenew {
-    /// How, for the output.
-    fn method(&self) -> String;
-
-    /// Renews every `(name, token)` held by `holder` to `ttl`; returns how many were renewed.
-    async fn renew_all(
-        &self,
-        leases: &[(LeaseName, FencingToken)],
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> anyhow::Result<usize>;
-}
-
 /// What the held-lease benchmark needs to know.
 pub(crate) struct HeldPlan<'a> {
     pub(crate) store_name: &'a str,
     pub(crate) prefix: &'a str,
     pub(crate) held: usize,
+    /// Leases renewed one by one per round, for the comparison.
     pub(crate) sample: usize,
     pub(crate) rounds: usize,
+    /// The session's lease ttl; it renews every ttl/3.
+    pub(crate) ttl: Duration,
+    /// Renewal intervals watched.
+    pub(crate) intervals: u32,
     /// How many acquisitions to keep in flight while taking the leases (setup, untimed).
     pub(crate) concurrency: usize,
 }
 
-/// Takes `held` leases for one holder, then per round renews `sample` of them one by one and
-/// all of them in one batch. The leases are left to the store's cleanup (they expire anyway).
-pub(crate) async fn held_renewal<S: Store, B: BatchRenew>(
+impl<'a> HeldPlan<'a> {
+    /// The held-lease part of `plan` for one store.
+    pub(crate) fn of(
+        plan: &crate::Plan,
+        store_name: &'a str,
+        prefix: &'a str,
+        concurrency: usize,
+    ) -> Self {
+        Self {
+            store_name,
+            prefix,
+            held: plan.held,
+            sample: plan.held_sample,
+            rounds: plan.rounds,
+            ttl: plan.held_ttl,
+            intervals: plan.held_intervals,
+            concurrency,
+        }
+    }
+}
+
+/// Holds `held` leases in one [`LeaseSession`] and watches it renew them for a few intervals:
+/// store calls per interval (counted by a pass-through [`FaultyStore`]), leases per call and
+/// the process's CPU time per interval. Then, per round, renews `sample` of them one by one
+/// and one [`MAX_BATCH`] of them in one [`Store::renew_many`], for the per-lease cost.
+pub(crate) async fn held_renewal<S: Store>(
     store: &S,
-    batch: &B,
     plan: &HeldPlan<'_>,
 ) -> anyhow::Result<HeldRow> {
-    let holder = HolderId::generate();
-    let ttl = Duration::from_secs(120);
+    let counted = FaultyStore::wrap(store.clone());
+    let session = LeaseSession::new(counted.clone(), LeaseConfig::new(plan.ttl))?;
     let names = names(plan.prefix, "held", plan.held)?;
-    check_batch(store, batch, plan.prefix, &holder).await?;
-    let leases = acquire_many(store, &names, &holder, ttl, plan.concurrency).await?;
+    let guards = acquire_in_session(&session, names, plan.concurrency).await?;
+    let interval = LeaseConfig::new(plan.ttl).renew_interval;
+    // One untimed interval so that every lease has been renewed once, on the session's rhythm.
+    tokio::time::sleep(interval).await;
+    counted
+        .batches
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    let cpu_before = cpu_time()?;
+    let watched = interval * plan.intervals;
+    tokio::time::sleep(watched).await;
+    let cpu = cpu_time()?.saturating_sub(cpu_before);
+    let batches = std::mem::take(&mut *counted.batches.lock().unwrap_or_else(|p| p.into_inner()));
+    if let Some(lost) = guards.iter().find(|g| !g.is_held()) {
+        bail!(
+            "{}: {} held by the session was lost while it was watched ({:?})",
+            plan.store_name,
+            lost.name(),
+            lost.loss_reason()
+        );
+    }
+    let renewed: usize = batches.iter().sum();
+    let passes = renewed as f64 / guards.len() as f64;
+    let calls_per_interval = batches.len() as f64 / f64::from(plan.intervals);
+    let allowed = guards.len().div_ceil(MAX_BATCH) as f64;
+
+    let leases: Vec<(LeaseName, FencingToken)> = guards
+        .iter()
+        .map(|g| (g.name().clone(), g.token()))
+        .collect();
+    let holder = session.holder().clone();
     let sample = plan.sample.min(leases.len());
+    let batch = &leases[..MAX_BATCH.min(leases.len())];
     let (mut one, mut batched, mut batch_ms) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..plan.rounds {
         let started = Instant::now();
         for (name, token) in &leases[..sample] {
-            let r = store.renew(name, &holder, *token, ttl).await?;
+            let r = store.renew(name, &holder, *token, plan.ttl).await?;
             ensure!(r == Renewal::Renewed, "renew of {name}: {r:?}");
         }
         one.push(sample as f64 / started.elapsed().as_secs_f64());
 
         let started = Instant::now();
-        let renewed = batch.renew_all(&leases, &holder, ttl).await?;
+        let answers = store.renew_many(&holder, batch, plan.ttl).await?;
         let took = started.elapsed();
+        let renewed = answers.iter().filter(|r| **r == Renewal::Renewed).count();
         ensure!(
-            renewed == leases.len(),
-            "batched renewal renewed {renewed} of {} leases",
-            leases.len()
+            renewed == batch.len(),
+            "renew_many renewed {renewed} of {} leases",
+            batch.len()
         );
-        batched.push(leases.len() as f64 / took.as_secs_f64());
+        batched.push(batch.len() as f64 / took.as_secs_f64());
         batch_ms.push(took.as_secs_f64() * 1000.0);
     }
-    let (one, batched) = (Spread::of(&one), Spread::of(&batched));
-    let speedup = if one.median > 0.0 {
-        batched.median / one.median
-    } else {
-        0.0
-    };
+    drop(guards);
     Ok(HeldRow {
         store: plan.store_name.to_owned(),
         held: leases.len(),
-        one_by_one: one,
+        interval,
+        passes,
+        calls_per_interval,
+        leases_per_call: if batches.is_empty() {
+            0.0
+        } else {
+            renewed as f64 / batches.len() as f64
+        },
+        cpu_ms_per_interval: cpu.as_secs_f64() * 1000.0 / f64::from(plan.intervals),
+        one_by_one: Spread::of(&one),
         one_by_one_sample: sample,
-        batched,
+        batched: Spread::of(&batched),
+        batch_len: batch.len(),
         batch_ms: Spread::of(&batch_ms),
-        method: batch.method(),
-        target: Target::new("batched ≥ 10× one by one", speedup >= 10.0),
+        target: Target::new(
+            format!(
+                "≤ {allowed} calls per interval ({} leases, ≤ {MAX_BATCH} per call)",
+                guards_len_text(leases.len())
+            ),
+            passes >= 0.9 * f64::from(plan.intervals) && calls_per_interval <= allowed,
+        ),
     })
 }
 
-/// Checks, untimed, that `batch` follows the store's renew rule: of four leases it renews only
-/// the one `holder` holds with the right token; a wrong token, another holder's lease and an
-/// expired lease are left alone (and the expired one stays free).
-async fn check_batch<S: Store, B: BatchRenew>(
-    store: &S,
-    batch: &B,
-    prefix: &str,
-    holder: &HolderId,
-) -> anyhow::Result<()> {
-    let [live, wrong_token, other, expired]: [LeaseName; 4] = names(prefix, "batch-check", 4)?
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("four names"))?;
-    let ttl = Duration::from_secs(30);
-    let take =
-        async |name: &LeaseName, who: &HolderId, ttl: Duration| -> anyhow::Result<FencingToken> {
-            match store.acquire(name, who, ttl).await? {
-                Acquisition::Acquired { token } => Ok(token),
-                busy => bail!("acquire of {name}: {busy:?}"),
-            }
-        };
-    let stranger = HolderId::generate();
-    let t_live = take(&live, holder, ttl).await?;
-    let t_wrong = take(&wrong_token, holder, ttl).await?;
-    let t_other = take(&other, &stranger, ttl).await?;
-    let t_expired = take(&expired, holder, Duration::from_millis(20)).await?;
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let leases = [
-        (live.clone(), t_live),
-        (wrong_token.clone(), FencingToken(t_wrong.get() + 1)),
-        (other.clone(), t_other),
-        (expired.clone(), t_expired),
-    ];
-    let renewed = batch.renew_all(&leases, holder, ttl).await?;
-    ensure!(
-        renewed == 1,
-        "the batched renewal renewed {renewed} of 4 check leases, expected only the live one \
-         (wrong token, other holder and expired must not be renewed)"
-    );
-    let still_free = store
-        .inspect(&expired)
-        .await?
-        .is_none_or(|s| s.holder.is_none());
-    ensure!(still_free, "the batched renewal revived an expired lease");
-    for (name, token, who) in [
-        (&live, t_live, holder),
-        (&wrong_token, t_wrong, holder),
-        (&other, t_other, &stranger),
-    ] {
-        store.release(name, who, token).await?;
-    }
-    Ok(())
+fn guards_len_text(n: usize) -> String {
+    crate::report::fmt_count(n as f64)
 }
 
-/// Acquires every name for `holder`, `concurrency` at a time.
-pub(crate) async fn acquire_many<S: Store>(
-    store: &S,
-    names: &[LeaseName],
-    holder: &HolderId,
-    ttl: Duration,
+/// Takes every name in `session`, `concurrency` at a time.
+async fn acquire_in_session<S: Store>(
+    session: &LeaseSession<S>,
+    names: Vec<LeaseName>,
     concurrency: usize,
-) -> anyhow::Result<Vec<(LeaseName, FencingToken)>> {
+) -> anyhow::Result<Vec<LeaseGuard>> {
     let mut out = Vec::with_capacity(names.len());
     for chunk in names.chunks(concurrency.max(1)) {
         let mut set = JoinSet::new();
         for name in chunk {
-            let (store, name, holder) = (store.clone(), name.clone(), holder.clone());
-            set.spawn(async move {
-                let a = store.acquire(&name, &holder, ttl).await;
-                (name, a)
-            });
+            let (session, name) = (session.clone(), name.clone());
+            set.spawn(async move { (name.clone(), session.try_acquire(name).await) });
         }
         while let Some(joined) = set.join_next().await {
-            let (name, a) = joined?;
-            match a.with_context(|| format!("acquire of {name}"))? {
-                Acquisition::Acquired { token } => out.push((name, token)),
-                busy => bail!("acquire of {name}: {busy:?}"),
+            let (name, taken) = joined?;
+            match taken.with_context(|| format!("acquire of {name}"))? {
+                TryAcquire::Acquired(guard) => out.push(guard),
+                TryAcquire::Busy { holder, .. } => bail!("{name} is held by {holder}"),
             }
         }
     }
     Ok(out)
+}
+
+/// User plus system CPU time of this process so far (every thread: the runtime, the store's
+/// client tasks, SQLite's blocking pool), from `/proc/self/stat` in clock ticks (USER_HZ, 100
+/// per second on Linux: 10 ms resolution, so watch several intervals).
+fn cpu_time() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("read /proc/self/stat")?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("/proc/self/stat has no command field")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .context("/proc/self/stat is short")?
+            .parse()
+            .context("/proc/self/stat time field")
+    };
+    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
 }
 
 /// How long a waiter in [`Lease::acquire`] is given to start waiting before the holder lets go.
@@ -469,38 +494,54 @@ fn page_size() -> u64 {
         .map_or(4096, |kb| kb * 1024)
 }
 
-/// RSS before and after holding `count` [`leasehold::LeaseGuard`]s (each with its renewer task)
-/// on a memory store, all for one holder id, as one process holding many leases would.
-pub(crate) async fn memory_per_lease(prefix: &str, count: usize) -> anyhow::Result<MemoryRow> {
+/// RSS before and after holding `count` leases on a memory store, all for one holder id, as
+/// one process holding many leases would: through [`Lease`]s (a renewer task per guard) or
+/// through one [`LeaseSession`] (one renewer for all). Includes the store's own entries.
+pub(crate) async fn memory_per_lease(
+    prefix: &str,
+    count: usize,
+    in_session: bool,
+) -> anyhow::Result<MemoryRow> {
     let store = MemoryStore::new();
     let config = LeaseConfig::new(Duration::from_secs(600));
     let holder = HolderId::generate();
+    let session = LeaseSession::with_holder(store.clone(), config, holder.clone())?;
+    let what = if in_session { "session" } else { "lease" };
+    let names = names(prefix, &format!("mem-{what}"), count)?;
     // Let the runtime settle so earlier allocations do not land in the measurement.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let before = rss_bytes()?;
     let mut guards = Vec::with_capacity(count);
-    for i in 0..count {
-        let name = LeaseName::new(format!("{prefix}/mem/{i}"))?;
-        let lease = Lease::new(store.clone(), name, config)?.with_holder(holder.clone());
-        match lease.try_acquire().await? {
+    for name in names {
+        let taken = if in_session {
+            session.try_acquire(name).await?
+        } else {
+            let lease = Lease::new(store.clone(), name, config)?.with_holder(holder.clone());
+            lease.try_acquire().await?
+        };
+        match taken {
             TryAcquire::Acquired(g) => guards.push(g),
             TryAcquire::Busy { holder, .. } => bail!("memory store lease busy ({holder})"),
         }
     }
-    // Every renewer task has run once and parked on its timers.
+    // Every renewer has run once and parked on its timers.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let after = rss_bytes()?;
     ensure!(
-        guards.iter().all(|g| g.is_held()),
+        guards.iter().all(LeaseGuard::is_held),
         "a memory-store lease was lost"
     );
     for g in guards {
         g.release().await?;
     }
-    Ok(MemoryRow {
+    let row = MemoryRow {
         store: "memory".to_owned(),
+        how: if in_session { "LeaseSession" } else { "Lease" },
         leases: count,
         rss_before: before,
         rss_after: after,
-    })
+        target: None,
+    };
+    let target = in_session.then(|| Target::new("≤ 500 B", row.bytes_per_lease() <= 500.0));
+    Ok(MemoryRow { target, ..row })
 }

@@ -85,6 +85,10 @@ pub(crate) struct Plan {
     pub(crate) held: usize,
     /// Leases renewed one by one per round in the held-lease benchmark.
     pub(crate) held_sample: usize,
+    /// Ttl of the leases a session holds in the held-lease benchmark (renewed every ttl/3).
+    pub(crate) held_ttl: Duration,
+    /// Renewal intervals watched in the held-lease benchmark.
+    pub(crate) held_intervals: u32,
     pub(crate) graceful_trials: usize,
     pub(crate) expiry_trials: usize,
     pub(crate) expiry_ttl: Duration,
@@ -106,6 +110,8 @@ impl Plan {
             ops: args.ops.unwrap_or(if q { 200 } else { 2000 }),
             held: args.held.unwrap_or(if q { 1000 } else { 10_000 }),
             held_sample: if q { 200 } else { 2000 },
+            held_ttl: Duration::from_secs(3),
+            held_intervals: if q { 3 } else { 5 },
             graceful_trials: if q { 5 } else { 20 },
             expiry_trials: if q { 3 } else { 10 },
             expiry_ttl: Duration::from_millis(300),
@@ -167,14 +173,19 @@ pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
         quick: plan.quick,
         ..Report::default()
     };
-    // First, while the heap is small and nothing else runs.
-    report
-        .memory
-        .push(common::memory_per_lease(&plan.prefix(StoreKind::Memory), plan.memory_leases).await?);
+    // First, while the heap is small and nothing else runs; the session first, as the smaller
+    // of the two would otherwise land in memory the first one freed.
+    for in_session in [true, false] {
+        let prefix = plan.prefix(StoreKind::Memory);
+        report
+            .memory
+            .push(common::memory_per_lease(&prefix, plan.memory_leases, in_session).await?);
+    }
     report.notes.push(format!(
         "memory per held lease: resident set size (/proc/self/statm) before and after taking \
-         {} leases on the memory store with Lease::try_acquire and keeping the LeaseGuards \
-         (each has a renewer task), divided by the count; it includes the store's own entry",
+         {} leases on the memory store and keeping the LeaseGuards, divided by the count; it \
+         includes the store's own entry. Lease: Lease::try_acquire, a renewer task per guard; \
+         LeaseSession: LeaseSession::try_acquire, one renewer for all",
         plan.memory_leases
     ));
     for &store in &plan.stores {
@@ -216,7 +227,9 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn memory_store_smoke_run() {
-        let plan = quick_plan(vec![StoreKind::Memory]);
+        let mut plan = quick_plan(vec![StoreKind::Memory]);
+        plan.held = 2500;
+        plan.held_ttl = Duration::from_secs(1);
         let report = bench(&plan).await.unwrap();
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         let ops: Vec<&str> = report.ops_rows.iter().map(|r| r.op.as_str()).collect();
@@ -227,12 +240,22 @@ mod tests {
             assert!(r.figure.ops_per_sec.median > 0.0);
             assert!(r.figure.p50_us.median <= r.figure.p99_us.median);
         }
+        // 2,500 leases in one session: three renew_many calls per interval, every interval.
+        let held = &report.held_rows[0];
+        assert_eq!(held.held, 2500);
+        assert!(held.target.pass, "{held:?}");
+        assert!((2.5..=3.0).contains(&held.calls_per_interval), "{held:?}");
+        assert!(held.leases_per_call > 800.0, "{held:?}");
+        assert_eq!(held.batch_len, 1000);
         let paths: Vec<&str> = report.takeover_rows.iter().map(|r| r.path).collect();
         assert_eq!(paths, ["graceful", "expiry"]);
         let expiry = &report.takeover_rows[1];
         assert!(expiry.max_ms < 1000.0, "{expiry:?}");
-        assert_eq!(report.memory.len(), 1);
-        assert!(report.memory[0].rss_after > 0);
+        assert_eq!(report.memory.len(), 2);
+        assert!(report.memory.iter().all(|m| m.rss_after > 0));
+        // The session's row carries the ≤ 500 B target.
+        assert!(report.memory[0].target.is_some());
+        assert!(report.memory[1].target.is_none());
 
         let table = report.table();
         assert!(table.contains("acquire+release"), "{table}");
@@ -241,6 +264,7 @@ mod tests {
         assert_eq!(json["operations"].as_array().unwrap().len(), 4);
         assert_eq!(json["takeover"].as_array().unwrap().len(), 2);
         assert!(json["memory"][0]["bytes_per_lease"].is_number());
+        assert_eq!(json["memory"][0]["held_by"], "LeaseSession");
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The in-process memory store: what the library itself costs per operation, with no network or
-//! disk. No floor and no batch: it is the baseline the other stores are not compared with.
+//! disk. No floor: it is the baseline the other stores are not compared with.
 
 use leasehold::MemoryStore;
 
-use crate::common::{self, OpBench, OpRounds};
+use crate::common::{self, HeldPlan, OpBench, OpRounds};
 use crate::report::{Kind, OpRow, Report};
 use crate::stats::Figure;
 use crate::{Plan, StoreKind};
@@ -32,6 +32,9 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
             target: None,
         });
     }
+    report
+        .held_rows
+        .push(common::held_renewal(&store, &HeldPlan::of(plan, "memory", &prefix, 64)).await?);
     report.takeover_rows.push(
         common::graceful_takeover(
             "memory",

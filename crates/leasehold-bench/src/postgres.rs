@@ -3,13 +3,10 @@
 //! tokio-postgres, re-exported by leasehold-postgres), as a cached prepared statement, in
 //! autocommit.
 
-use std::time::Duration;
-
 use anyhow::Context;
-use leasehold::{FencingToken, HolderId, LeaseName};
 use leasehold_postgres::{PgConfig, PgStore};
 
-use crate::common::{self, BatchRenew, HeldPlan, OpBench, OpRounds};
+use crate::common::{self, HeldPlan, OpBench, OpRounds};
 use crate::report::{Kind, OpRow, Report, Target};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
@@ -24,8 +21,7 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
     // (`SCHEMA.leases`) carries this run's notifications only.
     let schema = format!("leasehold_bench_{}", plan.run_id);
     let config = PgConfig::new(plan.postgres_url.clone()).schema(schema.clone());
-    // `"schema"."table"`: the store checks both are plain identifiers.
-    let leases = format!("\"{schema}\".\"{}\"", config.lease_table);
+    // `"schema"."table"`: the store checks the schema is a plain identifier.
     let scratch = format!("\"{schema}\".\"bench_floor\"");
     let store = config
         .clone()
@@ -40,22 +36,11 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
             .connect()
             .await
             .with_context(|| format!("connect to {url}"))?;
-        let tables = Tables {
-            leases: &leases,
-            scratch: &scratch,
-        };
-        bench_with(plan, report, &store, &waiter, &tables, &prefix).await
+        bench_with(plan, report, &store, &waiter, &scratch, &prefix).await
     }
     .await;
     let cleaned = cleanup(&store, &schema).await;
     result.and(cleaned)
-}
-
-/// The store's lease table and the floor's scratch table, both in this run's schema, qualified
-/// and quoted.
-struct Tables<'a> {
-    leases: &'a str,
-    scratch: &'a str,
 }
 
 async fn bench_with(
@@ -63,10 +48,10 @@ async fn bench_with(
     report: &mut Report,
     store: &PgStore,
     waiter: &PgStore,
-    tables: &Tables<'_>,
+    // The floor's scratch table in this run's schema, qualified and quoted.
+    scratch: &str,
     prefix: &str,
 ) -> anyhow::Result<()> {
-    let scratch = tables.scratch;
     store
         .pool()
         .get()
@@ -149,22 +134,9 @@ async fn bench_with(
         store.schema()
     ));
 
-    let batch = Batch::new(store, tables.leases);
-    report.held_rows.push(
-        common::held_renewal(
-            store,
-            &batch,
-            &HeldPlan {
-                store_name: "postgres",
-                prefix,
-                held: plan.held,
-                sample: plan.held_sample,
-                rounds: plan.rounds,
-                concurrency: 32,
-            },
-        )
-        .await?,
-    );
+    report
+        .held_rows
+        .push(common::held_renewal(store, &HeldPlan::of(plan, "postgres", prefix, 32)).await?);
     report.takeover_rows.push(
         common::graceful_takeover(
             "postgres",
@@ -225,69 +197,6 @@ impl Floor<'_> {
             rec.stop();
         }
         Ok(rec.finish())
-    }
-}
-
-/// The store's renew statement (leasehold-postgres `Statements::renew`) over many rows: the
-/// same conditions (holder and token match, `expires_at > clock_timestamp()`) and the same new
-/// expiry (`clock_timestamp()` + ttl), with the names and tokens from two arrays. `$1` names,
-/// `$2` tokens, `$3` holder, `$4` ttl in milliseconds.
-fn renew_many_sql(leases: &str) -> String {
-    format!(
-        "UPDATE {leases} AS l
-    SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
-   FROM unnest($1::text[], $2::bigint[]) AS b(name, token)
-  WHERE l.name = b.name AND l.holder = $3::text AND l.token = b.token
-    AND l.expires_at > clock_timestamp()"
-    )
-}
-
-/// Batched renewal: one `UPDATE … FROM unnest(…)` statement for all leases, on a connection
-/// from the store's pool.
-struct Batch<'a> {
-    store: &'a PgStore,
-    sql: String,
-}
-
-impl<'a> Batch<'a> {
-    fn new(store: &'a PgStore, leases: &str) -> Self {
-        Self {
-            store,
-            sql: renew_many_sql(leases),
-        }
-    }
-}
-
-impl BatchRenew for Batch<'_> {
-    fn method(&self) -> String {
-        "one statement renewing all N rows with the store's renew SQL: UPDATE … FROM \
-         unnest($1::text[], $2::bigint[]) with the same holder/token/expires_at > \
-         clock_timestamp() conditions (the store has no batch call; done in this crate \
-         against its table, on a connection from its pool)"
-            .to_owned()
-    }
-
-    async fn renew_all(
-        &self,
-        leases: &[(LeaseName, FencingToken)],
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> anyhow::Result<usize> {
-        let names: Vec<&str> = leases.iter().map(|(n, _)| n.as_str()).collect();
-        let tokens: Vec<i64> = leases
-            .iter()
-            .map(|(_, t)| i64::try_from(t.get()).unwrap_or(-1))
-            .collect();
-        let ttl_ms = i64::try_from(ttl.as_millis())?;
-        let client = self.store.pool().get().await?;
-        let stmt = client
-            .prepare_cached(&self.sql)
-            .await
-            .context("prepare the batched renew statement")?;
-        let n = client
-            .execute(&stmt, &[&names, &tokens, &holder.as_str(), &ttl_ms])
-            .await?;
-        Ok(usize::try_from(n)?)
     }
 }
 

@@ -4,31 +4,13 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use leasehold::{FencingToken, HolderId, LeaseName};
 use leasehold_redis::redis::{self, aio::ConnectionManager};
 use leasehold_redis::{RedisConfig, RedisStore};
 
-use crate::common::{self, BatchRenew, HeldPlan, OpBench, OpRounds};
+use crate::common::{self, HeldPlan, OpBench, OpRounds};
 use crate::report::{Kind, OpRow, Report, Target};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
-
-/// Renews many leases in one script call, with the store's renew rule (leasehold-redis's
-/// `RENEW` script: the value must be `"<token> <holder>"`, then `PEXPIRE`). KEYS: lease keys.
-/// ARGV: holder, ttl ms, then one token per key. Returns how many were renewed.
-const RENEW_MANY: &str = r#"
-local n = 0
-for i, k in ipairs(KEYS) do
-  if redis.call('GET', k) == ARGV[i + 2] .. ' ' .. ARGV[1] then
-    redis.call('PEXPIRE', k, ARGV[2])
-    n = n + 1
-  end
-end
-return n
-"#;
-
-/// Leases per script call in the batched renewal; the calls go in one pipeline.
-const CHUNK: usize = 500;
 
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
     let key_prefix = format!("leasehold-bench-{}", plan.run_id);
@@ -177,22 +159,9 @@ async fn bench_with(
             .push(format!("redis: server time per call not measured: {e:#}")),
     }
 
-    let batch = Batch::new(store).await?;
-    report.held_rows.push(
-        common::held_renewal(
-            store,
-            &batch,
-            &HeldPlan {
-                store_name: "redis",
-                prefix: &prefix,
-                held: plan.held,
-                sample: plan.held_sample,
-                rounds: plan.rounds,
-                concurrency: 64,
-            },
-        )
-        .await?,
-    );
+    report
+        .held_rows
+        .push(common::held_renewal(store, &HeldPlan::of(plan, "redis", &prefix, 64)).await?);
     report.takeover_rows.push(
         common::graceful_takeover(
             "redis",
@@ -322,61 +291,6 @@ async fn rslock_round(peer: &rslock::LockManager, resources: &[String]) -> anyho
         rec.stop();
     }
     Ok(rec.finish())
-}
-
-/// Batched renewal against the store's key layout: one pipeline of EVALSHA calls of
-/// [`RENEW_MANY`], each over [`CHUNK`] leases.
-struct Batch {
-    store: RedisStore,
-    hash: String,
-}
-
-impl Batch {
-    async fn new(store: &RedisStore) -> anyhow::Result<Self> {
-        let mut conn = store.connection();
-        let hash: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(RENEW_MANY)
-            .query_async(&mut conn)
-            .await
-            .context("SCRIPT LOAD of the batched renew script")?;
-        Ok(Self {
-            store: store.clone(),
-            hash,
-        })
-    }
-}
-
-impl BatchRenew for Batch {
-    fn method(&self) -> String {
-        format!(
-            "one pipeline of EVALSHA calls, each a script renewing {CHUNK} lease keys with the \
-             store's renew rule (the store has no batch call; done in this crate against its key \
-             layout)"
-        )
-    }
-
-    async fn renew_all(
-        &self,
-        leases: &[(LeaseName, FencingToken)],
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> anyhow::Result<usize> {
-        let ttl = ttl.as_millis().to_string();
-        let mut pipe = redis::pipe();
-        for chunk in leases.chunks(CHUNK) {
-            let cmd = pipe.cmd("EVALSHA").arg(&self.hash).arg(chunk.len());
-            for (name, _) in chunk {
-                cmd.arg(self.store.lease_key(name));
-            }
-            cmd.arg(holder.as_str()).arg(&ttl);
-            for (_, token) in chunk {
-                cmd.arg(token.get().to_string());
-            }
-        }
-        let counts: Vec<i64> = pipe.query_async(&mut self.store.connection()).await?;
-        Ok(counts.iter().map(|&n| n.max(0) as usize).sum())
-    }
 }
 
 /// Deletes every key of this run.

@@ -1,6 +1,7 @@
 //! The figures of one run, printed as aligned tables or as JSON.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -69,21 +70,30 @@ pub(crate) struct OpRow {
     pub(crate) target: Option<Target>,
 }
 
-/// Renewing many leases held by one process: one by one, and batched.
+/// Many leases held by one process in a [`leasehold::LeaseSession`].
 #[derive(Debug, Clone)]
 pub(crate) struct HeldRow {
     pub(crate) store: String,
     pub(crate) held: usize,
-    /// Renewals per second, one store call per lease.
+    /// The session's renewal interval.
+    pub(crate) interval: Duration,
+    /// Renewal passes over all leases seen while watched.
+    pub(crate) passes: f64,
+    /// `renew_many` calls per renewal interval.
+    pub(crate) calls_per_interval: f64,
+    pub(crate) leases_per_call: f64,
+    /// CPU time of the whole process per renewal interval.
+    pub(crate) cpu_ms_per_interval: f64,
+    /// Renewals per second, one `renew` call per lease.
     pub(crate) one_by_one: Spread,
     /// How many leases the one-by-one rate was measured over, per round.
     pub(crate) one_by_one_sample: usize,
-    /// Renewals per second, all held leases in one batch.
+    /// Renewals per second within one `renew_many` call.
     pub(crate) batched: Spread,
-    /// Milliseconds to renew all held leases in one batch.
+    /// Leases in that call.
+    pub(crate) batch_len: usize,
+    /// Milliseconds that call took.
     pub(crate) batch_ms: Spread,
-    /// How the batch was done.
-    pub(crate) method: String,
     pub(crate) target: Target,
 }
 
@@ -105,9 +115,12 @@ pub(crate) struct TakeoverRow {
 #[derive(Debug, Clone)]
 pub(crate) struct MemoryRow {
     pub(crate) store: String,
+    /// How the leases were held: `Lease` (a renewer task per guard) or `LeaseSession`.
+    pub(crate) how: &'static str,
     pub(crate) leases: usize,
     pub(crate) rss_before: u64,
     pub(crate) rss_after: u64,
+    pub(crate) target: Option<Target>,
 }
 
 impl MemoryRow {
@@ -150,6 +163,11 @@ impl Report {
                 out.push((format!("{} {} takeover", r.store, r.path), t));
             }
         }
+        for m in &self.memory {
+            if let Some(t) = &m.target {
+                out.push((format!("memory per lease held by {}", m.how), t));
+            }
+        }
         out
     }
 
@@ -175,12 +193,17 @@ impl Report {
                 json!({
                     "store": r.store,
                     "held": r.held,
+                    "renew_interval_ms": r.interval.as_millis() as u64,
+                    "passes_watched": r.passes,
+                    "calls_per_interval": r.calls_per_interval,
+                    "leases_per_call": r.leases_per_call,
+                    "cpu_ms_per_interval": r.cpu_ms_per_interval,
                     "one_by_one_per_sec": r.one_by_one.json(),
                     "one_by_one_sample": r.one_by_one_sample,
-                    "batched_per_sec": r.batched.json(),
-                    "batch_ms": r.batch_ms.json(),
+                    "renew_many_per_sec": r.batched.json(),
+                    "renew_many_leases": r.batch_len,
+                    "renew_many_ms": r.batch_ms.json(),
                     "speedup": speedup(r),
-                    "method": r.method,
                     "target": r.target.json(),
                 })
             })
@@ -206,10 +229,12 @@ impl Report {
             .map(|m| {
                 json!({
                     "store": m.store,
+                    "held_by": m.how,
                     "leases": m.leases,
                     "rss_before_bytes": m.rss_before,
                     "rss_after_bytes": m.rss_after,
                     "bytes_per_lease": m.bytes_per_lease(),
+                    "target": m.target.as_ref().map(Target::json),
                 })
             })
             .collect();
@@ -290,34 +315,66 @@ impl Report {
                     vec![
                         r.store.clone(),
                         fmt_count(r.held as f64),
+                        format!("{} ms", r.interval.as_millis()),
+                        format!("{:.2}", r.calls_per_interval),
+                        fmt_count(r.leases_per_call),
+                        format!("{:.0} ms", r.cpu_ms_per_interval),
+                        r.target.cell(),
+                    ]
+                })
+                .collect();
+            out.push_str(
+                "
+leases held by one process in a LeaseSession (renewed together)
+",
+            );
+            out.push_str(&table(
+                &[
+                    "store",
+                    "held",
+                    "interval",
+                    "calls/interval",
+                    "leases/call",
+                    "CPU/interval",
+                    "target",
+                ],
+                rows,
+            ));
+            let rows = self
+                .held_rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.store.clone(),
                         format!(
                             "{} (over {})",
                             fmt_rate_spread(&r.one_by_one),
                             fmt_count(r.one_by_one_sample as f64)
                         ),
                         fmt_rate_spread(&r.batched),
-                        fmt_ms_spread(&r.batch_ms),
+                        format!(
+                            "{} for {}",
+                            fmt_ms_spread(&r.batch_ms),
+                            fmt_count(r.batch_len as f64)
+                        ),
                         format!("{:.1}×", speedup(r)),
-                        r.target.cell(),
                     ]
                 })
                 .collect();
-            out.push_str("\nrenewing leases held by one process (renewals/s)\n");
+            out.push_str(
+                "
+renewals/s: one renew call per lease vs one renew_many call
+",
+            );
             out.push_str(&table(
-                &[
-                    "store",
-                    "held",
-                    "one by one",
-                    "batched",
-                    "batch of all",
-                    "speedup",
-                    "target",
-                ],
+                &["store", "one by one", "renew_many", "one call", "speedup"],
                 rows,
             ));
-            for r in &self.held_rows {
-                let _ = writeln!(out, "  {}: {}", r.store, r.method);
-            }
+            out.push_str(
+                "  calls/interval: renew_many calls the session made per renewal interval while \
+                 watched (counted by a pass-through store wrapper); CPU/interval: user + system \
+                 time of the whole bench process over the watched intervals, per interval\n",
+            );
         }
         if !self.takeover_rows.is_empty() {
             let rows = self
@@ -347,17 +404,30 @@ impl Report {
                 }
             }
         }
-        for m in &self.memory {
-            let _ = writeln!(
-                out,
-                "\nmemory per held lease: {:.0} bytes ({} LeaseGuards on the {} store; \
-                 RSS {:.1} MiB → {:.1} MiB)",
-                m.bytes_per_lease(),
-                fmt_count(m.leases as f64),
-                m.store,
-                m.rss_before as f64 / 1048576.0,
-                m.rss_after as f64 / 1048576.0,
-            );
+        if !self.memory.is_empty() {
+            let rows = self
+                .memory
+                .iter()
+                .map(|m| {
+                    vec![
+                        m.how.to_owned(),
+                        fmt_count(m.leases as f64),
+                        format!(
+                            "{:.1} → {:.1} MiB",
+                            m.rss_before as f64 / 1048576.0,
+                            m.rss_after as f64 / 1048576.0
+                        ),
+                        format!("{:.0} B", m.bytes_per_lease()),
+                        m.target.as_ref().map_or_else(String::new, Target::cell),
+                    ]
+                })
+                .collect();
+            let store = &self.memory[0].store;
+            let _ = writeln!(out, "\nmemory per held lease (guards on the {store} store)");
+            out.push_str(&table(
+                &["held by", "leases", "RSS", "per lease", "target"],
+                rows,
+            ));
         }
         let targets = self.targets();
         if !targets.is_empty() {

@@ -4,24 +4,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::Context;
-use leasehold::{FencingToken, HolderId, LeaseName};
 use leasehold_sqlite::SqliteStore;
 use leasehold_sqlite::rusqlite::{self, Connection, TransactionBehavior};
 
-use crate::common::{self, BatchRenew, HeldPlan, OpBench, OpRounds};
+use crate::common::{self, HeldPlan, OpBench, OpRounds};
 use crate::report::{Kind, OpRow, Report, Target};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
-
-/// The store's renew statement (leasehold-sqlite's `schema::RENEW`), for the batched renewal:
-/// the store has no batch call, so the batch runs the same statement once per lease inside one
-/// transaction on a connection of its own.
-const RENEW: &str = "UPDATE leases SET expires_at_ms = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
-     + ?4 WHERE name = ?1 AND holder = ?2 AND token = ?3 \
-     AND expires_at_ms > CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 const FLOOR: &str = "write tx";
 
@@ -104,22 +95,9 @@ async fn bench_at(plan: &Plan, report: &mut Report, path: &Path) -> anyhow::Resu
         path.display()
     ));
 
-    let batch = Conn::open(path, &store)?;
-    report.held_rows.push(
-        common::held_renewal(
-            &store,
-            &batch,
-            &HeldPlan {
-                store_name: "sqlite",
-                prefix: &prefix,
-                held: plan.held,
-                sample: plan.held_sample,
-                rounds: plan.rounds,
-                concurrency: 16,
-            },
-        )
-        .await?,
-    );
+    report
+        .held_rows
+        .push(common::held_renewal(&store, &HeldPlan::of(plan, "sqlite", &prefix, 16)).await?);
     report.takeover_rows.push(
         common::graceful_takeover(
             "sqlite",
@@ -201,42 +179,5 @@ impl Conn {
             rec.stop();
         }
         Ok(rec.finish())
-    }
-}
-
-impl BatchRenew for Conn {
-    fn method(&self) -> String {
-        "one transaction running the store's renew statement once per lease (the store has no \
-         batch call; done in this crate on its own connection to the store's file)"
-            .to_owned()
-    }
-
-    async fn renew_all(
-        &self,
-        leases: &[(LeaseName, FencingToken)],
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> anyhow::Result<usize> {
-        let leases = leases.to_vec();
-        let holder = holder.clone();
-        let ttl = i64::try_from(ttl.as_millis())?;
-        self.with(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut renewed = 0;
-            {
-                let mut stmt = tx.prepare_cached(RENEW)?;
-                for (name, token) in &leases {
-                    renewed += stmt.execute(rusqlite::params![
-                        name.as_str(),
-                        holder.as_str(),
-                        i64::try_from(token.get()).unwrap_or(-1),
-                        ttl
-                    ])?;
-                }
-            }
-            tx.commit()?;
-            Ok(renewed)
-        })
-        .await
     }
 }
