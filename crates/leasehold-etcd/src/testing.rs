@@ -33,12 +33,33 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Removes `leasehold-etcd-*` directories under `base` untouched for ten minutes.
+fn remove_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let stale = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(600));
+        if stale && entry.file_name().to_string_lossy().starts_with("leasehold-etcd-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 impl EtcdCluster {
     /// Starts `size` members (1 or 3 are usual) and waits until every member answers a
     /// linearizable read (a leader is elected). Panics if they do not within 30 s.
     pub fn start(size: usize) -> Self {
         // /dev/shm where there is one: etcd fsyncs every commit on every member.
         let base = Path::new("/dev/shm");
+        // A cluster kept for a whole test binary (a static) is never dropped, so its data stays
+        // behind in memory: clear out what earlier runs left (no test lives ten minutes).
+        remove_stale(base);
         let dir = if base.is_dir() {
             tempfile::Builder::new()
                 .prefix("leasehold-etcd-")
