@@ -166,20 +166,41 @@ impl EtcdStore {
         format!("{}hist/{task}\0", self.inner.prefix).into_bytes()
     }
 
-    async fn run<T>(
-        &self,
-        op: Op<'_>,
-        work: impl Future<Output = StoreResult<T>>,
-    ) -> StoreResult<T> {
-        match tokio::time::timeout(self.inner.op_timeout, work).await {
-            Ok(result) => result.map_err(|e| match e {
-                StoreError::Unavailable { message, source } => StoreError::Unavailable {
-                    message: format!("{op}: {message}"),
-                    source,
-                },
-                other => other,
-            }),
-            Err(_) => Err(StoreError::Timeout(self.inner.op_timeout)),
+    /// Runs one attempt of an operation within the op timeout.
+    async fn run<T>(&self, work: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        tokio::time::timeout(self.inner.op_timeout, work)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.inner.op_timeout)))
+    }
+
+    /// Runs an operation that may be repeated without changing its outcome (a renewal, a read)
+    /// in attempts of a third of the op timeout, until one answers or the op timeout is spent.
+    /// A write sent while the cluster elects a leader is not answered until etcd's own request
+    /// timeout (seconds); a fresh attempt goes through as soon as the new leader is in.
+    async fn run_repeatable<T, F, Fut>(&self, work: F) -> StoreResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let op_timeout = self.inner.op_timeout;
+        let deadline = Instant::now() + op_timeout;
+        let attempt = (op_timeout / 3).max(Duration::from_millis(250));
+        let mut last = StoreError::Timeout(op_timeout);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(last);
+            }
+            match tokio::time::timeout(attempt.min(left), work()).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(e)) if !e.is_transient() => return Err(e),
+                Ok(Err(e)) => {
+                    last = e;
+                    let pause = Duration::from_millis(50).min(left);
+                    tokio::time::sleep(pause).await;
+                }
+                Err(_) => last = StoreError::Timeout(op_timeout),
+            }
         }
     }
 
@@ -669,7 +690,7 @@ impl Store for EtcdStore {
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
         let op = op("acquire", Some(name));
-        self.run(op, self.acquire_once(op, name, holder, ttl))
+        self.run(self.acquire_once(op, name, holder, ttl))
     }
 
     fn renew(
@@ -680,7 +701,7 @@ impl Store for EtcdStore {
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Renewal>> + Send {
         let op = op("renew", Some(name));
-        self.run(op, self.renew_once(op, name, holder, token, ttl))
+        self.run_repeatable(move || self.renew_once(op, name, holder, token, ttl))
     }
 
     fn release(
@@ -690,12 +711,12 @@ impl Store for EtcdStore {
         token: FencingToken,
     ) -> impl Future<Output = StoreResult<Release>> + Send {
         let op = op("release", Some(name));
-        self.run(op, self.release_once(op, name, holder, token))
+        self.run(self.release_once(op, name, holder, token))
     }
 
     fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
         let op = op("purge", None);
-        self.run(op, self.purge_once(op, retention))
+        self.run_repeatable(move || self.purge_once(op, retention))
     }
 
     fn inspect(
@@ -703,7 +724,7 @@ impl Store for EtcdStore {
         name: &LeaseName,
     ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
         let op = op("inspect", Some(name));
-        self.run(op, self.inspect_once(op, name))
+        self.run_repeatable(move || self.inspect_once(op, name))
     }
 
     fn claim_slot(
@@ -712,7 +733,7 @@ impl Store for EtcdStore {
         slot: u64,
     ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
         let op = op("claim_slot", Some(task));
-        self.run(op, self.claim_slot_once(op, task, slot))
+        self.run(self.claim_slot_once(op, task, slot))
     }
 
     fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
@@ -721,7 +742,7 @@ impl Store for EtcdStore {
 
     fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
         let op = op("last_slot", Some(task));
-        self.run(op, self.last_slot_once(op, task))
+        self.run_repeatable(move || self.last_slot_once(op, task))
     }
 
     fn record_history(
@@ -732,7 +753,7 @@ impl Store for EtcdStore {
         keep: usize,
     ) -> impl Future<Output = StoreResult<()>> + Send {
         let op = op("record_history", Some(task));
-        self.run(op, self.record_history_once(op, task, key, entry, keep))
+        self.run_repeatable(move || self.record_history_once(op, task, key, entry, keep))
     }
 
     fn history(
@@ -741,7 +762,7 @@ impl Store for EtcdStore {
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
         let op = op("history", Some(task));
-        self.run(op, self.history_once(op, task, limit))
+        self.run_repeatable(move || self.history_once(op, task, limit))
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {

@@ -45,7 +45,12 @@ fn remove_stale(base: &Path) {
             .ok()
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age > std::time::Duration::from_secs(600));
-        if stale && entry.file_name().to_string_lossy().starts_with("leasehold-etcd-") {
+        if stale
+            && entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("leasehold-etcd-")
+        {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
