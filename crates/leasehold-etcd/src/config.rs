@@ -262,6 +262,14 @@ impl EtcdConfig {
     pub async fn connect(self) -> Result<EtcdStore> {
         EtcdStore::connect(self).await
     }
+
+    /// The store at once, without waiting for a member: the first operations fail with
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until one answers, and the
+    /// release watch is established in the background, so a service can start while etcd is
+    /// down. Fails only on settings that can never work. Call it within a tokio runtime.
+    pub fn connect_lazy(self) -> Result<EtcdStore> {
+        EtcdStore::open(self).map(|(store, _)| store)
+    }
 }
 
 fn parse_endpoint(text: &str) -> Result<Endpoint> {

@@ -23,3 +23,9 @@ pub use store::EtcdStore;
 pub async fn connect(url: &str) -> Result<EtcdStore> {
     EtcdConfig::from_url(url)?.connect().await
 }
+
+/// [`EtcdConfig::connect_lazy`] for `url`: the store at once, connecting on first use. Call it
+/// within a tokio runtime.
+pub fn connect_lazy(url: &str) -> Result<EtcdStore> {
+    EtcdConfig::from_url(url)?.connect_lazy()
+}

@@ -12,6 +12,7 @@ use leasehold::{
     ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
 };
 use serde_json::json;
+use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
@@ -103,51 +104,67 @@ fn parse_slot(value: &str) -> StoreResult<u64> {
 
 impl EtcdStore {
     pub(crate) async fn connect(config: EtcdConfig) -> Result<Self> {
+        let op_timeout = config.op_timeout;
+        let (store, ready) = Self::open(config)?;
+        // One read under the prefix: reachability, credentials and read permission at once.
+        let probe =
+            json!({ "key": b64(store.inner.lease_key_prefix()), "limit": "1", "keys_only": true });
+        let answer = tokio::time::timeout(
+            op_timeout,
+            store
+                .inner
+                .gateway
+                .call::<RangeResponse>("/v3/kv/range", &probe),
+        )
+        .await;
+        let failed = |source| Error::Connect {
+            endpoints: store.inner.described.clone(),
+            source,
+        };
+        match answer {
+            Err(_) => return Err(failed(StoreError::Timeout(op_timeout))),
+            Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
+            Ok(Ok(_)) => {}
+        }
+        if let Some(ready) = ready {
+            // Usually established at once; if not, it keeps trying in the background.
+            let _ = tokio::time::timeout(op_timeout, ready).await;
+        }
+        Ok(store)
+    }
+
+    /// The store without a first round trip: connections are opened by the first operation
+    /// (each fails with [`StoreError::Unavailable`] while no member answers) and the release
+    /// watch is established in the background. Must be called within a tokio runtime.
+    pub(crate) fn open(config: EtcdConfig) -> Result<(Self, Option<oneshot::Receiver<()>>)> {
         config.validate()?;
-        let described = config.describe();
         let gateway = Arc::new(Gateway::new(&config)?);
-        let mut store = Inner {
+        let mut inner = Inner {
             gateway: gateway.clone(),
             prefix: config.prefix.clone(),
             op_timeout: config.op_timeout,
-            described: described.clone(),
+            described: config.describe(),
             hub: None,
             watcher: None,
             observed: Mutex::new(HashMap::new()),
         };
-        // One read under the prefix: reachability, credentials and read permission at once.
-        let probe =
-            json!({ "key": b64(store.lease_key_prefix()), "limit": "1", "keys_only": true });
-        let answer = tokio::time::timeout(
-            config.op_timeout,
-            gateway.call::<RangeResponse>("/v3/kv/range", &probe),
-        )
-        .await;
-        let failed = |source| Error::Connect {
-            endpoints: described.clone(),
-            source,
-        };
-        match answer {
-            Err(_) => return Err(failed(StoreError::Timeout(config.op_timeout))),
-            Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
-            Ok(Ok(_)) => {}
-        }
+        let mut ready = None;
         if config.notifications {
             let hub = ReleaseHub::new();
-            let (watcher, ready) = watch::spawn(
+            let (watcher, established) = watch::spawn(
                 gateway,
-                store.lease_key_prefix(),
+                inner.lease_key_prefix(),
                 hub.clone(),
                 config.max_reconnect_delay,
             );
-            store.hub = Some(hub);
-            store.watcher = Some(watcher);
-            // Usually established at once; if not, it keeps trying in the background.
-            let _ = tokio::time::timeout(config.op_timeout, ready).await;
+            inner.hub = Some(hub);
+            inner.watcher = Some(watcher);
+            ready = Some(established);
         }
-        Ok(Self {
-            inner: Arc::new(store),
-        })
+        let store = Self {
+            inner: Arc::new(inner),
+        };
+        Ok((store, ready))
     }
 
     /// The key of a lease: `PREFIX` `lease/` `NAME`.
