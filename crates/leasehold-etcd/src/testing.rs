@@ -160,6 +160,26 @@ impl EtcdCluster {
         })
     }
 
+    /// Runs `etcdctl` with `args` against every member, as root when `root_password` is given,
+    /// and panics with its output if it fails.
+    pub fn etcdctl(&self, root_password: Option<&str>, args: &[&str]) -> String {
+        let mut command = Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .args(["--dial-timeout=2s", "--command-timeout=5s"])
+            .arg(format!("--endpoints={}", self.endpoints().join(",")));
+        if let Some(password) = root_password {
+            command.arg(format!("--user=root:{password}"));
+        }
+        let out = command.args(args).output().expect("etcdctl runs");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Waits up to `within` for a leader among the live members.
     pub fn wait_for_leader(&self, within: Duration) -> Option<usize> {
         let deadline = Instant::now() + within;
