@@ -1,21 +1,31 @@
 //! Throwaway etcd clusters on loopback for tests (feature `testing`): members are `etcd`
 //! processes of Debian's `etcd-server` package (`scripts/stores.sh` installs it) on free
-//! loopback ports, with data directories in a temporary directory.
+//! loopback ports, with data on disk in a directory of their own under the system temp dir
+//! (`leasehold-etcd-PID-…`, PID = the owning test process; never `/dev/shm`: each member
+//! preallocates 64 MB write-ahead log files, which would sit in memory there).
 //!
-//! Members are killed when the [`EtcdCluster`] is dropped (a failing test unwinds through the
-//! drop too), and a watchdog process kills them within a second if the test process dies
-//! without unwinding (SIGKILL, `abort`), so no run leaves etcd processes behind.
+//! Cleanup, whatever way the test ends:
+//! - dropping the [`EtcdCluster`] (a failing test unwinds through the drop too) kills the members
+//!   and removes the directory;
+//! - a cluster that is never dropped (kept in a static) or whose process dies without unwinding
+//!   (exit, SIGKILL, `abort`) is cleaned up by its watchdog: a shell in a process group of its
+//!   own that waits for EOF on a pipe only the test process holds, then kills the members and
+//!   removes the directory;
+//! - should the watchdog die too, the next cluster started removes the directories whose owning
+//!   process is gone, and kills members still running in them.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running etcd cluster of its own.
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Member>,
-    watchdog: Option<Child>,
+    /// The watchdog and the write end of its pipe (closed when this process dies).
+    watchdog: Option<(Child, ChildStdin)>,
     dir: tempfile::TempDir,
 }
 
@@ -26,6 +36,11 @@ struct Member {
     child: Option<Child>,
 }
 
+/// Every cluster directory is named `leasehold-etcd-PID-…`.
+const DIR_PREFIX: &str = "leasehold-etcd-";
+/// The file in a cluster directory listing its members' pids, one per line.
+const PIDS_FILE: &str = "pids";
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -33,26 +48,44 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-/// Removes `leasehold-etcd-*` directories under `base` untouched for ten minutes.
+/// Whether process `pid` runs `etcd` with `dir` on its command line (a recorded pid may have
+/// been reused by another process since).
+fn is_member_of(pid: &str, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let needle = dir.as_os_str().as_encoded_bytes();
+    cmdline.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Removes the cluster directories under `base` whose owning process is gone, after killing
+/// members still running there. Only where `/proc` tells which processes live.
 fn remove_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
     for entry in entries.flatten() {
-        let stale = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > std::time::Duration::from_secs(600));
-        if stale
-            && entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with("leasehold-etcd-")
-        {
-            let _ = std::fs::remove_dir_all(entry.path());
+        let name = entry.file_name();
+        let Some(owner) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{owner}")).exists() {
+            continue;
         }
+        let dir = entry.path();
+        let pids = std::fs::read_to_string(dir.join(PIDS_FILE)).unwrap_or_default();
+        for pid in pids.lines().filter(|p| is_member_of(p, &dir)) {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -60,19 +93,12 @@ impl EtcdCluster {
     /// Starts `size` members (1 or 3 are usual) and waits until every member answers a
     /// linearizable read (a leader is elected). Panics if they do not within 30 s.
     pub fn start(size: usize) -> Self {
-        // /dev/shm where there is one: etcd fsyncs every commit on every member.
-        let base = Path::new("/dev/shm");
-        // A cluster kept for a whole test binary (a static) is never dropped, so its data stays
-        // behind in memory: clear out what earlier runs left (no test lives ten minutes).
-        remove_stale(base);
-        let dir = if base.is_dir() {
-            tempfile::Builder::new()
-                .prefix("leasehold-etcd-")
-                .tempdir_in(base)
-        } else {
-            tempfile::Builder::new().prefix("leasehold-etcd-").tempdir()
-        }
-        .expect("a temporary directory");
+        let base = std::env::temp_dir();
+        remove_stale(&base);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
+            .tempdir_in(&base)
+            .expect("a temporary directory");
         let peers: Vec<(String, u16, u16)> = (0..size)
             .map(|i| (format!("m{i}"), free_port(), free_port()))
             .collect();
@@ -95,6 +121,7 @@ impl EtcdCluster {
                 &initial.join(","),
                 &token,
             );
+            cluster.note_pid(child.id());
             cluster.members.push(Member {
                 name: name.clone(),
                 client_port: *client,
@@ -236,25 +263,39 @@ impl EtcdCluster {
         }
     }
 
-    /// A shell that kills the members once this process is gone.
+    /// Appends a member's pid to the directory's pid file, which the watchdog and a later run's
+    /// stale-directory removal read.
+    fn note_pid(&self, pid: u32) {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(PIDS_FILE))
+            .expect("the cluster's pid file");
+        writeln!(file, "{pid}").expect("the cluster's pid file");
+    }
+
+    /// Starts the watchdog: once its stdin reaches EOF (this process closed the pipe by dying),
+    /// it kills the members listed in the pid file and removes the directory. Its own process
+    /// group keeps it alive when a test runner kills the test's group.
     fn arm_watchdog(&mut self) {
-        let pids: Vec<String> = self
-            .members
-            .iter()
-            .filter_map(|m| m.child.as_ref().map(|c| c.id().to_string()))
-            .collect();
-        let script = format!(
-            "while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill -9 {pids} 2>/dev/null",
-            parent = std::process::id(),
-            pids = pids.join(" ")
-        );
-        self.watchdog = Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
+        const SCRIPT: &str = r#"d=$1
+read -r _
+for p in $(cat "$d/pids" 2>/dev/null); do
+  grep -qF -- "$d" "/proc/$p/cmdline" 2>/dev/null && kill -9 "$p"
+done
+rm -rf "$d" 2>/dev/null || { sleep 1; rm -rf "$d"; }"#;
+        let mut child = Command::new("sh")
+            .args(["-c", SCRIPT, "leasehold-etcd-watchdog"])
+            .arg(self.dir.path())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
-            .ok();
+            .expect("the watchdog shell starts");
+        let pipe = child.stdin.take().expect("the watchdog's stdin");
+        self.watchdog = Some((child, pipe));
     }
 }
 
@@ -285,6 +326,12 @@ fn spawn_member(
         .arg("--logger=zap")
         .arg("--log-outputs=stderr")
         .arg("--log-level=warn")
+        // Small: a test writes kilobytes. Fewer raft entries kept in memory between snapshots,
+        // one snapshot and one spare WAL file on disk, and an alarm rather than growth past 64 MB.
+        .arg("--snapshot-count=1000")
+        .arg("--max-snapshots=1")
+        .arg("--max-wals=1")
+        .arg("--quota-backend-bytes=67108864")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -305,7 +352,8 @@ impl Drop for EtcdCluster {
         for i in 0..self.members.len() {
             self.kill(i);
         }
-        if let Some(mut watchdog) = self.watchdog.take() {
+        // The members are gone: the watchdog is not needed, and the directory goes with `dir`.
+        if let Some((mut watchdog, _pipe)) = self.watchdog.take() {
             let _ = watchdog.kill();
             let _ = watchdog.wait();
         }

@@ -6,8 +6,9 @@ use std::sync::OnceLock;
 use leasehold_etcd::EtcdStore;
 use leasehold_etcd::testing::EtcdCluster;
 
-/// One 3-member cluster per test process, started on first use. A static is never dropped: the
-/// cluster's watchdog kills its members once the process exits.
+/// One 3-member cluster per test process (nextest runs each test in a process of its own;
+/// `cargo test` shares it across the binary), started on first use. A static is never dropped:
+/// the cluster's watchdog kills its members and removes its directory once the process exits.
 pub fn shared_cluster() -> &'static EtcdCluster {
     static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
     CLUSTER.get_or_init(|| EtcdCluster::start(3))
