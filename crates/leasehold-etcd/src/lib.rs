@@ -3,6 +3,7 @@
 mod config;
 mod error;
 mod gateway;
+mod observed;
 mod record;
 mod store;
 #[cfg(feature = "testing")]

@@ -1,9 +1,8 @@
 //! [`EtcdStore`]: the [`Store`] implementation.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::store::Operation as Op;
@@ -18,6 +17,7 @@ use tokio::task::AbortHandle;
 use crate::config::EtcdConfig;
 use crate::error::{Error, RequestError, Result};
 use crate::gateway::{Gateway, b64, unb64};
+use crate::observed::Observations;
 use crate::record::Record;
 use crate::watch;
 use crate::wire::{
@@ -27,8 +27,6 @@ use crate::wire::{
 
 /// How often an acquire re-reads a record that changed under it before giving up.
 const MAX_ACQUIRE_ATTEMPTS: usize = 16;
-/// Observations kept before the cache is cleared (clearing only makes expiry later: safe).
-const MAX_OBSERVATIONS: usize = 100_000;
 /// Deletions per transaction in `purge` (etcd's default `--max-txn-ops` is 128).
 const PURGE_BATCH: usize = 100;
 
@@ -52,7 +50,7 @@ struct Inner {
     hub: Option<ReleaseHub>,
     watcher: Option<AbortHandle>,
     /// Per lease key: the revision this process last saw and when it first saw it.
-    observed: Mutex<HashMap<Vec<u8>, Observation>>,
+    observed: Arc<Observations>,
 }
 
 impl Drop for Inner {
@@ -61,18 +59,6 @@ impl Drop for Inner {
             watcher.abort();
         }
     }
-}
-
-/// When this process first saw a lease key at a revision (or, for its own writes, got the
-/// answer). A tenure is expired for this process once its ttl has passed since then on the
-/// monotonic clock with the key unchanged: the holder's own deadline, measured from before it
-/// sent that write, has passed by then too, whatever the wall clocks say.
-#[derive(Debug, Clone, Copy)]
-struct Observation {
-    revision: u64,
-    at: Instant,
-    token: u64,
-    ttl: Duration,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -146,7 +132,7 @@ impl EtcdStore {
             described: config.describe(),
             hub: None,
             watcher: None,
-            observed: Mutex::new(HashMap::new()),
+            observed: Arc::default(),
         };
         let mut ready = None;
         if config.notifications {
@@ -155,6 +141,7 @@ impl EtcdStore {
                 gateway,
                 inner.lease_key_prefix(),
                 hub.clone(),
+                inner.observed.clone(),
                 config.max_reconnect_delay,
             );
             inner.hub = Some(hub);
@@ -285,7 +272,8 @@ impl EtcdStore {
                 .await?;
             if answer.succeeded {
                 self.inner
-                    .observe_write(&key, answer.header.revision, token, ttl);
+                    .observed
+                    .write(&key, answer.header.revision, token, ttl);
                 return Ok(Acquisition::Acquired {
                     token: FencingToken(token),
                 });
@@ -316,7 +304,7 @@ impl EtcdStore {
         ttl: Duration,
     ) -> StoreResult<Renewal> {
         let key = self.lease_key(name);
-        if self.inner.expired_here(&key, token.get()) {
+        if self.inner.observed.expired(&key, token.get()) {
             return Ok(Renewal::Lost);
         }
         let answer = self
@@ -331,7 +319,8 @@ impl EtcdStore {
             .await?;
         if answer.succeeded {
             self.inner
-                .observe_write(&key, answer.header.revision, token.get(), ttl);
+                .observed
+                .write(&key, answer.header.revision, token.get(), ttl);
             Ok(Renewal::Renewed)
         } else {
             Ok(Renewal::Lost)
@@ -357,7 +346,7 @@ impl EtcdStore {
             )
             .await?;
         if answer.succeeded {
-            self.inner.forget(&key);
+            self.inner.observed.forget(&key);
             Ok(Release::Released)
         } else {
             Ok(Release::NotHeld)
@@ -586,7 +575,7 @@ impl EtcdStore {
             for (i, (key, _)) in batch.iter().enumerate() {
                 if answer.txn(i).is_some_and(|t| t.succeeded) {
                     purged += 1;
-                    self.inner.forget(key);
+                    self.inner.observed.forget(key);
                 }
             }
         }
@@ -629,73 +618,17 @@ impl Inner {
         format!("{}lease/{name}", self.prefix).into_bytes()
     }
 
-    fn observations(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Observation>> {
-        self.observed.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Time left of the tenure at `revision` as this process sees it, `None` once expired.
     fn remaining(&self, key: &[u8], revision: u64, token: u64, ttl: Duration) -> Option<Duration> {
-        let elapsed = self.seen(key, revision, token, ttl);
+        let elapsed = self.observed.seen(key, revision, token, ttl);
         ttl.checked_sub(elapsed).filter(|left| !left.is_zero())
     }
 
     /// How long the tenure at `revision` has been expired for this process, `None` while live.
     fn free_for(&self, key: &[u8], revision: u64, token: u64, ttl: Duration) -> Option<Duration> {
-        self.seen(key, revision, token, ttl).checked_sub(ttl)
-    }
-
-    /// How long this process has seen `key` at `revision`, starting the count now if it had
-    /// not seen that revision.
-    fn seen(&self, key: &[u8], revision: u64, token: u64, ttl: Duration) -> Duration {
-        let mut observed = self.observations();
-        match observed.get(key) {
-            Some(o) if o.revision == revision => o.at.elapsed(),
-            // An answer older than what another task saw since: count from now (later expiry).
-            Some(o) if o.revision > revision => Duration::ZERO,
-            _ => {
-                if observed.len() >= MAX_OBSERVATIONS {
-                    observed.clear();
-                }
-                observed.insert(
-                    key.to_vec(),
-                    Observation {
-                        revision,
-                        at: Instant::now(),
-                        token,
-                        ttl,
-                    },
-                );
-                Duration::ZERO
-            }
-        }
-    }
-
-    /// Records this process's own write of `key` at `revision`.
-    fn observe_write(&self, key: &[u8], revision: u64, token: u64, ttl: Duration) {
-        let mut observed = self.observations();
-        if observed.len() >= MAX_OBSERVATIONS {
-            observed.clear();
-        }
-        observed.insert(
-            key.to_vec(),
-            Observation {
-                revision,
-                at: Instant::now(),
-                token,
-                ttl,
-            },
-        );
-    }
-
-    /// Whether this process saw the tenure `token` of `key` last written a ttl or more ago.
-    fn expired_here(&self, key: &[u8], token: u64) -> bool {
-        self.observations()
-            .get(key)
-            .is_some_and(|o| o.token == token && o.at.elapsed() >= o.ttl)
-    }
-
-    fn forget(&self, key: &[u8]) {
-        self.observations().remove(key);
+        self.observed
+            .seen(key, revision, token, ttl)
+            .checked_sub(ttl)
     }
 }
 

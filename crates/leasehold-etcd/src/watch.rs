@@ -1,5 +1,6 @@
 //! The release watch: one streaming `/v3/watch` on the lease keys per store, feeding a
-//! [`ReleaseHub`]; re-established on another member when its member goes away.
+//! [`ReleaseHub`] with releases and the store's [`Observations`] with renewals and acquisitions;
+//! re-established on another member when its member goes away.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
 use crate::gateway::{Gateway, b64, unb64};
+use crate::observed::Observations;
 use crate::record::Record;
 use crate::wire::{WatchLine, prefix_end};
 
@@ -20,10 +22,11 @@ pub(crate) fn spawn(
     gateway: Arc<Gateway>,
     lease_prefix: Vec<u8>,
     hub: ReleaseHub,
+    observed: Arc<Observations>,
     max_delay: Duration,
 ) -> (AbortHandle, oneshot::Receiver<()>) {
     let (ready, ready_rx) = oneshot::channel();
-    let task = tokio::spawn(run(gateway, lease_prefix, hub, max_delay, ready));
+    let task = tokio::spawn(run(gateway, lease_prefix, hub, observed, max_delay, ready));
     (task.abort_handle(), ready_rx)
 }
 
@@ -31,6 +34,7 @@ async fn run(
     gateway: Arc<Gateway>,
     lease_prefix: Vec<u8>,
     hub: ReleaseHub,
+    observed: Arc<Observations>,
     max_delay: Duration,
     ready: oneshot::Sender<()>,
 ) {
@@ -101,12 +105,18 @@ async fn run(
                             else {
                                 continue;
                             };
-                            if let (Some(name), Ok(Record::Free { .. })) = (
-                                key.strip_prefix(lease_prefix.as_slice()),
-                                Record::decode(&value),
-                            ) && let Ok(name) = std::str::from_utf8(name)
-                            {
-                                hub.publish(name);
+                            match Record::decode(&value) {
+                                Ok(Record::Free { .. }) => {
+                                    if let Some(name) = key.strip_prefix(lease_prefix.as_slice())
+                                        && let Ok(name) = std::str::from_utf8(name)
+                                    {
+                                        hub.publish(name);
+                                    }
+                                }
+                                Ok(Record::Held { token, ttl, .. }) => {
+                                    observed.put(&key, event.kv.mod_revision, token, ttl);
+                                }
+                                Err(_) => {}
                             }
                         }
                         if result.header.revision > 0 {

@@ -169,3 +169,53 @@ async fn a_new_observer_waits_a_full_ttl_from_its_first_sight() {
         Renewal::Lost
     );
 }
+
+/// A process whose release watch was running when the holder renewed times expiry from that
+/// renewal, not from its own later read: after the holder stops renewing (a crash), it takes
+/// over one ttl after the last renewal, as with a store that keeps time itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watching_process_times_expiry_from_the_renewals_it_saw() {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .unwrap();
+    let holder = leasehold_etcd::connect(&cluster.url()).await.unwrap();
+    // Connected (and its watch established) before the renewal below.
+    let watcher = leasehold_etcd::connect(&cluster.url()).await.unwrap();
+    let lease_name = name("watched");
+    let (a, b) = (HolderId::new("a").unwrap(), HolderId::new("b").unwrap());
+    let ttl = Duration::from_millis(1500);
+    let Acquisition::Acquired { token } = holder.acquire(&lease_name, &a, ttl).await.unwrap()
+    else {
+        panic!("not acquired");
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        holder.renew(&lease_name, &a, token, ttl).await.unwrap(),
+        Renewal::Renewed
+    );
+    let renewed = Instant::now();
+    // The holder "crashes": no more renewals. The watcher looks for the first time 800 ms on.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let Acquisition::Busy { remaining, .. } = watcher.acquire(&lease_name, &b, ttl).await.unwrap()
+    else {
+        panic!("taken over before a ttl had passed since the renewal");
+    };
+    assert!(
+        remaining < ttl - Duration::from_millis(600),
+        "counted from its own read, not from the renewal it watched: {remaining:?} left"
+    );
+    let taken = loop {
+        if let Acquisition::Acquired { token: next } =
+            watcher.acquire(&lease_name, &b, ttl).await.unwrap()
+        {
+            assert!(next > token);
+            break renewed.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(taken >= ttl, "taken over {taken:?} after the renewal");
+    assert!(
+        taken < ttl + Duration::from_millis(500),
+        "took {taken:?} after the last renewal"
+    );
+}
