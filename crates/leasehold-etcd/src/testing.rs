@@ -27,12 +27,16 @@ pub struct EtcdCluster {
     /// The watchdog and the write end of its pipe (closed when this process dies).
     watchdog: Option<(Child, ChildStdin)>,
     dir: tempfile::TempDir,
+    /// `--initial-cluster` and `--initial-cluster-token`, for (re)starting members.
+    initial_cluster: String,
+    cluster_token: String,
 }
 
 #[derive(Debug)]
 struct Member {
     name: String,
     client_port: u16,
+    peer_port: u16,
     child: Option<Child>,
 }
 
@@ -41,9 +45,20 @@ const DIR_PREFIX: &str = "leasehold-etcd-";
 /// The file in a cluster directory listing its members' pids, one per line.
 const PIDS_FILE: &str = "pids";
 
+/// A free loopback port, below the kernel's ephemeral range where it can tell: a member that is
+/// killed and restarted binds its ports again, and an ephemeral port may meanwhile have become
+/// the source port of some outgoing connection.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(0);
+    (0..50)
+        .filter(|_| ephemeral_from > 20_000)
+        .map(|_| fastrand::u16(15_000..ephemeral_from))
+        .chain(std::iter::once(0))
+        .find_map(|port| TcpListener::bind(("127.0.0.1", port)).ok())
+        .and_then(|l| l.local_addr().ok())
         .map(|a| a.port())
         .expect("a free loopback port")
 }
@@ -106,27 +121,23 @@ impl EtcdCluster {
             .iter()
             .map(|(name, _, peer)| format!("{name}=http://127.0.0.1:{peer}"))
             .collect();
-        let token = format!("lh-{:016x}", fastrand_u64());
         let mut cluster = Self {
-            members: Vec::new(),
+            members: peers
+                .into_iter()
+                .map(|(name, client_port, peer_port)| Member {
+                    name,
+                    client_port,
+                    peer_port,
+                    child: None,
+                })
+                .collect(),
             watchdog: None,
             dir,
+            initial_cluster: initial.join(","),
+            cluster_token: format!("lh-{:016x}", fastrand::u64(..)),
         };
-        for (name, client, peer) in &peers {
-            let child = spawn_member(
-                cluster.dir.path(),
-                name,
-                *client,
-                *peer,
-                &initial.join(","),
-                &token,
-            );
-            cluster.note_pid(child.id());
-            cluster.members.push(Member {
-                name: name.clone(),
-                client_port: *client,
-                child: Some(child),
-            });
+        for index in 0..size {
+            cluster.restart(index);
         }
         cluster.arm_watchdog();
         cluster.wait_healthy(Duration::from_secs(30));
@@ -229,6 +240,30 @@ impl EtcdCluster {
         }
     }
 
+    /// Starts member `index` (again, after [`kill`](Self::kill)) on its ports and its data
+    /// directory: a restarted member rejoins with what it had written. Does nothing if it runs.
+    pub fn restart(&mut self, index: usize) {
+        if self.members[index].child.is_some() {
+            return;
+        }
+        let child = self.spawn_member(&self.members[index]);
+        self.note_pid(child.id());
+        self.members[index].child = Some(child);
+    }
+
+    /// Whether every member answers etcd's health check (a leader is elected and commits).
+    pub fn healthy(&self) -> bool {
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--dial-timeout=1s", "--command-timeout=2s"])
+            .arg(format!("--endpoints={}", self.endpoints().join(",")))
+            .args(["endpoint", "health"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// The member's log file.
     pub fn log(&self, index: usize) -> PathBuf {
         self.dir
@@ -239,16 +274,7 @@ impl EtcdCluster {
     fn wait_healthy(&self, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
-            let healthy = Command::new("etcdctl")
-                .env("ETCDCTL_API", "3")
-                .args(["--dial-timeout=1s", "--command-timeout=2s"])
-                .arg(format!("--endpoints={}", self.endpoints().join(",")))
-                .args(["endpoint", "health"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if healthy {
+            if self.healthy() {
                 return;
             }
             for (i, m) in self.members.iter().enumerate() {
@@ -299,52 +325,47 @@ rm -rf "$d" 2>/dev/null || { sleep 1; rm -rf "$d"; }"#;
     }
 }
 
-fn spawn_member(
-    dir: &Path,
-    name: &str,
-    client: u16,
-    peer: u16,
-    initial_cluster: &str,
-    token: &str,
-) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("member log file");
-    let client_url = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    Command::new("etcd")
-        .arg(format!("--name={name}"))
-        .arg(format!("--data-dir={}", dir.join(name).display()))
-        .arg(format!("--listen-client-urls={client_url}"))
-        .arg(format!("--advertise-client-urls={client_url}"))
-        .arg(format!("--listen-peer-urls={peer_url}"))
-        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-        .arg(format!("--initial-cluster={initial_cluster}"))
-        .arg(format!("--initial-cluster-token={token}"))
-        .arg("--initial-cluster-state=new")
-        // Loopback: elect in about half a second rather than the default second or more.
-        .arg("--heartbeat-interval=50")
-        .arg("--election-timeout=500")
-        .arg("--logger=zap")
-        .arg("--log-outputs=stderr")
-        .arg("--log-level=warn")
-        // Small: a test writes kilobytes. Fewer raft entries kept in memory between snapshots,
-        // one snapshot and one spare WAL file on disk, and an alarm rather than growth past 64 MB.
-        .arg("--snapshot-count=1000")
-        .arg("--max-snapshots=1")
-        .arg("--max-wals=1")
-        .arg("--quota-backend-bytes=67108864")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("etcd runs (Debian's etcd-server package; scripts/stores.sh installs it)")
-}
-
-fn fastrand_u64() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    nanos ^ (u64::from(std::process::id()) << 32)
+impl EtcdCluster {
+    fn spawn_member(&self, member: &Member) -> Child {
+        let dir = self.dir.path();
+        let name = &member.name;
+        // Appended to: a restarted member's log follows its earlier life.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{name}.log")))
+            .expect("member log file");
+        let client_url = format!("http://127.0.0.1:{}", member.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
+        Command::new("etcd")
+            .arg(format!("--name={name}"))
+            .arg(format!("--data-dir={}", dir.join(name).display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={}", self.initial_cluster))
+            .arg(format!("--initial-cluster-token={}", self.cluster_token))
+            // Ignored by a member restarted on its data: it rejoins.
+            .arg("--initial-cluster-state=new")
+            // Loopback: elect in about half a second rather than the default second or more.
+            .arg("--heartbeat-interval=50")
+            .arg("--election-timeout=500")
+            .arg("--logger=zap")
+            .arg("--log-outputs=stderr")
+            .arg("--log-level=warn")
+            // Small: a test writes kilobytes. Fewer raft entries kept in memory between snapshots,
+            // one snapshot and one spare WAL file on disk, and an alarm rather than growth past 64 MB.
+            .arg("--snapshot-count=1000")
+            .arg("--max-snapshots=1")
+            .arg("--max-wals=1")
+            .arg("--quota-backend-bytes=67108864")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd runs (Debian's etcd-server package; scripts/stores.sh installs it)")
+    }
 }
 
 impl Drop for EtcdCluster {

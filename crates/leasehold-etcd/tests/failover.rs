@@ -112,6 +112,26 @@ async fn leases_survive_killing_the_leader() {
     };
     assert!(next.token() > guard_token);
     next.release().await.unwrap();
+
+    // The killed member restarts on its data and catches up: read through it alone, the lease
+    // has the token handed out while it was down.
+    let mut cluster = cluster;
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.restart(leader);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cluster.healthy() {
+            assert!(Instant::now() < deadline, "restarted member not healthy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    })
+    .await
+    .unwrap();
+    let alone = leasehold_etcd::connect(&format!("etcd://{}", cluster.endpoints()[leader]))
+        .await
+        .unwrap();
+    let state = alone.inspect(&lease_name).await.unwrap().unwrap();
+    assert_eq!(state.token.get(), second.get());
     drop(cluster);
 }
 
