@@ -58,6 +58,8 @@ ensure_tools() {
   if ! command -v faketime >/dev/null; then log "installing faketime"; apt_install faketime; fi
   # The etcd store's tests start clusters of their own from Debian's etcd-server.
   if ! command -v etcd >/dev/null; then log "installing etcd"; apt_install etcd-server; fi
+  # Their failover test asks etcdctl which member leads.
+  if ! command -v etcdctl >/dev/null; then log "installing etcdctl"; apt_install etcd-client; fi
   # The sidecar's TypeScript client and NestJS example (Node 20 or later).
   if ! command -v npm >/dev/null; then log "installing nodejs and npm"; apt_install nodejs npm; fi
   # The API fuzzer (schemathesis) is installed from PyPI into a virtualenv.

@@ -19,7 +19,7 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   # Without nextest's test groups (.config/nextest.toml), run the chaos runs one at a time.
   cargo test --workspace --all-features --locked --no-fail-fast --lib --bins --tests -- \
-    --skip chaos_sqlite --skip chaos_redis --skip chaos_postgres
+    --skip chaos_sqlite --skip chaos_redis --skip chaos_postgres --skip chaos_etcd
   cargo test -p leasehold-cli --all-features --locked --test chaos -- --test-threads=1
 fi
 echo "== doc tests"

@@ -11,6 +11,7 @@ use nix::sys::signal::Signal;
 use serde::Serialize;
 
 use crate::check::{self, CheckReport, LossWindow};
+use crate::etcd_members::EtcdMembers;
 use crate::fence;
 use crate::ledger::{self, Fenced, LedgerEntry};
 use crate::pg_server::{self, PgServer};
@@ -236,6 +237,7 @@ struct Harness {
     proxy: Option<FaultProxy>,
     redis: Option<RedisServer>,
     postgres: Option<PgServer>,
+    etcd: Option<EtcdMembers>,
     watchdog: Watchdog,
     /// The store, opened directly (not through the proxy), for the restart checks; closed at
     /// shutdown, before the server stops.
@@ -338,7 +340,8 @@ impl Harness {
         };
         let watchdog = Watchdog::start(&paused_file, &servers_file)?;
         let mut notes = Vec::new();
-        let (mut redis, mut postgres, mut proxy, mut sqlite_dir) = (None, None, None, None);
+        let (mut redis, mut postgres, mut proxy, mut sqlite_dir, mut etcd) =
+            (None, None, None, None, None);
         let (replica_url, poll_url) = match args.store {
             StoreKind::Sqlite => {
                 let dir = tempfile::Builder::new()
@@ -398,6 +401,13 @@ impl Harness {
                     urls
                 }
             },
+            StoreKind::Etcd => {
+                let members = EtcdMembers::start().await?;
+                let url = members.url();
+                etcd = Some(members);
+                notes.push("etcd: a 3-member cluster of the harness's own on loopback (data on disk, fsync on), no proxy (three endpoints); a store restart SIGKILLs, in turn, the Raft leader (kept down 2 ttl), the leader and a follower together (no quorum for 2 ttl), or a follower (restarted at once) and starts them again on their data; Raft commits every write on a majority, so nothing is excused: overlaps and duplicate slots must stay 0 and both leases' tokens must survive each restart".into());
+                (url.clone(), url)
+            }
         };
         let name = LeaseName::new(&lease)?;
         let store = crate::open::open_store(&poll_url)
@@ -419,6 +429,7 @@ impl Harness {
             proxy,
             redis,
             postgres,
+            etcd,
             watchdog,
             direct: Some(store),
             _sqlite_dir: sqlite_dir,
@@ -783,6 +794,8 @@ impl Harness {
                         ready - stopped
                     );
                     (stopped, ready, detail)
+                } else if let Some(etcd) = self.etcd.as_mut() {
+                    etcd.restart(self.restarts.len(), self.s.ttl * 2).await?
                 } else {
                     self.skip(f.kind, "the harness runs no store server");
                     return Ok(());
@@ -960,6 +973,9 @@ impl Harness {
         }
         if let Some(mut postgres) = self.postgres.take() {
             postgres.stop().await;
+        }
+        if let Some(etcd) = self.etcd.take() {
+            etcd.stop(&self.logs);
         }
         self.watchdog.stop();
     }

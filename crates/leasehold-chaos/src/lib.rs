@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod check;
+mod etcd_members;
 mod fence;
 mod harness;
 mod ledger;
@@ -34,6 +35,9 @@ pub enum StoreKind {
     /// A PostgreSQL server the harness starts itself (fsync on), behind the fault proxy, crashed
     /// and restarted as a fault; or a running server (`--postgres-url`), never restarted.
     Postgres,
+    /// A 3-member etcd cluster the harness starts itself (no proxy: three endpoints); members,
+    /// the Raft leader among them, are SIGKILLed and restarted as the store-restart fault.
+    Etcd,
 }
 
 impl StoreKind {
@@ -43,6 +47,7 @@ impl StoreKind {
             Self::Sqlite => "sqlite",
             Self::Redis => "redis",
             Self::Postgres => "postgres",
+            Self::Etcd => "etcd",
         }
     }
 
@@ -52,6 +57,7 @@ impl StoreKind {
         use FaultKind::*;
         match self {
             Self::Sqlite => &[Kill, Pause, Terminate],
+            Self::Etcd => &[Kill, Pause, Terminate, StoreRestart],
             Self::Redis | Self::Postgres => &FaultKind::ALL,
         }
     }

@@ -14,8 +14,8 @@ use crate::{EXIT_BUSY, Failure};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Store URL: sqlite:PATH, redis://…, rediss://…, postgres://… [default: $LEASEHOLD_STORE,
-    /// else sqlite:leasehold.db]
+    /// Store URL: sqlite:PATH, redis://…, rediss://…, postgres://…, etcd://…
+    /// [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
     #[arg(long)]
     store: Option<String>,
     /// The lease name, shared by every instance of this job.

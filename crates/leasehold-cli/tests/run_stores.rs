@@ -1,6 +1,6 @@
-//! Several `leasehold run --every` processes on one lease, against every store: each tick runs
-//! exactly once (ledger check), a SIGKILLed leader is replaced within ttl + retry interval, a
-//! gracefully stopped one hands over at once.
+//! Several `leasehold run --every` processes on one lease, against every store (etcd: a cluster
+//! of the test's own): each tick runs exactly once (ledger check), a SIGKILLed leader is replaced
+//! within ttl + retry interval, a gracefully stopped one hands over at once.
 
 mod common;
 
@@ -197,4 +197,24 @@ async fn postgres_killed_leader_is_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_graceful_stop_hands_over() {
     graceful_stop_hands_over(&postgres_url()).await;
+}
+
+/// A 3-member etcd cluster of the test's own (members killed and data removed on drop).
+async fn etcd_cluster() -> leasehold_etcd::testing::EtcdCluster {
+    tokio::task::spawn_blocking(|| leasehold_etcd::testing::EtcdCluster::start(3))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_killed_leader_is_replaced() {
+    // Followers time the dead leader's lease from its last renewal, which their watch saw.
+    let cluster = etcd_cluster().await;
+    killed_leader_is_replaced(&cluster.url(), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_graceful_stop_hands_over() {
+    let cluster = etcd_cluster().await;
+    graceful_stop_hands_over(&cluster.url()).await;
 }

@@ -7,8 +7,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`; all on by
-//! default); a URL for a store whose feature is off is reported as such.
+//! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`, `etcd`; all
+//! on by default); a URL for a store whose feature is off is reported as such.
 
 use leasehold::BoxStore;
 
@@ -17,7 +17,8 @@ use leasehold::BoxStore;
 pub const DEFAULT_STORE: &str = "sqlite:leasehold.db";
 
 /// The URL schemes this crate knows, for messages.
-const SCHEMES: &str = "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, postgres://";
+const SCHEMES: &str =
+    "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, postgres://, etcd://, etcds://";
 
 /// Why a store URL could not be opened. No variant carries the URL's text: each store displays
 /// its own parsed, password-free form, so no password can reach a message.
@@ -70,6 +71,8 @@ pub enum StoreKind {
     Redis,
     /// `postgres://`, `postgresql://`.
     Postgres,
+    /// `etcd://`, `etcds://`.
+    Etcd,
 }
 
 impl StoreKind {
@@ -83,6 +86,7 @@ impl StoreKind {
             "sqlite" => Ok(Self::Sqlite),
             "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::Redis),
             "postgres" | "postgresql" => Ok(Self::Postgres),
+            "etcd" | "etcds" => Ok(Self::Etcd),
             // A scheme is letters, digits, `+ - .`; anything else is not one, so not shown.
             _ if scheme
                 .chars()
@@ -102,6 +106,7 @@ impl StoreKind {
             Self::Sqlite => "sqlite",
             Self::Redis => "redis",
             Self::Postgres => "postgres",
+            Self::Etcd => "etcd",
         }
     }
 }
@@ -114,7 +119,8 @@ fn connect_error(store: StoreKind) -> impl Fn(String) -> OpenError {
 }
 
 /// Opens the store a URL names and checks that it answers: `sqlite:PATH`, `redis://…`,
-/// `rediss://…`, `redis+unix://…`, `postgres://…` (or `postgresql://…`).
+/// `rediss://…`, `redis+unix://…`, `postgres://…` (or `postgresql://…`), `etcd://…` (or
+/// `etcds://…`).
 pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     let kind = StoreKind::of(url)?;
     let err = connect_error(kind);
@@ -134,6 +140,11 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
             .await
             .map(BoxStore::new)
             .map_err(|e| err(e.to_string())),
+        #[cfg(feature = "etcd")]
+        StoreKind::Etcd => leasehold_etcd::connect(url)
+            .await
+            .map(BoxStore::new)
+            .map_err(|e| err(e.to_string())),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -142,7 +153,7 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     }
 }
 
-/// Opens the store a URL names without waiting for its server: a Redis or PostgreSQL store is
+/// Opens the store a URL names without waiting for its server: a Redis, PostgreSQL or etcd store is
 /// returned at once and connects (and reconnects) in the background, answering every operation
 /// with [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until its server answers,
 /// so a scheduler can start during an outage and apply its store-down policy. A SQLite file is
@@ -158,6 +169,10 @@ pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
             .map_err(|e| err(e.to_string())),
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => leasehold_postgres::connect_lazy(url)
+            .map(BoxStore::new)
+            .map_err(|e| err(e.to_string())),
+        #[cfg(feature = "etcd")]
+        StoreKind::Etcd => leasehold_etcd::connect_lazy(url)
             .map(BoxStore::new)
             .map_err(|e| err(e.to_string())),
         // Reached only for a store whose feature is off.

@@ -278,7 +278,7 @@ impl Harness {
             ));
         }
         // A durable store keeps the lease through a crash; Redis without persistence forgets it.
-        let durable = self.s.store == StoreKind::Postgres;
+        let durable = matches!(self.s.store, StoreKind::Postgres | StoreKind::Etcd);
         let kept = self.restarts.iter().filter(|r| r.kept()).count();
         if !self.restarts.is_empty() {
             if durable {

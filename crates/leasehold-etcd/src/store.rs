@@ -1,0 +1,725 @@
+//! [`EtcdStore`]: the [`Store`] implementation.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use leasehold::store::Operation as Op;
+use leasehold::{
+    Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
+    ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
+};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
+
+use crate::config::EtcdConfig;
+use crate::error::{Error, RequestError, Result};
+use crate::gateway::{Gateway, b64, unb64};
+use crate::observed::Observations;
+use crate::record::Record;
+use crate::watch;
+use crate::wire::{
+    KeyValue, RangeResponse, TxnResponse, absent, delete, get, modified_at, nested, prefix_end,
+    put, txn, value_is,
+};
+
+/// How often an acquire re-reads a record that changed under it before giving up.
+const MAX_ACQUIRE_ATTEMPTS: usize = 16;
+/// Deletions per transaction in `purge` (etcd's default `--max-txn-ops` is 128).
+const PURGE_BATCH: usize = 100;
+
+/// Leases in etcd v3: compare-and-set transactions on one key per lease, fencing tokens kept in
+/// the key's value, expiry measured by each client's monotonic clock from when it saw the key's
+/// current revision, and releases announced by a watch. See the crate documentation for the
+/// design and what it assumes.
+///
+/// Cheap to clone: clones share the connections, the release watch and the expiry
+/// observations.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    gateway: Arc<Gateway>,
+    prefix: String,
+    op_timeout: Duration,
+    described: String,
+    hub: Option<ReleaseHub>,
+    watcher: Option<AbortHandle>,
+    /// Per lease key: the revision this process last saw and when it first saw it.
+    observed: Arc<Observations>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(watcher) = &self.watcher {
+            watcher.abort();
+        }
+    }
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("EtcdStore")
+            .field(&self.inner.described)
+            .finish()
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn slot_text(slot: u64) -> Vec<u8> {
+    format!("{slot:020}").into_bytes()
+}
+
+fn parse_slot(value: &str) -> StoreResult<u64> {
+    let bytes = unb64(value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| StoreError::Corrupt("slot value is not a number".into()))
+}
+
+impl EtcdStore {
+    pub(crate) async fn connect(config: EtcdConfig) -> Result<Self> {
+        let op_timeout = config.op_timeout;
+        let (store, ready) = Self::open(config)?;
+        // One read under the prefix: reachability, credentials and read permission at once.
+        let probe =
+            json!({ "key": b64(store.inner.lease_key_prefix()), "limit": "1", "keys_only": true });
+        let answer = tokio::time::timeout(
+            op_timeout,
+            store
+                .inner
+                .gateway
+                .call::<RangeResponse>("/v3/kv/range", &probe),
+        )
+        .await;
+        let failed = |source| Error::Connect {
+            endpoints: store.inner.described.clone(),
+            source,
+        };
+        match answer {
+            Err(_) => return Err(failed(StoreError::Timeout(op_timeout))),
+            Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
+            Ok(Ok(_)) => {}
+        }
+        if let Some(ready) = ready {
+            // Usually established at once; if not, it keeps trying in the background.
+            let _ = tokio::time::timeout(op_timeout, ready).await;
+        }
+        Ok(store)
+    }
+
+    /// The store without a first round trip: connections are opened by the first operation
+    /// (each fails with [`StoreError::Unavailable`] while no member answers) and the release
+    /// watch is established in the background. Must be called within a tokio runtime.
+    pub(crate) fn open(config: EtcdConfig) -> Result<(Self, Option<oneshot::Receiver<()>>)> {
+        config.validate()?;
+        let gateway = Arc::new(Gateway::new(&config)?);
+        let mut inner = Inner {
+            gateway: gateway.clone(),
+            prefix: config.prefix.clone(),
+            op_timeout: config.op_timeout,
+            described: config.describe(),
+            hub: None,
+            watcher: None,
+            observed: Arc::default(),
+        };
+        let mut ready = None;
+        if config.notifications {
+            let hub = ReleaseHub::new();
+            let (watcher, established) = watch::spawn(
+                gateway,
+                inner.lease_key_prefix(),
+                hub.clone(),
+                inner.observed.clone(),
+                config.max_reconnect_delay,
+            );
+            inner.hub = Some(hub);
+            inner.watcher = Some(watcher);
+            ready = Some(established);
+        }
+        let store = Self {
+            inner: Arc::new(inner),
+        };
+        Ok((store, ready))
+    }
+
+    /// The key of a lease: `PREFIX` `lease/` `NAME`.
+    pub fn lease_key(&self, name: &LeaseName) -> Vec<u8> {
+        self.inner.lease_key(name)
+    }
+
+    /// The key of a task's last claimed slot: `PREFIX` `slot/` `TASK` (20 decimal digits).
+    pub fn slot_key(&self, task: &LeaseName) -> Vec<u8> {
+        format!("{}slot/{task}", self.inner.prefix).into_bytes()
+    }
+
+    /// The prefix of a task's history keys: `PREFIX` `hist/` `TASK` `\0`, followed by the
+    /// entry's key as 20 decimal digits.
+    pub fn history_prefix(&self, task: &LeaseName) -> Vec<u8> {
+        format!("{}hist/{task}\0", self.inner.prefix).into_bytes()
+    }
+
+    /// Runs one attempt of an operation within the op timeout.
+    async fn run<T>(&self, work: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        tokio::time::timeout(self.inner.op_timeout, work)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.inner.op_timeout)))
+    }
+
+    /// Runs an operation that may be repeated without changing its outcome (a renewal, a read)
+    /// in attempts of a third of the op timeout, until one answers or the op timeout is spent.
+    /// A write sent while the cluster elects a leader is not answered until etcd's own request
+    /// timeout (seconds); a fresh attempt goes through as soon as the new leader is in.
+    async fn run_repeatable<T, F, Fut>(&self, work: F) -> StoreResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let op_timeout = self.inner.op_timeout;
+        let deadline = Instant::now() + op_timeout;
+        let attempt = (op_timeout / 3).max(Duration::from_millis(250));
+        let mut last = StoreError::Timeout(op_timeout);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(last);
+            }
+            match tokio::time::timeout(attempt.min(left), work()).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(e)) if !e.is_transient() => return Err(e),
+                Ok(Err(e)) => {
+                    last = e;
+                    let pause = Duration::from_millis(50).min(left);
+                    tokio::time::sleep(pause).await;
+                }
+                Err(_) => last = StoreError::Timeout(op_timeout),
+            }
+        }
+    }
+
+    async fn txn(&self, op: Op<'_>, request: serde_json::Value) -> StoreResult<TxnResponse> {
+        self.inner
+            .gateway
+            .call("/v3/kv/txn", &request)
+            .await
+            .map_err(|e: RequestError| e.into_store_error(op))
+    }
+
+    async fn range(&self, op: Op<'_>, request: serde_json::Value) -> StoreResult<RangeResponse> {
+        self.inner
+            .gateway
+            .call("/v3/kv/range", &request)
+            .await
+            .map_err(|e: RequestError| e.into_store_error(op))
+    }
+
+    async fn acquire_once(
+        &self,
+        op: Op<'_>,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Acquisition> {
+        let key = self.lease_key(name);
+        // None: not read yet or absent; the create path is tried first.
+        let mut current: Option<KeyValue> = None;
+        for _ in 0..MAX_ACQUIRE_ATTEMPTS {
+            let (token, compare) = match &current {
+                None => {
+                    // A name never seen: its first token comes from the clock.
+                    (wall_ms().saturating_mul(1000) + 1, absent(&key))
+                }
+                Some(kv) => {
+                    let record = decode_kv(kv)?;
+                    if let Record::Held {
+                        holder: other, ttl, ..
+                    } = &record
+                        && other != holder.as_str()
+                        && let Some(remaining) =
+                            self.inner
+                                .remaining(&key, kv.mod_revision, record.token(), *ttl)
+                    {
+                        let holder = HolderId::new(other)
+                            .map_err(|e| StoreError::Corrupt(format!("holder of {name}: {e}")))?;
+                        return Ok(Acquisition::Busy { holder, remaining });
+                    }
+                    let next = record.token().checked_add(1).ok_or_else(|| {
+                        StoreError::Corrupt(format!("token of {name} is at its maximum"))
+                    })?;
+                    (next, modified_at(&key, kv.mod_revision))
+                }
+            };
+            let answer = self
+                .txn(
+                    op,
+                    txn(
+                        vec![compare],
+                        vec![put(&key, &Record::held(token, holder.as_str(), ttl))],
+                        vec![get(&key)],
+                    ),
+                )
+                .await?;
+            if answer.succeeded {
+                self.inner
+                    .observed
+                    .write(&key, answer.header.revision, token, ttl);
+                return Ok(Acquisition::Acquired {
+                    token: FencingToken(token),
+                });
+            }
+            current = answer
+                .range(0)
+                .and_then(|r| r.kvs.first())
+                .map(|kv| KeyValue {
+                    key: kv.key.clone(),
+                    value: kv.value.clone(),
+                    mod_revision: kv.mod_revision,
+                });
+        }
+        Err(StoreError::Unavailable {
+            message: format!(
+                "{op}: the lease record kept changing under {MAX_ACQUIRE_ATTEMPTS} attempts"
+            ),
+            source: None,
+        })
+    }
+
+    async fn renew_once(
+        &self,
+        op: Op<'_>,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> StoreResult<Renewal> {
+        let key = self.lease_key(name);
+        if self.inner.observed.expired(&key, token.get()) {
+            return Ok(Renewal::Lost);
+        }
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    in_tenure(&key, token, holder),
+                    vec![put(&key, &Record::held(token.get(), holder.as_str(), ttl))],
+                    vec![],
+                ),
+            )
+            .await?;
+        if answer.succeeded {
+            self.inner
+                .observed
+                .write(&key, answer.header.revision, token.get(), ttl);
+            Ok(Renewal::Renewed)
+        } else {
+            Ok(Renewal::Lost)
+        }
+    }
+
+    async fn release_once(
+        &self,
+        op: Op<'_>,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> StoreResult<Release> {
+        let key = self.lease_key(name);
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    in_tenure(&key, token, holder),
+                    vec![put(&key, &Record::free(token.get(), wall_ms()))],
+                    vec![],
+                ),
+            )
+            .await?;
+        if answer.succeeded {
+            self.inner.observed.forget(&key);
+            Ok(Release::Released)
+        } else {
+            Ok(Release::NotHeld)
+        }
+    }
+
+    async fn inspect_once(&self, op: Op<'_>, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
+        let key = self.lease_key(name);
+        let answer = self.range(op, json!({ "key": b64(&key) })).await?;
+        let Some(kv) = answer.kvs.first() else {
+            return Ok(None);
+        };
+        let record = decode_kv(kv)?;
+        let token = FencingToken(record.token());
+        let state =
+            match record {
+                Record::Held { holder, ttl, token } => {
+                    match self.inner.remaining(&key, kv.mod_revision, token, ttl) {
+                        Some(remaining) => LeaseState {
+                            holder: Some(HolderId::new(&holder).map_err(|e| {
+                                StoreError::Corrupt(format!("holder of {name}: {e}"))
+                            })?),
+                            token: FencingToken(token),
+                            remaining,
+                        },
+                        None => free_state(FencingToken(token)),
+                    }
+                }
+                Record::Free { .. } => free_state(token),
+            };
+        Ok(Some(state))
+    }
+
+    async fn claim_slot_once(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        slot: u64,
+    ) -> StoreResult<SlotClaim> {
+        let key = self.slot_key(task);
+        let value = slot_text(slot);
+        // One round trip: create the key, else move it forward, else read it.
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    vec![absent(&key)],
+                    vec![put(&key, &value)],
+                    vec![nested(txn(
+                        vec![value_is(&key, "LESS", &value)],
+                        vec![put(&key, &value)],
+                        vec![get(&key)],
+                    ))],
+                ),
+            )
+            .await?;
+        if answer.succeeded {
+            return Ok(SlotClaim::Claimed);
+        }
+        let inner = answer
+            .txn(0)
+            .ok_or_else(|| StoreError::Corrupt("claim_slot: no nested answer".into()))?;
+        if inner.succeeded {
+            return Ok(SlotClaim::Claimed);
+        }
+        let last = inner
+            .range(0)
+            .and_then(|r| r.kvs.first())
+            .ok_or_else(|| StoreError::Corrupt("claim_slot: no slot read back".into()))?;
+        Ok(SlotClaim::AlreadyRun {
+            last: parse_slot(&last.value)?,
+        })
+    }
+
+    async fn last_slot_once(&self, op: Op<'_>, task: &LeaseName) -> StoreResult<Option<u64>> {
+        let answer = self
+            .range(op, json!({ "key": b64(self.slot_key(task)) }))
+            .await?;
+        answer
+            .kvs
+            .first()
+            .map(|kv| parse_slot(&kv.value))
+            .transpose()
+    }
+
+    async fn record_history_once(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> StoreResult<()> {
+        let prefix = self.history_prefix(task);
+        let end = prefix_end(&prefix);
+        let mut entry_key = prefix.clone();
+        entry_key.extend_from_slice(&slot_text(key));
+        if keep == 0 {
+            self.txn(
+                op,
+                txn(
+                    vec![],
+                    vec![json!({ "request_delete_range": { "key": b64(&prefix), "range_end": b64(&end) } })],
+                    vec![],
+                ),
+            )
+            .await?;
+            return Ok(());
+        }
+        // The put, and the `keep` highest keys after it with the total count.
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    vec![],
+                    vec![
+                        put(&entry_key, entry.as_bytes()),
+                        json!({ "request_range": {
+                            "key": b64(&prefix), "range_end": b64(&end), "keys_only": true,
+                            "sort_order": "DESCEND", "sort_target": "KEY", "limit": keep.to_string(),
+                        } }),
+                    ],
+                    vec![],
+                ),
+            )
+            .await?;
+        let kept = answer
+            .range(1)
+            .ok_or_else(|| StoreError::Corrupt("record_history: no range answer".into()))?;
+        if kept.count as usize > keep
+            && let Some(lowest) = kept.kvs.last()
+        {
+            // A second round trip only when over the bound: drop every key below the lowest kept.
+            let lowest = unb64(&lowest.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            self.txn(
+                op,
+                txn(
+                    vec![],
+                    vec![json!({ "request_delete_range": { "key": b64(&prefix), "range_end": b64(&lowest) } })],
+                    vec![],
+                ),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn history_once(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        limit: usize,
+    ) -> StoreResult<Vec<String>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let prefix = self.history_prefix(task);
+        let answer = self
+            .range(
+                op,
+                json!({
+                    "key": b64(&prefix), "range_end": b64(prefix_end(&prefix)),
+                    "sort_order": "DESCEND", "sort_target": "KEY", "limit": limit.to_string(),
+                }),
+            )
+            .await?;
+        answer
+            .kvs
+            .iter()
+            .map(|kv| {
+                let bytes = unb64(&kv.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                String::from_utf8(bytes)
+                    .map_err(|_| StoreError::Corrupt("history entry is not UTF-8".into()))
+            })
+            .collect()
+    }
+
+    async fn purge_once(&self, op: Op<'_>, retention: Duration) -> StoreResult<u64> {
+        let prefix = self.inner.lease_key_prefix();
+        let end = prefix_end(&prefix);
+        let cutoff =
+            wall_ms().saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
+        let mut doomed: Vec<(Vec<u8>, u64)> = Vec::new();
+        let mut from = prefix.clone();
+        loop {
+            let page = self
+                .range(
+                    op,
+                    json!({ "key": b64(&from), "range_end": b64(&end), "limit": "500" }),
+                )
+                .await?;
+            for kv in &page.kvs {
+                let key = unb64(&kv.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let old = match decode_kv(kv) {
+                    Ok(Record::Free { freed_at_ms, .. }) => freed_at_ms <= cutoff,
+                    Ok(Record::Held { token, ttl, .. }) => self
+                        .inner
+                        .free_for(&key, kv.mod_revision, token, ttl)
+                        .is_some_and(|free| free >= retention),
+                    Err(_) => false,
+                };
+                if old {
+                    doomed.push((key.clone(), kv.mod_revision));
+                }
+                from = key;
+            }
+            if !page.more || page.kvs.is_empty() {
+                break;
+            }
+            from.push(0);
+        }
+        let mut purged = 0u64;
+        for batch in doomed.chunks(PURGE_BATCH) {
+            // Each deletion only if the record is unchanged since it was read.
+            let ops = batch
+                .iter()
+                .map(|(key, revision)| {
+                    nested(txn(
+                        vec![modified_at(key, *revision)],
+                        vec![delete(key)],
+                        vec![],
+                    ))
+                })
+                .collect();
+            let answer = self.txn(op, txn(vec![], ops, vec![])).await?;
+            for (i, (key, _)) in batch.iter().enumerate() {
+                if answer.txn(i).is_some_and(|t| t.succeeded) {
+                    purged += 1;
+                    self.inner.observed.forget(key);
+                }
+            }
+        }
+        Ok(purged)
+    }
+}
+
+/// The compares "the value of `key` belongs to the tenure `(token, holder)`".
+fn in_tenure(key: &[u8], token: FencingToken, holder: &HolderId) -> Vec<serde_json::Value> {
+    let tenure = Record::tenure(token.get(), holder.as_str());
+    vec![
+        value_is(key, "GREATER", &tenure),
+        value_is(key, "LESS", &prefix_end(&tenure)),
+    ]
+}
+
+fn op<'a>(what: &'static str, name: Option<&'a LeaseName>) -> Op<'a> {
+    Op { what, name }
+}
+
+fn free_state(token: FencingToken) -> LeaseState {
+    LeaseState {
+        holder: None,
+        token,
+        remaining: Duration::ZERO,
+    }
+}
+
+fn decode_kv(kv: &KeyValue) -> StoreResult<Record> {
+    let value = unb64(&kv.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Record::decode(&value)
+}
+
+impl Inner {
+    fn lease_key_prefix(&self) -> Vec<u8> {
+        format!("{}lease/", self.prefix).into_bytes()
+    }
+
+    fn lease_key(&self, name: &LeaseName) -> Vec<u8> {
+        format!("{}lease/{name}", self.prefix).into_bytes()
+    }
+
+    /// Time left of the tenure at `revision` as this process sees it, `None` once expired.
+    fn remaining(&self, key: &[u8], revision: u64, token: u64, ttl: Duration) -> Option<Duration> {
+        let elapsed = self.observed.seen(key, revision, token, ttl);
+        ttl.checked_sub(elapsed).filter(|left| !left.is_zero())
+    }
+
+    /// How long the tenure at `revision` has been expired for this process, `None` while live.
+    fn free_for(&self, key: &[u8], revision: u64, token: u64, ttl: Duration) -> Option<Duration> {
+        self.observed
+            .seen(key, revision, token, ttl)
+            .checked_sub(ttl)
+    }
+}
+
+impl Store for EtcdStore {
+    fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
+        let op = op("acquire", Some(name));
+        self.run(self.acquire_once(op, name, holder, ttl))
+    }
+
+    fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Renewal>> + Send {
+        let op = op("renew", Some(name));
+        self.run_repeatable(move || self.renew_once(op, name, holder, token, ttl))
+    }
+
+    fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> impl Future<Output = StoreResult<Release>> + Send {
+        let op = op("release", Some(name));
+        self.run(self.release_once(op, name, holder, token))
+    }
+
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let op = op("purge", None);
+        self.run_repeatable(move || self.purge_once(op, retention))
+    }
+
+    fn inspect(
+        &self,
+        name: &LeaseName,
+    ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
+        let op = op("inspect", Some(name));
+        self.run_repeatable(move || self.inspect_once(op, name))
+    }
+
+    fn claim_slot(
+        &self,
+        task: &LeaseName,
+        slot: u64,
+    ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
+        let op = op("claim_slot", Some(task));
+        self.run(self.claim_slot_once(op, task, slot))
+    }
+
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        std::future::ready(Ok(wall_ms()))
+    }
+
+    fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        let op = op("last_slot", Some(task));
+        self.run_repeatable(move || self.last_slot_once(op, task))
+    }
+
+    fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let op = op("record_history", Some(task));
+        self.run_repeatable(move || self.record_history_once(op, task, key, entry, keep))
+    }
+
+    fn history(
+        &self,
+        task: &LeaseName,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
+        let op = op("history", Some(task));
+        self.run_repeatable(move || self.history_once(op, task, limit))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.hub.as_ref().map(ReleaseHub::subscribe)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+}
