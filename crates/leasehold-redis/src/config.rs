@@ -117,10 +117,12 @@ impl RedisConfig {
     /// The deployment the URL names, parsed by the parser of its form.
     pub(crate) fn target(&self) -> Result<Target> {
         let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
-        Ok(match scheme {
-            SENTINEL_SCHEME => Target::Sentinel(SentinelUrl::parse(&self.url)?),
-            CLUSTER_SCHEME => Target::Cluster(ClusterUrl::parse(&self.url)?),
-            _ => Target::Single,
+        Ok(if scheme.eq_ignore_ascii_case(SENTINEL_SCHEME) {
+            Target::Sentinel(SentinelUrl::parse(&self.url)?)
+        } else if scheme.eq_ignore_ascii_case(CLUSTER_SCHEME) {
+            Target::Cluster(ClusterUrl::parse(&self.url)?)
+        } else {
+            Target::Single
         })
     }
 

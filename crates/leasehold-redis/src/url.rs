@@ -111,8 +111,9 @@ fn decode(scheme: &str, s: &str, what: &str) -> Result<String> {
 /// `@`, so a password may hold any character but must percent-encode none.
 fn split<'a>(url: &'a str, scheme: &str, default_port: u16) -> Result<Parts<'a>> {
     let rest = url
-        .strip_prefix(scheme)
-        .and_then(|r| r.strip_prefix("://"))
+        .get(..scheme.len())
+        .filter(|s| s.eq_ignore_ascii_case(scheme))
+        .and_then(|_| url[scheme.len()..].strip_prefix("://"))
         .ok_or_else(|| invalid(scheme, format!("must start with {scheme}://")))?;
     let (userinfo, rest) = match rest.rfind('@') {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
@@ -341,6 +342,12 @@ mod tests {
         let plain = SentinelUrl::parse("redis+sentinel://:pw@h/m").unwrap();
         assert_eq!(plain.credentials.username, None);
         assert_eq!(plain.to_string(), "redis+sentinel://h:26379/m?db=0");
+        assert_eq!(
+            SentinelUrl::parse("REDIS+Sentinel://h/m")
+                .unwrap()
+                .to_string(),
+            plain.to_string()
+        );
     }
 
     #[test]

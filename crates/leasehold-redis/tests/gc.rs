@@ -50,7 +50,7 @@ async fn counters_of_names_used_once_expire_and_tokens_stay_ahead() {
     println!("100,000 acquire+release in {:?}", started.elapsed());
     let mut conn = store.connection();
     let pattern = format!("{prefix}:*");
-    let count = |conn: &mut redis::aio::ConnectionManager| {
+    let count = |conn: &mut leasehold_redis::RedisConnection| {
         let pattern = pattern.clone();
         let mut conn = conn.clone();
         async move {
