@@ -18,6 +18,7 @@ use crate::pg_url::PgTarget;
 use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
 use crate::schedule::{self, FaultKind, PlannedFault};
+use crate::sentinel::SentinelGroup;
 use crate::svg::{Marker, Span, Timeline};
 use crate::{ChaosArgs, StoreKind};
 
@@ -235,6 +236,7 @@ struct Harness {
     polled: PollState,
     proxy: Option<FaultProxy>,
     redis: Option<RedisServer>,
+    sentinel: Option<SentinelGroup>,
     postgres: Option<PgServer>,
     watchdog: Watchdog,
     /// The store, opened directly (not through the proxy), for the restart checks; closed at
@@ -339,6 +341,7 @@ impl Harness {
         let watchdog = Watchdog::start(&paused_file, &servers_file)?;
         let mut notes = Vec::new();
         let (mut redis, mut postgres, mut proxy, mut sqlite_dir) = (None, None, None, None);
+        let mut sentinel = None;
         let (replica_url, poll_url) = match args.store {
             StoreKind::Sqlite => {
                 let dir = tempfile::Builder::new()
@@ -367,6 +370,14 @@ impl Harness {
                 proxy = Some(p);
                 notes.push("redis: the harness's own redis-server without persistence; a restart loses every lease and slot (a documented non-guarantee), so overlaps and duplicate slots that begin in the window after a restart are reported as excused; fencing must hold there too".into());
                 urls
+            }
+            StoreKind::RedisSentinel => {
+                let group =
+                    SentinelGroup::start(&args.redis_server, &logs, watchdog.group()).await?;
+                let url = group.url();
+                sentinel = Some(group);
+                notes.push("redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after 500 ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too".into());
+                (url.clone(), url)
             }
             StoreKind::Postgres => match &args.postgres_url {
                 Some(shared) => {
@@ -418,6 +429,7 @@ impl Harness {
             polled: PollState::default(),
             proxy,
             redis,
+            sentinel,
             postgres,
             watchdog,
             direct: Some(store),
@@ -767,6 +779,21 @@ impl Harness {
                         ready - killed
                     );
                     (killed, ready, detail)
+                } else if let Some(group) = self.sentinel.as_mut() {
+                    let (killed, promoted) = group.fail_over().await?;
+                    let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
+                    let tail = u64::try_from((self.s.every + self.s.work * 2).as_millis())
+                        .unwrap_or(0)
+                        + 250;
+                    self.loss.push(LossWindow {
+                        from_ms: killed,
+                        to_ms: promoted.max(killed + ttl) + tail,
+                    });
+                    let detail = format!(
+                        "primary SIGKILLed, replica promoted by the sentinels {} ms later; the killed server restarted as its replica",
+                        promoted - killed
+                    );
+                    (killed, promoted, detail)
                 } else if let Some(pg) = self.postgres.as_mut() {
                     // Odd-numbered restarts (first, third, ...) keep the server down past the
                     // ttl: the lease runs out during the outage and someone takes over after
@@ -957,6 +984,9 @@ impl Harness {
         self.direct = None;
         if let Some(mut redis) = self.redis.take() {
             redis.stop().await;
+        }
+        if let Some(mut group) = self.sentinel.take() {
+            group.stop().await;
         }
         if let Some(mut postgres) = self.postgres.take() {
             postgres.stop().await;
