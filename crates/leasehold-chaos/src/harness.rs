@@ -766,14 +766,7 @@ impl Harness {
                 let before = self.direct_tokens().await;
                 let (stopped, ready, detail) = if let Some(redis) = self.redis.as_mut() {
                     let (killed, ready) = redis.restart().await?;
-                    let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
-                    let tail = u64::try_from((self.s.every + self.s.work * 2).as_millis())
-                        .unwrap_or(0)
-                        + 250;
-                    self.loss.push(LossWindow {
-                        from_ms: killed,
-                        to_ms: ready.max(killed + ttl) + tail,
-                    });
+                    self.note_loss(killed, ready);
                     let detail = format!(
                         "redis-server SIGKILLed and restarted (down {} ms; every lease forgotten)",
                         ready - killed
@@ -781,14 +774,7 @@ impl Harness {
                     (killed, ready, detail)
                 } else if let Some(group) = self.sentinel.as_mut() {
                     let (killed, promoted) = group.fail_over().await?;
-                    let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
-                    let tail = u64::try_from((self.s.every + self.s.work * 2).as_millis())
-                        .unwrap_or(0)
-                        + 250;
-                    self.loss.push(LossWindow {
-                        from_ms: killed,
-                        to_ms: promoted.max(killed + ttl) + tail,
-                    });
+                    self.note_loss(killed, promoted);
                     let detail = format!(
                         "primary SIGKILLed, replica promoted by the sentinels {} ms later; the killed server restarted as its replica",
                         promoted - killed
@@ -838,6 +824,18 @@ impl Harness {
             }
         }
         Ok(())
+    }
+
+    /// Records the window in which a store that lost writes (killed at `killed`, answering
+    /// again at `ready`) excuses overlaps and duplicate slots: until the old holder's lease has
+    /// run out on its own clock, plus one tick and its work.
+    fn note_loss(&mut self, killed: u64, ready: u64) {
+        let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
+        let tail = u64::try_from((self.s.every + self.s.work * 2).as_millis()).unwrap_or(0) + 250;
+        self.loss.push(LossWindow {
+            from_ms: killed,
+            to_ms: ready.max(killed + ttl) + tail,
+        });
     }
 
     /// The store's tokens for the leader lease and the task lease, read directly (not through

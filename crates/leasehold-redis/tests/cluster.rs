@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::ha::Cluster;
-use leasehold::{Acquisition, HolderId, LeaseName, Release, Renewal, Store};
+use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Release, Renewal, Store};
 use leasehold_redis::{RedisConfig, RedisStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,8 +25,16 @@ async fn a_cluster_passes_the_suite_and_keeps_each_lease_on_its_slot() {
         format!("{} (prefix {})", cluster.url(), store.prefix())
     );
     common::run_conformance(store.clone()).await;
+    common::lazy_store_connects(&cluster.url()).await;
     keys_of_a_lease_share_its_slot(&cluster, &store).await;
     renewals_and_releases_span_nodes(&cluster, &store).await;
+}
+
+async fn acquire_free(store: &RedisStore, name: &LeaseName, who: &HolderId) -> FencingToken {
+    match store.acquire(name, who, Duration::from_secs(30)).await {
+        Ok(Acquisition::Acquired { token }) => token,
+        other => panic!("free lease {name} not acquired: {other:?}"),
+    }
 }
 
 /// Every key a script touches carries the name as its hash tag, so all of a lease's keys are in
@@ -42,13 +50,7 @@ async fn keys_of_a_lease_share_its_slot(cluster: &Cluster, store: &RedisStore) {
         assert_eq!(cluster.slot(&key), slot, "{key}");
     }
     let who = HolderId::new("placement").unwrap();
-    let Acquisition::Acquired { token } = store
-        .acquire(&name, &who, Duration::from_secs(30))
-        .await
-        .unwrap()
-    else {
-        panic!("free lease busy");
-    };
+    let token = acquire_free(store, &name, &who).await;
     let holders = cluster.nodes_holding(&store.lease_key(&name));
     assert_eq!(
         holders.len(),
@@ -71,19 +73,13 @@ async fn renewals_and_releases_span_nodes(cluster: &Cluster, store: &RedisStore)
     let mut owners = BTreeSet::new();
     for i in 0..12 {
         let name = LeaseName::new(format!("spread/{i}")).unwrap();
-        let Acquisition::Acquired { token } = store
-            .acquire(&name, &who, Duration::from_secs(30))
-            .await
-            .unwrap()
-        else {
-            panic!("free lease busy");
-        };
+        let token = acquire_free(store, &name, &who).await;
         owners.extend(cluster.nodes_holding(&store.lease_key(&name)));
         leases.push((name, token));
     }
     assert_eq!(owners.len(), 3, "leases on all three primaries: {owners:?}");
     let mut stale = leases.clone();
-    stale[5].1 = leasehold::FencingToken(stale[5].1.get() - 1);
+    stale[5].1 = FencingToken(stale[5].1.get() - 1);
     let renewals = store
         .renew_many(&who, &stale, Duration::from_secs(30))
         .await

@@ -27,6 +27,7 @@ async fn conformance_suite_passes_behind_sentinel() {
         leasehold::Store::describe(&store)
     );
     common::run_conformance(store).await;
+    common::lazy_store_connects(&group.url()).await;
 }
 
 /// The primary is SIGKILLed while a guard holds a lease (written, and replicated, before the

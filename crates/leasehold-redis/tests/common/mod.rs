@@ -173,3 +173,28 @@ pub async fn run_conformance(store: RedisStore) {
     assert_eq!(ran, 21);
     assert!(failed.is_empty(), "conformance checks failed: {failed:?}");
 }
+
+/// A store from `connect_lazy` on `url` answers once it has connected in the background: the
+/// first acquisition of a fresh name succeeds within 10 s (transient errors until then).
+pub async fn lazy_store_connects(url: &str) {
+    use leasehold::{Acquisition, HolderId, LeaseName, Store};
+    let store = RedisConfig::new(url)
+        .prefix(test_prefix())
+        .connect_lazy()
+        .expect("a valid url");
+    let (name, who) = (
+        LeaseName::new("lazy").unwrap(),
+        HolderId::new("lazy").unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.acquire(&name, &who, Duration::from_secs(5)).await {
+            Ok(Acquisition::Acquired { .. }) => return,
+            Ok(busy) => panic!("fresh name busy: {busy:?}"),
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("lazy store never answered: {e}"),
+        }
+    }
+}
