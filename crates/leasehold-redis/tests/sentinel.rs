@@ -180,3 +180,81 @@ async fn primary_killed_failover_keeps_the_guard_exclusive() {
         "token after failover {after} above {before}"
     );
 }
+
+/// Asynchronous replication's window, forced: the replica is frozen and its link closed while a
+/// guard acquires, so the acquisition never reaches it; then the primary is SIGKILLed and the replica thawed and
+/// promoted. The new primary does not know the lease: a contender acquires it while the guard
+/// still believes it holds it, until the guard's next renewal (or its local deadline) tells it
+/// otherwise. Measured: that overlap, and the contender's token against the guard's (the fencing
+/// counter's last increment was lost too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_to_a_lagging_replica_overlaps_until_the_guard_hears_of_it() {
+    let mut group = SentinelGroup::start();
+    let prefix = common::test_prefix();
+    let (store_a, store_b) = (
+        connect(&group, &prefix).await,
+        connect(&group, &prefix).await,
+    );
+    let ttl = Duration::from_secs(3);
+    let name = LeaseName::new("failover/lagging").unwrap();
+    let lease = Lease::new(store_a.clone(), name.clone(), LeaseConfig::new(ttl)).unwrap();
+    // A first tenure, replicated, so the fencing counter exists on the replica.
+    let TryAcquire::Acquired(first) = lease.try_acquire().await.unwrap() else {
+        panic!("free lease not acquired");
+    };
+    let first_token = first.token();
+    first.release().await.unwrap();
+    let fence = store_a.fence_key(&name);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cli(group.replica, &["GET", &fence]).trim() != first_token.to_string() {
+        assert!(Instant::now() < deadline, "the counter reached the replica");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Frozen, the replica cannot reconnect; its link closed by the primary, no write made after
+    // this reaches it (what was already in its socket buffer would).
+    group.freeze_replica();
+    let dropped = cli(group.primary, &["CLIENT", "KILL", "TYPE", "replica"]);
+    assert_eq!(dropped.trim(), "1", "the replica's link was closed");
+    let TryAcquire::Acquired(guard) = lease.try_acquire().await.unwrap() else {
+        panic!("free lease not acquired");
+    };
+    let held = guard.token();
+    group.kill_primary();
+    let killed = Instant::now();
+    group.thaw_replica();
+
+    let contender = HolderId::new("contender").unwrap();
+    let (token, acquired_after) = loop {
+        match store_b.acquire(&name, &contender, ttl).await {
+            Ok(Acquisition::Acquired { token }) => break (token, killed.elapsed()),
+            Ok(busy) => panic!("the lagging replica knew the lease: {busy:?}"),
+            Err(e) => {
+                assert!(e.is_transient(), "failover error is transient: {e}");
+                assert!(
+                    killed.elapsed() < Duration::from_secs(30),
+                    "no answer 30 s after the kill: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let guard_still_held = guard.is_held();
+    let reason = tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("the guard learns it lost the lease");
+    let lost_after = killed.elapsed();
+    let overlap = lost_after.saturating_sub(acquired_after);
+    println!(
+        "contender acquired {acquired_after:?} after the kill with token {token} (the guard's: \
+         {held}, the last replicated: {first_token}); guard held then: {guard_still_held}; guard \
+         lost it ({reason:?}) {lost_after:?} after the kill: overlap {overlap:?}"
+    );
+    // Bounded by the guard's own deadline: a ttl after its last renewal, which preceded the kill.
+    assert!(overlap < ttl, "overlap {overlap:?} beyond the ttl");
+    // The lost increment is handed out again: tokens do not tell the two tenures apart.
+    assert!(
+        token > first_token && token <= held,
+        "{first_token} < {token} <= {held}"
+    );
+}

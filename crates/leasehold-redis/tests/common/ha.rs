@@ -116,6 +116,20 @@ impl Processes {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the server on `port`.
+    fn signal(&self, port: u16, signal: &str) {
+        let (_, child) = self
+            .children
+            .iter()
+            .find(|(p, _)| *p == port)
+            .expect("a server on that port");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal}");
+    }
+
     fn subdir(&self, name: &str) -> String {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).unwrap();
@@ -234,6 +248,16 @@ impl SentinelGroup {
     pub fn kill_primary(&mut self) {
         let primary = self.primary;
         self.processes.kill(primary);
+    }
+
+    /// Freezes the replica (SIGSTOP), so it stops receiving the primary's writes.
+    pub fn freeze_replica(&self) {
+        self.processes.signal(self.replica, "STOP");
+    }
+
+    /// Lets the frozen replica run again (SIGCONT).
+    pub fn thaw_replica(&self) {
+        self.processes.signal(self.replica, "CONT");
     }
 
     /// The port of the primary a sentinel names now.
