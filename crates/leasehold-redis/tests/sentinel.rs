@@ -17,16 +17,31 @@ async fn connect(group: &SentinelGroup, prefix: &str) -> RedisStore {
         .expect("connect through the sentinels")
 }
 
+/// The whole suite through the sentinels, on database 2 of the primary (`?db=2`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_passes_behind_sentinel() {
     let group = SentinelGroup::start();
-    let store = connect(&group, &common::test_prefix()).await;
+    let prefix = common::test_prefix();
+    let url = format!("{}?db=2", group.url());
+    let store = RedisConfig::new(&url)
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let described = Store::describe(&store);
     assert!(
-        leasehold::Store::describe(&store).starts_with("redis+sentinel://127.0.0.1:"),
-        "{}",
-        leasehold::Store::describe(&store)
+        described.starts_with("redis+sentinel://127.0.0.1:") && described.contains("?db=2"),
+        "{described}"
     );
     common::run_conformance(store).await;
+    let pattern = format!("{prefix}:*");
+    let in_db = |db: &str| {
+        cli(group.primary, &["-n", db, "--scan", "--pattern", &pattern])
+            .lines()
+            .count()
+    };
+    assert!(in_db("2") > 0, "the suite's keys are in database 2");
+    assert_eq!(in_db("0"), 0, "and none in database 0");
     common::lazy_store_connects(&group.url()).await;
 }
 
