@@ -6,10 +6,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::ha::Cluster;
-use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Release, Renewal, Store};
+use common::ha::{Cluster, cli};
+use leasehold::{
+    Acquisition, FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Renewal, Store,
+    TryAcquire,
+};
 use leasehold_redis::{RedisConfig, RedisStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,4 +107,96 @@ async fn renewals_and_releases_span_nodes(cluster: &Cluster, store: &RedisStore)
             .await
             .unwrap_or_else(|_| panic!("release of {name} heard"));
     }
+}
+
+/// The primary owning a held lease's slot is SIGKILLed; its replica takes over (node timeout
+/// 1 s). Measured: how long operations on that slot fail, and whether the guard keeps renewing
+/// on the promoted replica; then a release is heard by listeners on the surviving nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_and_the_guard_renews_on_its_replica() {
+    let mut cluster = Cluster::start();
+    cluster.wait_for_replicas();
+    let connect = || RedisConfig::new(cluster.url()).prefix("failover").connect();
+    let (store_a, store_b) = (connect().await.unwrap(), connect().await.unwrap());
+    let ttl = Duration::from_secs(5);
+    let name = LeaseName::new("cluster/guarded").unwrap();
+    let lease = Lease::new(store_a.clone(), name.clone(), LeaseConfig::new(ttl)).unwrap();
+    let TryAcquire::Acquired(guard) = lease.try_acquire().await.unwrap() else {
+        panic!("free lease not acquired");
+    };
+    let owner = cluster.nodes_holding(&store_a.lease_key(&name));
+    assert_eq!(owner.len(), 1, "{owner:?}");
+    // Let the write reach the replica before the kill.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.kill(owner[0]);
+    let killed = Instant::now();
+    let contender = HolderId::new("contender").unwrap();
+    let (answer, back_after) = loop {
+        match store_b.acquire(&name, &contender, ttl).await {
+            Ok(answer) => break (answer, killed.elapsed()),
+            Err(e) => {
+                assert!(
+                    killed.elapsed() < Duration::from_secs(20),
+                    "no answer 20 s after the kill: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    println!("slot answered again {back_after:?} after its primary was killed: {answer:?}");
+    match answer {
+        Acquisition::Busy { holder, .. } => assert_eq!(&holder, lease.holder()),
+        Acquisition::Acquired { token } => assert!(
+            !guard.is_held(),
+            "two holders: the contender got {token} while the guard held {}",
+            guard.token()
+        ),
+    }
+    // Renewed on the promoted replica: still held past a ttl after the kill.
+    tokio::time::sleep((ttl + Duration::from_secs(1)).saturating_sub(killed.elapsed())).await;
+    assert!(
+        guard.is_held(),
+        "guard kept its lease: {:?}",
+        guard.loss_reason()
+    );
+    let state = store_b.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(state.token, guard.token());
+    assert!(state.remaining > ttl / 2, "renewed: {:?}", state.remaining);
+
+    // Both listeners are subscribed on live nodes (one of them may have been on the killed
+    // node), and a release is heard.
+    let channel = store_b.release_channel().to_owned();
+    let live: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|p| *p != owner[0])
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let subscribed: u32 = live
+            .iter()
+            .map(|&p| {
+                let reply = cli(p, &["PUBSUB", "NUMSUB", &channel]);
+                reply
+                    .lines()
+                    .nth(1)
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0)
+            })
+            .sum();
+        if subscribed >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "listeners resubscribed: {subscribed}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut released = store_b.subscribe_releases().unwrap();
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+    tokio::time::timeout(Duration::from_secs(2), released.released(&name))
+        .await
+        .expect("release heard after the failover");
 }

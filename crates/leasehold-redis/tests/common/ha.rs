@@ -274,7 +274,7 @@ impl SentinelGroup {
 /// Six nodes, three primaries with one replica each.
 pub struct Cluster {
     pub ports: Vec<u16>,
-    _processes: Processes,
+    processes: Processes,
 }
 
 impl Cluster {
@@ -294,7 +294,7 @@ impl Cluster {
                     "--cluster-config-file",
                     &format!("{dir}/nodes.conf"),
                     "--cluster-node-timeout",
-                    "2000",
+                    "1000",
                 ]
                 .map(String::from),
             );
@@ -323,10 +323,18 @@ impl Cluster {
                     .all(|&p| cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
             },
         );
-        Self {
-            ports,
-            _processes: processes,
-        }
+        Self { ports, processes }
+    }
+
+    /// Waits until every replica has synced: one that never did refuses to fail over
+    /// ("disconnected from master for longer than allowed").
+    pub fn wait_for_replicas(&self) {
+        wait_for("every replica in sync", Duration::from_secs(15), || {
+            self.ports.iter().all(|&p| {
+                let info = cli(p, &["INFO", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            })
+        });
     }
 
     pub fn url(&self) -> String {
@@ -335,6 +343,11 @@ impl Cluster {
             "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
             self.ports[0], self.ports[3]
         )
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        self.processes.kill(port);
     }
 
     /// The slot of `key`.
