@@ -263,5 +263,29 @@ mod tests {
             RedisConfig::new("redis://:s3cret@host:notaport").describe(),
             "redis (unparsable url)"
         );
+        assert_eq!(
+            RedisConfig::new("redis+cluster://:s3cret@a:7000/1").describe(),
+            "redis (unparsable url)"
+        );
+    }
+
+    /// The replicated forms are refused before any connection when a setting cannot apply.
+    #[tokio::test]
+    async fn replicated_forms_refuse_what_they_cannot_do() {
+        for url in ["redis+sentinel://h/m", "redis+cluster://h:7000"] {
+            let err = RedisConfig::new(url)
+                .tls_ca_pem(b"-----BEGIN CERTIFICATE-----".to_vec())
+                .connect()
+                .await
+                .unwrap_err();
+            assert!(matches!(err, crate::Error::Config(_)), "{url}: {err}");
+            assert!(err.to_string().contains("no TLS support"), "{err}");
+        }
+        let err = RedisConfig::new("redis+sentinel://:s3cret@h:26379/")
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, crate::Error::InvalidUrl { .. }), "{err}");
+        assert!(!err.to_string().contains("s3"), "{err}");
     }
 }

@@ -95,7 +95,14 @@ impl Setup {
             url: url.clone(),
             reason: e.to_string(),
         };
-        match config.target()? {
+        let target = config.target()?;
+        if config.tls_ca_pem.is_some() && !matches!(target, Target::Single) {
+            return Err(Error::Config(
+                "tls_ca_pem is for rediss:// urls: Sentinel and Cluster urls have no TLS support yet"
+                    .into(),
+            ));
+        }
+        match target {
             Target::Single => {}
             Target::Sentinel(target) => {
                 let sentinels = target
