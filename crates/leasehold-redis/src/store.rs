@@ -37,7 +37,8 @@ use crate::scripts::{
 /// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
 ///
 /// Cheap to clone: clones share one multiplexed connection (reconnected automatically after it
-/// drops) and one release listener.
+/// drops; behind Sentinel, to the primary the sentinels name; on a Redis Cluster, one per node)
+/// and one release listener.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -371,9 +372,10 @@ impl RedisStore {
         &self.inner.channel
     }
 
-    /// A handle on the shared connection, for commands of your own. (For a store from
-    /// [`connect_lazy`](Self::connect_lazy) that has not connected yet, its commands fail until
-    /// the server answers.)
+    /// A handle on the shared connection, for commands of your own: to the server, to the
+    /// current primary behind Sentinel, or, on a Redis Cluster, routed to the node owning each
+    /// command's keys. (For a store from [`connect_lazy`](Self::connect_lazy) that has not
+    /// connected yet, its commands fail until the server answers.)
     pub fn connection(&self) -> RedisConnection {
         self.inner.conn()
     }
