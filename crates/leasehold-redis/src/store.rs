@@ -576,6 +576,13 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
             format!("{op}: the server does not run scripts (NOSCRIPT even after EVAL): {e}"),
             e,
         ),
+        // Through a cluster url, a redirect the client had no retry left to follow: the slot
+        // moved (a failover, a resharding) and the next attempt goes to its new owner.
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            if url.starts_with(crate::url::CLUSTER_SCHEME) =>
+        {
+            unavailable(e)
+        }
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => StoreError::rejected(
             format!("{op}: {url} is a Redis Cluster node that redirected the request ({e})"),
             e,

@@ -49,17 +49,25 @@ async fn conformance_suite_passes_behind_sentinel() {
 /// kill) and a writer acquires fresh names as fast as it can. Measured: how long acquire stays
 /// unavailable, whether the guard renews on the promoted replica, and which acknowledged writes
 /// the promoted replica lacks (asynchronous replication's window).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn primary_killed_failover_keeps_the_guard_exclusive() {
-    let mut group = SentinelGroup::start();
+/// A Sentinel group, two stores on it (one key prefix) and a lease `name` (ttl 3 s) on the first.
+async fn group_with_two_stores(
+    name: &str,
+) -> (SentinelGroup, RedisStore, RedisStore, Lease<RedisStore>) {
+    let group = SentinelGroup::start();
     let prefix = common::test_prefix();
-    let (store_a, store_b) = (
+    let (a, b) = (
         connect(&group, &prefix).await,
         connect(&group, &prefix).await,
     );
-    let ttl = Duration::from_secs(3);
-    let name = LeaseName::new("failover/guarded").unwrap();
-    let lease = Lease::new(store_a.clone(), name.clone(), LeaseConfig::new(ttl)).unwrap();
+    let config = LeaseConfig::new(Duration::from_secs(3));
+    let lease = Lease::new(a.clone(), LeaseName::new(name).unwrap(), config).unwrap();
+    (group, a, b, lease)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_killed_failover_keeps_the_guard_exclusive() {
+    let (mut group, store_a, store_b, lease) = group_with_two_stores("failover/guarded").await;
+    let (name, ttl) = (lease.name().clone(), lease.config().ttl);
     let TryAcquire::Acquired(guard) = lease.try_acquire().await.unwrap() else {
         panic!("free lease not acquired");
     };
@@ -95,19 +103,8 @@ async fn primary_killed_failover_keeps_the_guard_exclusive() {
 
     // A contender asks for the guarded lease until the store answers again.
     let contender = HolderId::new("contender").unwrap();
-    let (answer, back_after) = loop {
-        match store_b.acquire(&name, &contender, ttl).await {
-            Ok(answer) => break (answer, killed.elapsed()),
-            Err(e) => {
-                assert!(e.is_transient(), "failover error is transient: {e}");
-                assert!(
-                    killed.elapsed() < Duration::from_secs(20),
-                    "no answer 20 s after the kill: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let (answer, back_after) =
+        common::first_answer_after(killed, &store_b, &name, &contender, ttl).await;
     // The first sentinel asked may learn of the switch a moment after the one that made it.
     let deadline = Instant::now() + Duration::from_secs(10);
     while group.named_primary() == Some(old_primary) {
@@ -212,15 +209,8 @@ async fn primary_killed_failover_keeps_the_guard_exclusive() {
 /// counter's last increment was lost too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_to_a_lagging_replica_overlaps_until_the_guard_hears_of_it() {
-    let mut group = SentinelGroup::start();
-    let prefix = common::test_prefix();
-    let (store_a, store_b) = (
-        connect(&group, &prefix).await,
-        connect(&group, &prefix).await,
-    );
-    let ttl = Duration::from_secs(3);
-    let name = LeaseName::new("failover/lagging").unwrap();
-    let lease = Lease::new(store_a.clone(), name.clone(), LeaseConfig::new(ttl)).unwrap();
+    let (mut group, store_a, store_b, lease) = group_with_two_stores("failover/lagging").await;
+    let (name, ttl) = (lease.name().clone(), lease.config().ttl);
     // A first tenure, replicated, so the fencing counter exists on the replica.
     let TryAcquire::Acquired(first) = lease.try_acquire().await.unwrap() else {
         panic!("free lease not acquired");
@@ -248,19 +238,10 @@ async fn failover_to_a_lagging_replica_overlaps_until_the_guard_hears_of_it() {
     group.thaw_replica();
 
     let contender = HolderId::new("contender").unwrap();
-    let (token, acquired_after) = loop {
-        match store_b.acquire(&name, &contender, ttl).await {
-            Ok(Acquisition::Acquired { token }) => break (token, killed.elapsed()),
-            Ok(busy) => panic!("the lagging replica knew the lease: {busy:?}"),
-            Err(e) => {
-                assert!(e.is_transient(), "failover error is transient: {e}");
-                assert!(
-                    killed.elapsed() < Duration::from_secs(30),
-                    "no answer 30 s after the kill: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
+    let (Acquisition::Acquired { token }, acquired_after) =
+        common::first_answer_after(killed, &store_b, &name, &contender, ttl).await
+    else {
+        panic!("the lagging replica knew the lease");
     };
     let guard_still_held = guard.is_held();
     let reason = tokio::time::timeout(ttl * 2, guard.lost())

@@ -198,3 +198,28 @@ pub async fn lazy_store_connects(url: &str) {
         }
     }
 }
+
+/// Asks for `name` until the store answers (a failover in progress fails as transient), and
+/// returns the answer and when it came, from `since`. Fails after 30 s.
+pub async fn first_answer_after(
+    since: Instant,
+    store: &RedisStore,
+    name: &leasehold::LeaseName,
+    who: &leasehold::HolderId,
+    ttl: Duration,
+) -> (leasehold::Acquisition, Duration) {
+    use leasehold::Store;
+    loop {
+        match store.acquire(name, who, ttl).await {
+            Ok(answer) => return (answer, since.elapsed()),
+            Err(e) => {
+                assert!(e.is_transient(), "failover error is transient: {e}");
+                assert!(
+                    since.elapsed() < Duration::from_secs(30),
+                    "no answer 30 s after the kill: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
