@@ -130,7 +130,8 @@ async fn a_counter_in_use_past_its_retention_is_reseeded_above_its_tokens() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(pttl > 0 && pttl <= 1000, "counter expiry {pttl} ms");
+        // 0 is a counter with under a millisecond left (seen once on a loaded machine).
+        assert!((0..=1000).contains(&pttl), "counter expiry {pttl} ms");
         pttls.push(pttl);
         assert_eq!(
             store.release(&name, &holder, token).await.unwrap(),
