@@ -19,6 +19,8 @@ const MASTER: &str = "leasehold-chaos";
 pub struct SentinelGroup {
     /// The two data servers; `primary` indexes the current primary.
     nodes: [RedisServer; 2],
+    /// Their working directories (a replica writes the snapshot it receives in its own).
+    dirs: [PathBuf; 2],
     primary: usize,
     sentinels: Vec<RedisServer>,
 }
@@ -48,8 +50,13 @@ async fn wait_until<F: std::future::Future<Output = bool>>(
     Ok(())
 }
 
-fn replica_of(port: u16) -> Vec<String> {
-    vec!["--replicaof".into(), "127.0.0.1".into(), port.to_string()]
+/// The arguments of a data server working in `dir`, the replica of `primary` if given.
+fn node_args(dir: &Path, primary: Option<u16>) -> Vec<String> {
+    let mut args = vec!["--dir".into(), dir.display().to_string()];
+    if let Some(port) = primary {
+        args.extend(["--replicaof".into(), "127.0.0.1".into(), port.to_string()]);
+    }
+    args
 }
 
 impl SentinelGroup {
@@ -57,15 +64,24 @@ impl SentinelGroup {
     /// sentinels know the replica and each other, so a failover can happen.
     pub async fn start(program: &Path, dir: &Path, group: i32) -> Result<Self> {
         let log = |name: &str| dir.join(format!("{name}.log"));
-        let primary =
-            RedisServer::start_with(program, &log("redis-a"), group, free_port()?, Vec::new())
-                .await?;
+        let dirs = [dir.join("redis-a"), dir.join("redis-b")];
+        for d in &dirs {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        let primary = RedisServer::start_with(
+            program,
+            &log("redis-a"),
+            group,
+            free_port()?,
+            node_args(&dirs[0], None),
+        )
+        .await?;
         let replica = RedisServer::start_with(
             program,
             &log("redis-b"),
             group,
             free_port()?,
-            replica_of(primary.port()),
+            node_args(&dirs[1], Some(primary.port())),
         )
         .await?;
         let mut sentinels = Vec::new();
@@ -82,7 +98,12 @@ impl SentinelGroup {
                 ),
             )
             .with_context(|| format!("cannot write {}", conf.display()))?;
-            let args = vec![conf.display().to_string(), "--sentinel".into()];
+            let args = vec![
+                conf.display().to_string(),
+                "--sentinel".into(),
+                "--dir".into(),
+                dir.display().to_string(),
+            ];
             sentinels.push(
                 RedisServer::start_with(program, &log(&format!("sentinel-{i}")), group, port, args)
                     .await?,
@@ -90,6 +111,7 @@ impl SentinelGroup {
         }
         let me = Self {
             nodes: [primary, replica],
+            dirs,
             primary: 0,
             sentinels,
         };
@@ -160,7 +182,8 @@ impl SentinelGroup {
         .await?;
         let promoted = epoch_ms();
         self.primary = new;
-        self.nodes[old].respawn_with(replica_of(new_port)).await?;
+        let args = node_args(&self.dirs[old], Some(new_port));
+        self.nodes[old].respawn_with(args).await?;
         self.wait_ready().await?;
         Ok((killed, promoted))
     }
