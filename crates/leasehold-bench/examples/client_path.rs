@@ -27,8 +27,7 @@ use anyhow::{Context, bail, ensure};
 use leasehold::{
     Acquisition, HolderId, Lease, LeaseConfig, LeaseName, Release, Renewal, Store, TryAcquire,
 };
-use leasehold_redis::RedisConfig;
-use leasehold_redis::redis::{self, aio::ConnectionManager};
+use leasehold_redis::{RedisConfig, RedisConnection, redis};
 
 /// Names cycled through, so keys are reused as a lease taken again and again is.
 const NAMES: usize = 100;
@@ -155,14 +154,14 @@ async fn run(mode: &str, ops: usize, url: &str) -> anyhow::Result<()> {
     result
 }
 
-async fn ping(conn: &mut ConnectionManager, ops: usize) -> anyhow::Result<()> {
+async fn ping(conn: &mut RedisConnection, ops: usize) -> anyhow::Result<()> {
     for _ in 0..ops {
         let _: String = redis::cmd("PING").query_async(conn).await?;
     }
     Ok(())
 }
 
-async fn load(conn: &mut ConnectionManager, code: &str) -> anyhow::Result<String> {
+async fn load(conn: &mut RedisConnection, code: &str) -> anyhow::Result<String> {
     Ok(redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(code)
@@ -184,7 +183,7 @@ async fn acquire(
 
 /// `EVALSHA hash numkeys keys… args…` through the redis crate, as a caller writing it by hand.
 async fn evalsha<T: redis::FromRedisValue>(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     hash: &str,
     keys: &[&str],
     args: &[&str],
@@ -202,7 +201,7 @@ async fn evalsha<T: redis::FromRedisValue>(
 /// same keys and arguments, keys built once.
 async fn raw_acquire_release(
     store: &leasehold_redis::RedisStore,
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     names: &[LeaseName],
     holder: &HolderId,
     ops: usize,
@@ -237,7 +236,7 @@ async fn raw_acquire_release(
 
 async fn raw_renew(
     store: &leasehold_redis::RedisStore,
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     names: &[LeaseName],
     holder: &HolderId,
     ops: usize,
@@ -252,7 +251,7 @@ async fn raw_renew(
     Ok(())
 }
 
-async fn cleanup(conn: &mut ConnectionManager, key_prefix: &str) -> anyhow::Result<()> {
+async fn cleanup(conn: &mut RedisConnection, key_prefix: &str) -> anyhow::Result<()> {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{key_prefix}:*"))
         .query_async(conn)

@@ -1,11 +1,10 @@
 //! The Redis store, next to PING and SET on the store's own connection (the same `redis` crate
-//! and `ConnectionManager`), and next to the `rslock` crate's lock+unlock on the same server.
+//! and connection), and next to the `rslock` crate's lock+unlock on the same server.
 
 use std::time::Duration;
 
 use anyhow::Context;
-use leasehold_redis::redis::{self, aio::ConnectionManager};
-use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_redis::{RedisConfig, RedisConnection, RedisStore, redis};
 
 use crate::common::{self, HeldPlan, OpBench, OpRounds};
 use crate::report::{Kind, OpRow, Report, Target};
@@ -187,7 +186,7 @@ async fn bench_with(
     Ok(())
 }
 
-async fn ping_round(conn: &mut ConnectionManager, ops: usize) -> anyhow::Result<Round> {
+async fn ping_round(conn: &mut RedisConnection, ops: usize) -> anyhow::Result<Round> {
     let mut rec = Recorder::new(ops);
     for _ in 0..ops {
         rec.start();
@@ -197,7 +196,7 @@ async fn ping_round(conn: &mut ConnectionManager, ops: usize) -> anyhow::Result<
     Ok(rec.finish())
 }
 
-async fn set_round(conn: &mut ConnectionManager, key: &str, ops: usize) -> anyhow::Result<Round> {
+async fn set_round(conn: &mut RedisConnection, key: &str, ops: usize) -> anyhow::Result<Round> {
     let mut rec = Recorder::new(ops);
     for i in 0..ops {
         rec.start();
@@ -208,7 +207,7 @@ async fn set_round(conn: &mut ConnectionManager, key: &str, ops: usize) -> anyho
 }
 
 /// `(calls, usec)` of one command in `INFO commandstats`.
-async fn command_stat(conn: &mut ConnectionManager, command: &str) -> anyhow::Result<(u64, u64)> {
+async fn command_stat(conn: &mut RedisConnection, command: &str) -> anyhow::Result<(u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -262,7 +261,7 @@ async fn server_time(
 
 /// A script that does nothing: what running any Lua script costs over PING.
 async fn evalsha_round(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     hash: &str,
     ops: usize,
 ) -> anyhow::Result<Round> {

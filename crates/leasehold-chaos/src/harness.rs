@@ -19,6 +19,7 @@ use crate::pg_url::PgTarget;
 use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
 use crate::schedule::{self, FaultKind, PlannedFault};
+use crate::sentinel::SentinelGroup;
 use crate::svg::{Marker, Span, Timeline};
 use crate::{ChaosArgs, StoreKind};
 
@@ -236,6 +237,7 @@ struct Harness {
     polled: PollState,
     proxy: Option<FaultProxy>,
     redis: Option<RedisServer>,
+    sentinel: Option<SentinelGroup>,
     postgres: Option<PgServer>,
     etcd: Option<EtcdMembers>,
     watchdog: Watchdog,
@@ -342,6 +344,7 @@ impl Harness {
         let mut notes = Vec::new();
         let (mut redis, mut postgres, mut proxy, mut sqlite_dir, mut etcd) =
             (None, None, None, None, None);
+        let mut sentinel = None;
         let (replica_url, poll_url) = match args.store {
             StoreKind::Sqlite => {
                 let dir = tempfile::Builder::new()
@@ -370,6 +373,14 @@ impl Harness {
                 proxy = Some(p);
                 notes.push("redis: the harness's own redis-server without persistence; a restart loses every lease and slot (a documented non-guarantee), so overlaps and duplicate slots that begin in the window after a restart are reported as excused; fencing must hold there too".into());
                 urls
+            }
+            StoreKind::RedisSentinel => {
+                let group =
+                    SentinelGroup::start(&args.redis_server, &logs, watchdog.group()).await?;
+                let url = group.url();
+                sentinel = Some(group);
+                notes.push("redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after 500 ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too".into());
+                (url.clone(), url)
             }
             StoreKind::Postgres => match &args.postgres_url {
                 Some(shared) => {
@@ -428,6 +439,7 @@ impl Harness {
             polled: PollState::default(),
             proxy,
             redis,
+            sentinel,
             postgres,
             etcd,
             watchdog,
@@ -765,19 +777,20 @@ impl Harness {
                 let before = self.direct_tokens().await;
                 let (stopped, ready, detail) = if let Some(redis) = self.redis.as_mut() {
                     let (killed, ready) = redis.restart().await?;
-                    let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
-                    let tail = u64::try_from((self.s.every + self.s.work * 2).as_millis())
-                        .unwrap_or(0)
-                        + 250;
-                    self.loss.push(LossWindow {
-                        from_ms: killed,
-                        to_ms: ready.max(killed + ttl) + tail,
-                    });
+                    self.note_loss(killed, ready);
                     let detail = format!(
                         "redis-server SIGKILLed and restarted (down {} ms; every lease forgotten)",
                         ready - killed
                     );
                     (killed, ready, detail)
+                } else if let Some(group) = self.sentinel.as_mut() {
+                    let (killed, promoted) = group.fail_over().await?;
+                    self.note_loss(killed, promoted);
+                    let detail = format!(
+                        "primary SIGKILLed, replica promoted by the sentinels {} ms later; the killed server restarted as its replica",
+                        promoted - killed
+                    );
+                    (killed, promoted, detail)
                 } else if let Some(pg) = self.postgres.as_mut() {
                     // Odd-numbered restarts (first, third, ...) keep the server down past the
                     // ttl: the lease runs out during the outage and someone takes over after
@@ -824,6 +837,18 @@ impl Harness {
             }
         }
         Ok(())
+    }
+
+    /// Records the window in which a store that lost writes (killed at `killed`, answering
+    /// again at `ready`) excuses overlaps and duplicate slots: until the old holder's lease has
+    /// run out on its own clock, plus one tick and its work.
+    fn note_loss(&mut self, killed: u64, ready: u64) {
+        let ttl = u64::try_from(self.s.ttl.as_millis()).unwrap_or(u64::MAX);
+        let tail = u64::try_from((self.s.every + self.s.work * 2).as_millis()).unwrap_or(0) + 250;
+        self.loss.push(LossWindow {
+            from_ms: killed,
+            to_ms: ready.max(killed + ttl) + tail,
+        });
     }
 
     /// The store's tokens for the leader lease and the task lease, read directly (not through
@@ -970,6 +995,9 @@ impl Harness {
         self.direct = None;
         if let Some(mut redis) = self.redis.take() {
             redis.stop().await;
+        }
+        if let Some(mut group) = self.sentinel.take() {
+            group.stop().await;
         }
         if let Some(mut postgres) = self.postgres.take() {
             postgres.stop().await;

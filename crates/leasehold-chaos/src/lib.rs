@@ -11,6 +11,7 @@ mod pg_url;
 mod procs;
 mod proxy;
 mod schedule;
+mod sentinel;
 mod svg;
 mod witness;
 
@@ -32,6 +33,9 @@ pub enum StoreKind {
     Sqlite,
     /// A `redis-server` the harness starts itself, behind the fault proxy, restarted as a fault.
     Redis,
+    /// A primary, a replica and three sentinels the harness starts itself (`redis+sentinel://`,
+    /// no proxy); the store-restart fault SIGKILLs the primary, so the sentinels fail over.
+    RedisSentinel,
     /// A PostgreSQL server the harness starts itself (fsync on), behind the fault proxy, crashed
     /// and restarted as a fault; or a running server (`--postgres-url`), never restarted.
     Postgres,
@@ -46,6 +50,7 @@ impl StoreKind {
         match self {
             Self::Sqlite => "sqlite",
             Self::Redis => "redis",
+            Self::RedisSentinel => "redis-sentinel",
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
         }
@@ -58,6 +63,7 @@ impl StoreKind {
         match self {
             Self::Sqlite => &[Kill, Pause, Terminate],
             Self::Etcd => &[Kill, Pause, Terminate, StoreRestart],
+            Self::RedisSentinel => &[Kill, Pause, Terminate, StoreRestart],
             Self::Redis | Self::Postgres => &FaultKind::ALL,
         }
     }
@@ -113,7 +119,8 @@ pub struct ChaosArgs {
     /// /usr/lib/postgresql/<version>/bin, else `pg_config --bindir`, else `PATH`].
     #[arg(long)]
     pub postgres_bin: Option<PathBuf>,
-    /// The Redis server program for `--store redis`.
+    /// The Redis server program for `--store redis` and `--store redis-sentinel` (which runs it
+    /// with `--sentinel` too).
     #[arg(long, default_value = "redis-server")]
     pub redis_server: PathBuf,
 }

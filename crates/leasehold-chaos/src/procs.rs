@@ -371,21 +371,40 @@ pub struct RedisServer {
     port: u16,
     log: PathBuf,
     group: i32,
+    /// Further arguments (a sentinel's config file, `--replicaof`).
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl RedisServer {
     /// Starts `program` on a free loopback port and waits until it answers PING.
     pub async fn start(program: &Path, log: &Path, group: i32) -> Result<Self> {
+        Self::start_with(program, log, group, free_port()?, Vec::new()).await
+    }
+
+    /// [`start`](Self::start) on `port`, with further arguments.
+    pub async fn start_with(
+        program: &Path,
+        log: &Path,
+        group: i32,
+        port: u16,
+        args: Vec<String>,
+    ) -> Result<Self> {
         let mut s = Self {
             program: program.to_owned(),
-            port: free_port()?,
+            port,
             log: log.to_owned(),
             group,
+            args,
             child: None,
         };
         s.spawn().await?;
         Ok(s)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Its address.
@@ -400,6 +419,7 @@ impl RedisServer {
             .open(&self.log)
             .with_context(|| format!("cannot open {}", self.log.display()))?;
         let child = Command::new(&self.program)
+            .args(&self.args)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdin(Stdio::null())
@@ -452,7 +472,14 @@ impl RedisServer {
         Ok((killed, epoch_ms()))
     }
 
-    /// Stops the server.
+    /// Starts it again with `args` instead of its former further arguments.
+    pub async fn respawn_with(&mut self, args: Vec<String>) -> Result<()> {
+        self.stop().await;
+        self.args = args;
+        self.spawn().await
+    }
+
+    /// Stops the server (SIGKILL).
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.start_kill();

@@ -17,8 +17,8 @@ use leasehold::BoxStore;
 pub const DEFAULT_STORE: &str = "sqlite:leasehold.db";
 
 /// The URL schemes this crate knows, for messages.
-const SCHEMES: &str =
-    "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, postgres://, etcd://, etcds://";
+const SCHEMES: &str = "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, \
+                       redis+sentinel://, redis+cluster://, postgres://, etcd://, etcds://";
 
 /// Why a store URL could not be opened. No variant carries the URL's text: each store displays
 /// its own parsed, password-free form, so no password can reach a message.
@@ -67,7 +67,8 @@ pub fn store_url(flag: Option<String>) -> String {
 pub enum StoreKind {
     /// `sqlite:PATH`.
     Sqlite,
-    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`.
+    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, `redis+sentinel://` (a primary
+    /// behind Sentinel), `redis+cluster://` (a Redis Cluster).
     Redis,
     /// `postgres://`, `postgresql://`.
     Postgres,
@@ -84,7 +85,9 @@ impl StoreKind {
             .unwrap_or_default();
         match scheme.as_str() {
             "sqlite" => Ok(Self::Sqlite),
-            "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::Redis),
+            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster" => {
+                Ok(Self::Redis)
+            }
             "postgres" | "postgresql" => Ok(Self::Postgres),
             "etcd" | "etcds" => Ok(Self::Etcd),
             // A scheme is letters, digits, `+ - .`; anything else is not one, so not shown.
@@ -119,8 +122,9 @@ fn connect_error(store: StoreKind) -> impl Fn(String) -> OpenError {
 }
 
 /// Opens the store a URL names and checks that it answers: `sqlite:PATH`, `redis://…`,
-/// `rediss://…`, `redis+unix://…`, `postgres://…` (or `postgresql://…`), `etcd://…` (or
-/// `etcds://…`).
+/// `rediss://…`, `redis+unix://…`, `redis+sentinel://[user:pw@]host:26379[,…]/MASTER[?db=N]`,
+/// `redis+cluster://[user:pw@]host:port[,…]`, `postgres://…` (or `postgresql://…`), `etcd://…`
+/// (or `etcds://…`).
 pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     let kind = StoreKind::of(url)?;
     let err = connect_error(kind);
@@ -208,11 +212,47 @@ mod tests {
         }
     }
 
+    /// Sentinel and Cluster URLs reach leasehold-redis's parsers: an unreachable deployment is
+    /// a connect error that shows the parsed URL, never its password.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn replicated_redis_urls_open_without_showing_the_password() {
+        for (url, shown) in [
+            (
+                "redis+sentinel://app:SECRET@127.0.0.1:1/main",
+                "redis+sentinel://app@127.0.0.1:1/main?db=0",
+            ),
+            (
+                "redis+cluster://:SECRET@127.0.0.1:1,127.0.0.1:2",
+                "redis+cluster://127.0.0.1:1,127.0.0.1:2",
+            ),
+        ] {
+            let err = open_store(url).await.unwrap_err();
+            let message = format!("{err} {err:?}");
+            assert!(
+                matches!(err, OpenError::Connect { store: "redis", .. }),
+                "{message}"
+            );
+            assert!(message.contains(shown), "{message}");
+            assert!(!message.contains("SECRET"), "{message}");
+        }
+        let err = open_store("redis+sentinel://h:26379").await.unwrap_err();
+        assert!(err.to_string().contains("primary's name"), "{err}");
+    }
+
     #[test]
     fn schemes_name_their_store() {
         assert_eq!(StoreKind::of("sqlite:x.db").unwrap(), StoreKind::Sqlite);
         assert_eq!(StoreKind::of("REDISS://h").unwrap(), StoreKind::Redis);
         assert_eq!(StoreKind::of("redis+unix:///s").unwrap(), StoreKind::Redis);
+        assert_eq!(
+            StoreKind::of("redis+sentinel://h:26379/m").unwrap(),
+            StoreKind::Redis
+        );
+        assert_eq!(
+            StoreKind::of("redis+cluster://h:7000,i:7001").unwrap(),
+            StoreKind::Redis
+        );
         assert_eq!(
             StoreKind::of("postgresql://h/db").unwrap(),
             StoreKind::Postgres

@@ -5,6 +5,15 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::store::RedisStore;
+use crate::url::{CLUSTER_SCHEME, ClusterUrl, SENTINEL_SCHEME, SentinelUrl};
+
+/// The deployment a URL names, picked by its scheme.
+pub(crate) enum Target {
+    /// One server (`redis://`, `rediss://`, Unix sockets): parsed by the `redis` crate.
+    Single,
+    Sentinel(SentinelUrl),
+    Cluster(ClusterUrl),
+}
 
 /// Default key prefix: keys are `leasehold:{NAME}:lease`, `leasehold:{NAME}:fence`,
 /// `leasehold:{TASK}:slot`, and releases are announced on `leasehold:released`.
@@ -18,7 +27,8 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// Server URL: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` for TLS. No default.
+    /// Server URL: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` for TLS,
+    /// `redis+sentinel://…` ([`SentinelUrl`]) or `redis+cluster://…` ([`ClusterUrl`]). No default.
     pub url: String,
     /// Prefix of every key and of the release channel. Default [`DEFAULT_PREFIX`]
     /// (`leasehold`). Must be non-empty and free of braces and whitespace.
@@ -104,11 +114,29 @@ impl RedisConfig {
         self
     }
 
-    /// The server as the `redis` crate parsed the URL: scheme, user, address and database,
-    /// built from the parsed form, which holds the password apart, so no password can be
-    /// shown however the URL spells it. `redis (unparsable url)` if it does not parse.
+    /// The deployment the URL names, parsed by the parser of its form.
+    pub(crate) fn target(&self) -> Result<Target> {
+        let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
+        Ok(if scheme.eq_ignore_ascii_case(SENTINEL_SCHEME) {
+            Target::Sentinel(SentinelUrl::parse(&self.url)?)
+        } else if scheme.eq_ignore_ascii_case(CLUSTER_SCHEME) {
+            Target::Cluster(ClusterUrl::parse(&self.url)?)
+        } else {
+            Target::Single
+        })
+    }
+
+    /// The server as the URL's parser read it: scheme, user, addresses and database, built from
+    /// the parsed form, which holds the password apart, so no password can be shown however the
+    /// URL spells it. `redis (unparsable url)` if it does not parse.
     pub fn describe(&self) -> String {
         use redis::{ConnectionAddr, IntoConnectionInfo};
+        match self.target() {
+            Ok(Target::Single) => {}
+            Ok(Target::Sentinel(url)) => return url.to_string(),
+            Ok(Target::Cluster(url)) => return url.to_string(),
+            Err(_) => return "redis (unparsable url)".to_owned(),
+        }
         let Ok(info) = self.url.as_str().into_connection_info() else {
             return "redis (unparsable url)".to_owned();
         };
@@ -235,5 +263,29 @@ mod tests {
             RedisConfig::new("redis://:s3cret@host:notaport").describe(),
             "redis (unparsable url)"
         );
+        assert_eq!(
+            RedisConfig::new("redis+cluster://:s3cret@a:7000/1").describe(),
+            "redis (unparsable url)"
+        );
+    }
+
+    /// The replicated forms are refused before any connection when a setting cannot apply.
+    #[tokio::test]
+    async fn replicated_forms_refuse_what_they_cannot_do() {
+        for url in ["redis+sentinel://h/m", "redis+cluster://h:7000"] {
+            let err = RedisConfig::new(url)
+                .tls_ca_pem(b"-----BEGIN CERTIFICATE-----".to_vec())
+                .connect()
+                .await
+                .unwrap_err();
+            assert!(matches!(err, crate::Error::Config(_)), "{url}: {err}");
+            assert!(err.to_string().contains("no TLS support"), "{err}");
+        }
+        let err = RedisConfig::new("redis+sentinel://:s3cret@h:26379/")
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, crate::Error::InvalidUrl { .. }), "{err}");
+        assert!(!err.to_string().contains("s3"), "{err}");
     }
 }

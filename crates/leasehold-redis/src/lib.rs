@@ -2,14 +2,18 @@
 
 mod call;
 mod config;
+mod conn;
 mod error;
 mod listener;
 mod scripts;
 mod store;
+mod url;
 
 pub use config::{DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, RedisConfig};
+pub use conn::RedisConnection;
 pub use error::{Error, Result};
 pub use store::RedisStore;
+pub use url::{CLUSTER_SCHEME, ClusterUrl, SENTINEL_SCHEME, SentinelUrl};
 
 /// The Redis driver this crate is built on, so users need one dependency.
 pub use redis;
@@ -17,7 +21,9 @@ pub use redis;
 /// Connects to the Redis server at `url` with the default [`RedisConfig`].
 ///
 /// Accepted forms: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` for TLS,
-/// `redis+unix:///path/to/socket` / `unix:///path`. Fails with [`Error::Connect`] if the server
+/// `redis+unix:///path/to/socket` / `unix:///path`, a primary behind Sentinel
+/// ([`SentinelUrl`]: `redis+sentinel://host:26379[,host:26379…]/MASTER`) and a Redis Cluster
+/// ([`ClusterUrl`]: `redis+cluster://host:port[,host:port…]`). Fails with [`Error::Connect`] if the server
 /// cannot be reached or refuses the credentials; the password never appears in the error.
 pub async fn connect(url: &str) -> Result<RedisStore> {
     RedisConfig::new(url).connect().await

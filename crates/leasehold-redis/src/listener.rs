@@ -4,6 +4,8 @@
 //! Releases announced while it is reconnecting are missed; waiters then fall back to retrying
 //! at the lease's expiry, which is the core's polling fallback.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -12,9 +14,22 @@ use redis::aio::PubSub;
 use tokio::task::AbortHandle;
 
 use crate::config::RedisConfig;
+use crate::conn::SentinelLink;
+
+/// Where the listener subscribes.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// One of these servers, the next one after each failure: the single server, or a Redis
+    /// Cluster's seed nodes (a cluster forwards every `PUBLISH` to all its nodes).
+    Nodes(Vec<redis::Client>),
+    /// The primary the sentinels name at the time.
+    Sentinel(Arc<SentinelLink>),
+}
 
 struct Settings {
-    client: redis::Client,
+    source: Source,
+    /// Index of the next node of [`Source::Nodes`] to try.
+    next: AtomicUsize,
     channel: String,
     hub: ReleaseHub,
     connect_timeout: Duration,
@@ -24,14 +39,15 @@ struct Settings {
 }
 
 fn settings(
-    client: redis::Client,
+    source: Source,
     channel: String,
     hub: ReleaseHub,
     config: &RedisConfig,
     url: &str,
 ) -> Settings {
     Settings {
-        client,
+        source,
+        next: AtomicUsize::new(0),
         channel,
         hub,
         connect_timeout: config.connect_timeout,
@@ -44,26 +60,26 @@ fn settings(
 /// Keeps trying to subscribe, with backoff, in a background task, and listens once it has; for a
 /// store whose server may not be up yet.
 pub(crate) fn spawn_lazy(
-    client: redis::Client,
+    source: Source,
     channel: String,
     hub: ReleaseHub,
     config: &RedisConfig,
     url: &str,
 ) -> AbortHandle {
-    let settings = settings(client, channel, hub, config, url);
+    let settings = settings(source, channel, hub, config, url);
     tokio::spawn(run(settings, None)).abort_handle()
 }
 
 /// Subscribes (waiting up to the connect timeout, so the first release after `connect` is
 /// heard), then keeps listening in a background task.
 pub(crate) async fn spawn(
-    client: redis::Client,
+    source: Source,
     channel: String,
     hub: ReleaseHub,
     config: &RedisConfig,
     url: &str,
 ) -> AbortHandle {
-    let settings = settings(client, channel, hub, config, url);
+    let settings = settings(source, channel, hub, config, url);
     let first = match subscribe(&settings).await {
         Ok(pubsub) => Some(pubsub),
         Err(e) => {
@@ -80,7 +96,13 @@ pub(crate) async fn spawn(
 
 async fn subscribe(s: &Settings) -> Result<PubSub, String> {
     let attempt = async {
-        let mut pubsub = s.client.get_async_pubsub().await?;
+        let mut pubsub = match &s.source {
+            Source::Nodes(nodes) => {
+                let at = s.next.fetch_add(1, Ordering::Relaxed) % nodes.len();
+                nodes[at].get_async_pubsub().await?
+            }
+            Source::Sentinel(link) => link.pubsub().await?,
+        };
         pubsub.subscribe(&s.channel).await?;
         Ok::<_, redis::RedisError>(pubsub)
     };

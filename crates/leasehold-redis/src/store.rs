@@ -11,13 +11,16 @@ use leasehold::{
     ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::task::AbortHandle;
 
 use crate::call::{Arg, FENCE, HISTORY as HISTORY_KIND, LEASE, SLOT, key_parts, script_cmd};
-use crate::config::{DEFAULT_PREFIX, RedisConfig};
+use crate::config::{DEFAULT_PREFIX, RedisConfig, Target};
+use crate::conn::{Conn, RedisConnection, SentinelLink};
 use crate::error::{Error, Result};
-use crate::listener;
+use crate::listener::{self, Source};
 use crate::scripts::{
     ACQUIRE, CLAIM_SLOT, HISTORY, HISTORY_KEY_DIGITS, INSPECT, LAST_SLOT, LuaScript,
     RECORD_HISTORY, RELEASE, RENEW,
@@ -34,7 +37,8 @@ use crate::scripts::{
 /// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
 ///
 /// Cheap to clone: clones share one multiplexed connection (reconnected automatically after it
-/// drops) and one release listener.
+/// drops; behind Sentinel, to the primary the sentinels name; on a Redis Cluster, one per node)
+/// and one release listener.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -43,7 +47,7 @@ pub struct RedisStore {
 struct Inner {
     /// Replaced only by a lazily connecting store whose first connection failed for a reason
     /// other than I/O (see [`warm_up`]); the manager itself reconnects after I/O errors.
-    conn: RwLock<ConnectionManager>,
+    conn: RwLock<Conn>,
     prefix: String,
     channel: String,
     op_timeout: Duration,
@@ -62,10 +66,24 @@ impl Drop for Inner {
     }
 }
 
+/// How the store reaches its data.
+enum Backend {
+    Single {
+        client: redis::Client,
+        manager_config: ConnectionManagerConfig,
+    },
+    Sentinel(Arc<SentinelLink>),
+    Cluster {
+        client: ClusterClient,
+        config: ClusterConfig,
+    },
+}
+
 /// What connecting needs, checked and built from a config before any connection is made.
 struct Setup {
-    client: redis::Client,
-    manager_config: ConnectionManagerConfig,
+    backend: Backend,
+    /// Where release notifications are heard.
+    source: Source,
     /// The URL without its password.
     url: String,
 }
@@ -74,10 +92,80 @@ impl Setup {
     fn new(config: &RedisConfig) -> Result<Self> {
         config.validate()?;
         let url = config.describe();
-        let client = open_client(config).map_err(|e| Error::InvalidUrl {
+        let invalid = |e: RedisError| Error::InvalidUrl {
             url: url.clone(),
             reason: e.to_string(),
-        })?;
+        };
+        let target = config.target()?;
+        if config.tls_ca_pem.is_some() && !matches!(target, Target::Single) {
+            return Err(Error::Config(
+                "tls_ca_pem is for rediss:// urls: Sentinel and Cluster urls have no TLS support yet"
+                    .into(),
+            ));
+        }
+        match target {
+            Target::Single => {}
+            Target::Sentinel(target) => {
+                let sentinels = target
+                    .sentinels
+                    .iter()
+                    .map(|(host, port)| crate::url::node_info(host, *port, None, 0))
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(invalid)?;
+                let primary = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(target.credentials.redis_info(target.db));
+                let sentinel = SentinelClient::build(
+                    sentinels,
+                    target.master.clone(),
+                    Some(primary),
+                    SentinelServerType::Master,
+                )
+                .map_err(invalid)?;
+                let link = Arc::new(SentinelLink::new(
+                    sentinel,
+                    AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.connect_timeout))
+                        .set_response_timeout(Some(config.op_timeout)),
+                ));
+                return Ok(Self {
+                    backend: Backend::Sentinel(link.clone()),
+                    source: Source::Sentinel(link),
+                    url,
+                });
+            }
+            Target::Cluster(target) => {
+                let nodes = target
+                    .nodes
+                    .iter()
+                    .map(|(host, port)| {
+                        crate::url::node_info(host, *port, Some(&target.credentials), 0)
+                    })
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(invalid)?;
+                let pubsub_nodes = nodes
+                    .iter()
+                    .map(|node| redis::Client::open(node.clone()))
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(invalid)?;
+                // One retry: a redirect (MOVED/ASK, after a resharding or failover) needs it; more
+                // would resend a release or slot claim whose reply was lost more often.
+                let client = ClusterClient::builder(nodes)
+                    .retries(1)
+                    .build()
+                    .map_err(invalid)?;
+                return Ok(Self {
+                    backend: Backend::Cluster {
+                        client,
+                        config: ClusterConfig::new()
+                            .set_connection_timeout(config.connect_timeout)
+                            .set_response_timeout(config.op_timeout),
+                    },
+                    source: Source::Nodes(pubsub_nodes),
+                    url,
+                });
+            }
+        }
+        let client = open_client(config).map_err(invalid)?;
         #[cfg(feature = "tls")]
         if config.url.starts_with("rediss") {
             // Pick ring explicitly, in case another crate in the program enabled a second
@@ -93,19 +181,52 @@ impl Setup {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         Ok(Self {
-            client,
-            manager_config,
+            source: Source::Nodes(vec![client.clone()]),
+            backend: Backend::Single {
+                client,
+                manager_config,
+            },
             url,
         })
     }
 
-    /// A connection manager that connects on first use.
-    fn lazy_manager(&self) -> Result<ConnectionManager> {
-        ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone())
-            .map_err(|e| Error::InvalidUrl {
-                url: self.url.clone(),
-                reason: e.to_string(),
-            })
+    /// A connection that connects on first use.
+    fn lazy_conn(&self) -> Result<Conn> {
+        match &self.backend {
+            Backend::Single {
+                client,
+                manager_config,
+            } => ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
+                .map(Conn::Single)
+                .map_err(|e| Error::InvalidUrl {
+                    url: self.url.clone(),
+                    reason: e.to_string(),
+                }),
+            Backend::Sentinel(link) => Ok(Conn::Sentinel(link.clone())),
+            Backend::Cluster { client, config } => Ok(Conn::Cluster(
+                client.get_pending_async_connection_with_config(config.clone()),
+            )),
+        }
+    }
+
+    /// A connection, once it is established.
+    async fn connect(&self) -> redis::RedisResult<Conn> {
+        match &self.backend {
+            Backend::Single {
+                client,
+                manager_config,
+            } => ConnectionManager::new_with_config(client.clone(), manager_config.clone())
+                .await
+                .map(Conn::Single),
+            Backend::Sentinel(link) => {
+                link.connection().await?;
+                Ok(Conn::Sentinel(link.clone()))
+            }
+            Backend::Cluster { client, config } => client
+                .get_async_connection_with_config(config.clone())
+                .await
+                .map(Conn::Cluster),
+        }
     }
 }
 
@@ -130,12 +251,12 @@ impl RedisStore {
                 "a lazily connecting redis store must be created within a tokio runtime".into(),
             ));
         }
-        let conn = setup.lazy_manager()?;
+        let conn = setup.lazy_conn()?;
         let channel = format!("{}:released", config.prefix);
         let hub = ReleaseHub::new();
         let listener = config.notifications.then(|| {
             listener::spawn_lazy(
-                setup.client.clone(),
+                setup.source.clone(),
                 channel.clone(),
                 hub.clone(),
                 &config,
@@ -165,37 +286,31 @@ impl RedisStore {
     }
 
     pub(crate) async fn connect(config: RedisConfig) -> Result<Self> {
-        let Setup {
-            client,
-            manager_config,
-            url,
-        } = Setup::new(&config)?;
+        let setup = Setup::new(&config)?;
+        let url = setup.url.clone();
         let connect_err = |source| Error::Connect {
             url: url.clone(),
             source,
         };
-        let conn = tokio::time::timeout(
-            config.connect_timeout * 3,
-            ConnectionManager::new_with_config(client.clone(), manager_config),
-        )
-        .await
-        .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
-        .map_err(|e| {
-            connect_err(classify(
-                e,
-                Op {
-                    what: "connect",
-                    name: None,
-                },
-                &config.prefix,
-                &url,
-            ))
-        })?;
+        let conn = tokio::time::timeout(config.connect_timeout * 3, setup.connect())
+            .await
+            .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
+            .map_err(|e| {
+                connect_err(classify(
+                    e,
+                    Op {
+                        what: "connect",
+                        name: None,
+                    },
+                    &config.prefix,
+                    &url,
+                ))
+            })?;
 
         let channel = format!("{}:released", config.prefix);
         let hub = ReleaseHub::new();
         let listener = if config.notifications {
-            Some(listener::spawn(client, channel.clone(), hub.clone(), &config, &url).await)
+            Some(listener::spawn(setup.source, channel.clone(), hub.clone(), &config, &url).await)
         } else {
             None
         };
@@ -257,10 +372,11 @@ impl RedisStore {
         &self.inner.channel
     }
 
-    /// A handle on the shared connection, for commands of your own. (For a store from
-    /// [`connect_lazy`](Self::connect_lazy) that has not connected yet, its commands fail until
-    /// the server answers.)
-    pub fn connection(&self) -> ConnectionManager {
+    /// A handle on the shared connection, for commands of your own: to the server, to the
+    /// current primary behind Sentinel, or, on a Redis Cluster, routed to the node owning each
+    /// command's keys. (For a store from [`connect_lazy`](Self::connect_lazy) that has not
+    /// connected yet, its commands fail until the server answers.)
+    pub fn connection(&self) -> RedisConnection {
         self.inner.conn()
     }
 
@@ -327,11 +443,13 @@ impl RedisStore {
 }
 
 impl Inner {
-    fn conn(&self) -> ConnectionManager {
-        self.conn
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    fn conn(&self) -> RedisConnection {
+        RedisConnection(
+            self.conn
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        )
     }
 }
 
@@ -362,7 +480,7 @@ async fn warm_up(inner: Weak<Inner>, setup: Setup, connect_timeout: Duration, ma
                     // The manager keeps a failed connection attempt (refused credentials, say)
                     // and reconnects only after I/O errors: start over with a fresh one, so a
                     // fix on the server side is picked up.
-                    if let (Some(store), Ok(fresh)) = (inner.upgrade(), setup.lazy_manager()) {
+                    if let (Some(store), Ok(fresh)) = (inner.upgrade(), setup.lazy_conn()) {
                         *store.conn.write().unwrap_or_else(PoisonError::into_inner) = fresh;
                     }
                 }
@@ -419,6 +537,16 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
     let unavailable = |e: RedisError| StoreError::unavailable(format!("{op} at {url}: {e}"), e);
     match e.kind() {
         ErrorKind::Io | ErrorKind::Client | ErrorKind::ClusterConnectionNotFound => unavailable(e),
+        // Also what a wrong primary name gives; it is retried like a failover in progress.
+        ErrorKind::MasterNameNotFoundBySentinel | ErrorKind::EmptySentinelList => {
+            StoreError::unavailable(
+                format!(
+                    "{op} at {url}: no sentinel names a reachable primary by that name (a \
+                     failover in progress, or a wrong name): {e}"
+                ),
+                e,
+            )
+        }
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain
@@ -448,6 +576,13 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
             format!("{op}: the server does not run scripts (NOSCRIPT even after EVAL): {e}"),
             e,
         ),
+        // Through a cluster url, a redirect the client had no retry left to follow: the slot
+        // moved (a failover, a resharding) and the next attempt goes to its new owner.
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            if url.starts_with(crate::url::CLUSTER_SCHEME) =>
+        {
+            unavailable(e)
+        }
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => StoreError::rejected(
             format!("{op}: {url} is a Redis Cluster node that redirected the request ({e})"),
             e,
@@ -620,7 +755,8 @@ impl Store for RedisStore {
         })
     }
 
-    /// One pipeline of renew scripts: one round trip for the batch.
+    /// One pipeline of renew scripts: one round trip for the batch (on a Redis Cluster, one
+    /// renewal per lease, all at once).
     async fn renew_many(
         &self,
         holder_id: &HolderId,
@@ -629,6 +765,17 @@ impl Store for RedisStore {
     ) -> StoreResult<Vec<Renewal>> {
         if leases.is_empty() {
             return Ok(Vec::new());
+        }
+        if self.inner.conn().0.is_cluster() {
+            // A cluster refuses a pipeline whose keys span slots (and each lease has a slot of
+            // its own): the renewals go out at once, each to its lease's node.
+            let renewals = leases
+                .iter()
+                .map(|(name, token)| self.renew(name, holder_id, *token, ttl));
+            return futures_util::future::join_all(renewals)
+                .await
+                .into_iter()
+                .collect();
         }
         let op = Op {
             what: "renew_many",

@@ -50,7 +50,7 @@ async fn counters_of_names_used_once_expire_and_tokens_stay_ahead() {
     println!("100,000 acquire+release in {:?}", started.elapsed());
     let mut conn = store.connection();
     let pattern = format!("{prefix}:*");
-    let count = |conn: &mut redis::aio::ConnectionManager| {
+    let count = |conn: &mut leasehold_redis::RedisConnection| {
         let pattern = pattern.clone();
         let mut conn = conn.clone();
         async move {
@@ -130,7 +130,8 @@ async fn a_counter_in_use_past_its_retention_is_reseeded_above_its_tokens() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(pttl > 0 && pttl <= 1000, "counter expiry {pttl} ms");
+        // 0 is a counter with under a millisecond left (seen once on a loaded machine).
+        assert!((0..=1000).contains(&pttl), "counter expiry {pttl} ms");
         pttls.push(pttl);
         assert_eq!(
             store.release(&name, &holder, token).await.unwrap(),

@@ -277,7 +277,8 @@ impl Harness {
                 None,
             ));
         }
-        // A durable store keeps the lease through a crash; Redis without persistence forgets it.
+        // A durable store keeps the lease through a crash; Redis without persistence forgets it,
+        // and a failover keeps it only if it was replicated.
         let durable = matches!(self.s.store, StoreKind::Postgres | StoreKind::Etcd);
         let kept = self.restarts.iter().filter(|r| r.kept()).count();
         if !self.restarts.is_empty() {
@@ -292,8 +293,13 @@ impl Harness {
                 lines.push(line(
                     "leases kept across store restarts (info)",
                     format!(
-                        "{kept} of {} (no persistence: forgotten)",
-                        self.restarts.len()
+                        "{kept} of {} ({})",
+                        self.restarts.len(),
+                        if self.s.store == StoreKind::RedisSentinel {
+                            "a failover keeps what was replicated"
+                        } else {
+                            "no persistence: forgotten"
+                        }
                     ),
                     "",
                     None,

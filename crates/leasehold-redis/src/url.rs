@@ -1,0 +1,403 @@
+//! The multi-host URL forms, which the `redis` crate's single-server parser does not take:
+//! [`SentinelUrl`] (`redis+sentinel://`) and [`ClusterUrl`] (`redis+cluster://`). Each has one
+//! parser; the password is kept apart and never displayed.
+
+use std::fmt;
+
+use percent_encoding::percent_decode_str;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, RedisResult};
+
+use crate::error::{Error, Result};
+
+/// Scheme of a Sentinel URL.
+pub const SENTINEL_SCHEME: &str = "redis+sentinel";
+/// Scheme of a Redis Cluster URL.
+pub const CLUSTER_SCHEME: &str = "redis+cluster";
+
+/// Credentials from a URL's user part. `Debug` and `Display` never show the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct Credentials {
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+}
+
+impl Credentials {
+    /// The settings for a data node, with database `db`.
+    pub(crate) fn redis_info(&self, db: i64) -> RedisConnectionInfo {
+        let mut info = RedisConnectionInfo::default().set_db(db);
+        if let Some(user) = &self.username {
+            info = info.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            info = info.set_password(password);
+        }
+        info
+    }
+}
+
+/// A TCP node, with `credentials` (none for a sentinel) and database `db`.
+pub(crate) fn node_info(
+    host: &str,
+    port: u16,
+    credentials: Option<&Credentials>,
+    db: i64,
+) -> RedisResult<ConnectionInfo> {
+    let info = ConnectionAddr::Tcp(host.to_owned(), port).into_connection_info()?;
+    Ok(info.set_redis_settings(credentials.cloned().unwrap_or_default().redis_info(db)))
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "set"))
+            .finish()
+    }
+}
+
+/// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/MASTER[?db=N]`: the sentinels
+/// (default port 26379) that know the primary named `MASTER`. The user and password are those of
+/// the primary and its replicas; the sentinels are asked without credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// The sentinels, in the URL's order.
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels monitor the primary under.
+    pub master: String,
+    /// The database to select on the primary.
+    pub db: i64,
+    pub(crate) credentials: Credentials,
+}
+
+/// `redis+cluster://[user:password@]host[:port][,host[:port]…]`: seed nodes of a Redis Cluster
+/// (default port 6379); the client learns the others from them. Database 0 only, as in every
+/// cluster.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterUrl {
+    /// The seed nodes, in the URL's order.
+    pub nodes: Vec<(String, u16)>,
+    pub(crate) credentials: Credentials,
+}
+
+/// A URL split into its parts, not yet checked against its form.
+struct Parts<'a> {
+    credentials: Credentials,
+    hosts: Vec<(String, u16)>,
+    /// After the authority, without the leading `/`.
+    path: &'a str,
+    query: Vec<(&'a str, &'a str)>,
+}
+
+fn invalid(scheme: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidUrl {
+        url: format!("{scheme}://…"),
+        reason: reason.into(),
+    }
+}
+
+fn decode(scheme: &str, s: &str, what: &str) -> Result<String> {
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| {
+            invalid(
+                scheme,
+                format!("the {what} is not UTF-8 once percent-decoded"),
+            )
+        })
+}
+
+/// Splits `scheme://[userinfo@]h[:p][,h[:p]…][/path][?query]`. The user part ends at the last
+/// `@`, so a password may hold any character but must percent-encode none.
+fn split<'a>(url: &'a str, scheme: &str, default_port: u16) -> Result<Parts<'a>> {
+    let rest = url
+        .get(..scheme.len())
+        .filter(|s| s.eq_ignore_ascii_case(scheme))
+        .and_then(|_| url[scheme.len()..].strip_prefix("://"))
+        .ok_or_else(|| invalid(scheme, format!("must start with {scheme}://")))?;
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let credentials = match userinfo {
+        None => Credentials::default(),
+        Some(info) => {
+            let (user, password) = match info.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (info, None),
+            };
+            Credentials {
+                username: (!user.is_empty())
+                    .then(|| decode(scheme, user, "user name"))
+                    .transpose()?,
+                password: password
+                    .filter(|p| !p.is_empty())
+                    .map(|p| decode(scheme, p, "password"))
+                    .transpose()?,
+            }
+        }
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, rest) = rest.split_at(end);
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, q),
+        None => (rest, ""),
+    };
+    let path = path.strip_prefix('/').unwrap_or(path);
+    let hosts = authority
+        .split(',')
+        .map(|h| host_port(scheme, h, default_port))
+        .collect::<Result<Vec<_>>>()?;
+    let query = query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
+        .collect();
+    Ok(Parts {
+        credentials,
+        hosts,
+        path,
+        query,
+    })
+}
+
+fn host_port(scheme: &str, s: &str, default_port: u16) -> Result<(String, u16)> {
+    let (host, port) = if let Some(v6) = s.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| invalid(scheme, format!("host {s:?} lacks its closing ']'")))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(invalid(
+            scheme,
+            "expected host[:port] entries separated by commas, found an empty or blank host",
+        ));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| invalid(scheme, format!("port {p:?} of {host} is not 1-65535")))?,
+    };
+    Ok((host.to_owned(), port))
+}
+
+fn hosts_display(hosts: &[(String, u16)]) -> String {
+    hosts
+        .iter()
+        .map(|(h, p)| {
+            if h.contains(':') {
+                format!("[{h}]:{p}")
+            } else {
+                format!("{h}:{p}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn user_display(c: &Credentials) -> String {
+    c.username
+        .as_deref()
+        .map(|u| format!("{u}@"))
+        .unwrap_or_default()
+}
+
+impl SentinelUrl {
+    /// Parses a `redis+sentinel://` URL.
+    pub fn parse(url: &str) -> Result<Self> {
+        let s = SENTINEL_SCHEME;
+        let parts = split(url, s, 26379)?;
+        if parts.path.is_empty() || parts.path.contains('/') {
+            return Err(invalid(
+                s,
+                "expected the primary's name as the path: redis+sentinel://host:26379/MASTER",
+            ));
+        }
+        let master = decode(s, parts.path, "primary's name")?;
+        let mut db = 0;
+        for (key, value) in parts.query {
+            match key {
+                "db" => {
+                    db = value.parse().ok().filter(|d| *d >= 0).ok_or_else(|| {
+                        invalid(s, format!("db={value:?} is not a database number"))
+                    })?
+                }
+                other => {
+                    return Err(invalid(
+                        s,
+                        format!("unknown query parameter {other:?} (only db is understood)"),
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            sentinels: parts.hosts,
+            master,
+            db,
+            credentials: parts.credentials,
+        })
+    }
+}
+
+impl ClusterUrl {
+    /// Parses a `redis+cluster://` URL.
+    pub fn parse(url: &str) -> Result<Self> {
+        let s = CLUSTER_SCHEME;
+        let parts = split(url, s, 6379)?;
+        if !parts.path.is_empty() && parts.path != "0" {
+            return Err(invalid(
+                s,
+                format!(
+                    "a Redis Cluster has only database 0, so the url takes no path (found /{})",
+                    parts.path
+                ),
+            ));
+        }
+        if let Some((key, _)) = parts.query.first() {
+            return Err(invalid(
+                s,
+                format!("unknown query parameter {key:?} (a cluster url takes none)"),
+            ));
+        }
+        Ok(Self {
+            nodes: parts.hosts,
+            credentials: parts.credentials,
+        })
+    }
+}
+
+/// The URL without its password.
+impl fmt::Display for SentinelUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{SENTINEL_SCHEME}://{}{}/{}?db={}",
+            user_display(&self.credentials),
+            hosts_display(&self.sentinels),
+            self.master,
+            self.db
+        )
+    }
+}
+
+/// The URL without its password.
+impl fmt::Display for ClusterUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{CLUSTER_SCHEME}://{}{}",
+            user_display(&self.credentials),
+            hosts_display(&self.nodes)
+        )
+    }
+}
+
+impl fmt::Debug for SentinelUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SentinelUrl({self})")
+    }
+}
+
+impl fmt::Debug for ClusterUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterUrl({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_urls_parse_and_hide_the_password() {
+        let u = SentinelUrl::parse(
+            "redis+sentinel://app:s3cr%40t:x@10.0.0.1,10.0.0.2:26380,[::1]:26381/my%20primary?db=3",
+        )
+        .unwrap();
+        assert_eq!(
+            u.sentinels,
+            vec![
+                ("10.0.0.1".to_owned(), 26379),
+                ("10.0.0.2".to_owned(), 26380),
+                ("::1".to_owned(), 26381)
+            ]
+        );
+        assert_eq!((u.master.as_str(), u.db), ("my primary", 3));
+        assert_eq!(u.credentials.username.as_deref(), Some("app"));
+        assert_eq!(u.credentials.password.as_deref(), Some("s3cr@t:x"));
+        let shown = format!("{u} {u:?}");
+        assert!(!shown.contains("s3"), "{shown}");
+        assert!(shown.starts_with(
+            "redis+sentinel://app@10.0.0.1:26379,10.0.0.2:26380,[::1]:26381/my primary?db=3"
+        ));
+        let plain = SentinelUrl::parse("redis+sentinel://:pw@h/m").unwrap();
+        assert_eq!(plain.credentials.username, None);
+        assert_eq!(plain.to_string(), "redis+sentinel://h:26379/m?db=0");
+        assert_eq!(
+            SentinelUrl::parse("REDIS+Sentinel://h/m")
+                .unwrap()
+                .to_string(),
+            plain.to_string()
+        );
+    }
+
+    #[test]
+    fn cluster_urls_parse_and_hide_the_password() {
+        let u = ClusterUrl::parse("redis+cluster://:s3cret@a:7000,b,[fe80::1]:7002/").unwrap();
+        assert_eq!(
+            u.nodes,
+            vec![
+                ("a".to_owned(), 7000),
+                ("b".to_owned(), 6379),
+                ("fe80::1".to_owned(), 7002)
+            ]
+        );
+        assert_eq!(u.credentials.password.as_deref(), Some("s3cret"));
+        assert_eq!(
+            u.to_string(),
+            "redis+cluster://a:7000,b:6379,[fe80::1]:7002"
+        );
+        assert!(!format!("{u:?}").contains("s3"));
+    }
+
+    #[test]
+    fn malformed_urls_are_refused_with_a_reason() {
+        for (url, reason) in [
+            ("redis+sentinel://h:26379", "primary's name"),
+            ("redis+sentinel://h:26379/", "primary's name"),
+            ("redis+sentinel://h/m/x", "primary's name"),
+            ("redis+sentinel://h:0/m", "not 1-65535"),
+            ("redis+sentinel://h:port/m", "not 1-65535"),
+            ("redis+sentinel://h,,i/m", "empty or blank host"),
+            ("redis+sentinel://h/m?db=x", "not a database number"),
+            (
+                "redis+sentinel://h/m?pass=s3cret",
+                "unknown query parameter",
+            ),
+            ("redis+sentinel://[::1/m", "closing ']'"),
+            ("redis+cluster://a:7000/2", "only database 0"),
+            ("redis+cluster://a:7000?x=1", "unknown query parameter"),
+            ("redis+cluster://:s3cret@", "empty or blank host"),
+            ("redis+cluster:/a", "must start with redis+cluster://"),
+        ] {
+            let err = if url.starts_with(SENTINEL_SCHEME) {
+                SentinelUrl::parse(url).map(|_| ())
+            } else {
+                ClusterUrl::parse(url).map(|_| ())
+            }
+            .expect_err(url)
+            .to_string();
+            assert!(err.contains(reason), "{url}: {err}");
+            assert!(!err.contains("s3"), "{url}: {err}");
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! Replicated Redis deployments of a test's own, on loopback: a Sentinel group (primary, one
+//! replica, three sentinels) and a six-node Redis Cluster. Data directories live under the
+//! system temp dir; everything is killed and removed on drop, and a watchdog process does the
+//! same if the test binary dies without dropping them.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Name the sentinels monitor the primary under.
+pub const MASTER: &str = "leasemaster";
+
+/// `n` distinct loopback ports free now.
+fn free_ports(n: usize) -> Vec<u16> {
+    // Hold every listener until all are chosen, so no port is handed out twice.
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `redis-cli -p port args…`, its output.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli on PATH");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Server processes and their directory, both gone on drop.
+struct Processes {
+    dir: PathBuf,
+    children: Vec<(u16, Child)>,
+    watchdog: Option<Child>,
+}
+
+impl Processes {
+    fn new(kind: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "leasehold-{kind}-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            dir,
+            children: Vec::new(),
+            watchdog: None,
+        }
+    }
+
+    /// Starts `redis-server args…` listening on `port` and waits until it accepts connections.
+    fn start(&mut self, port: u16, args: &[String]) {
+        let child = Command::new("redis-server")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        self.children.push((port, child));
+        wait_for(
+            "redis-server accepting connections",
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
+    }
+
+    /// A shell that waits for this test process to end, then kills the servers and removes the
+    /// directory: the cleanup for a test binary killed before its values were dropped.
+    fn arm_watchdog(&mut self) {
+        if let Some(mut old) = self.watchdog.take() {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        let pids: Vec<String> = self
+            .children
+            .iter()
+            .map(|(_, c)| c.id().to_string())
+            .collect();
+        let script = format!(
+            "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null; rm -rf '{}'",
+            std::process::id(),
+            pids.join(" "),
+            self.dir.display()
+        );
+        self.watchdog = Some(
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("sh"),
+        );
+    }
+
+    /// SIGKILLs the server on `port`.
+    fn kill(&mut self, port: u16) {
+        if let Some((_, child)) = self.children.iter_mut().find(|(p, _)| *p == port) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server on `port`.
+    fn signal(&self, port: u16, signal: &str) {
+        let (_, child) = self
+            .children
+            .iter()
+            .find(|(p, _)| *p == port)
+            .expect("a server on that port");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal}");
+    }
+
+    fn subdir(&self, name: &str) -> String {
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.display().to_string()
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(mut watchdog) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn server_args(port: u16, dir: &str) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        dir,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A primary, one replica and three sentinels (quorum 2, primary down after 500 ms).
+pub struct SentinelGroup {
+    pub primary: u16,
+    pub replica: u16,
+    pub sentinels: Vec<u16>,
+    processes: Processes,
+}
+
+impl SentinelGroup {
+    pub fn start() -> Self {
+        let ports = free_ports(5);
+        let (primary, replica, sentinels) = (ports[0], ports[1], ports[2..].to_vec());
+        let mut processes = Processes::new("sentinel");
+        let dir = processes.subdir("primary");
+        processes.start(primary, &server_args(primary, &dir));
+        let dir = processes.subdir("replica");
+        let mut args = server_args(replica, &dir);
+        args.extend(["--replicaof", "127.0.0.1", &primary.to_string()].map(String::from));
+        processes.start(replica, &args);
+        for &port in &sentinels {
+            let dir = processes.subdir(&format!("sentinel-{port}"));
+            let conf = Path::new(&dir).join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
+                     sentinel down-after-milliseconds {MASTER} 500\n\
+                     sentinel failover-timeout {MASTER} 5000\n\
+                     sentinel parallel-syncs {MASTER} 1\n"
+                ),
+            )
+            .unwrap();
+            processes.start(port, &[conf.display().to_string(), "--sentinel".into()]);
+        }
+        processes.arm_watchdog();
+        wait_for("the replica in sync", Duration::from_secs(10), || {
+            cli(replica, &["INFO", "replication"]).contains("master_link_status:up")
+        });
+        // A failover needs the sentinels to know the replica and each other (hello messages
+        // go out every 2 s).
+        wait_for(
+            "the sentinels to see the replica and each other",
+            Duration::from_secs(15),
+            || {
+                sentinels.iter().all(|&s| {
+                    let info = cli(s, &["SENTINEL", "MASTER", MASTER]);
+                    let lines: Vec<&str> = info.lines().collect();
+                    let field = |name: &str| {
+                        lines
+                            .iter()
+                            .position(|l| *l == name)
+                            .and_then(|i| lines.get(i + 1).copied())
+                    };
+                    field("num-slaves") == Some("1") && field("num-other-sentinels") == Some("2")
+                })
+            },
+        );
+        Self {
+            primary,
+            replica,
+            sentinels,
+            processes,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+    }
+
+    /// SIGKILLs the primary.
+    pub fn kill_primary(&mut self) {
+        let primary = self.primary;
+        self.processes.kill(primary);
+    }
+
+    /// Freezes the replica (SIGSTOP), so it stops receiving the primary's writes.
+    pub fn freeze_replica(&self) {
+        self.processes.signal(self.replica, "STOP");
+    }
+
+    /// Lets the frozen replica run again (SIGCONT).
+    pub fn thaw_replica(&self) {
+        self.processes.signal(self.replica, "CONT");
+    }
+
+    /// The port of the primary a sentinel names now.
+    pub fn named_primary(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|&s| {
+            cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
+                .lines()
+                .nth(1)
+                .and_then(|p| p.trim().parse().ok())
+        })
+    }
+}
+
+/// Six nodes, three primaries with one replica each.
+pub struct Cluster {
+    pub ports: Vec<u16>,
+    processes: Processes,
+}
+
+impl Cluster {
+    pub fn start() -> Self {
+        let all = free_ports(12);
+        let (ports, bus) = (all[..6].to_vec(), all[6..].to_vec());
+        let mut processes = Processes::new("cluster");
+        for (&port, &bus) in ports.iter().zip(&bus) {
+            let dir = processes.subdir(&format!("node-{port}"));
+            let mut args = server_args(port, &dir);
+            args.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus.to_string(),
+                    "--cluster-config-file",
+                    &format!("{dir}/nodes.conf"),
+                    "--cluster-node-timeout",
+                    "1000",
+                ]
+                .map(String::from),
+            );
+            processes.start(port, &args);
+        }
+        processes.arm_watchdog();
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli on PATH");
+        let log = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && log.contains("All 16384 slots covered"),
+            "cluster create failed: {log}"
+        );
+        wait_for(
+            "every node to report cluster_state:ok",
+            Duration::from_secs(15),
+            || {
+                ports
+                    .iter()
+                    .all(|&p| cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+            },
+        );
+        Self { ports, processes }
+    }
+
+    /// Waits until every replica has synced: one that never did refuses to fail over
+    /// ("disconnected from master for longer than allowed").
+    pub fn wait_for_replicas(&self) {
+        wait_for("every replica in sync", Duration::from_secs(15), || {
+            self.ports.iter().all(|&p| {
+                let info = cli(p, &["INFO", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            })
+        });
+    }
+
+    pub fn url(&self) -> String {
+        // Two seeds are enough: the client learns the rest from them.
+        format!(
+            "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
+            self.ports[0], self.ports[3]
+        )
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        self.processes.kill(port);
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        let slot = cli(self.ports[0], &["CLUSTER", "KEYSLOT", key]);
+        slot.trim().parse().expect("a slot number")
+    }
+
+    /// The nodes that answer `GET key` with its value (the others redirect).
+    pub fn nodes_holding(&self, key: &str) -> Vec<u16> {
+        self.ports
+            .iter()
+            .copied()
+            .filter(|&p| {
+                let reply = cli(p, &["GET", key]);
+                !reply.trim().is_empty() && !reply.contains("MOVED")
+            })
+            .collect()
+    }
+}
