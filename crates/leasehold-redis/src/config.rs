@@ -48,14 +48,13 @@ pub struct RedisConfig {
     /// How often the notification connection is checked with a PING, so a silently dead
     /// connection is replaced. Default 15 s.
     pub keepalive: Duration,
-    /// How long a name's fencing counter lives after it was seeded from the server's clock
-    /// before Redis expires it, so names that come and go (a lease per job) do not leave a key
-    /// each behind for ever. The expiry is set once, at the seed (acquisitions do not refresh
-    /// it, which saves a command on each): a name still in use when its counter expires is
-    /// seeded again. Safe for fencing either way: a seed is the server's clock (ms × 1000), above
-    /// every token the name had (unless the server's clock stepped back by more than the
-    /// retention, or the name was acquired more than a thousand times per millisecond). Never
-    /// shorter than the lease's ttl. Default one day.
+    /// How long a name's fencing counter lives after the name's last acquisition before Redis
+    /// expires it, so names that come and go (a lease per job) do not leave a key each behind
+    /// for ever. Safe for fencing: a token is never below the server's clock (ms × 1000), so a
+    /// name whose counter expired (or was lost, or set back by a failover) still gets tokens
+    /// above every one it had, unless the server's clock stepped back by more than the time
+    /// since (or a name was acquired more than a thousand times per millisecond just before).
+    /// Never shorter than the lease's ttl. Default one day.
     pub retention: Duration,
     /// PEM root certificates to trust for `rediss://` instead of the system's (for a private CA).
     /// Needs the `tls` feature. Default `None`: the system's root certificates.

@@ -2,14 +2,13 @@
 //! operation is one round trip (EVALSHA, or EVAL the first time a server sees the script).
 //!
 //! A lease key holds `"<token> <holder>"` (holder ids contain no whitespace) with a `PX` expiry;
-//! its fencing counter is a plain integer key that expires a retention after the name's first
-//! token was seeded from the clock (a name seen again after that starts from the clock again,
-//! above its old tokens). Tokens travel as decimal strings: Lua numbers are doubles, so the
+//! its fencing counter is a plain integer key, never below the server's clock (ms × 1000), that
+//! expires a retention after it was last moved up to the clock. Tokens travel as decimal strings: Lua numbers are doubles, so the
 //! scripts never turn a token received from the client into a number.
 //!
 //! The hot paths (acquire of a free lease, renew, release) are kept to the commands they need:
-//! the client sends the `"<token> <holder>"` value to compare with, the error helpers are one
-//! closure, and the counter's expiry is set once, when it is seeded.
+//! the client sends the `"<token> <holder>"` value to compare with and the error helpers are one
+//! closure.
 
 use std::sync::LazyLock;
 
@@ -42,10 +41,13 @@ end
 /// Returns `{1, token}` or `{0, holder, pttl}`. Every acquisition, the holder's own re-acquire
 /// included, is a new tenure: the counter goes up and the lease key is overwritten.
 ///
-/// The counter's expiry is set when it is seeded from the clock and left alone by `INCR`, so a
-/// name's counter lives one retention from its seed: a name still in use then is seeded again
-/// from the clock, above every token it had (as a name unused for a retention is), which saves a
-/// `PEXPIRE` on every acquisition.
+/// The token is the counter plus one, or the server's clock (ms × 1000) plus one if that is
+/// higher. Tokens then only go up even where the server loses writes: a restart without
+/// persistence, or a failover to a replica that had not received the last acquisition (its
+/// counter one behind would otherwise hand the same token out again, and fencing could not tell
+/// the two tenures apart). The counter's expiry is set whenever it is moved up to the clock, so
+/// it lives a retention after the name's last acquisition (at most a thousand per millisecond
+/// move it without the clock).
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r#"
@@ -68,17 +70,19 @@ local tok
 if type(n) ~= 'number' then
   if string.sub(n.err, 1, 9) == 'WRONGTYPE' then return fail(KEYS[2]) end
   return fail(KEYS[2], 'is not a fencing counter')
-elseif n == 1 then
-  -- The counter was missing (first use, expired after its retention, or the server lost its
-  -- data): start from the server's clock in milliseconds x 1000, above any token handed out before.
-  local t = redis.call('TIME')
-  tok = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)) .. '001'
-  redis.call('SET', KEYS[2], tok, 'PX', ARGV[3])
 elseif n < 9007199254740992 then
+  -- A token is never below the server's clock in milliseconds x 1000: a counter that is missing
+  -- (first use, expired after its retention, data lost) or set back (a failover to a replica
+  -- that missed its last increments) still hands out tokens above every earlier one.
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + math.floor(tonumber(t[2]) / 1000) * 1000
+  local moved = n <= now
+  if moved then n = now + 1 end
   -- Exact as a Lua number (a double) below 2^53. Two %d halves below 2^31 each: exact whatever
   -- the width of the C long Lua formats them with, and cheaper than '%.0f'.
   local hi = math.floor(n / 1000000000)
   tok = string.format('%d%09d', hi, n - hi * 1000000000)
+  if moved then redis.call('SET', KEYS[2], tok, 'PX', ARGV[3]) end
 else
   tok = redis.call('GET', KEYS[2])
 end

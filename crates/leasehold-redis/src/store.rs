@@ -31,7 +31,7 @@ use crate::scripts::{
 ///
 /// Keys, with the default prefix `leasehold`: `leasehold:{NAME}:lease` (holder and token, with
 /// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, expiring a
-/// [`retention`](crate::RedisConfig::retention) after it was seeded) and
+/// [`retention`](crate::RedisConfig::retention) after the name's last acquisition) and
 /// `leasehold:{TASK}:slot` (the last claimed slot) and `leasehold:{TASK}:history` (the run
 /// history, a sorted set; see [`history_key`](Self::history_key)). The braces are a hash tag, so a lease's keys
 /// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
@@ -340,7 +340,7 @@ impl RedisStore {
     }
 
     /// The key holding `name`'s fencing counter (expiring a
-    /// [`retention`](crate::RedisConfig::retention) after it was seeded).
+    /// [`retention`](crate::RedisConfig::retention) after the name's last acquisition).
     pub fn fence_key(&self, name: &LeaseName) -> String {
         key_parts(&self.inner.prefix, name.as_str(), FENCE).concat()
     }
