@@ -10,7 +10,15 @@ fn a_killed_replicas_tasks_move_and_no_slot_runs_twice() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite:{}", dir.path().join("spread.db").display());
     let out = Command::new(BIN)
-        .args(["bench", "--store", &store, "--replicas", "3", "--tasks", "12"])
+        .args([
+            "bench",
+            "--store",
+            &store,
+            "--replicas",
+            "3",
+            "--tasks",
+            "12",
+        ])
         .args(["--every", "500ms", "--ttl", "1500ms", "--watch", "1s"])
         .output()
         .unwrap();

@@ -303,7 +303,13 @@ fn bench(o: BenchOptions) -> Result<bool, Box<dyn std::error::Error>> {
         }
     );
     println!("  per replica: {per:?}");
-    // Watch the runs: each must come from its task's owner.
+    // For one heartbeat interval after its view changes a replica also contends for the tasks
+    // it owned before (so a task whose new owner lags is not left unrun); watch after that.
+    let handover = Instant::now() + c.ttl / 3;
+    while let Ok(line) = rx.recv_timeout(handover.saturating_duration_since(Instant::now())) {
+        seen.take(&line);
+    }
+    // Watch the runs: each should come from its task's owner.
     let watch_from = Instant::now();
     let owners: HashMap<usize, usize> = seen
         .owned
