@@ -234,6 +234,13 @@ async fn a_crashed_members_tasks_move_within_about_a_ttl() {
         members.iter().map(HolderId::as_str).collect::<Vec<_>>(),
         ["a", "b"]
     );
+    // The survivors own every task between them, and each runs only on its owner.
+    let after = owners(&[("a", &a), ("b", &b)]);
+    let (from, to) = (Instant::now(), Instant::now() + SEC * 3);
+    tokio::time::sleep(SEC * 3).await;
+    for (i, ran) in runners(&ledgers, from, to).iter().enumerate() {
+        assert_eq!(ran, &BTreeSet::from([after[&task_name(i)].clone()]));
+    }
     // The slots missed meanwhile were caught up by the new owners.
     assert_every_slot_once(&a, &ledgers, finished_until(&store).await).await;
     drop(c);
@@ -265,9 +272,15 @@ async fn disagreeing_views_never_run_a_slot_twice() {
     let (a, _) = instance(&store, "a", &ledgers);
     let (b, _) = instance(&store, "b", &ledgers);
     // d's store keeps no membership: d contends for every task, alongside each task's owner,
-    // as an instance does while its view lags behind the others'.
+    // as an instance does while its view lags behind the others'. Its clock reads 300 ms behind,
+    // so it tries each slot after the owner's run has released the task lease: only the slot
+    // claim stops it.
     let (d, d_store) = instance(&store, "d", &ledgers);
     d_store.set(|f| &f.members_unsupported, true);
+    d_store
+        .faults
+        .clock_offset_ms
+        .store(-300, std::sync::atomic::Ordering::SeqCst);
     tokio::time::sleep(SEC * 4).await;
     assert!(d.status().members.is_none(), "d's placement is off");
     assert!(d.status().tasks.iter().all(|t| t.owned.is_none()));
