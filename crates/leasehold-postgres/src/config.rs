@@ -18,6 +18,8 @@ pub const DEFAULT_LEASE_TABLE: &str = "leases";
 pub const DEFAULT_SLOT_TABLE: &str = "slots";
 /// Default name of the run history table.
 pub const DEFAULT_HISTORY_TABLE: &str = "history";
+/// Default name of the spread-group membership table.
+pub const DEFAULT_MEMBERS_TABLE: &str = "members";
 /// Default name of the fence table (see [`Fence`](crate::Fence)).
 pub const DEFAULT_FENCE_TABLE: &str = "fences";
 /// Default time limit of one store operation.
@@ -49,6 +51,10 @@ pub struct PgConfig {
     /// The run history table: `task text, key bigint, entry text, PRIMARY KEY (task, key)`.
     /// Default [`DEFAULT_HISTORY_TABLE`] (`history`). A plain identifier.
     pub history_table: String,
+    /// The spread-group membership table: `group_name text, member text, expires_at
+    /// timestamptz, PRIMARY KEY (group_name, member)`. Default [`DEFAULT_MEMBERS_TABLE`]
+    /// (`members`). A plain identifier.
+    pub members_table: String,
     /// The LISTEN/NOTIFY channel releases are announced on. Default `None`: `SCHEMA.LEASE_TABLE`
     /// (`leasehold.leases`), so stores on different tables do not wake each other. At most 63
     /// bytes.
@@ -95,6 +101,7 @@ impl PgConfig {
             lease_table: DEFAULT_LEASE_TABLE.to_owned(),
             slot_table: DEFAULT_SLOT_TABLE.to_owned(),
             history_table: DEFAULT_HISTORY_TABLE.to_owned(),
+            members_table: DEFAULT_MEMBERS_TABLE.to_owned(),
             channel: None,
             migrate: true,
             pool_size: 4,
@@ -129,6 +136,12 @@ impl PgConfig {
     /// Sets [`history_table`](Self::history_table).
     pub fn history_table(mut self, table: impl Into<String>) -> Self {
         self.history_table = table.into();
+        self
+    }
+
+    /// Sets [`members_table`](Self::members_table).
+    pub fn members_table(mut self, table: impl Into<String>) -> Self {
+        self.members_table = table.into();
         self
     }
 
@@ -203,10 +216,16 @@ impl PgConfig {
         check_identifier("lease_table", &self.lease_table)?;
         check_identifier("slot_table", &self.slot_table)?;
         check_identifier("history_table", &self.history_table)?;
-        let tables = [&self.lease_table, &self.slot_table, &self.history_table];
-        if tables[0] == tables[1] || tables[0] == tables[2] || tables[1] == tables[2] {
+        check_identifier("members_table", &self.members_table)?;
+        let tables = [
+            &self.lease_table,
+            &self.slot_table,
+            &self.history_table,
+            &self.members_table,
+        ];
+        if (1..tables.len()).any(|i| tables[..i].contains(&tables[i])) {
             return Err(Error::Config(
-                "lease_table, slot_table and history_table must differ".to_owned(),
+                "lease_table, slot_table, history_table and members_table must differ".to_owned(),
             ));
         }
         let channel = self.channel_name();
@@ -338,6 +357,7 @@ impl fmt::Debug for PgConfig {
             .field("lease_table", &self.lease_table)
             .field("slot_table", &self.slot_table)
             .field("history_table", &self.history_table)
+            .field("members_table", &self.members_table)
             .field("channel", &self.channel)
             .field("migrate", &self.migrate)
             .field("pool_size", &self.pool_size)

@@ -103,6 +103,12 @@ pub struct Statements {
     pub record_history: String,
     /// The newest history entries: `$1` task, `$2` limit. `(entry text)`, newest first.
     pub history: String,
+    /// Refresh a spread-group membership and read it: `$1` group, `$2` member, `$3` ttl in
+    /// milliseconds. One statement: the member's entry is upserted to expire `$3` from now, the
+    /// group's expired entries are deleted, and `(member text)` is returned per live member.
+    pub members: String,
+    /// Leave a spread group: `$1` group, `$2` member.
+    pub leave: String,
     /// The names released within the last `$1` milliseconds (at most 1000): the release
     /// listener announces them after it reconnects, since notifications sent while it was away
     /// are lost.
@@ -113,10 +119,12 @@ pub struct Statements {
 }
 
 impl Statements {
-    fn new(schema: &str, lease_table: &str, slot_table: &str, history_table: &str) -> Self {
-        let leases = qualified(schema, lease_table);
-        let slots = qualified(schema, slot_table);
-        let history = qualified(schema, history_table);
+    fn new(config: &PgConfig) -> Self {
+        let schema = &config.schema;
+        let leases = qualified(schema, &config.lease_table);
+        let slots = qualified(schema, &config.slot_table);
+        let history = qualified(schema, &config.history_table);
+        let members = qualified(schema, &config.members_table);
         let ms = "* interval '1 millisecond'";
         Self {
             // Every acquisition is a new tenure, the holder's own included: the token goes up.
@@ -219,6 +227,26 @@ DELETE FROM {history} h
             history: format!(
                 "SELECT entry FROM {history} WHERE task = $1::text ORDER BY key DESC LIMIT $2::bigint"
             ),
+            // The outer SELECT sees the rows as they were before the statement, so the caller's
+            // entry comes from the upsert's RETURNING instead.
+            members: format!(
+                "WITH up AS (
+  INSERT INTO {members} AS m (group_name, member, expires_at)
+  VALUES ($1::text, $2::text, clock_timestamp() + $3::bigint {ms})
+  ON CONFLICT (group_name, member) DO UPDATE SET expires_at = EXCLUDED.expires_at
+  RETURNING m.member
+), gone AS (
+  DELETE FROM {members}
+   WHERE group_name = $1::text AND member <> $2::text AND expires_at <= clock_timestamp()
+)
+SELECT member FROM up
+UNION ALL
+SELECT member FROM {members}
+ WHERE group_name = $1::text AND member <> $2::text AND expires_at > clock_timestamp()"
+            ),
+            leave: format!(
+                "DELETE FROM {members} WHERE group_name = $1::text AND member = $2::text"
+            ),
             // A release sets `holder = NULL, expires_at = clock_timestamp()`.
             recent_releases: format!(
                 "SELECT name FROM {leases}
@@ -241,6 +269,12 @@ CREATE TABLE IF NOT EXISTS {history} (
   key bigint NOT NULL,
   entry text NOT NULL,
   PRIMARY KEY (task, key)
+);
+CREATE TABLE IF NOT EXISTS {members} (
+  group_name text NOT NULL,
+  member text NOT NULL,
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (group_name, member)
 );"
             ),
         }
@@ -276,12 +310,7 @@ impl Parts {
             .recycle_timeout(Some(config.op_timeout))
             .build()
             .map_err(|e| Error::Config(e.to_string()))?;
-        let sql = Statements::new(
-            &config.schema,
-            &config.lease_table,
-            &config.slot_table,
-            &config.history_table,
-        );
+        let sql = Statements::new(config);
         Ok(Self {
             pool,
             pg,
@@ -291,11 +320,12 @@ impl Parts {
         })
     }
 
-    fn tables(config: &PgConfig) -> [String; 3] {
+    fn tables(config: &PgConfig) -> [String; 4] {
         [
             config.lease_table.clone(),
             config.slot_table.clone(),
             config.history_table.clone(),
+            config.members_table.clone(),
         ]
     }
 }
@@ -886,6 +916,50 @@ impl Store for PgStore {
             .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
         let ms: i64 = get(row, 0)?;
         u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
+    }
+
+    async fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<HolderId>> {
+        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
+        let op = Op {
+            what: "members",
+            name: Some(group),
+        };
+        let rows = self
+            .query(
+                op,
+                &self.inner.sql.members,
+                &[&group.as_str(), &member.as_str(), &ttl_ms],
+            )
+            .await?;
+        let mut members = rows
+            .iter()
+            .map(|row| {
+                let m: String = get(row, 0)?;
+                HolderId::new(&m)
+                    .map_err(|_| StoreError::Corrupt(format!("member {m:?} is not a holder id")))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        members.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        Ok(members)
+    }
+
+    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
+        let op = Op {
+            what: "leave",
+            name: Some(group),
+        };
+        self.query(
+            op,
+            &self.inner.sql.leave,
+            &[&group.as_str(), &member.as_str()],
+        )
+        .await?;
+        Ok(())
     }
 
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {

@@ -17,6 +17,8 @@ pub(crate) const FENCE: &str = "fence";
 pub(crate) const SLOT: &str = "slot";
 /// Suffix of a history key.
 pub(crate) const HISTORY: &str = "history";
+/// Suffix of a membership key.
+pub(crate) const MEMBERS: &str = "members";
 
 /// The pieces of `<prefix>:{<name>}:<kind>`: the braces are a hash tag, so a name's keys share a
 /// Redis Cluster slot.

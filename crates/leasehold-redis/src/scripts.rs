@@ -213,3 +213,34 @@ return entries
 "#,
     )
 });
+
+/// KEYS: members (a sorted set of holder ids scored by their expiry, ms on the server's clock).
+/// ARGV: holder, ttl ms. Refreshes the holder's entry, drops the expired ones, keeps the key alive
+/// for as long as its longest-lived entry, and returns the live holders.
+pub(crate) static MEMBERS: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+-- Redis < 5 replicates scripts verbatim unless told otherwise, which forbids TIME before a write.
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local added = redis.pcall('ZADD', KEYS[1], now + ttl, ARGV[1])
+if type(added) == 'table' then return fail(KEYS[1]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"#,
+    )
+});
+
+/// KEYS: members. ARGV: holder. Removes the holder's entry. Returns 1.
+pub(crate) static LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local removed = redis.pcall('ZREM', KEYS[1], ARGV[1])
+if type(removed) == 'table' then return fail(KEYS[1]) end
+return 1
+"#,
+    )
+});

@@ -16,14 +16,17 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::task::AbortHandle;
 
-use crate::call::{Arg, FENCE, HISTORY as HISTORY_KIND, LEASE, SLOT, key_parts, script_cmd};
+use crate::call::{
+    Arg, FENCE, HISTORY as HISTORY_KIND, LEASE, MEMBERS as MEMBERS_KIND, SLOT, key_parts,
+    script_cmd,
+};
 use crate::config::{DEFAULT_PREFIX, RedisConfig, Target};
 use crate::conn::{Conn, RedisConnection, SentinelLink};
 use crate::error::{Error, Result};
 use crate::listener::{self, Source};
 use crate::scripts::{
-    ACQUIRE, CLAIM_SLOT, HISTORY, HISTORY_KEY_DIGITS, INSPECT, LAST_SLOT, LuaScript,
-    RECORD_HISTORY, RELEASE, RENEW,
+    ACQUIRE, CLAIM_SLOT, HISTORY, HISTORY_KEY_DIGITS, INSPECT, LAST_SLOT, LEAVE, LuaScript,
+    MEMBERS, RECORD_HISTORY, RELEASE, RENEW,
 };
 
 /// Leases in Redis: each operation is one Lua script (EVALSHA, falling back to EVAL), atomic on
@@ -33,7 +36,8 @@ use crate::scripts::{
 /// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, expiring a
 /// [`retention`](crate::RedisConfig::retention) after the name's last acquisition) and
 /// `leasehold:{TASK}:slot` (the last claimed slot) and `leasehold:{TASK}:history` (the run
-/// history, a sorted set; see [`history_key`](Self::history_key)). The braces are a hash tag, so a lease's keys
+/// history, a sorted set; see [`history_key`](Self::history_key)), and `leasehold:{GROUP}:members`
+/// (a spread group's membership: holder ids scored by expiry). The braces are a hash tag, so a lease's keys
 /// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
 ///
 /// Cheap to clone: clones share one multiplexed connection (reconnected automatically after it
@@ -356,6 +360,12 @@ impl RedisStore {
     /// a double, would be exact only up to 2^53).
     pub fn history_key(&self, task: &LeaseName) -> String {
         key_parts(&self.inner.prefix, task.as_str(), HISTORY_KIND).concat()
+    }
+
+    /// The key holding `group`'s membership: a sorted set of holder ids, each scored by its
+    /// expiry in ms on the server's clock.
+    pub fn members_key(&self, group: &LeaseName) -> String {
+        key_parts(&self.inner.prefix, group.as_str(), MEMBERS_KIND).concat()
     }
 
     /// One of `name`'s keys, as a script argument.
@@ -997,6 +1007,49 @@ impl Store for RedisStore {
                 }
             })
             .collect()
+    }
+
+    async fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<HolderId>> {
+        let op = Op {
+            what: "members",
+            name: Some(group),
+        };
+        let reply = self
+            .eval(
+                &MEMBERS,
+                &[self.key(group, MEMBERS_KIND)],
+                &[Arg::Str(member.as_str()), ttl_millis(ttl)],
+                op,
+                true,
+            )
+            .await?;
+        let mut members = items(op, reply)?
+            .iter()
+            .map(|v| holder(op, Some(v)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        members.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        Ok(members)
+    }
+
+    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
+        let op = Op {
+            what: "leave",
+            name: Some(group),
+        };
+        self.eval(
+            &LEAVE,
+            &[self.key(group, MEMBERS_KIND)],
+            &[Arg::Str(member.as_str())],
+            op,
+            true,
+        )
+        .await?;
+        Ok(())
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {

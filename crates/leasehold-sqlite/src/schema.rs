@@ -9,11 +9,11 @@ macro_rules! now_ms {
 }
 
 /// `PRAGMA user_version` of the schema below.
-pub(crate) const SCHEMA_VERSION: i64 = 3;
+pub(crate) const SCHEMA_VERSION: i64 = 4;
 
-/// Version 3. Every statement is idempotent, so opening an older file adds what it lacks:
+/// Version 4. Every statement is idempotent, so opening an older file adds what it lacks:
 /// version 1 lacked `history`; version 2 lacked `meta` and kept `expires_at_ms` on the wall clock
-/// (the upgrade converts it, see [`TO_HOST_CLOCK`]). A lease row is kept after release and expiry
+/// (the upgrade converts it, see [`TO_HOST_CLOCK`]); version 3 lacked `members` (spread groups). A lease row is kept after release and expiry
 /// so its token counter survives.
 ///
 /// `expires_at_ms` is on the host's boot-time clock (`CLOCK_BOOTTIME`, which a wall-clock step
@@ -41,6 +41,12 @@ CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY NOT NULL,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS members (
+    group_name    TEXT NOT NULL,
+    member        TEXT NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (group_name, member)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS releases (
     seq   INTEGER PRIMARY KEY AUTOINCREMENT,
     name  TEXT NOT NULL,
@@ -64,8 +70,9 @@ pub(crate) const BOOT_ID: &str = "SELECT value FROM meta WHERE key = 'boot_id'";
 pub(crate) const SET_BOOT_ID: &str =
     "INSERT OR REPLACE INTO meta (key, value) VALUES ('boot_id', ?1)";
 
-/// After a reboot the host clock starts again near zero: every lease of the old boot is over.
-pub(crate) const EXPIRE_ALL: &str = "UPDATE leases SET expires_at_ms = 0";
+/// After a reboot the host clock starts again near zero: every lease and membership of the old
+/// boot is over.
+pub(crate) const EXPIRE_ALL: &str = "UPDATE leases SET expires_at_ms = 0; DELETE FROM members;";
 
 /// `?2` (host now) and the lease row (all NULL when there is none).
 pub(crate) const READ_FOR_ACQUIRE: &str = "SELECT n.now, l.holder, l.token, l.expires_at_ms \
@@ -125,3 +132,16 @@ pub(crate) const TRIM_HISTORY: &str = "DELETE FROM history WHERE task = ?1 AND k
 
 pub(crate) const HISTORY: &str =
     "SELECT entry FROM history WHERE task = ?1 ORDER BY key DESC LIMIT ?2";
+
+/// `?3`: host now, `?4`: ttl ms.
+pub(crate) const JOIN: &str = "INSERT INTO members (group_name, member, expires_at_ms) \
+     VALUES (?1, ?2, ?3 + ?4) \
+     ON CONFLICT (group_name, member) DO UPDATE SET expires_at_ms = excluded.expires_at_ms";
+
+/// `?2`: host now.
+pub(crate) const DROP_EXPIRED_MEMBERS: &str =
+    "DELETE FROM members WHERE group_name = ?1 AND expires_at_ms <= ?2";
+
+pub(crate) const MEMBERS: &str = "SELECT member FROM members WHERE group_name = ?1 ORDER BY member";
+
+pub(crate) const LEAVE: &str = "DELETE FROM members WHERE group_name = ?1 AND member = ?2";

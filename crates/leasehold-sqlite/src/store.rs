@@ -243,7 +243,7 @@ fn check_boot(conn: &mut Connection) -> rusqlite::Result<()> {
     let recorded: Option<String> = tx.query_row(schema::BOOT_ID, [], |r| r.get(0)).optional()?;
     if recorded.as_deref() != Some(boot.as_str()) {
         if recorded.is_some() {
-            tx.execute(schema::EXPIRE_ALL, [])?;
+            tx.execute_batch(schema::EXPIRE_ALL)?;
         }
         tx.execute(schema::SET_BOOT_ID, [&boot])?;
     }
@@ -644,6 +644,52 @@ impl Store for SqliteStore {
                 .prepare_cached(schema::PURGE)?
                 .execute(rusqlite::params![now, retention])?;
             Ok(deleted as u64)
+        })
+    }
+
+    /// One transaction: refresh, drop the expired, read; expiries on the host's clock as leases'.
+    fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
+        let (group, member) = (group.as_str().to_owned(), member.as_str().to_owned());
+        let ttl = ttl_ms(ttl);
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
+            tx.prepare_cached(schema::JOIN)?
+                .execute(rusqlite::params![group, member, now, ttl])?;
+            tx.prepare_cached(schema::DROP_EXPIRED_MEMBERS)?
+                .execute(rusqlite::params![group, now])?;
+            let members = tx
+                .prepare_cached(schema::MEMBERS)?
+                .query_map([&group], |r| r.get::<_, String>(0))?
+                .map(|m| {
+                    let m = m?;
+                    HolderId::new(&m).map_err(|_| {
+                        Fail::Store(StoreError::Corrupt(format!(
+                            "member {m:?} is not a holder id"
+                        )))
+                    })
+                })
+                .collect::<std::result::Result<Vec<_>, Fail>>()?;
+            tx.commit()?;
+            Ok(members)
+        })
+    }
+
+    fn leave(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let (group, member) = (group.as_str().to_owned(), member.as_str().to_owned());
+        self.run(move |conn| {
+            conn.prepare_cached(schema::LEAVE)?
+                .execute([&group, &member])?;
+            Ok(())
         })
     }
 

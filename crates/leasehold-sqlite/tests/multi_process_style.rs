@@ -417,3 +417,40 @@ async fn a_version_1_file_gains_the_history_table() {
         vec!["{}".to_owned()]
     );
 }
+
+/// A file written by schema version 3 (no members table) gains it on open, and two handles on
+/// the file (as two processes) see each other's membership.
+#[tokio::test]
+async fn a_version_3_file_gains_the_members_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE leases (name TEXT PRIMARY KEY NOT NULL, holder TEXT NULL,
+                 token INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
+             CREATE TABLE slots (task TEXT PRIMARY KEY NOT NULL, last_slot INTEGER NOT NULL);
+             PRAGMA user_version = 3;",
+        )
+        .unwrap();
+    }
+    let (one, two) = (open(&path).await, open(&path).await);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 4);
+    let group = LeaseName::new("spread").unwrap();
+    let ttl = Duration::from_secs(30);
+    one.members(&group, &holder(1), ttl).await.unwrap();
+    assert_eq!(
+        two.members(&group, &holder(2), ttl).await.unwrap(),
+        vec![holder(1), holder(2)]
+    );
+    one.leave(&group, &holder(1)).await.unwrap();
+    assert_eq!(
+        two.members(&group, &holder(2), ttl).await.unwrap(),
+        vec![holder(2)]
+    );
+}

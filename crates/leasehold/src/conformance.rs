@@ -571,6 +571,57 @@ pub async fn history_is_bounded_keyed_and_exact<S: Store>(store: S) {
     );
 }
 
+/// `members` refreshes the caller's entry and answers the live members of that group only,
+/// sorted; an entry not refreshed within its ttl drops out, a refreshed one stays, and `leave`
+/// removes one at once. (A store without membership answers `Unsupported` and is not checked.)
+pub async fn members_expire_refresh_and_leave<S: Store>(store: S) {
+    let (group, other) = (unique_name("members"), unique_name("members-other"));
+    let (a, b, c) = (holder("a"), holder("b"), holder("c"));
+    // Long enough that a loaded host's scheduling delays (tens of ms) stay well inside the
+    // quarter-ttl margins below.
+    let ttl = Duration::from_secs(1);
+    let first = match store.members(&group, &a, ttl).await {
+        Err(crate::StoreError::Unsupported(_)) => return,
+        answer => answer.expect("members answered"),
+    };
+    assert_eq!(first, vec![a.clone()]);
+    store.members(&other, &c, LONG_TTL).await.unwrap();
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    assert_eq!(store.members(&group, &b, LONG_TTL).await.unwrap(), both);
+    // `a` refreshes halfway through its ttl, so it outlives its first expiry.
+    tokio::time::sleep(ttl / 2).await;
+    assert_eq!(store.members(&group, &a, ttl).await.unwrap(), both);
+    tokio::time::sleep(ttl * 3 / 4).await;
+    assert_eq!(
+        store.members(&group, &b, LONG_TTL).await.unwrap(),
+        both,
+        "a refreshed entry is still live"
+    );
+    // Not refreshed for longer than its ttl: gone.
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    assert_eq!(
+        store.members(&group, &b, LONG_TTL).await.unwrap(),
+        vec![b.clone()],
+        "an expired entry drops out"
+    );
+    assert_eq!(
+        store.members(&other, &c, LONG_TTL).await.unwrap(),
+        vec![c.clone()],
+        "groups are independent"
+    );
+    store.members(&group, &a, LONG_TTL).await.unwrap();
+    store.leave(&group, &b).await.unwrap();
+    store.leave(&group, &b).await.unwrap();
+    assert_eq!(
+        store.members(&group, &a, LONG_TTL).await.unwrap(),
+        vec![a.clone()],
+        "leave removes at once"
+    );
+    store.leave(&group, &a).await.unwrap();
+    store.leave(&other, &c).await.unwrap();
+}
+
 /// Generates one `#[tokio::test]` per conformance check. `$make` is an expression evaluating to
 /// a future that yields a fresh store handle (it is evaluated once per test).
 #[macro_export]
@@ -584,7 +635,8 @@ macro_rules! conformance_tests {
             tokens_strictly_increase, tokens_are_per_name, inspect_reports_state,
             slot_claims_move_forward, concurrent_racers_one_winner, clock_is_sane,
             names_round_trip, release_notifies_waiters, guard_renews_and_hands_over,
-            last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact);
+            last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact,
+            members_expire_refresh_and_leave);
     };
     (@each $make:expr; $($check:ident),* $(,)?) => {
         $(

@@ -33,6 +33,8 @@ pub struct Faults {
     pub clock_down: AtomicBool,
     /// Every operation is refused (`Rejected`), as with a key of the wrong type.
     pub refuse: AtomicBool,
+    /// `members` answers `Unsupported`, as from a store that keeps no membership.
+    pub members_unsupported: AtomicBool,
     /// Renewals hang forever.
     pub renew_hangs: AtomicBool,
     /// Renewals answer `Lost`.
@@ -229,6 +231,24 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
         self.check()?;
         self.inner.history(task, limit).await
+    }
+
+    async fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<HolderId>> {
+        self.check()?;
+        if self.faults.members_unsupported.load(Ordering::SeqCst) {
+            return Err(StoreError::Unsupported("members"));
+        }
+        self.inner.members(group, member, ttl).await
+    }
+
+    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
+        self.check()?;
+        self.inner.leave(group, member).await
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {

@@ -31,6 +31,8 @@ struct State {
     leases: HashMap<LeaseName, Entry>,
     slots: HashMap<LeaseName, u64>,
     history: HashMap<LeaseName, std::collections::BTreeMap<u64, String>>,
+    /// Per group: each member's expiry.
+    members: HashMap<LeaseName, HashMap<HolderId, Instant>>,
     /// Wall-clock time at `origin`, so `now_millis` advances with tokio's (maybe paused) clock.
     origin: Instant,
     origin_millis: u64,
@@ -42,6 +44,7 @@ impl Default for State {
             leases: HashMap::new(),
             slots: HashMap::new(),
             history: HashMap::new(),
+            members: HashMap::new(),
             origin: Instant::now(),
             origin_millis: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -245,6 +248,33 @@ impl Store for MemoryStore {
             h.values().rev().take(limit).cloned().collect()
         });
         std::future::ready(Ok(entries))
+    }
+
+    fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let entries = state.members.entry(group.clone()).or_default();
+        entries.insert(member.clone(), now + ttl);
+        entries.retain(|_, expires| *expires > now);
+        let mut live: Vec<HolderId> = entries.keys().cloned().collect();
+        live.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        std::future::ready(Ok(live))
+    }
+
+    fn leave(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        if let Some(entries) = self.state().members.get_mut(group) {
+            entries.remove(member);
+        }
+        std::future::ready(Ok(()))
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {

@@ -254,6 +254,31 @@ pub trait Store: Send + Sync + Clone + 'static {
         std::future::ready(Err(unsupported("history")))
     }
 
+    /// Refreshes `member`'s entry in `group`'s membership, to expire `ttl` from now on the store's
+    /// clock, drops the entries that have expired, and answers the live members, sorted. One round
+    /// trip. A [`Scheduler::spread`](crate::Scheduler::spread) heartbeats through it and places
+    /// its tasks over the answer. Optional: the default answers [`StoreError::Unsupported`].
+    fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
+        let _ = (group, member, ttl);
+        std::future::ready(Err(unsupported("members")))
+    }
+
+    /// Removes `member` from `group`'s membership at once (a graceful shutdown), so the others
+    /// need not wait for its entry to expire. Removing an absent member is not an error.
+    fn leave(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let _ = (group, member);
+        std::future::ready(Err(unsupported("leave")))
+    }
+
     /// A subscription to release notifications, or `None` if this store has none (then waiters
     /// poll). Subscribe *before* the acquire attempt whose `Busy` you will wait on.
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
@@ -320,6 +345,17 @@ trait DynStore: Send + Sync {
         task: &'a LeaseName,
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<String>>>;
+    fn members<'a>(
+        &'a self,
+        group: &'a LeaseName,
+        member: &'a HolderId,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Vec<HolderId>>>;
+    fn leave<'a>(
+        &'a self,
+        group: &'a LeaseName,
+        member: &'a HolderId,
+    ) -> BoxFuture<'a, StoreResult<()>>;
     fn subscribe_releases(&self) -> Option<ReleaseSubscription>;
     fn describe(&self) -> String;
 }
@@ -395,6 +431,21 @@ impl<S: Store> DynStore for S {
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<String>>> {
         Box::pin(Store::history(self, task, limit))
+    }
+    fn members<'a>(
+        &'a self,
+        group: &'a LeaseName,
+        member: &'a HolderId,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Vec<HolderId>>> {
+        Box::pin(Store::members(self, group, member, ttl))
+    }
+    fn leave<'a>(
+        &'a self,
+        group: &'a LeaseName,
+        member: &'a HolderId,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(Store::leave(self, group, member))
     }
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
         Store::subscribe_releases(self)
@@ -503,6 +554,23 @@ impl Store for BoxStore {
     ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
         let (store, task) = (self.0.clone(), task.clone());
         async move { store.history(&task, limit).await }
+    }
+    fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
+        let (store, group, member) = (self.0.clone(), group.clone(), member.clone());
+        async move { store.members(&group, &member, ttl).await }
+    }
+    fn leave(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let (store, group, member) = (self.0.clone(), group.clone(), member.clone());
+        async move { store.leave(&group, &member).await }
     }
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
         self.0.subscribe_releases()

@@ -1,5 +1,6 @@
 //! The single-active scheduler; its documentation is on [`Scheduler`].
 
+mod placement;
 mod runner;
 mod task;
 
@@ -19,6 +20,7 @@ use crate::lease::{Lease, LeaseError};
 use crate::store::Store;
 use crate::store::StoreError;
 use crate::{ConfigError, HolderId, LeaseConfig, LeaseName, MemoryStore};
+use placement::Placement;
 use runner::{Common, HistorySink, RunNow, TaskRunner};
 
 pub use task::{
@@ -35,6 +37,9 @@ pub enum SchedulerError {
     /// The leader group has the name of a task; leases would collide.
     #[error("leader group {0} has the same name as a task")]
     GroupNamedLikeTask(LeaseName),
+    /// Both a leader gate and spreading were asked for; a scheduler uses one or the other.
+    #[error("a scheduler either spreads its tasks or gates them on a leader group, not both")]
+    SpreadWithLeaderGroup,
     /// No task has that name.
     #[error("no task named {0:?}")]
     UnknownTask(String),
@@ -79,6 +84,20 @@ pub enum SchedulerError {
 ///    releases the lease.
 ///
 /// An ungated task ([`Task::gated`]`(false)`) skips all of this: every instance runs each tick.
+///
+/// # Spreading tasks over instances
+/// Without a leader group every instance contends for every tick and the fastest wins. With
+/// [`spread`](Self::spread) each instance keeps an entry in a membership group in the store
+/// (refreshed every ttl/3, expiring a ttl after its last refresh, on the store's clock) and
+/// contends only for the tasks it owns: the live member with the highest rendezvous weight for
+/// the task (a stable hash of member and task), so tasks spread evenly and a member joining or
+/// leaving moves only the tasks it gains or loses. In step 2 a task owned elsewhere skips
+/// (`skipped-not-owner`). A member that dies drops out when its entry expires, and its tasks
+/// move within about a ttl and a third; one that shuts down leaves the group at once. Steps 3
+/// and 4 still gate every run, so two instances whose views of the membership differ for a
+/// moment still run each slot at most once. A task that moves here looks for its missed slots
+/// as on winning leadership. If the store keeps no membership (or stops answering it for a
+/// ttl) every instance contends for every task, as without spreading, and that is logged once.
 ///
 /// # Missed ticks
 /// Ticks are never queued or replayed. A firing that falls while the task runs (here or on
@@ -139,6 +158,7 @@ pub struct Scheduler<S> {
     lease_config: LeaseConfig,
     policy: StoreDownPolicy,
     leader_group: Option<LeaseName>,
+    spread: Option<LeaseName>,
     grace: Duration,
     tasks: Vec<Task>,
     has_store: bool,
@@ -165,6 +185,7 @@ impl<S: Store> Scheduler<S> {
             lease_config: LeaseConfig::default(),
             policy: StoreDownPolicy::default(),
             leader_group: None,
+            spread: None,
             grace: Duration::from_secs(30),
             tasks: Vec::new(),
             has_store: true,
@@ -197,6 +218,14 @@ impl<S: Store> Scheduler<S> {
     /// claim).
     pub fn leader_group(mut self, group: LeaseName) -> Self {
         self.leader_group = Some(group);
+        self
+    }
+
+    /// Spreads the gated tasks over the live instances that spread over the same `group`: each
+    /// instance contends only for the ticks of the tasks it owns (see "Spreading tasks over
+    /// instances" above). Membership expires after the lease ttl. Not with a leader group.
+    pub fn spread(mut self, group: LeaseName) -> Self {
+        self.spread = Some(group);
         self
     }
 
@@ -239,6 +268,9 @@ impl<S: Store> Scheduler<S> {
         {
             return Err(SchedulerError::GroupNamedLikeTask(group.clone()));
         }
+        if self.spread.is_some() && self.leader_group.is_some() {
+            return Err(SchedulerError::SpreadWithLeaderGroup);
+        }
         // `stop` ends the timers; leadership is given up only once running jobs have drained,
         // so the next leader's first tick does not find the task lease still held.
         let stop = CancellationToken::new();
@@ -259,6 +291,14 @@ impl<S: Store> Scheduler<S> {
             }
             _ => None,
         };
+        let placement = match &self.spread {
+            Some(group) if self.has_store && any_gated => Some(Arc::new(Placement::new(
+                group.clone(),
+                self.holder.clone(),
+                self.lease_config.ttl,
+            ))),
+            _ => None,
+        };
         let history = HistorySink::spawn(
             self.store.clone(),
             self.history_limit,
@@ -266,6 +306,7 @@ impl<S: Store> Scheduler<S> {
         );
         let common = Arc::new(Common::new(
             leader,
+            placement.clone(),
             self.holder.clone(),
             self.grace,
             self.has_store,
@@ -274,6 +315,11 @@ impl<S: Store> Scheduler<S> {
         ));
         let mut tasks: HashMap<LeaseName, Arc<dyn RunNow>> = HashMap::new();
         let mut loops = Vec::new();
+        if let Some(placement) = placement {
+            loops.push(tokio::spawn(
+                placement.heartbeat(self.store.clone(), stop.clone()),
+            ));
+        }
         let mut manual_runs = Vec::new();
         for task in self.tasks {
             let policy = match self.has_store {
@@ -390,6 +436,9 @@ pub struct TaskStatus {
     pub store_down_ticks: u64,
     /// Whether a run (timer or manual) is in progress here.
     pub running: bool,
+    /// With [`Scheduler::spread`]: whether this instance owns the task in its current view of
+    /// the membership. `None` without spreading, or while every instance contends for it.
+    pub owned: Option<bool>,
     /// The last firing's outcome and slot.
     pub last: Option<(TickOutcome, Option<u64>)>,
 }
@@ -404,6 +453,9 @@ pub struct SchedulerStatus {
     pub holder: HolderId,
     /// With a leader gate: whether this instance leads.
     pub leader: Option<bool>,
+    /// With [`Scheduler::spread`]: the live members of the group as this instance last saw
+    /// them (`None` before the first answer, or while placement is off).
+    pub members: Option<Vec<HolderId>>,
     /// Whether the store answered the last tick that asked it (`None` before any did, and
     /// without a store).
     pub store_reachable: Option<bool>,
@@ -492,6 +544,7 @@ impl SchedulerHandle {
             store: self.inner.store.clone(),
             holder: common.holder.clone(),
             leader: common.leader.as_ref().map(|l| l.is_leader()),
+            members: common.placement.as_ref().and_then(|p| p.members()),
             store_reachable: common.store_reachable(),
             failure: self.failure(),
             tasks,

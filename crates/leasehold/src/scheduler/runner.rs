@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
+use super::placement::{Placement, View};
 use super::task::{CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger};
 use super::{SchedulerError, TaskStatus};
 use crate::history::{MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
@@ -90,6 +91,8 @@ impl HistorySink {
 pub(super) struct Common {
     pub(super) stop: CancellationToken,
     pub(super) leader: Option<LeaderHandle>,
+    /// With [`Scheduler::spread`](crate::Scheduler::spread): which tasks this instance owns.
+    pub(super) placement: Option<Arc<Placement>>,
     pub(super) holder: HolderId,
     /// How long shutdown lets running jobs finish before cancelling them.
     pub(super) grace: Duration,
@@ -109,6 +112,7 @@ const STORE_DOWN: u8 = 2;
 impl Common {
     pub(super) fn new(
         leader: Option<LeaderHandle>,
+        placement: Option<Arc<Placement>>,
         holder: HolderId,
         grace: Duration,
         has_store: bool,
@@ -119,6 +123,7 @@ impl Common {
             history,
             stop,
             leader,
+            placement,
             holder,
             grace,
             has_store,
@@ -232,8 +237,8 @@ async fn fired(token: Option<&CancellationToken>) {
     }
 }
 
-/// Completes when the leader's state changes; never without a leader group.
-async fn leader_changed(rx: &mut Option<tokio::sync::watch::Receiver<LeaderState>>) {
+/// Completes when the leader's state (or the membership view) changes; never without one.
+async fn changed<T>(rx: &mut Option<tokio::sync::watch::Receiver<T>>) {
     let changed = match rx {
         Some(rx) => rx.changed().await.is_ok(),
         None => false,
@@ -248,6 +253,18 @@ fn recorded(schedule: &Schedule) -> RecordedSchedule {
         Schedule::Every(d) => RecordedSchedule::EveryMs(millis(*d)),
         Schedule::Cron(c) => RecordedSchedule::Cron(c.expr().to_owned()),
     }
+}
+
+/// What entitles this instance to contend for a task's ticks; missed slots are looked for once
+/// per term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Term {
+    /// Neither a leader gate nor placement says otherwise: every instance contends.
+    Everyone,
+    /// This instance leads the group in the term with this token.
+    Leader(FencingToken),
+    /// This instance owns the task in this generation of the membership view.
+    Owner(u64),
 }
 
 /// The leases a gated run holds.
@@ -297,17 +314,23 @@ impl<S: Store> TaskRunner<S> {
         extrapolate(*lock(&self.clock))
     }
 
-    /// With a leader group: `Some(token)` of the term this instance leads, `None` when it does
-    /// not lead. Without one: `Some(None)`.
-    fn term(&self) -> Option<Option<FencingToken>> {
-        match &self.common.leader {
-            None => Some(None),
-            Some(leader) => match leader.state() {
+    /// The term in which this instance contends for this task's ticks, `None` when it does
+    /// not (another instance leads the group, or owns the task).
+    fn term(&self) -> Option<Term> {
+        if let Some(leader) = &self.common.leader {
+            return match leader.state() {
                 LeaderState::Leading { token, cancel } if !cancel.is_cancelled() => {
-                    Some(Some(token))
+                    Some(Term::Leader(token))
                 }
                 _ => None,
+            };
+        }
+        match &self.common.placement {
+            Some(placement) => match placement.owns(&self.task.name)? {
+                0 => Some(Term::Everyone),
+                generation => Some(Term::Owner(generation)),
             },
+            None => Some(Term::Everyone),
         }
     }
 
@@ -323,8 +346,10 @@ impl<S: Store> TaskRunner<S> {
     pub(super) async fn timer_loop(self: Arc<Self>) {
         let name = self.task.name.clone();
         let mut leader_rx = self.common.leader.as_ref().map(|l| l.watch());
-        // The term whose missed slots were looked for; `Some(None)` without a leader group.
-        let mut checked: Option<Option<FencingToken>> = None;
+        let mut view_rx: Option<tokio::sync::watch::Receiver<View>> =
+            self.common.placement.as_ref().map(|p| p.watch());
+        // The term whose missed slots were looked for.
+        let mut checked: Option<Term> = None;
         let mut store_was_down = false;
         let mut last: Option<u64> = None;
         // Whether the last firing ran the job here: slots that fell due while it ran were not
@@ -379,10 +404,15 @@ impl<S: Store> TaskRunner<S> {
             }
             let fire_at = Instant::now() + Duration::from_millis(slot.saturating_sub(now));
             tokio::select! {
+                // A firing that is due wins over a change seen at the same instant: the check
+                // below looks for missed slots before it claims.
+                biased;
                 () = self.common.stop.cancelled() => return,
-                // A new term looks for missed slots at once, not at the next firing.
-                () = leader_changed(&mut leader_rx) => continue,
                 () = tokio::time::sleep_until(fire_at) => {}
+                // A new term (or a task moving here) looks for missed slots at once, not at the
+                // next firing.
+                () = changed(&mut leader_rx) => continue,
+                () = changed(&mut view_rx) => continue,
             }
             // Elected just as this slot fell due: the slots before it were missed (or are to be
             // caught up) before this one claims past them.
@@ -569,6 +599,11 @@ impl<S: Store> TaskRunner<S> {
     }
 
     fn leader_gate(&self) -> Result<Option<CancellationToken>, TickOutcome> {
+        if let Some(placement) = &self.common.placement
+            && placement.owns(&self.task.name).is_none()
+        {
+            return Err(TickOutcome::SkippedNotOwner);
+        }
         match &self.common.leader {
             None => Ok(None),
             Some(leader) => match leader.state() {
@@ -578,8 +613,8 @@ impl<S: Store> TaskRunner<S> {
         }
     }
 
-    /// A gated tick (or catch-up), once the store's clock has reached `slot`: leader gate, task
-    /// lease, slot claim, run, release.
+    /// A gated tick (or catch-up), once the store's clock has reached `slot`: leader gate (or
+    /// ownership), task lease, slot claim, run, release.
     async fn tick(&self, slot: u64, trigger: Trigger) -> TickOutcome {
         let leader_cancel = match self.leader_gate() {
             Ok(c) => c,
@@ -854,6 +889,11 @@ impl<S: Store> RunNow for TaskRunner<S> {
             failures: self.stats.failures.load(Ordering::Relaxed),
             store_down_ticks: self.stats.store_down_ticks.load(Ordering::Relaxed),
             running: self.stats.active.load(Ordering::Relaxed) > 0,
+            owned: self
+                .common
+                .placement
+                .as_ref()
+                .and_then(|p| p.owned(&self.task.name)),
             last: *lock(&self.stats.last),
         }
     }

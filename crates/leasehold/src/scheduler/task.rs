@@ -162,6 +162,8 @@ pub enum TickOutcome {
     SkippedNotLeader,
     /// Another instance runs the task now or already ran this slot (or a later one).
     SkippedClaimed,
+    /// The scheduler spreads its tasks and another instance owns this one.
+    SkippedNotOwner,
     /// The store was down and the policy is fail-closed.
     SkippedStoreDown,
     /// The store refused an operation (wrong key type, no permission): retrying cannot help.
@@ -172,7 +174,7 @@ pub enum TickOutcome {
 
 impl TickOutcome {
     /// The metrics label: `ran`, `ran-ungated`, `ran-store-down`, `skipped-not-leader`,
-    /// `skipped-claimed`, `skipped-store-down`, `skipped-refused`, `skipped-lease-lost`.
+    /// `skipped-claimed`, `skipped-not-owner`, `skipped-store-down`, `skipped-refused`, `skipped-lease-lost`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ran => "ran",
@@ -180,6 +182,7 @@ impl TickOutcome {
             Self::RanStoreDown => "ran-store-down",
             Self::SkippedNotLeader => "skipped-not-leader",
             Self::SkippedClaimed => "skipped-claimed",
+            Self::SkippedNotOwner => "skipped-not-owner",
             Self::SkippedStoreDown => "skipped-store-down",
             Self::SkippedRefused => "skipped-refused",
             Self::SkippedLeaseLost => "skipped-lease-lost",
