@@ -379,7 +379,7 @@ impl Harness {
                     SentinelGroup::start(&args.redis_server, &logs, watchdog.group()).await?;
                 let url = group.url();
                 sentinel = Some(group);
-                notes.push("redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after 500 ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too".into());
+                notes.push("redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after 2000 ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too".into());
                 (url.clone(), url)
             }
             StoreKind::Postgres => match &args.postgres_url {

@@ -13,6 +13,13 @@ use crate::procs::{RedisServer, epoch_ms, free_port};
 /// The name the sentinels monitor the primary under.
 const MASTER: &str = "leasehold-chaos";
 
+/// How long a primary may not answer before the sentinels fail over. Not shorter: on a loaded
+/// machine (a CI run building and testing beside the harness) a live primary can stall for half
+/// a second, and a failover away from a live primary is a split brain in which both accept
+/// writes until the sentinels reconfigure the old one, far beyond the window the harness excuses
+/// (a 500 ms setting once produced 9 s of it, every slot run twice with equal tokens).
+const DOWN_AFTER_MS: u32 = 2000;
+
 /// The group's processes; they are in the watchdog's process group, so a killed harness does
 /// not leave them behind.
 #[derive(Debug)]
@@ -92,7 +99,7 @@ impl SentinelGroup {
                 &conf,
                 format!(
                     "sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
-                     sentinel down-after-milliseconds {MASTER} 500\n\
+                     sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n\
                      sentinel failover-timeout {MASTER} 5000\n",
                     primary.port()
                 ),
