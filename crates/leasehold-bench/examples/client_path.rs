@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use leasehold::{
-    Acquisition, HolderId, Lease, LeaseConfig, LeaseName, Release, Renewal, Store, TryAcquire,
+    HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire,
+    store::{Acquisition, Renewal},
 };
 use leasehold_redis::{RedisConfig, RedisConnection, redis};
 

@@ -7,8 +7,9 @@ use anyhow::{Context, bail, ensure};
 use leasehold::faults::FaultyStore;
 use leasehold::session::MAX_BATCH;
 use leasehold::{
-    Acquisition, FencingToken, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, LeaseSession,
-    MemoryStore, Release, Renewal, Store, TryAcquire,
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, LeaseSession, MemoryStore,
+    Release, Store, TryAcquire,
+    store::{Acquisition, Renewal},
 };
 use tokio::task::JoinSet;
 

@@ -425,7 +425,7 @@ impl Drop for PgServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold::{Acquisition, HolderId, LeaseName, Store};
+    use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
 
     #[test]
     fn a_directory_without_the_programs_is_refused() {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::{Acquisition, HolderId, LeaseName, Store};
+use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
 use leasehold_connect::{OpenError, StoreKind, open_store, open_store_lazy};
 use leasehold_etcd::testing::EtcdCluster;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use leasehold::ReleaseHub;
+use leasehold::store::ReleaseHub;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;

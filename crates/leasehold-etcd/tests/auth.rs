@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::{Acquisition, HolderId, LeaseName, Store, StoreError};
+use leasehold::{HolderId, LeaseName, Store, StoreError, store::Acquisition};
 use leasehold_etcd::testing::EtcdCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use leasehold::{
-    Acquisition, HolderId, Lease, LeaseConfig, LeaseName, Release, Renewal, SlotClaim, Store,
-    TryAcquire,
+    HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire,
+    store::{Acquisition, Renewal, SlotClaim},
 };
 use leasehold_etcd::testing::EtcdCluster;
 

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use leasehold::ReleaseHub;
+use leasehold::store::ReleaseHub;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;

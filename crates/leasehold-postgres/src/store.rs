@@ -9,8 +9,8 @@ use deadpool_postgres::{
 };
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
-    Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
-    ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
+    FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
+    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
 };
 use tokio::task::AbortHandle;
 use tokio_postgres::error::SqlState;

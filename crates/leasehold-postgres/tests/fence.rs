@@ -5,7 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Renewal, Store};
+use leasehold::{
+    FencingToken, HolderId, LeaseName, Store,
+    store::{Acquisition, Renewal},
+};
 use leasehold_postgres::tokio_postgres::Client;
 use leasehold_postgres::{Error, Fence, FenceError};
 use tokio::sync::OnceCell;

@@ -7,7 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use leasehold::{Acquisition, HolderId, LeaseName, Store, StoreError};
+use leasehold::{HolderId, LeaseName, Store, StoreError, store::Acquisition};
 use leasehold_postgres::PgConfig;
 use tokio::net::{TcpListener, TcpStream};
 

@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::{
-    Acquisition, FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Renewal,
-    SlotClaim, Store,
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Store,
+    store::{Acquisition, Renewal, SlotClaim},
 };
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_postgres::{Error, Fence, PgConfig};

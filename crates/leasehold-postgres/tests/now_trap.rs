@@ -9,7 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Release, Renewal, Store};
+use leasehold::{
+    FencingToken, HolderId, LeaseName, Release, Store,
+    store::{Acquisition, Renewal},
+};
 use leasehold_postgres::PgStore;
 use leasehold_postgres::tokio_postgres::GenericClient;
 

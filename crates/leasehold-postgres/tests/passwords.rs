@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold::{Acquisition, HolderId, LeaseName, Store};
+use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
 use leasehold_postgres::{Error, PgConfig, PgStore};
 
 /// Passwords with the characters a URL would have escaped, unescaped: the driver ends the

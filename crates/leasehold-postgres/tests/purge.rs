@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use leasehold::{Acquisition, HolderId, LeaseName, Store};
+use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
 
 #[tokio::test]
 async fn a_hundred_thousand_free_records_are_purged_and_tokens_stay_ahead() {

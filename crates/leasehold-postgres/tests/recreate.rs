@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Store};
+use leasehold::{FencingToken, HolderId, LeaseName, Store, store::Acquisition};
 use leasehold_postgres::PgConfig;
 
 fn token(a: Acquisition) -> FencingToken {

@@ -169,7 +169,7 @@ async fn held_with_waiter(
     ttl: Duration,
 ) -> (FencingToken, JoinHandle<Instant>) {
     let token = match store.acquire(name, holder, ttl).await.unwrap() {
-        leasehold::Acquisition::Acquired { token } => token,
+        leasehold::store::Acquisition::Acquired { token } => token,
         busy => panic!("{busy:?}"),
     };
     let waiter = tokio::spawn({
@@ -276,7 +276,7 @@ async fn without_notifications_waiters_take_over_at_expiry() {
     let ttl = Duration::from_millis(1500);
     assert!(matches!(
         store.acquire(&name, &holder, ttl).await.unwrap(),
-        leasehold::Acquisition::Acquired { .. }
+        leasehold::store::Acquisition::Acquired { .. }
     ));
     let started = Instant::now();
     let at = tokio::time::timeout(ttl * 4, wait_for_handoff(&store, &name, ttl))

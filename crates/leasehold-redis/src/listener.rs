@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold::ReleaseHub;
+use leasehold::store::ReleaseHub;
 use redis::aio::PubSub;
 use tokio::task::AbortHandle;
 

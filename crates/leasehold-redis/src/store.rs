@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use leasehold::store::Operation as Op;
 use leasehold::{
-    Acquisition, FencingToken, HolderId, LeaseName, LeaseState, Release, ReleaseHub,
-    ReleaseSubscription, Renewal, SlotClaim, Store, StoreError, StoreResult,
+    FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
+    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};

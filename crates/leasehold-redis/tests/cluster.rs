@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::ha::{Cluster, cli};
 use leasehold::{
-    Acquisition, FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Renewal, Store,
-    TryAcquire,
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire,
+    store::{Acquisition, Renewal},
 };
 use leasehold_redis::{RedisConfig, RedisStore};
 

@@ -5,7 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::OwnRedis;
-use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Release, Store, StoreError};
+use leasehold::{
+    FencingToken, HolderId, LeaseName, Release, Store, StoreError, store::Acquisition,
+};
 use leasehold_redis::{Error, RedisConfig};
 
 const SECRET: &str = "s3cret-Pa55word";
@@ -329,7 +331,7 @@ async fn the_documented_least_privilege_acl_user_works() {
     let store = leasehold_redis::connect(&url).await.unwrap();
     let mut sub = store.subscribe_releases().unwrap();
     let (lease, who) = (name("acl-ok"), holder());
-    let leasehold::Acquisition::Acquired { token } = store
+    let leasehold::store::Acquisition::Acquired { token } = store
         .acquire(&lease, &who, Duration::from_secs(5))
         .await
         .unwrap()

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use leasehold::{Acquisition, HolderId, LeaseName, Release, Store};
+use leasehold::{HolderId, LeaseName, Release, Store, store::Acquisition};
 use leasehold_redis::RedisConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

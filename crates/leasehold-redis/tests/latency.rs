@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold::{Acquisition, HolderId, LeaseName, Renewal, Store, StoreError};
+use leasehold::{
+    HolderId, LeaseName, Store, StoreError,
+    store::{Acquisition, Renewal},
+};
 use leasehold_redis::RedisConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::OwnRedis;
-use leasehold::{Acquisition, HolderId, LeaseName, Store, StoreError};
+use leasehold::{HolderId, LeaseName, Store, StoreError, store::Acquisition};
 use leasehold_redis::{Error, RedisConfig, RedisStore};
 
 fn name(tag: &str) -> LeaseName {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::OwnRedis;
 use leasehold::{
-    Acquisition, FencingToken, HolderId, Lease, LeaseConfig, LeaseName, LossReason, Release, Store,
-    StoreError, TryAcquire,
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, LossReason, Release, Store, StoreError,
+    TryAcquire, store::Acquisition,
 };
 use leasehold_redis::{RedisConfig, RedisStore};
 

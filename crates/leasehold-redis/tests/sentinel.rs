@@ -6,7 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::ha::{SentinelGroup, cli};
-use leasehold::{Acquisition, HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire};
+use leasehold::{
+    HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire, store::Acquisition,
+};
 use leasehold_redis::{RedisConfig, RedisStore};
 
 async fn connect(group: &SentinelGroup, prefix: &str) -> RedisStore {

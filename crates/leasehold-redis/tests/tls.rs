@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::OwnRedis;
-use leasehold::{Acquisition, HolderId, LeaseName, Store, StoreError};
+use leasehold::{HolderId, LeaseName, Store, StoreError, store::Acquisition};
 use leasehold_redis::{Error, RedisConfig};
 
 struct TempDir(PathBuf);

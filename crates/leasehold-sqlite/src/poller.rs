@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::ReleaseHub;
+use leasehold::store::ReleaseHub;
 use rusqlite::Connection;
 use tokio_util::sync::CancellationToken;
 

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use leasehold::store::{
-    Acquisition, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,
+    Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult,
 };
-use leasehold::{FencingToken, HolderId, LeaseName, ReleaseHub, ReleaseSubscription};
+use leasehold::{FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::{Acquisition, FencingToken, HolderId, LeaseName, Release, SlotClaim, Store};
+use leasehold::{
+    FencingToken, HolderId, LeaseName, Release, Store,
+    store::{Acquisition, SlotClaim},
+};
 use leasehold_sqlite::{SqliteConfig, SqliteStore};
 
 fn temp_dir() -> tempfile::TempDir {

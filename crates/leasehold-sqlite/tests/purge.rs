@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold::{Acquisition, HolderId, LeaseName, Release, Store};
+use leasehold::{HolderId, LeaseName, Release, Store, store::Acquisition};
 
 #[tokio::test]
 async fn a_hundred_thousand_free_records_are_purged_and_tokens_stay_ahead() {

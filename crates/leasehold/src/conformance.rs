@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::store::{Acquisition, Release, Renewal, SlotClaim, Store};
+use crate::store_api::{Acquisition, Release, Renewal, SlotClaim, Store};
 use crate::{FencingToken, HolderId, Lease, LeaseConfig, LeaseName, TryAcquire};
 
 /// Ttl used by checks that wait for expiry.

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::{Acquisition, LeaseState, Release, Renewal, SlotClaim, StoreResult};
+use crate::store_api::{Acquisition, LeaseState, Release, Renewal, SlotClaim, StoreResult};
 use crate::{
-    FencingToken, HolderId, LeaseName, MemoryStore, ReleaseSubscription, Store, StoreError,
+    FencingToken, HolderId, LeaseName, MemoryStore, Store, StoreError, store::ReleaseSubscription,
 };
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

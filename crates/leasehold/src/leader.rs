@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{Lease, LeaseError, LossReason};
-use crate::store::Store;
+use crate::store_api::Store;
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// Where this instance stands in its group.

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, LeaseConfig};
 use crate::session;
-use crate::store::{Acquisition, Release, Renewal, Store, StoreError, StoreResult};
+use crate::store_api::{Acquisition, Release, Renewal, Store, StoreError, StoreResult};
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// Why acquiring or releasing a lease failed.

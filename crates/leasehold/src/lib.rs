@@ -10,7 +10,7 @@ mod notify;
 mod schedule;
 mod scheduler;
 pub mod session;
-pub mod store;
+mod store_api;
 mod token;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -23,16 +23,21 @@ pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, R
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
-pub use notify::{ReleaseHub, ReleaseSubscription};
 pub use schedule::{CronSchedule, Schedule, ScheduleError};
 pub use scheduler::{
     CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,
     StoreDownPolicy, Task, TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,
 };
 pub use session::LeaseSession;
-pub use store::{
-    Acquisition, BoxStore, LeaseState, Release, Renewal, SlotClaim, Store, StoreError, StoreResult,
-};
+pub use store_api::{BoxStore, LeaseState, Release, Store, StoreError};
+
+/// What a [`Store`] implementation works with beyond the items at the crate root: the answers of
+/// its operations, its error helpers and its release notifications. Applications need these
+/// only to call a store's operations directly.
+pub mod store {
+    pub use crate::notify::{ReleaseHub, ReleaseSubscription};
+    pub use crate::store_api::{Acquisition, BoxError, Operation, Renewal, SlotClaim, StoreResult};
+}
 pub use token::FencingToken;
 
 /// Re-exported so users need not depend on tokio-util to hold the guard's cancellation token.

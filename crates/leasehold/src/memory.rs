@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::notify::{ReleaseHub, ReleaseSubscription};
-use crate::store::{Acquisition, LeaseState, Release, Renewal, SlotClaim, Store, StoreResult};
+use crate::store_api::{Acquisition, LeaseState, Release, Renewal, SlotClaim, Store, StoreResult};
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// Leases kept in this process's memory: for single-process services, tests and examples.

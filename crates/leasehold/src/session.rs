@@ -22,7 +22,7 @@ use crate::config::{ConfigError, LeaseConfig};
 use crate::lease::{
     LeaseError, LeaseGuard, LossReason, Shared, TryAcquire, acquire_once, in_flight_reply,
 };
-use crate::store::{Release, Renewal, Store, StoreError};
+use crate::store_api::{Release, Renewal, Store, StoreError};
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// The most leases renewed in one store call.

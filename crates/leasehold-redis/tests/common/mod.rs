@@ -177,7 +177,7 @@ pub async fn run_conformance(store: RedisStore) {
 /// A store from `connect_lazy` on `url` answers once it has connected in the background: the
 /// first acquisition of a fresh name succeeds within 10 s (transient errors until then).
 pub async fn lazy_store_connects(url: &str) {
-    use leasehold::{Acquisition, HolderId, LeaseName, Store};
+    use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
     let store = RedisConfig::new(url)
         .prefix(test_prefix())
         .connect_lazy()
@@ -207,7 +207,7 @@ pub async fn first_answer_after(
     name: &leasehold::LeaseName,
     who: &leasehold::HolderId,
     ttl: Duration,
-) -> (leasehold::Acquisition, Duration) {
+) -> (leasehold::store::Acquisition, Duration) {
     use leasehold::Store;
     loop {
         match store.acquire(name, who, ttl).await {

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Store, StoreError};
+use crate::store_api::{Store, StoreError};
 use crate::{HolderId, LeaseName};
 
 /// What this instance knows of the membership.

@@ -20,7 +20,7 @@ use crate::history::{MissReason, RecordTrigger, RecordedSchedule, RunOutcome, Ru
 use crate::leader::{LeaderHandle, LeaderState, MAX_REFUSALS};
 use crate::lease::{HeldProbe, Lease, LeaseGuard, TryAcquire};
 use crate::schedule::Schedule;
-use crate::store::{SlotClaim, Store, StoreError};
+use crate::store_api::{SlotClaim, Store, StoreError};
 use crate::{FencingToken, HolderId, LeaseName};
 
 enum HistoryWrite {

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lease::HeldProbe;
 use crate::schedule::Schedule;
-use crate::store::BoxError;
+use crate::store_api::BoxError;
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// What a gated task does with a timer tick while the store cannot answer.
