@@ -5,7 +5,6 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::EtcdStore;
 
 /// Default key prefix: keys are `leasehold/lease/NAME`, `leasehold/slot/TASK` and
 /// `leasehold/hist/TASK\0KEY`.
@@ -255,20 +254,6 @@ impl EtcdConfig {
             out.push_str(&percent_encode(&self.prefix));
         }
         out
-    }
-
-    /// Connects: checks that a member answers (and accepts the credentials), starts the release
-    /// watch, and returns the store.
-    pub async fn connect(self) -> Result<EtcdStore> {
-        EtcdStore::connect(self).await
-    }
-
-    /// The store at once, without waiting for a member: the first operations fail with
-    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until one answers, and the
-    /// release watch is established in the background, so a service can start while etcd is
-    /// down. Fails only on settings that can never work. Call it within a tokio runtime.
-    pub fn connect_lazy(self) -> Result<EtcdStore> {
-        EtcdStore::open(self).map(|(store, _)| store)
     }
 }
 

@@ -723,3 +723,20 @@ impl Store for EtcdStore {
         self.inner.described.clone()
     }
 }
+
+/// Opening a store from its settings: here rather than in `config`, which is plain data.
+impl EtcdConfig {
+    /// Connects: checks that a member answers (and accepts the credentials), starts the release
+    /// watch, and returns the store.
+    pub async fn connect(self) -> Result<EtcdStore> {
+        EtcdStore::connect(self).await
+    }
+
+    /// The store at once, without waiting for a member: the first operations fail with
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until one answers, and the
+    /// release watch is established in the background, so a service can start while etcd is
+    /// down. Fails only on settings that can never work. Call it within a tokio runtime.
+    pub fn connect_lazy(self) -> Result<EtcdStore> {
+        EtcdStore::open(self).map(|(store, _)| store)
+    }
+}

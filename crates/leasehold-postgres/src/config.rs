@@ -8,7 +8,6 @@ use tokio_postgres::config::SslMode;
 
 use crate::conninfo::{check_url, describe, parse_reason, take_params};
 use crate::error::{Error, Result};
-use crate::store::PgStore;
 
 /// Default schema of the lease, slot and fence tables.
 pub const DEFAULT_SCHEMA: &str = "leasehold";
@@ -196,7 +195,7 @@ impl PgConfig {
     /// The server as the driver reads [`url`](Self::url), without its password:
     /// `postgres://user@host:port/dbname` (a Unix socket directory percent-encoded,
     /// `?sslmode=` when given), built from the parsed settings, never from the text. A URL that
-    /// cannot be read shows as `postgres (invalid url)`. `Debug`, [`PgStore`]'s `describe()`,
+    /// cannot be read shows as `postgres (invalid url)`. `Debug`, [`PgStore`](crate::PgStore)'s `describe()`,
     /// log lines and errors show this.
     pub fn describe(&self) -> String {
         self.parse()
@@ -256,21 +255,6 @@ impl PgConfig {
             ));
         }
         Ok(())
-    }
-
-    /// Checks the settings, connects, runs the migration (with [`migrate`](Self::migrate)) and
-    /// (with [`notifications`](Self::notifications)) starts listening for releases.
-    pub async fn connect(self) -> Result<PgStore> {
-        PgStore::connect(self).await
-    }
-
-    /// Returns the store at once and connects in the background (see
-    /// [`PgStore::connect_lazy`](crate::PgStore)): every operation answers
-    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server is
-    /// reached and the tables exist. For a service that must start while its database is down.
-    /// Fails only on settings or a URL that can never work, or outside a Tokio runtime.
-    pub fn connect_lazy(self) -> Result<PgStore> {
-        PgStore::connect_lazy(self)
     }
 
     /// Reads the URL with the driver's parser (after taking out `sslmode` and `sslrootcert`,

@@ -1032,3 +1032,21 @@ impl Store for PgStore {
         )
     }
 }
+
+/// Opening a store from its settings: here rather than in `config`, which is plain data.
+impl PgConfig {
+    /// Checks the settings, connects, runs the migration (with [`migrate`](Self::migrate)) and
+    /// (with [`notifications`](Self::notifications)) starts listening for releases.
+    pub async fn connect(self) -> Result<PgStore> {
+        PgStore::connect(self).await
+    }
+
+    /// Returns the store at once and connects in the background (see
+    /// [`PgStore::connect_lazy`](crate::PgStore)): every operation answers
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server is
+    /// reached and the tables exist. For a service that must start while its database is down.
+    /// Fails only on settings or a URL that can never work, or outside a Tokio runtime.
+    pub fn connect_lazy(self) -> Result<PgStore> {
+        PgStore::connect_lazy(self)
+    }
+}

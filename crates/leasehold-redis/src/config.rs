@@ -4,7 +4,6 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::RedisStore;
 use crate::url::{CLUSTER_SCHEME, ClusterUrl, SENTINEL_SCHEME, SentinelUrl};
 
 /// The deployment a URL names, picked by its scheme.
@@ -189,19 +188,6 @@ impl RedisConfig {
             }
         }
         Ok(())
-    }
-
-    /// Checks the settings, connects, and (with [`notifications`](Self::notifications)) starts
-    /// listening for releases.
-    pub async fn connect(self) -> Result<RedisStore> {
-        RedisStore::connect(self).await
-    }
-
-    /// Checks the settings and returns a store at once, which connects (and, with
-    /// [`notifications`](Self::notifications), subscribes) in the background; see
-    /// [`RedisStore::connect_lazy`]. Must be called within a Tokio runtime.
-    pub fn connect_lazy(self) -> Result<RedisStore> {
-        RedisStore::open_lazy(self)
     }
 }
 

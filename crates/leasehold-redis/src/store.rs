@@ -1094,3 +1094,19 @@ impl fmt::Debug for RedisStore {
             .finish()
     }
 }
+
+/// Opening a store from its settings: here rather than in `config`, which is plain data.
+impl RedisConfig {
+    /// Checks the settings, connects, and (with [`notifications`](Self::notifications)) starts
+    /// listening for releases.
+    pub async fn connect(self) -> Result<RedisStore> {
+        RedisStore::connect(self).await
+    }
+
+    /// Checks the settings and returns a store at once, which connects (and, with
+    /// [`notifications`](Self::notifications), subscribes) in the background; see
+    /// [`RedisStore::connect_lazy`]. Must be called within a Tokio runtime.
+    pub fn connect_lazy(self) -> Result<RedisStore> {
+        RedisStore::open_lazy(self)
+    }
+}

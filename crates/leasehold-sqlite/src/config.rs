@@ -1,10 +1,9 @@
 //! [`SqliteConfig`]: the settings of a [`SqliteStore`](crate::SqliteStore), and the URL form.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::SqliteStore;
 
 /// Default time limit of one store operation.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -105,12 +104,6 @@ impl SqliteConfig {
         }
         Ok(())
     }
-
-    /// Opens (creating if needed) the database file at `path` with these settings; see
-    /// [`SqliteStore::open`].
-    pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore> {
-        SqliteStore::open(path, self).await
-    }
 }
 
 /// The file path in a store URL: `sqlite:relative/path.db`, `sqlite:/abs/path.db` or
@@ -149,6 +142,8 @@ pub fn parse_url(url: &str) -> Result<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]

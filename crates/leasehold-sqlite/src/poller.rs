@@ -31,7 +31,7 @@ impl Poller {
     /// Opens the poller's connection and notes the current end of the release log: releases
     /// committed from now on are published.
     pub(crate) fn open(path: &Path, config: &SqliteConfig) -> rusqlite::Result<Self> {
-        let conn = crate::store::open_connection(path, config)?;
+        let conn = crate::schema::open_connection(path, config)?;
         let data_version = data_version(&conn)?;
         let last_seq = conn.query_row(schema::LAST_RELEASE, [], |r| r.get(0))?;
         Ok(Self {

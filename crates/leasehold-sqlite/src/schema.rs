@@ -1,4 +1,11 @@
-//! The tables, created idempotently on open, and the SQL of each operation.
+//! The tables, created idempotently on open, the SQL of each operation, and how a connection to
+//! the file is opened.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::config::SqliteConfig;
 
 /// The store's clock in the statements: milliseconds since the Unix epoch, from SQLite itself
 /// (stable within one statement).
@@ -145,3 +152,21 @@ pub(crate) const DROP_EXPIRED_MEMBERS: &str =
 pub(crate) const MEMBERS: &str = "SELECT member FROM members WHERE group_name = ?1 ORDER BY member";
 
 pub(crate) const LEAVE: &str = "DELETE FROM members WHERE group_name = ?1 AND member = ?2";
+
+/// Opens a connection with the settings every connection of the store uses.
+pub(crate) fn open_connection(path: &Path, config: &SqliteConfig) -> rusqlite::Result<Connection> {
+    // No SQLITE_OPEN_URI: the path is a file name, never a `file:` URI.
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(config.busy_timeout)?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        if config.durable { "FULL" } else { "NORMAL" },
+    )?;
+    Ok(conn)
+}

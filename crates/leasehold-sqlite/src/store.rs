@@ -12,7 +12,7 @@ use leasehold::store::{
     Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult,
 };
 use leasehold::{FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError};
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 use tokio::sync::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -20,7 +20,7 @@ use crate::config::SqliteConfig;
 use crate::error::{Error, Result};
 use crate::host_clock;
 use crate::poller::{self, LocalReleases, Poller};
-use crate::schema;
+use crate::schema::{self, open_connection};
 
 /// Leases in one SQLite file, shared by every process on this host that opens it.
 ///
@@ -125,24 +125,6 @@ impl SqliteStore {
             Ok(Ok(result)) => result.map_err(Fail::into_store_error),
         }
     }
-}
-
-/// Opens a connection with the settings every connection of the store uses.
-pub(crate) fn open_connection(path: &Path, config: &SqliteConfig) -> rusqlite::Result<Connection> {
-    // No SQLITE_OPEN_URI: the path is a file name, never a `file:` URI.
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
-    conn.busy_timeout(config.busy_timeout)?;
-    conn.pragma_update(
-        None,
-        "synchronous",
-        if config.durable { "FULL" } else { "NORMAL" },
-    )?;
-    Ok(conn)
 }
 
 fn open_blocking(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<Poller>)> {
@@ -769,6 +751,15 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.inner.path.display())
+    }
+}
+
+/// Opening a store from its settings: here rather than in `config`, which is plain data.
+impl SqliteConfig {
+    /// Opens (creating if needed) the database file at `path` with these settings; see
+    /// [`SqliteStore::open`].
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore> {
+        SqliteStore::open(path, self).await
     }
 }
 
