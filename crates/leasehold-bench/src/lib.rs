@@ -299,6 +299,7 @@ mod tests {
             ops,
             [
                 ("put", Floor),
+                ("txn", Floor),
                 ("range", Floor),
                 ("acquire", Lease),
                 ("renew", Lease),
@@ -315,7 +316,7 @@ mod tests {
             assert_eq!(r.ratio.is_some(), r.op != "put", "{r:?}");
         }
         // Three commits against one.
-        let pair = report.ops_rows[5].ratio.as_ref().unwrap();
+        let pair = report.ops_rows[6].ratio.as_ref().unwrap();
         assert!(pair.p50 > 1.5, "{pair:?}");
         let targets: Vec<String> = report
             .targets()
