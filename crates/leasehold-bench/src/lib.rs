@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod common;
+mod etcd;
 mod memory;
 mod postgres;
 mod redis;
@@ -24,6 +25,8 @@ pub enum StoreKind {
     Postgres,
     /// The in-process memory store: the library's own cost, without a network or a disk.
     Memory,
+    /// The etcd cluster at `--etcd-url`.
+    Etcd,
 }
 
 impl StoreKind {
@@ -33,6 +36,7 @@ impl StoreKind {
             Self::Redis => "redis",
             Self::Postgres => "postgres",
             Self::Memory => "memory",
+            Self::Etcd => "etcd",
         }
     }
 }
@@ -41,7 +45,7 @@ impl StoreKind {
 /// next to the store's own floor measured in the same run.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory).
+    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory, etcd).
     #[arg(long, value_delimiter = ',', default_value = "sqlite,redis,postgres")]
     pub stores: Vec<StoreKind>,
     /// The Redis server to measure (keys use a per-run prefix and are deleted afterwards).
@@ -51,6 +55,10 @@ pub struct BenchArgs {
     /// afterwards; the role must be allowed to create a schema).
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     pub postgres_url: String,
+    /// The etcd cluster to measure (keys under a per-run prefix, deleted afterwards); the
+    /// floors need a plain `etcd://` URL without a user.
+    #[arg(long, default_value = "etcd://127.0.0.1:2379")]
+    pub etcd_url: String,
     /// Directory for the SQLite database file, created per run and deleted afterwards
     /// [default: the system temporary directory].
     #[arg(long, value_name = "DIR")]
@@ -79,6 +87,7 @@ pub(crate) struct Plan {
     pub(crate) stores: Vec<StoreKind>,
     pub(crate) redis_url: String,
     pub(crate) postgres_url: String,
+    pub(crate) etcd_url: String,
     pub(crate) sqlite_dir: PathBuf,
     pub(crate) rounds: usize,
     pub(crate) ops: usize,
@@ -105,6 +114,7 @@ impl Plan {
             stores: dedup(&args.stores),
             redis_url: args.redis_url.clone(),
             postgres_url: args.postgres_url.clone(),
+            etcd_url: args.etcd_url.clone(),
             sqlite_dir: args.sqlite_dir.clone().unwrap_or_else(std::env::temp_dir),
             rounds: args.rounds.unwrap_or(if q { 2 } else { 5 }),
             ops: args.ops.unwrap_or(if q { 200 } else { 2000 }),
@@ -194,6 +204,7 @@ pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
             StoreKind::Sqlite => sqlite::bench(plan, &mut report).await,
             StoreKind::Redis => redis::bench(plan, &mut report).await,
             StoreKind::Postgres => postgres::bench(plan, &mut report).await,
+            StoreKind::Etcd => etcd::bench(plan, &mut report).await,
         };
         if let Err(e) = result {
             report
@@ -213,6 +224,7 @@ mod tests {
             stores,
             redis_url: String::new(),
             postgres_url: String::new(),
+            etcd_url: String::new(),
             sqlite_dir: None,
             rounds: None,
             ops: Some(50),
@@ -265,6 +277,105 @@ mod tests {
         assert_eq!(json["takeover"].as_array().unwrap().len(), 2);
         assert!(json["memory"][0]["bytes_per_lease"].is_number());
         assert_eq!(json["memory"][0]["held_by"], "LeaseSession");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_store_smoke_run() {
+        use report::Kind::{self, Floor, Lease};
+
+        let cluster = leasehold_etcd::testing::EtcdCluster::start(1);
+        let mut plan = quick_plan(vec![StoreKind::Etcd]);
+        plan.etcd_url = cluster.url();
+        plan.held = 50;
+        plan.held_ttl = Duration::from_millis(1500);
+        let report = bench(&plan).await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let ops: Vec<(&str, Kind)> = report
+            .ops_rows
+            .iter()
+            .map(|r| (r.op.as_str(), r.kind))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                ("put", Floor),
+                ("txn", Floor),
+                ("range", Floor),
+                ("acquire", Lease),
+                ("renew", Lease),
+                ("release", Lease),
+                ("acquire+release", Lease)
+            ]
+        );
+        for r in &report.ops_rows {
+            assert_eq!(r.figure.rounds, 2);
+            assert_eq!(r.figure.ops_per_round, 50);
+            assert!(r.figure.ops_per_sec.median > 0.0, "{r:?}");
+            assert!(r.figure.p50_us.median <= r.figure.p99_us.median, "{r:?}");
+            // Every row but the put is compared with the put.
+            assert_eq!(r.ratio.is_some(), r.op != "put", "{r:?}");
+        }
+        // Three commits against one.
+        let pair = report.ops_rows[6].ratio.as_ref().unwrap();
+        assert!(pair.p50 > 1.5, "{pair:?}");
+        let targets: Vec<String> = report
+            .targets()
+            .into_iter()
+            .map(|(f, _)| f)
+            .filter(|f| f.starts_with("etcd"))
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                "etcd acquire",
+                "etcd renew",
+                "etcd renew 50 held",
+                "etcd graceful takeover",
+                "etcd expiry takeover"
+            ]
+        );
+        // One renew_many call per interval, one transaction per lease: whether a pass fits in
+        // the 500 ms interval depends on the machine's commits, so the target is not asserted,
+        // only that the session kept renewing every lease.
+        let held = &report.held_rows[0];
+        assert_eq!(held.held, 50);
+        assert!(held.passes >= 2.0, "{held:?}");
+        assert!((0.6..=1.1).contains(&held.calls_per_interval), "{held:?}");
+        assert!(held.leases_per_call > 45.0, "{held:?}");
+        let paths: Vec<&str> = report.takeover_rows.iter().map(|r| r.path).collect();
+        assert_eq!(paths, ["graceful", "expiry"]);
+        assert!(report.takeover_rows.iter().all(|r| r.max_ms < 1000.0));
+        let note = report
+            .notes
+            .iter()
+            .find(|n| n.starts_with("etcd: "))
+            .unwrap();
+        assert!(note.contains("1 members, the client's member"), "{note}");
+        assert!(note.contains("is the leader"), "{note}");
+        // Nothing of the run is left in the cluster.
+        let left = cluster.etcdctl(None, &["get", "", "--prefix", "--keys-only"]);
+        assert_eq!(left.trim(), "", "keys left: {left}");
+    }
+
+    #[tokio::test]
+    async fn an_etcd_that_does_not_answer_is_reported_not_measured() {
+        let mut plan = quick_plan(vec![StoreKind::Etcd]);
+        // Port 1 on loopback: nothing listens there.
+        plan.etcd_url = "etcd://127.0.0.1:1/?connect_timeout_ms=200".to_owned();
+        let report = bench(&plan).await.unwrap();
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        let (store, error) = &report.failures[0];
+        assert_eq!(store, "etcd");
+        assert!(
+            error.starts_with("connect to etcd://127.0.0.1:1"),
+            "{error}"
+        );
+        assert!(report.ops_rows.is_empty());
+        plan.etcd_url = "etcd://root:secret@127.0.0.1:1".to_owned();
+        let report = bench(&plan).await.unwrap();
+        let (_, error) = &report.failures[0];
+        assert!(error.contains("without a user"), "{error}");
+        assert!(!error.contains("secret"), "{error}");
     }
 
     #[test]

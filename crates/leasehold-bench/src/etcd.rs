@@ -1,0 +1,311 @@
+//! The etcd store, next to a one-key put (a Raft commit), a one-key transaction (a compare and
+//! a put: the kind of request every store operation is) and a one-key linearizable range read
+//! (a round trip the leader answers after confirming its leadership with a quorum, no disk
+//! write), sent as the store sends its transactions: a POST to etcd's JSON gateway with base64
+//! keys, by hyper's HTTP/1.1 client on a kept-alive connection to the member the store talks to
+//! first.
+
+use anyhow::{Context, bail, ensure};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{CONTENT_TYPE, HOST};
+use hyper_util::rt::TokioIo;
+use leasehold_etcd::{Endpoint, EtcdConfig, EtcdStore};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+
+use crate::common::{self, HeldPlan, OpBench, OpRounds};
+use crate::report::{Kind, OpRow, Report, Target};
+use crate::stats::{Figure, Recorder, Round};
+use crate::{Plan, StoreKind};
+
+const FLOOR: &str = "put";
+
+/// Leases a session holds in the held-lease benchmark, at most: the store has no batch renewal
+/// (`renew_many` is the trait's default, one transaction after another), so every held lease
+/// costs a commit per renewal interval, and 10,000 of them would not be renewed within one.
+pub(crate) const MAX_HELD: usize = 200;
+
+pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+    let mut config = EtcdConfig::from_url(&plan.etcd_url).context("--etcd-url")?;
+    if config.tls || config.user.is_some() {
+        bail!(
+            "the floors are sent over plain HTTP without authentication: give an etcd:// URL \
+             without a user"
+        );
+    }
+    // Every key of this run under a prefix of its own, deleted at the end.
+    config.prefix = format!("{}bench-{}/", config.prefix, plan.run_id);
+    let described = config.describe();
+    let store = config
+        .clone()
+        .connect()
+        .await
+        .with_context(|| format!("connect to {described}"))?;
+    // The member the store sends its requests to while it answers: the first one.
+    let member = &config.endpoints[0];
+    let mut gateway = Gateway::open(member)
+        .await
+        .with_context(|| format!("connect to {member}"))?;
+    let result = async {
+        // A second store handle, as another process would have: its own connections and
+        // release watch.
+        let waiter = config
+            .clone()
+            .connect()
+            .await
+            .with_context(|| format!("connect to {described}"))?;
+        bench_with(plan, report, &store, &waiter, &mut gateway, &config.prefix).await
+    }
+    .await;
+    let cleaned = gateway
+        .delete_prefix(&config.prefix)
+        .await
+        .with_context(|| format!("cleanup: delete the keys under {}", config.prefix));
+    result.and(cleaned)
+}
+
+async fn bench_with(
+    plan: &Plan,
+    report: &mut Report,
+    store: &EtcdStore,
+    waiter: &EtcdStore,
+    gateway: &mut Gateway,
+    key_prefix: &str,
+) -> anyhow::Result<()> {
+    let floor_key = format!("{key_prefix}floor");
+    let prefix = plan.prefix(StoreKind::Etcd);
+    let ops = OpBench::new(store.clone(), &prefix, plan.ops)?;
+    ops.warm_up().await?;
+    gateway.put_round(&floor_key, plan.ops.min(200)).await?;
+    gateway.range_round(&floor_key, plan.ops.min(200)).await?;
+    gateway.txn_round(&floor_key, plan.ops.min(200)).await?;
+    let (mut rounds, mut puts, mut txns, mut ranges) =
+        (OpRounds::default(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..plan.rounds {
+        puts.push(gateway.put_round(&floor_key, plan.ops).await?);
+        txns.push(gateway.txn_round(&floor_key, plan.ops).await?);
+        ranges.push(gateway.range_round(&floor_key, plan.ops).await?);
+        ops.round(&mut rounds).await?;
+    }
+
+    let name = || "etcd".to_owned();
+    let put = Figure::of(&puts);
+    let txn = Figure::of(&txns);
+    // Against the transaction floor, 1.5× per transaction the operation needs: one more round
+    // trip would miss.
+    let within = |rounds: &[Round], factor: f64| {
+        let p50 = Figure::of(rounds).p50_us.median;
+        Target::new(
+            format!("p50 ≤ {factor}× txn"),
+            p50 <= factor * txn.p50_us.median,
+        )
+    };
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: FLOOR.to_owned(),
+        kind: Kind::Floor,
+        figure: put,
+        ratio: None,
+        target: None,
+    });
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: "txn".to_owned(),
+        kind: Kind::Floor,
+        figure: txn,
+        ratio: common::ratio(&txns, &puts, FLOOR),
+        target: None,
+    });
+    report.ops_rows.push(OpRow {
+        store: name(),
+        op: "range".to_owned(),
+        kind: Kind::Floor,
+        figure: Figure::of(&ranges),
+        ratio: common::ratio(&ranges, &puts, FLOOR),
+        target: None,
+    });
+    for (op, r, target) in [
+        // Two transactions: create-or-read, then the compare-and-set on the revision read.
+        (
+            "acquire",
+            &rounds.acquire,
+            Some(within(&rounds.acquire, 3.0)),
+        ),
+        // One transaction: compare the tenure, put.
+        ("renew", &rounds.renew, Some(within(&rounds.renew, 1.5))),
+        ("release", &rounds.release, None),
+        ("acquire+release", &rounds.acquire_release, None),
+    ] {
+        report.ops_rows.push(OpRow {
+            store: name(),
+            op: op.to_owned(),
+            kind: Kind::Lease,
+            figure: Figure::of(r),
+            ratio: common::ratio(r, &puts, FLOOR),
+            target,
+        });
+    }
+    let server = gateway.describe_server().await?;
+    report.notes.push(format!(
+        "etcd: floors = a one-key put (a Raft commit), a one-key transaction (compare the key's \
+         mod revision, put; a commit like every store operation) and a one-key linearizable \
+         range read (the leader confirms its leadership with a quorum; no disk write), each a \
+         POST to the JSON gateway (/v3/kv/put, /v3/kv/txn, /v3/kv/range) on a kept-alive HTTP/1.1 connection (hyper) to the \
+         member the store talks to first, as the store sends its transactions; acquire of a used \
+         name is two transactions (create-or-read, then compare-and-set on the revision read), \
+         renew and release one each, and every transaction holding a put is a Raft commit even \
+         when its compare fails; {server}; keys under {key_prefix}"
+    ));
+
+    let held = HeldPlan {
+        held: plan.held.min(MAX_HELD),
+        ..HeldPlan::of(plan, "etcd", &prefix, 32)
+    };
+    report
+        .held_rows
+        .push(common::held_renewal(store, &held).await?);
+    report.notes.push(format!(
+        "etcd held leases: at most {MAX_HELD} (--held is capped): EtcdStore has no batch renewal, \
+         so renew_many is the Store trait's default, one renew transaction after another, and a \
+         session pays one commit per held lease per renewal interval"
+    ));
+
+    let mut graceful =
+        common::graceful_takeover("etcd", store, waiter, &prefix, plan.graceful_trials, None)
+            .await?;
+    // The release's transaction, the watch event and the waiter's acquire (two transactions);
+    // a waiter the watch did not wake would sit out the 30 s ttl.
+    let bound = 6.0 * txn.p50_us.median / 1000.0;
+    graceful.target = Some(Target::new(
+        format!("p50 ≤ 6× txn ({bound:.1} ms)"),
+        graceful.p50_ms <= bound,
+    ));
+    report.takeover_rows.push(graceful);
+    report.takeover_rows.push(
+        common::expiry_takeover(
+            "etcd",
+            store,
+            waiter,
+            &prefix,
+            plan.expiry_trials,
+            plan.expiry_ttl,
+        )
+        .await?,
+    );
+    Ok(())
+}
+
+/// One kept-alive HTTP/1.1 connection to one member's JSON gateway.
+struct Gateway {
+    sender: SendRequest<Full<Bytes>>,
+    host: String,
+}
+
+impl Gateway {
+    async fn open(member: &Endpoint) -> anyhow::Result<Self> {
+        let tcp = TcpStream::connect((member.host.as_str(), member.port)).await?;
+        tcp.set_nodelay(true)?;
+        let (sender, connection) = http1::handshake(TokioIo::new(tcp)).await?;
+        // Ends when the member closes the connection or the sender is dropped.
+        tokio::spawn(connection);
+        Ok(Self {
+            sender,
+            host: member.to_string(),
+        })
+    }
+
+    async fn post(&mut self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.sender.ready().await?;
+        let request = Request::post(path)
+            .header(HOST, &self.host)
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))?;
+        let response = self.sender.send_request(request).await?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        ensure!(
+            status.is_success(),
+            "{path}: HTTP {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        serde_json::from_slice(&bytes).with_context(|| format!("{path}: the answer"))
+    }
+
+    async fn put_round(&mut self, key: &str, ops: usize) -> anyhow::Result<Round> {
+        let mut rec = Recorder::new(ops);
+        for i in 0..ops {
+            let body = json!({ "key": B64.encode(key), "value": B64.encode(i.to_string()) });
+            rec.start();
+            self.post("/v3/kv/put", &body).await?;
+            rec.stop();
+        }
+        Ok(rec.finish())
+    }
+
+    async fn txn_round(&mut self, key: &str, ops: usize) -> anyhow::Result<Round> {
+        let mut rec = Recorder::new(ops);
+        for i in 0..ops {
+            let body = json!({
+                "compare": [{
+                    "target": "MOD", "key": B64.encode(key), "result": "GREATER", "mod_revision": "0"
+                }],
+                "success": [{
+                    "request_put": { "key": B64.encode(key), "value": B64.encode(i.to_string()) }
+                }],
+            });
+            rec.start();
+            let answer = self.post("/v3/kv/txn", &body).await?;
+            rec.stop();
+            ensure!(answer["succeeded"] == true, "txn on {key}: {answer}");
+        }
+        Ok(rec.finish())
+    }
+
+    async fn range_round(&mut self, key: &str, ops: usize) -> anyhow::Result<Round> {
+        let body = json!({ "key": B64.encode(key) });
+        let mut rec = Recorder::new(ops);
+        for _ in 0..ops {
+            rec.start();
+            let answer = self.post("/v3/kv/range", &body).await?;
+            rec.stop();
+            ensure!(answer["count"] == "1", "range of {key}: {answer}");
+        }
+        Ok(rec.finish())
+    }
+
+    /// The server's version, the cluster's size and whether this member leads.
+    async fn describe_server(&mut self) -> anyhow::Result<String> {
+        let status = self.post("/v3/maintenance/status", &json!({})).await?;
+        let members = self.post("/v3/cluster/member/list", &json!({})).await?;
+        let role = if status["leader"] == status["header"]["member_id"] {
+            "the leader"
+        } else {
+            "a follower (it forwards puts and read-index requests to the leader)"
+        };
+        Ok(format!(
+            "etcd {}, {} members, the client's member {} is {role}",
+            status["version"].as_str().unwrap_or("?"),
+            members["members"].as_array().map_or(0, Vec::len),
+            self.host
+        ))
+    }
+
+    async fn delete_prefix(&mut self, prefix: &str) -> anyhow::Result<()> {
+        let mut end = prefix.as_bytes().to_vec();
+        // The prefix ends in '/': the next byte up ends the range of keys that start with it.
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        self.post(
+            "/v3/kv/deleterange",
+            &json!({ "key": B64.encode(prefix), "range_end": B64.encode(end) }),
+        )
+        .await?;
+        Ok(())
+    }
+}
