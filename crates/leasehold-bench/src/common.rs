@@ -300,7 +300,8 @@ pub(crate) async fn held_renewal<S: Store>(
                 "≤ {allowed} calls per interval ({} leases, ≤ {MAX_BATCH} per call)",
                 guards_len_text(leases.len())
             ),
-            passes >= 0.9 * f64::from(plan.intervals) && calls_per_interval <= allowed,
+            // A pass delayed past the window's end (a loaded machine) is not a miss.
+            passes >= f64::from(plan.intervals) - 1.0 && calls_per_interval <= allowed,
         ),
     })
 }
@@ -495,30 +496,56 @@ fn page_size() -> u64 {
         .map_or(4096, |kb| kb * 1024)
 }
 
-/// RSS before and after holding `count` leases on a memory store, all for one holder id, as
-/// one process holding many leases would: through [`Lease`]s (a renewer task per guard) or
-/// through one [`LeaseSession`] (one renewer for all). Includes the store's own entries.
+/// How the leases of a memory measurement are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeldBy {
+    /// No guards: only the memory store's own records (`Store::acquire`), the part of each
+    /// measurement below that a Redis or PostgreSQL store keeps in its server instead.
+    StoreOnly,
+    /// [`LeaseSession`] guards: one renewer for all.
+    Session,
+    /// [`Lease`] guards: a renewer task each.
+    Lease,
+}
+
+impl HeldBy {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::StoreOnly => "store records only",
+            Self::Session => "LeaseSession",
+            Self::Lease => "Lease",
+        }
+    }
+}
+
+/// RSS before and after holding `count` leases on a fresh memory store, all for one holder id,
+/// as one process holding many leases would. The second value keeps what was measured alive,
+/// so a later measurement does not land in memory this one freed.
 pub(crate) async fn memory_per_lease(
     prefix: &str,
     count: usize,
-    in_session: bool,
-) -> anyhow::Result<MemoryRow> {
+    how: HeldBy,
+) -> anyhow::Result<(MemoryRow, Box<dyn std::any::Any + Send>)> {
     let store = MemoryStore::new();
     let config = LeaseConfig::new(Duration::from_secs(600));
     let holder = HolderId::generate();
     let session = LeaseSession::with_holder(store.clone(), config, holder.clone())?;
-    let what = if in_session { "session" } else { "lease" };
-    let names = names(prefix, &format!("mem-{what}"), count)?;
+    let names = names(prefix, &format!("mem-{how:?}"), count)?;
     // Let the runtime settle so earlier allocations do not land in the measurement.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let before = rss_bytes()?;
     let mut guards = Vec::with_capacity(count);
     for name in names {
-        let taken = if in_session {
-            session.try_acquire(name).await?
-        } else {
-            let lease = Lease::new(store.clone(), name, config)?.with_holder(holder.clone());
-            lease.try_acquire().await?
+        let taken = match how {
+            HeldBy::StoreOnly => match store.acquire(&name, &holder, config.ttl).await? {
+                Acquisition::Acquired { .. } => continue,
+                busy => bail!("memory store lease busy ({busy:?})"),
+            },
+            HeldBy::Session => session.try_acquire(name).await?,
+            HeldBy::Lease => {
+                let lease = Lease::new(store.clone(), name, config)?.with_holder(holder.clone());
+                lease.try_acquire().await?
+            }
         };
         match taken {
             TryAcquire::Acquired(g) => guards.push(g),
@@ -532,17 +559,14 @@ pub(crate) async fn memory_per_lease(
         guards.iter().all(LeaseGuard::is_held),
         "a memory-store lease was lost"
     );
-    for g in guards {
-        g.release().await?;
-    }
     let row = MemoryRow {
         store: "memory".to_owned(),
-        how: if in_session { "LeaseSession" } else { "Lease" },
+        how: how.label(),
         leases: count,
         rss_before: before,
         rss_after: after,
+        without_store: None,
         target: None,
     };
-    let target = in_session.then(|| Target::new("≤ 500 B", row.bytes_per_lease() <= 500.0));
-    Ok(MemoryRow { target, ..row })
+    Ok((row, Box::new((store, session, guards))))
 }

@@ -120,6 +120,9 @@ pub(crate) struct MemoryRow {
     pub(crate) leases: usize,
     pub(crate) rss_before: u64,
     pub(crate) rss_after: u64,
+    /// Bytes per lease less the memory store's own record (measured alone in the same run):
+    /// what the holder process pays when the records live in a server.
+    pub(crate) without_store: Option<f64>,
     pub(crate) target: Option<Target>,
 }
 
@@ -234,6 +237,7 @@ impl Report {
                     "rss_before_bytes": m.rss_before,
                     "rss_after_bytes": m.rss_after,
                     "bytes_per_lease": m.bytes_per_lease(),
+                    "bytes_per_lease_without_store_record": m.without_store,
                     "target": m.target.as_ref().map(Target::json),
                 })
             })
@@ -418,6 +422,8 @@ renewals/s: one renew call per lease vs one renew_many call
                             m.rss_after as f64 / 1048576.0
                         ),
                         format!("{:.0} B", m.bytes_per_lease()),
+                        m.without_store
+                            .map_or_else(String::new, |b| format!("{b:.0} B")),
                         m.target.as_ref().map_or_else(String::new, Target::cell),
                     ]
                 })
@@ -425,7 +431,14 @@ renewals/s: one renew call per lease vs one renew_many call
             let store = &self.memory[0].store;
             let _ = writeln!(out, "\nmemory per held lease (guards on the {store} store)");
             out.push_str(&table(
-                &["held by", "leases", "RSS", "per lease", "target"],
+                &[
+                    "held by",
+                    "leases",
+                    "RSS",
+                    "per lease",
+                    "without the store's record",
+                    "target",
+                ],
                 rows,
             ));
         }

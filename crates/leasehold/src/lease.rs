@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -268,8 +269,11 @@ pub(crate) struct Shared {
     lost: OnceLock<LossReason>,
     /// Fires on loss, release or drop.
     pub(crate) cancel: CancellationToken,
-    /// Fires at `deadline - stop_margin` while renewal is overdue, and with `cancel`.
-    pub(crate) expiring: CancellationToken,
+    /// Fires at `deadline - stop_margin` while renewal is overdue, and with `cancel`: a flag,
+    /// and a token made only when someone waits on it (a token is ~128 bytes, and most of the
+    /// many guards of a session are never asked for it).
+    expiring: AtomicBool,
+    expiring_token: OnceLock<CancellationToken>,
 }
 
 /// A cheap, clonable view of whether a guard still holds its lease, for [`TaskContext`]
@@ -285,9 +289,7 @@ pub(crate) enum HeldProbe {
 impl HeldProbe {
     pub(crate) fn is_held(&self) -> bool {
         match self {
-            Self::Guard(shared) => {
-                !shared.expiring.is_cancelled() && Instant::now() < shared.deadline()
-            }
+            Self::Guard(shared) => !shared.is_expiring() && Instant::now() < shared.deadline(),
             Self::Token(token) => !token.is_cancelled(),
         }
     }
@@ -301,15 +303,44 @@ impl Shared {
             deadline: Mutex::new(deadline),
             lost: OnceLock::new(),
             cancel: CancellationToken::new(),
-            expiring: CancellationToken::new(),
+            expiring: AtomicBool::new(false),
+            expiring_token: OnceLock::new(),
         })
     }
 
     pub(crate) fn end(&self, reason: LossReason) -> bool {
         let first = self.lost.set(reason).is_ok();
-        self.expiring.cancel();
-        self.cancel.cancel();
+        self.stop();
         first
+    }
+
+    /// Tells the work to stop (see [`LeaseGuard::expiring_token`]).
+    pub(crate) fn warn_expiring(&self) {
+        self.expiring.store(true, Ordering::SeqCst);
+        if let Some(token) = self.expiring_token.get() {
+            token.cancel();
+        }
+    }
+
+    /// Whether the work has been told to stop.
+    pub(crate) fn is_expiring(&self) -> bool {
+        self.expiring.load(Ordering::SeqCst)
+    }
+
+    /// The expiring signal as a token, made on first use. Either the warning sees the token
+    /// or the token, once made, sees the warning's flag: the signal is never missed.
+    pub(crate) fn expiring_token(&self) -> &CancellationToken {
+        let token = self.expiring_token.get_or_init(CancellationToken::new);
+        if self.is_expiring() {
+            token.cancel();
+        }
+        token
+    }
+
+    /// Both signals: the work stops and the lease is gone.
+    pub(crate) fn stop(&self) {
+        self.warn_expiring();
+        self.cancel.cancel();
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -432,12 +463,12 @@ impl LeaseGuard {
     /// [`cancellation_token`](Self::cancellation_token), ends the work before the store can
     /// grant the lease to anyone else. It does not fire while renewals succeed.
     pub fn expiring_token(&self) -> CancellationToken {
-        self.shared.expiring.child_token()
+        self.shared.expiring_token().child_token()
     }
 
     /// Waits until the work should stop (see [`expiring_token`](Self::expiring_token)).
     pub async fn expiring(&self) {
-        self.shared.expiring.cancelled().await;
+        self.shared.expiring_token().cancelled().await;
     }
 
     /// Waits until the lease is lost (or released), returning the reason if it was lost.
@@ -492,8 +523,7 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        self.shared.expiring.cancel();
-        self.shared.cancel.cancel();
+        self.shared.stop();
         // A task's renewer learns it from its channel closing; a session is told.
         if let Some(Owner::Session { id, tx }) = self.owner.take() {
             let _ = tx.send(session::Command::Drop(id));
@@ -531,7 +561,7 @@ impl<S: Store> Renewer<S> {
         let mut in_flight: Option<InFlight> = None;
         loop {
             let held = self.shared.lost.get().is_none();
-            let warn_work = held && !self.shared.expiring.is_cancelled();
+            let warn_work = held && !self.shared.is_expiring();
             let stop_work_at = self
                 .deadline
                 .checked_sub(self.config.stop_margin)
@@ -549,7 +579,7 @@ impl<S: Store> Renewer<S> {
                     return;
                 }
                 () = sleep_until(stop_work_at), if warn_work => {
-                    self.shared.expiring.cancel();
+                    self.shared.warn_expiring();
                     tracing::warn!(lease = %self.name, token = %self.token, "renewal overdue; telling the work to stop before the lease can expire");
                 }
                 (sent, reply) = in_flight_reply(&mut in_flight), if renewing => {
@@ -626,8 +656,7 @@ impl<S: Store> Renewer<S> {
     /// Frees the lease in the store, even after a local loss: if the store still lists us (the
     /// deadline passed locally first), others need not wait for expiry.
     async fn release(&mut self, reply: Option<ReleaseReply>) {
-        self.shared.expiring.cancel();
-        self.shared.cancel.cancel();
+        self.shared.stop();
         let result = tokio::time::timeout(
             self.config.ttl,
             self.store.release(&self.name, &self.holder, self.token),

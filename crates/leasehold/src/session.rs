@@ -227,7 +227,7 @@ impl<S: Store> SessionRenewer<S> {
             let warn_at = self
                 .members
                 .values()
-                .filter(|h| !h.member.shared.expiring.is_cancelled())
+                .filter(|h| !h.member.shared.is_expiring())
                 .map(|h| {
                     h.deadline
                         .checked_sub(self.config.stop_margin)
@@ -338,8 +338,7 @@ impl<S: Store> SessionRenewer<S> {
     /// Takes a member out for its release: its work is told to stop first.
     fn remove(&mut self, id: u64) -> Option<Held> {
         let held = self.take(id)?;
-        held.member.shared.expiring.cancel();
-        held.member.shared.cancel.cancel();
+        held.member.shared.stop();
         Some(held)
     }
 
@@ -374,8 +373,8 @@ impl<S: Store> SessionRenewer<S> {
                 .deadline
                 .checked_sub(self.config.stop_margin)
                 .unwrap_or(held.deadline);
-            if stop_at <= now && !held.member.shared.expiring.is_cancelled() {
-                held.member.shared.expiring.cancel();
+            if stop_at <= now && !held.member.shared.is_expiring() {
+                held.member.shared.warn_expiring();
                 told += 1;
             }
         }

@@ -39,8 +39,14 @@ fn start(store: &FlakyStore, holder: &str, task: Task, group: bool) -> Scheduler
 /// minute (the slot).
 async fn until_before_next_minute(store: &MemoryStore, before: Duration) -> u64 {
     let now = store.now_millis().await.unwrap();
-    let slot = (now / 60_000 + 1) * 60_000;
-    let wait = slot - now - before.as_millis() as u64;
+    let before = before.as_millis() as u64;
+    let mut slot = (now / 60_000 + 1) * 60_000;
+    // Started within `before` of a whole minute (the store's clock is the wall clock): the
+    // minute after.
+    if slot - now < before {
+        slot += 60_000;
+    }
+    let wait = slot - now - before;
     tokio::time::sleep(Duration::from_millis(wait)).await;
     slot
 }
