@@ -145,7 +145,7 @@ async fn bench_with(
         target: None,
     });
     report.notes.push(
-        "redis: PING, SET and EVALSHA of `return 1` run on the store's own ConnectionManager \
+        "redis: PING, SET and EVALSHA of `return 1` run on the store's own connection \
          (redis crate); every store operation is one EVALSHA; rslock 0.10 (same redis crate) uses one server and its own multiplexed connection; acquire+release \
          and lock+unlock are two round trips each"
             .to_owned(),
