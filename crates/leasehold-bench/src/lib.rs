@@ -6,6 +6,7 @@ mod memory;
 mod postgres;
 mod redis;
 mod report;
+mod spread;
 mod sqlite;
 mod stats;
 
@@ -216,6 +217,15 @@ pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
          less the store's record",
         plan.memory_leases
     ));
+    report.placement = Some(spread::placement(&prefix, 100, 10).await?);
+    report.notes.push(
+        "tasks spread over instances: 10 schedulers in this process on one memory store, each \
+         with the same 100 tasks and Scheduler::spread over one group (random holder ids, so \
+         the split differs per run); counted once every instance sees 10 members and each task \
+         has one owner. The takeover after a SIGKILL of an instance needs separate processes: \
+         `spread bench` in examples/ (docs/spread.md)"
+            .to_owned(),
+    );
     for &store in &plan.stores {
         let result = match store {
             StoreKind::Memory => memory::bench(plan, &mut report).await,
@@ -282,6 +292,16 @@ mod tests {
         assert_eq!(paths, ["graceful", "expiry"]);
         let expiry = &report.takeover_rows[1];
         assert!(expiry.max_ms < 1000.0, "{expiry:?}");
+        let placement = report.placement.as_ref().unwrap();
+        assert_eq!((placement.tasks, placement.instances), (100, 10));
+        assert!(placement.min <= 10 && placement.max >= 10, "{placement:?}");
+        assert!(placement.max as f64 <= 2.0 * placement.mean || !placement.target.pass);
+        assert!(
+            report.table().contains("tasks spread over instances"),
+            "{}",
+            report.table()
+        );
+        assert!(report.json()["placement"]["max"].is_number());
         assert_eq!(report.memory.len(), 3);
         assert!(report.memory.iter().all(|m| m.rss_after > 0));
         // The session's row carries the ≤ 500 B target, on its figure less the store's record.

@@ -97,6 +97,19 @@ pub(crate) struct HeldRow {
     pub(crate) target: Target,
 }
 
+/// Tasks spread over instances: how many each owns once all see each other.
+#[derive(Debug, Clone)]
+pub(crate) struct PlacementRow {
+    pub(crate) tasks: usize,
+    pub(crate) instances: usize,
+    pub(crate) min: usize,
+    pub(crate) max: usize,
+    pub(crate) mean: f64,
+    /// From the first start until every instance saw all and each task had one owner.
+    pub(crate) settled_in: Duration,
+    pub(crate) target: Target,
+}
+
 /// Takeover latency on one store by one path.
 #[derive(Debug, Clone)]
 pub(crate) struct TakeoverRow {
@@ -143,6 +156,7 @@ pub(crate) struct Report {
     pub(crate) held_rows: Vec<HeldRow>,
     pub(crate) takeover_rows: Vec<TakeoverRow>,
     pub(crate) memory: Vec<MemoryRow>,
+    pub(crate) placement: Option<PlacementRow>,
     /// Stores that could not be benchmarked, with the error.
     pub(crate) failures: Vec<(String, String)>,
     /// How figures were obtained, where it is not obvious.
@@ -165,6 +179,12 @@ impl Report {
             if let Some(t) = &r.target {
                 out.push((format!("{} {} takeover", r.store, r.path), t));
             }
+        }
+        if let Some(p) = &self.placement {
+            out.push((
+                format!("{} tasks spread over {} instances", p.tasks, p.instances),
+                &p.target,
+            ));
         }
         for m in &self.memory {
             if let Some(t) = &m.target {
@@ -261,6 +281,15 @@ impl Report {
             "held_renewal": held,
             "takeover": takeover,
             "memory": memory,
+            "placement": self.placement.as_ref().map(|p| json!({
+                "tasks": p.tasks,
+                "instances": p.instances,
+                "min": p.min,
+                "max": p.max,
+                "mean": p.mean,
+                "settled_ms": p.settled_in.as_millis() as u64,
+                "target": p.target.json(),
+            })),
             "targets": targets,
             "failures": failures,
             "notes": self.notes,
@@ -441,6 +470,21 @@ renewals/s: one renew call per lease vs one renew_many call
                 ],
                 rows,
             ));
+        }
+        if let Some(p) = &self.placement {
+            let _ = writeln!(
+                out,
+                "\ntasks spread over instances (Scheduler::spread, memory store, one process)\n\
+                 {} tasks on {} instances: min {}, max {}, mean {:.1} per instance, settled in \
+                 {} ms   {}",
+                p.tasks,
+                p.instances,
+                p.min,
+                p.max,
+                p.mean,
+                p.settled_in.as_millis(),
+                p.target.cell()
+            );
         }
         let targets = self.targets();
         if !targets.is_empty() {
