@@ -94,7 +94,6 @@ async fn bench_with(
     }
 
     let name = || "etcd".to_owned();
-    let put = Figure::of(&puts);
     let txn = Figure::of(&txns);
     // Against the transaction floor, 1.5× per transaction the operation needs: one more round
     // trip would miss.
@@ -105,30 +104,18 @@ async fn bench_with(
             p50 <= factor * txn.p50_us.median,
         )
     };
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: FLOOR.to_owned(),
-        kind: Kind::Floor,
-        figure: put,
-        ratio: None,
-        target: None,
-    });
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: "txn".to_owned(),
-        kind: Kind::Floor,
-        figure: txn,
-        ratio: common::ratio(&txns, &puts, FLOOR),
-        target: None,
-    });
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: "range".to_owned(),
-        kind: Kind::Floor,
-        figure: Figure::of(&ranges),
-        ratio: common::ratio(&ranges, &puts, FLOOR),
-        target: None,
-    });
+    report
+        .ops_rows
+        .push(OpRow::floor(&name(), FLOOR, &puts, None));
+    report
+        .ops_rows
+        .push(OpRow::floor(&name(), "txn", &txns, Some((&puts, FLOOR))));
+    report.ops_rows.push(OpRow::floor(
+        &name(),
+        "range",
+        &ranges,
+        Some((&puts, FLOOR)),
+    ));
     for (op, r, target) in [
         // Two transactions: create-or-read, then the compare-and-set on the revision read.
         (

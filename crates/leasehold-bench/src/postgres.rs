@@ -85,22 +85,15 @@ async fn bench_with(
     let name = || "postgres".to_owned();
     let floor_fig = Figure::of(&floors);
     let acquire = Figure::of(&rounds.acquire);
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: FLOOR.to_owned(),
-        kind: Kind::Floor,
-        figure: floor_fig,
-        ratio: None,
-        target: None,
-    });
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: "SELECT 1".to_owned(),
-        kind: Kind::Floor,
-        figure: Figure::of(&selects),
-        ratio: common::ratio(&selects, &floors, FLOOR),
-        target: None,
-    });
+    report
+        .ops_rows
+        .push(OpRow::floor(&name(), FLOOR, &floors, None));
+    report.ops_rows.push(OpRow::floor(
+        &name(),
+        "SELECT 1",
+        &selects,
+        Some((&floors, FLOOR)),
+    ));
     for (op, r, target) in [
         (
             "acquire",

@@ -86,30 +86,18 @@ async fn bench_with(
     };
     let peer_rate = Figure::of(&peers).ops_per_sec.median;
     let pair_rate = Figure::of(&rounds.acquire_release).ops_per_sec.median;
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: "PING".to_owned(),
-        kind: Kind::Floor,
-        figure: ping,
-        ratio: None,
-        target: None,
-    });
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: "SET".to_owned(),
-        kind: Kind::Floor,
-        figure: Figure::of(&sets),
-        ratio: common::ratio(&sets, &pings, "PING"),
-        target: None,
-    });
-    report.ops_rows.push(OpRow {
-        store: name(),
-        op: "EVALSHA no-op".to_owned(),
-        kind: Kind::Floor,
-        figure: Figure::of(&evals),
-        ratio: common::ratio(&evals, &pings, "PING"),
-        target: None,
-    });
+    report
+        .ops_rows
+        .push(OpRow::floor(&name(), "PING", &pings, None));
+    report
+        .ops_rows
+        .push(OpRow::floor(&name(), "SET", &sets, Some((&pings, "PING"))));
+    report.ops_rows.push(OpRow::floor(
+        &name(),
+        "EVALSHA no-op",
+        &evals,
+        Some((&pings, "PING")),
+    ));
     for (op, r, target) in [
         (
             "acquire",

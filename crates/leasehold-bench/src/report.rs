@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::stats::{Figure, Spread};
+use crate::stats::{Figure, Round, Spread};
 
 /// What a row of the operations table measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,25 @@ pub(crate) struct OpRow {
     pub(crate) figure: Figure,
     pub(crate) ratio: Option<Ratio>,
     pub(crate) target: Option<Target>,
+}
+
+impl OpRow {
+    /// A floor's row: its rounds, and its p50 against `base`'s (the store's first floor) if given.
+    pub(crate) fn floor(
+        store: &str,
+        op: &str,
+        rounds: &[Round],
+        base: Option<(&[Round], &str)>,
+    ) -> Self {
+        Self {
+            store: store.to_owned(),
+            op: op.to_owned(),
+            kind: Kind::Floor,
+            figure: Figure::of(rounds),
+            ratio: base.and_then(|(base, name)| crate::common::ratio(rounds, base, name)),
+            target: None,
+        }
+    }
 }
 
 /// Many leases held by one process in a [`leasehold::LeaseSession`].

@@ -56,14 +56,9 @@ async fn bench_at(plan: &Plan, report: &mut Report, path: &Path) -> anyhow::Resu
         ops.round(&mut rounds).await?;
     }
     let store_name = "sqlite".to_owned();
-    report.ops_rows.push(OpRow {
-        store: store_name.clone(),
-        op: FLOOR.to_owned(),
-        kind: Kind::Floor,
-        figure: Figure::of(&floors),
-        ratio: None,
-        target: None,
-    });
+    report
+        .ops_rows
+        .push(OpRow::floor(&store_name, FLOOR, &floors, None));
     let acquire = Figure::of(&rounds.acquire);
     for (op, r, target) in [
         (
