@@ -453,7 +453,10 @@ impl EtcdStore {
                 .ok_or_else(|| {
                     StoreError::Corrupt(format!("{op}: a member key is not a holder id"))
                 })?;
-            if parse_slot(&kv.value)? > now {
+            let expiry = parse_slot(&kv.value).map_err(|_| {
+                StoreError::Corrupt(format!("{op}: the entry of {name} is not an expiry in ms"))
+            })?;
+            if expiry > now {
                 live.push(name);
             } else {
                 expired.push((key, kv.mod_revision));
