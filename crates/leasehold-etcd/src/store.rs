@@ -27,8 +27,9 @@ use crate::wire::{
 
 /// How often an acquire re-reads a record that changed under it before giving up.
 const MAX_ACQUIRE_ATTEMPTS: usize = 16;
-/// Deletions per transaction in `purge` (etcd's default `--max-txn-ops` is 128).
-const PURGE_BATCH: usize = 100;
+/// Nested transactions per transaction in `renew_many` and `purge`: etcd's default
+/// `--max-txn-ops` (128) bounds each level, and a nested one's budget is what its parent left.
+const TXN_BATCH: usize = 100;
 
 /// Leases in etcd v3: compare-and-set transactions on one key per lease, fencing tokens kept in
 /// the key's value, expiry measured by each client's monotonic clock from when it saw the key's
@@ -327,6 +328,187 @@ impl EtcdStore {
         }
     }
 
+    /// Renews one chunk of distinct keys in one transaction: per lease a nested transaction
+    /// with `renew`'s compare and put, so each answers on its own.
+    async fn renew_chunk(
+        &self,
+        op: Op<'_>,
+        holder: &HolderId,
+        chunk: &[(usize, Vec<u8>, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        let ops = chunk
+            .iter()
+            .map(|(_, key, token)| {
+                let record = Record::held(token.get(), holder.as_str(), ttl);
+                nested(txn(
+                    in_tenure(key, *token, holder),
+                    vec![put(key, &record)],
+                    vec![],
+                ))
+            })
+            .collect();
+        let answer = self.txn(op, txn(vec![], ops, vec![])).await?;
+        let mut renewals = Vec::with_capacity(chunk.len());
+        for (i, (_, key, token)) in chunk.iter().enumerate() {
+            let inner = answer
+                .txn(i)
+                .ok_or_else(|| StoreError::Corrupt(format!("{op}: no nested answer {i}")))?;
+            renewals.push(if inner.succeeded {
+                self.inner
+                    .observed
+                    .write(key, answer.header.revision, token.get(), ttl);
+                Renewal::Renewed
+            } else {
+                Renewal::Lost
+            });
+        }
+        Ok(renewals)
+    }
+
+    /// `renew_many`: [`TXN_BATCH`] leases per transaction, the transactions one after another,
+    /// each its own repeatable attempt within the op timeout.
+    async fn renew_many_chunked(
+        &self,
+        op: Op<'_>,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        let mut renewals = vec![Renewal::Lost; leases.len()];
+        // Chunks in the order given; a key seen again starts a new chunk (etcd refuses two puts
+        // of one key in a transaction), so a repeated lease is answered after its earlier entry.
+        let mut chunks: Vec<Vec<(usize, Vec<u8>, FencingToken)>> = vec![Vec::new()];
+        for (i, (name, token)) in leases.iter().enumerate() {
+            let key = self.lease_key(name);
+            // As `renew`: a tenure this process saw expire is lost without asking.
+            if self.inner.observed.expired(&key, token.get()) {
+                continue;
+            }
+            let last = chunks.last().map_or(&[][..], Vec::as_slice);
+            if last.len() == TXN_BATCH || last.iter().any(|(_, k, _)| *k == key) {
+                chunks.push(Vec::new());
+            }
+            if let Some(last) = chunks.last_mut() {
+                last.push((i, key, *token));
+            }
+        }
+        for chunk in chunks.iter().filter(|c| !c.is_empty()) {
+            let answers = self
+                .run_repeatable(|| self.renew_chunk(op, holder, chunk, ttl))
+                .await?;
+            for ((i, _, _), answer) in chunk.iter().zip(answers) {
+                renewals[*i] = answer;
+            }
+        }
+        Ok(renewals)
+    }
+
+    /// The key of `member`'s entry in `group`: `PREFIX` `member/` `GROUP` `\0` `MEMBER`.
+    fn member_key(&self, group: &LeaseName, member: &str) -> Vec<u8> {
+        let mut key = self.members_prefix(group);
+        key.extend_from_slice(member.as_bytes());
+        key
+    }
+
+    fn members_prefix(&self, group: &LeaseName) -> Vec<u8> {
+        format!("{}member/{group}\0", self.inner.prefix).into_bytes()
+    }
+
+    async fn members_once(
+        &self,
+        op: Op<'_>,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<HolderId>> {
+        let prefix = self.members_prefix(group);
+        let now = wall_ms();
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let expiry = slot_text(now.saturating_add(ttl_ms));
+        // The refresh and the group's entries in one transaction.
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    vec![],
+                    vec![
+                        put(&self.member_key(group, member.as_str()), &expiry),
+                        json!({ "request_range": { "key": b64(&prefix), "range_end": b64(prefix_end(&prefix)) } }),
+                    ],
+                    vec![],
+                ),
+            )
+            .await?;
+        let entries = answer
+            .range(1)
+            .ok_or_else(|| StoreError::Corrupt(format!("{op}: no range answer")))?;
+        let mut live = Vec::new();
+        let mut expired = Vec::new();
+        for kv in &entries.kvs {
+            let key = unb64(&kv.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let name = std::str::from_utf8(&key[prefix.len().min(key.len())..])
+                .ok()
+                .and_then(|m| HolderId::new(m).ok())
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("{op}: a member key is not a holder id"))
+                })?;
+            let expiry = parse_slot(&kv.value).map_err(|_| {
+                StoreError::Corrupt(format!("{op}: the entry of {name} is not an expiry in ms"))
+            })?;
+            if expiry > now {
+                live.push(name);
+            } else {
+                expired.push((key, kv.mod_revision));
+            }
+        }
+        // Expired entries go in a second round trip, each only if not refreshed since.
+        self.delete_unchanged(op, &expired).await?;
+        live.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        Ok(live)
+    }
+
+    async fn leave_once(
+        &self,
+        op: Op<'_>,
+        group: &LeaseName,
+        member: &HolderId,
+    ) -> StoreResult<()> {
+        let key = self.member_key(group, member.as_str());
+        self.txn(op, txn(vec![], vec![delete(&key)], vec![]))
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes each key only if it is still at the revision read, [`TXN_BATCH`] per round trip;
+    /// answers the keys deleted.
+    async fn delete_unchanged<'k>(
+        &self,
+        op: Op<'_>,
+        keys: &'k [(Vec<u8>, u64)],
+    ) -> StoreResult<Vec<&'k [u8]>> {
+        let mut deleted = Vec::new();
+        for batch in keys.chunks(TXN_BATCH) {
+            let ops = batch
+                .iter()
+                .map(|(key, revision)| {
+                    nested(txn(
+                        vec![modified_at(key, *revision)],
+                        vec![delete(key)],
+                        vec![],
+                    ))
+                })
+                .collect();
+            let answer = self.txn(op, txn(vec![], ops, vec![])).await?;
+            for (i, (key, _)) in batch.iter().enumerate() {
+                if answer.txn(i).is_some_and(|t| t.succeeded) {
+                    deleted.push(key.as_slice());
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
     async fn release_once(
         &self,
         op: Op<'_>,
@@ -558,28 +740,11 @@ impl EtcdStore {
             }
             from.push(0);
         }
-        let mut purged = 0u64;
-        for batch in doomed.chunks(PURGE_BATCH) {
-            // Each deletion only if the record is unchanged since it was read.
-            let ops = batch
-                .iter()
-                .map(|(key, revision)| {
-                    nested(txn(
-                        vec![modified_at(key, *revision)],
-                        vec![delete(key)],
-                        vec![],
-                    ))
-                })
-                .collect();
-            let answer = self.txn(op, txn(vec![], ops, vec![])).await?;
-            for (i, (key, _)) in batch.iter().enumerate() {
-                if answer.txn(i).is_some_and(|t| t.succeeded) {
-                    purged += 1;
-                    self.inner.observed.forget(key);
-                }
-            }
+        let purged = self.delete_unchanged(op, &doomed).await?;
+        for key in &purged {
+            self.inner.observed.forget(key);
         }
-        Ok(purged)
+        Ok(purged.len() as u64)
     }
 }
 
@@ -654,6 +819,15 @@ impl Store for EtcdStore {
         self.run_repeatable(move || self.renew_once(op, name, holder, token, ttl))
     }
 
+    fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
+        self.renew_many_chunked(op("renew_many", None), holder, leases, ttl)
+    }
+
     fn release(
         &self,
         name: &LeaseName,
@@ -713,6 +887,25 @@ impl Store for EtcdStore {
     ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
         let op = op("history", Some(task));
         self.run_repeatable(move || self.history_once(op, task, limit))
+    }
+
+    fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
+        let op = op("members", Some(group));
+        self.run_repeatable(move || self.members_once(op, group, member, ttl))
+    }
+
+    fn leave(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let op = op("leave", Some(group));
+        self.run_repeatable(move || self.leave_once(op, group, member))
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
