@@ -254,6 +254,10 @@ export interface RequestOptions {
 const enc = (s: string) => encodeURIComponent(s);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** How often, and how far apart, `gate` asks again when the task is busy. */
+const BUSY_RETRIES = 4;
+const BUSY_RETRY_MS = 100;
+
 export class LeaseholdClient {
   readonly baseUrl: string;
   readonly #auth?: string;
@@ -388,7 +392,9 @@ export class LeaseholdClient {
   /**
    * Ticks, and if this caller runs the slot, runs `job` with the run (its `signal` aborts if the
    * run's lease is lost) and ends the run with the job's outcome. Resolves to `ran` or the reason
-   * it did not run. When the sidecar cannot be reached (refused, or no answer within
+   * it did not run; a `busy` answer is asked again up to 4 times, 100 ms apart, so a slot whose
+   * task is still held by a finishing run (a replica shutting down) is not missed. When the
+   * sidecar cannot be reached (refused, or no answer within
    * `timeoutMs`), `onSidecarDown` decides: `fail-closed` resolves to `sidecar-down` without
    * running, `fail-open` runs the job ungated. Other errors (bad input, auth) reject.
    */
@@ -396,6 +402,14 @@ export class LeaseholdClient {
     let answer: Run | UngatedRun | NotRun;
     try {
       answer = await this.tick(task, options);
+      // Busy: another instance's run holds the task (often the previous slot's run, finishing
+      // on a replica that is shutting down). Ask again shortly rather than at the next timer
+      // firing, by which time this slot may no longer be the latest and would be missed; the
+      // sidecar's lease and slot claim still decide who runs.
+      for (let i = 0; answer.run === false && answer.reason === "busy" && i < BUSY_RETRIES; i++) {
+        await sleep(BUSY_RETRY_MS);
+        answer = await this.tick(task, options);
+      }
     } catch (e) {
       if (!(e instanceof LeaseholdError)) throw e;
       if (e.code === "store-down") return "store-down";
