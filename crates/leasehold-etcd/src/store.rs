@@ -21,8 +21,8 @@ use crate::observed::Observations;
 use crate::record::Record;
 use crate::watch;
 use crate::wire::{
-    KeyValue, RangeResponse, TxnResponse, absent, delete, get, modified_at, nested, prefix_end,
-    put, txn, value_is,
+    KeyValue, RangeResponse, TxnResponse, absent, delete, delete_range, get, modified_at, nested,
+    prefix_end, put, txn, value_is,
 };
 
 /// How often an acquire re-reads a record that changed under it before giving up.
@@ -627,15 +627,8 @@ impl EtcdStore {
         let mut entry_key = prefix.clone();
         entry_key.extend_from_slice(&slot_text(key));
         if keep == 0 {
-            self.txn(
-                op,
-                txn(
-                    vec![],
-                    vec![json!({ "request_delete_range": { "key": b64(&prefix), "range_end": b64(&end) } })],
-                    vec![],
-                ),
-            )
-            .await?;
+            self.txn(op, txn(vec![], vec![delete_range(&prefix, &end)], vec![]))
+                .await?;
             return Ok(());
         }
         // The put, and the `keep` highest keys after it with the total count.
@@ -665,11 +658,7 @@ impl EtcdStore {
             let lowest = unb64(&lowest.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             self.txn(
                 op,
-                txn(
-                    vec![],
-                    vec![json!({ "request_delete_range": { "key": b64(&prefix), "range_end": b64(&lowest) } })],
-                    vec![],
-                ),
+                txn(vec![], vec![delete_range(&prefix, &lowest)], vec![]),
             )
             .await?;
         }

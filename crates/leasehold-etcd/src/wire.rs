@@ -158,6 +158,11 @@ pub(crate) fn delete(key: &[u8]) -> Value {
     json!({ "request_delete_range": { "key": b64(key) } })
 }
 
+/// Deletes every key from `key` up to (not including) `end`.
+pub(crate) fn delete_range(key: &[u8], end: &[u8]) -> Value {
+    json!({ "request_delete_range": { "key": b64(key), "range_end": b64(end) } })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
