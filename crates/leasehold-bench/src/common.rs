@@ -298,16 +298,12 @@ pub(crate) async fn held_renewal<S: Store>(
         target: Target::new(
             format!(
                 "≤ {allowed} calls per interval ({} leases, ≤ {MAX_BATCH} per call)",
-                guards_len_text(leases.len())
+                crate::report::fmt_count(leases.len() as f64)
             ),
             // A pass delayed past the window's end (a loaded machine) is not a miss.
             passes >= f64::from(plan.intervals) - 1.0 && calls_per_interval <= allowed,
         ),
     })
-}
-
-fn guards_len_text(n: usize) -> String {
-    crate::report::fmt_count(n as f64)
 }
 
 /// Takes every name in `session`, `concurrency` at a time.
