@@ -232,3 +232,31 @@ async fn a_hanging_renewal_still_tells_the_work_to_stop_at_the_stop_margin() {
         "not lost yet: only told to stop"
     );
 }
+
+/// The expiring signal is made only when asked for: a token asked for before the stop margin
+/// fires with it, and a guard asked for the first time after the margin passed answers with a
+/// token already cancelled (and `expiring()` returns at once), while neither lease is lost yet.
+#[tokio::test(start_paused = true)]
+async fn the_expiring_signal_reaches_tokens_asked_for_before_and_after_it() {
+    let store = FlakyStore::new();
+    let start = Instant::now();
+    let config = LeaseConfig::new(TTL);
+    let early = held(&lease(&store)).await;
+    let late = Lease::new(store.clone(), LeaseName::new("other").unwrap(), config).unwrap();
+    let late = held(&late).await;
+    let asked_early = early.expiring_token();
+    store.set(|f| &f.renew_hangs, true);
+    asked_early.cancelled().await;
+    assert_eq!(
+        Instant::now() - start,
+        TTL - config.drift_margin - config.stop_margin
+    );
+    // Let the other guard's renewer pass the same instant.
+    tokio::time::sleep(MS).await;
+    assert!(late.loss_reason().is_none() && early.loss_reason().is_none());
+    assert!(late.expiring_token().is_cancelled());
+    tokio::time::timeout(MS, late.expiring())
+        .await
+        .expect("expiring() returns at once once warned");
+    assert!(!late.cancellation_token().is_cancelled());
+}
