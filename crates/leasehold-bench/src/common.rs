@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use leasehold::MAX_RENEW_BATCH;
 use leasehold::faults::FaultyStore;
-use leasehold::session::MAX_BATCH;
 use leasehold::{
     FencingToken, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, LeaseSession, MemoryStore,
     Release, Store, TryAcquire,
@@ -214,7 +214,7 @@ impl<'a> HeldPlan<'a> {
 /// Holds `held` leases in one [`LeaseSession`] and watches it renew them for a few intervals:
 /// store calls per interval (counted by a pass-through [`FaultyStore`]), leases per call and
 /// the process's CPU time per interval. Then, per round, renews `sample` of them one by one
-/// and one [`MAX_BATCH`] of them in one [`Store::renew_many`], for the per-lease cost.
+/// and one [`MAX_RENEW_BATCH`] of them in one [`Store::renew_many`], for the per-lease cost.
 pub(crate) async fn held_renewal<S: Store>(
     store: &S,
     plan: &HeldPlan<'_>,
@@ -247,7 +247,7 @@ pub(crate) async fn held_renewal<S: Store>(
     let renewed: usize = batches.iter().sum();
     let passes = renewed as f64 / guards.len() as f64;
     let calls_per_interval = batches.len() as f64 / f64::from(plan.intervals);
-    let allowed = guards.len().div_ceil(MAX_BATCH) as f64;
+    let allowed = guards.len().div_ceil(MAX_RENEW_BATCH) as f64;
 
     let leases: Vec<(LeaseName, FencingToken)> = guards
         .iter()
@@ -255,7 +255,7 @@ pub(crate) async fn held_renewal<S: Store>(
         .collect();
     let holder = session.holder().clone();
     let sample = plan.sample.min(leases.len());
-    let batch = &leases[..MAX_BATCH.min(leases.len())];
+    let batch = &leases[..MAX_RENEW_BATCH.min(leases.len())];
     let (mut one, mut batched, mut batch_ms) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..plan.rounds {
         let started = Instant::now();
@@ -297,7 +297,7 @@ pub(crate) async fn held_renewal<S: Store>(
         batch_ms: Spread::of(&batch_ms),
         target: Target::new(
             format!(
-                "≤ {allowed} calls per interval ({} leases, ≤ {MAX_BATCH} per call)",
+                "≤ {allowed} calls per interval ({} leases, ≤ {MAX_RENEW_BATCH} per call)",
                 crate::report::fmt_count(leases.len() as f64)
             ),
             // A pass delayed past the window's end (a loaded machine) is not a miss.

@@ -375,7 +375,7 @@ pub async fn serve(
 /// Applications name leases freely (a lease per job): the records of names free for a day are
 /// purged every hour (see `Store::purge` for why fencing stays safe).
 async fn purge_hourly(store: BoxStore, stop: CancellationToken) {
-    let retention = leasehold::session::DEFAULT_RETENTION;
+    let retention = leasehold::DEFAULT_SESSION_RETENTION;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,

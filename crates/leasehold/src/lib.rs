@@ -9,7 +9,7 @@ mod name;
 mod notify;
 mod schedule;
 mod scheduler;
-pub mod session;
+mod session;
 mod store_api;
 mod token;
 
@@ -23,12 +23,14 @@ pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, R
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
-pub use schedule::{CronSchedule, Schedule, ScheduleError};
+#[cfg(feature = "cron")]
+pub use schedule::CronSchedule;
+pub use schedule::{Schedule, ScheduleError};
 pub use scheduler::{
     CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,
     StoreDownPolicy, Task, TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,
 };
-pub use session::LeaseSession;
+pub use session::{DEFAULT_SESSION_RETENTION, LeaseSession, MAX_RENEW_BATCH};
 pub use store_api::{BoxStore, LeaseState, Release, Store, StoreError};
 
 /// What a [`Store`] implementation works with beyond the items at the crate root: the answers of

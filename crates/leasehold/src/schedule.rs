@@ -1,6 +1,7 @@
 //! When a task's timer fires, and which slot each firing is.
 
 use std::fmt;
+#[cfg(feature = "cron")]
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ pub enum ScheduleError {
     #[error("interval must be at least 1ms")]
     ZeroInterval,
     /// The cron expression did not parse.
+    #[cfg(feature = "cron")]
     #[error("invalid cron expression {expr:?}: {reason}")]
     BadCron {
         /// The expression.
@@ -20,6 +22,7 @@ pub enum ScheduleError {
         reason: String,
     },
     /// The cron expression has no future occurrence.
+    #[cfg(feature = "cron")]
     #[error("cron expression {0:?} never fires again")]
     NeverFires(String),
 }
@@ -34,22 +37,29 @@ pub enum ScheduleError {
 /// - `Every(interval)`: fires at every multiple of `interval` since the Unix epoch, so intervals
 ///   are aligned across instances (every 30 s fires at :00 and :30).
 /// - `Cron(expr)`: fires at each occurrence of the expression (UTC).
+///
+/// Cron needs the `cron` feature (on by default); without it the crate carries neither `cron`
+/// nor `chrono`.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum Schedule {
     /// A fixed interval, aligned to the epoch.
     Every(Duration),
     /// A cron expression with a seconds field (`sec min hour day-of-month month day-of-week
     /// [year]`), evaluated in UTC.
+    #[cfg(feature = "cron")]
     Cron(Box<CronSchedule>),
 }
 
 /// A parsed cron expression.
+#[cfg(feature = "cron")]
 #[derive(Clone)]
 pub struct CronSchedule {
     expr: String,
     parsed: cron::Schedule,
 }
 
+#[cfg(feature = "cron")]
 impl CronSchedule {
     /// The expression as given.
     pub fn expr(&self) -> &str {
@@ -67,6 +77,7 @@ impl Schedule {
     }
 
     /// A cron expression, with a seconds field: `"0 */5 * * * *"` fires every five minutes.
+    #[cfg(feature = "cron")]
     pub fn cron(expr: &str) -> Result<Self, ScheduleError> {
         let parsed = cron::Schedule::from_str(expr).map_err(|e| ScheduleError::BadCron {
             expr: expr.to_owned(),
@@ -89,6 +100,7 @@ impl Schedule {
                 let iv = u64::try_from(interval.as_millis()).ok()?.max(1);
                 (now_ms / iv + 1).checked_mul(iv)
             }
+            #[cfg(feature = "cron")]
             Self::Cron(cron) => {
                 let after = chrono::DateTime::from_timestamp_millis(i64::try_from(now_ms).ok()?)?;
                 let at = cron.parsed.after(&after).next()?;
@@ -106,6 +118,7 @@ impl Schedule {
                 let iv = u64::try_from(interval.as_millis()).ok()?.max(1);
                 Some(now_ms - now_ms % iv)
             }
+            #[cfg(feature = "cron")]
             Self::Cron(cron) => {
                 // Firings are whole seconds; the one at `now_ms` itself counts.
                 let bound = i64::try_from(now_ms.checked_add(1)?).ok()?;
@@ -133,6 +146,7 @@ impl Schedule {
                 let slots = (0..take).rev().map(|k| last - k * iv).collect();
                 (count, slots)
             }
+            #[cfg(feature = "cron")]
             Self::Cron(_) => {
                 let mut slots = std::collections::VecDeque::with_capacity(newest.min(1024));
                 let (mut count, mut at) = (0u64, first);
@@ -159,6 +173,7 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Every(d) => write!(f, "every {d:?}"),
+            #[cfg(feature = "cron")]
             Self::Cron(c) => write!(f, "cron {:?}", c.expr),
         }
     }
@@ -170,7 +185,7 @@ impl fmt::Debug for Schedule {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cron"))]
 mod tests {
     use super::*;
 

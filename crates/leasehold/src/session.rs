@@ -1,14 +1,4 @@
-//! Many leases renewed together: one store round trip per renewal interval for all of them.
-//!
-//! A service that holds a lease per job (a worker claiming rows, each with its own lease) would
-//! otherwise run a renewer task and a round trip per lease per interval. A [`LeaseSession`] holds
-//! every lease it grants on one timer and renews them with [`Store::renew_many`] (one script,
-//! statement or transaction per [`MAX_BATCH`] leases); each guard keeps its own token, deadline,
-//! stop signal and loss reason, exactly as a guard of a [`Lease`](crate::Lease).
-//!
-//! Names that come and go (a lease per job) would leave a record each behind: a session also
-//! purges the records free for longer than a retention ([`DEFAULT_RETENTION`], hourly; see
-//! [`Store::purge`] for why fencing tokens stay safe).
+//! Many leases renewed together; see [`LeaseSession`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,11 +15,12 @@ use crate::lease::{
 use crate::store_api::{Release, Renewal, Store, StoreError};
 use crate::{FencingToken, HolderId, LeaseName};
 
-/// The most leases renewed in one store call.
-pub const MAX_BATCH: usize = 1000;
+/// The most leases a [`LeaseSession`] renews in one [`Store::renew_many`] call.
+pub const MAX_RENEW_BATCH: usize = 1000;
 
-/// How long a free lease record is kept before a session purges it, unless told otherwise.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How long a free lease record is kept before a [`LeaseSession`] purges it, unless told
+/// otherwise.
+pub const DEFAULT_SESSION_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// How often a session purges.
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
@@ -58,7 +49,18 @@ struct Held {
     deadline: Instant,
 }
 
-/// Leases of one holder on one store, renewed together. Cheap to clone.
+/// Leases of one holder on one store, renewed together: one store round trip per renewal
+/// interval for all of them. Cheap to clone.
+///
+/// A service that holds a lease per job (a worker claiming rows, each with its own lease) would
+/// otherwise run a renewer task and a round trip per lease per interval. A session holds every
+/// lease it grants on one timer and renews them with [`Store::renew_many`] (one script,
+/// statement or transaction per [`MAX_RENEW_BATCH`] leases); each guard keeps its own token,
+/// deadline, stop signal and loss reason, exactly as a guard of a [`Lease`](crate::Lease).
+///
+/// Names that come and go (a lease per job) would leave a record each behind: a session also
+/// purges the records free for longer than a retention ([`DEFAULT_SESSION_RETENTION`], hourly;
+/// see [`Store::purge`] for why fencing tokens stay safe).
 ///
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -115,7 +117,7 @@ impl<S: Store> LeaseSession<S> {
             members: HashMap::new(),
             names: names.clone(),
             held: held.clone(),
-            retention: Some(DEFAULT_RETENTION),
+            retention: Some(DEFAULT_SESSION_RETENTION),
         };
         tokio::spawn(renewer.run(rx));
         Ok(Self {
@@ -135,7 +137,7 @@ impl<S: Store> LeaseSession<S> {
     }
 
     /// Sets how long free lease records are kept before this session purges them (hourly);
-    /// `None` stops purging. Default [`DEFAULT_RETENTION`].
+    /// `None` stops purging. Default [`DEFAULT_SESSION_RETENTION`].
     pub fn purge_after(&self, retention: Option<Duration>) {
         let _ = self.tx.send(Command::Retention(retention));
     }
@@ -386,7 +388,7 @@ impl<S: Store> SessionRenewer<S> {
         }
     }
 
-    /// Renews every member, [`MAX_BATCH`] per store call, the calls one after another.
+    /// Renews every member, [`MAX_RENEW_BATCH`] per store call, the calls one after another.
     fn send_renewals(&self) -> InFlight {
         let leases: Vec<(u64, LeaseName, FencingToken)> = self
             .members
@@ -399,7 +401,7 @@ impl<S: Store> SessionRenewer<S> {
             let sent = Instant::now();
             let deadline = earliest.unwrap_or(sent + ttl);
             let mut replies = Vec::with_capacity(leases.len());
-            for chunk in leases.chunks(MAX_BATCH) {
+            for chunk in leases.chunks(MAX_RENEW_BATCH) {
                 let batch: Vec<(LeaseName, FencingToken)> =
                     chunk.iter().map(|(_, n, t)| (n.clone(), *t)).collect();
                 let answer =

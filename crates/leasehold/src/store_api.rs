@@ -169,7 +169,7 @@ pub trait Store: Send + Sync + Clone + 'static {
 
     /// Renews many leases of `holder` at once, answering in the order given: each as
     /// [`renew`](Self::renew) would. A [`LeaseSession`](crate::LeaseSession) calls it with up to
-    /// [`MAX_BATCH`](crate::session::MAX_BATCH) leases; stores override it to do that in one
+    /// [`MAX_RENEW_BATCH`](crate::MAX_RENEW_BATCH) leases; stores override it to do that in one
     /// round trip. The default renews one after another.
     fn renew_many(
         &self,

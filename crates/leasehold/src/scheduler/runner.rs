@@ -251,6 +251,7 @@ async fn changed<T>(rx: &mut Option<tokio::sync::watch::Receiver<T>>) {
 fn recorded(schedule: &Schedule) -> RecordedSchedule {
     match schedule {
         Schedule::Every(d) => RecordedSchedule::EveryMs(millis(*d)),
+        #[cfg(feature = "cron")]
         Schedule::Cron(c) => RecordedSchedule::Cron(c.expr().to_owned()),
     }
 }

@@ -262,6 +262,7 @@ impl CatchUp {
     pub fn default_for(schedule: &Schedule) -> Self {
         match schedule {
             Schedule::Every(_) => Self::Skip,
+            #[cfg(feature = "cron")]
             Schedule::Cron(_) => Self::Latest {
                 window: Duration::from_secs(3600),
             },
