@@ -615,7 +615,6 @@ impl<S: Store> Renewer<S> {
         sent: Instant,
         reply: Result<StoreResult<Renewal>, tokio::time::error::Elapsed>,
     ) {
-        metrics::histogram!("leasehold_lease_renewal_seconds").record(sent.elapsed().as_secs_f64());
         // A reply read after the deadline (this task was late to run) is not trusted.
         if Instant::now() >= self.deadline {
             self.lose(LossReason::Expired);
@@ -623,16 +622,12 @@ impl<S: Store> Renewer<S> {
         }
         match reply {
             Ok(Ok(Renewal::Renewed)) => {
-                metrics::counter!("leasehold_lease_renewals_total", "result" => "succeeded")
-                    .increment(1);
                 self.deadline = sent + self.config.ttl - self.config.drift_margin;
                 self.next_renewal = sent + self.config.renew_interval;
                 *lock(&self.shared.deadline) = self.deadline;
             }
             Ok(Ok(Renewal::Lost)) => self.lose(LossReason::TakenOver),
             Ok(Err(e)) => {
-                metrics::counter!("leasehold_lease_renewals_total", "result" => "failed")
-                    .increment(1);
                 tracing::warn!(lease = %self.name, error = %e, "renewal failed; retrying");
                 self.next_renewal = Instant::now() + self.config.retry_interval;
             }
@@ -643,10 +638,6 @@ impl<S: Store> Renewer<S> {
 
     fn lose(&mut self, reason: LossReason) {
         if self.shared.end(reason) {
-            if reason == LossReason::TakenOver {
-                metrics::counter!("leasehold_lease_renewals_total", "result" => "lost")
-                    .increment(1);
-            }
             metrics::counter!("leasehold_leases_lost_total", "reason" => reason.as_str())
                 .increment(1);
             tracing::warn!(lease = %self.name, token = %self.token, %reason, "lease lost");

@@ -5,6 +5,7 @@ pub mod history;
 mod leader;
 mod lease;
 mod memory;
+mod metered;
 mod name;
 mod notify;
 mod schedule;
@@ -22,6 +23,7 @@ pub use config::{ConfigError, LeaseConfig};
 pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
+pub use metered::Metered;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
 #[cfg(feature = "cron")]
 pub use schedule::CronSchedule;

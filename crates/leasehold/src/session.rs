@@ -435,7 +435,6 @@ impl<S: Store> SessionRenewer<S> {
 
     /// Applies a batch's answers; returns when to renew next.
     fn renewed(&mut self, sent: Instant, replies: Vec<(u64, Reply)>) -> Instant {
-        metrics::histogram!("leasehold_lease_renewal_seconds").record(sent.elapsed().as_secs_f64());
         let now = Instant::now();
         let mut failed = false;
         for (id, reply) in replies {

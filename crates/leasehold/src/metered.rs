@@ -1,0 +1,295 @@
+//! A store wrapper that records every operation as metrics; see [`Metered`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::store::ReleaseSubscription;
+use crate::store_api::{Acquisition, LeaseState, Release, Renewal, SlotClaim, StoreResult};
+use crate::{FencingToken, HolderId, LeaseName, Store, StoreError};
+
+/// A store that records each operation through the [`metrics`] facade, then answers as the store
+/// it wraps: `leasehold_store_operations_total{op, result}` and
+/// `leasehold_store_operation_seconds{op}` (call to answer). `result` is the answer where it has
+/// a meaning (`acquired`, `busy`, `renewed`, `lost`, `released`, `not-held`, `claimed`,
+/// `already-run`), `ok` for the other answers, and the error's kind on failure (`unavailable`,
+/// `timeout`, `rejected`, `corrupt`, `unsupported`).
+///
+/// The engine records what only it knows (leases lost and why, leadership, ticks); what each
+/// store call cost is recorded here, for any store, only when asked for:
+///
+/// ```
+/// use leasehold::{Lease, LeaseConfig, MemoryStore, Metered};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = Metered::new(MemoryStore::new());
+/// let lease = Lease::new(store, "nightly-sweep".parse()?, LeaseConfig::default())?;
+/// # drop(lease); Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Metered<S> {
+    inner: S,
+}
+
+impl<S: Store> Metered<S> {
+    /// Records the operations of `inner`.
+    pub fn new(inner: S) -> Self {
+        Self { inner }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// What a successful answer is called in the `result` label.
+trait Outcome {
+    fn label(&self) -> &'static str {
+        "ok"
+    }
+}
+
+impl Outcome for Acquisition {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Acquired { .. } => "acquired",
+            Self::Busy { .. } => "busy",
+        }
+    }
+}
+
+impl Outcome for Renewal {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Renewed => "renewed",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+impl Outcome for Release {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::NotHeld => "not-held",
+        }
+    }
+}
+
+impl Outcome for SlotClaim {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Claimed => "claimed",
+            Self::AlreadyRun { .. } => "already-run",
+        }
+    }
+}
+
+impl Outcome for () {}
+impl Outcome for u64 {}
+impl Outcome for Option<u64> {}
+impl Outcome for Option<LeaseState> {}
+impl<T> Outcome for Vec<T> {}
+
+fn error_kind(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::Unavailable { .. } => "unavailable",
+        StoreError::Timeout(_) => "timeout",
+        StoreError::Rejected { .. } => "rejected",
+        StoreError::Corrupt(_) => "corrupt",
+        StoreError::Unsupported(_) => "unsupported",
+    }
+}
+
+async fn measure<T: Outcome>(
+    op: &'static str,
+    call: impl Future<Output = StoreResult<T>>,
+) -> StoreResult<T> {
+    let sent = Instant::now();
+    let answer = call.await;
+    metrics::histogram!("leasehold_store_operation_seconds", "op" => op)
+        .record(sent.elapsed().as_secs_f64());
+    let result = match &answer {
+        Ok(value) => value.label(),
+        Err(e) => error_kind(e),
+    };
+    metrics::counter!("leasehold_store_operations_total", "op" => op, "result" => result)
+        .increment(1);
+    answer
+}
+
+impl<S: Store> Store for Metered<S> {
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Acquisition> {
+        measure("acquire", self.inner.acquire(name, holder, ttl)).await
+    }
+
+    async fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> StoreResult<Renewal> {
+        measure("renew", self.inner.renew(name, holder, token, ttl)).await
+    }
+
+    async fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        measure("renew_many", self.inner.renew_many(holder, leases, ttl)).await
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> StoreResult<Release> {
+        measure("release", self.inner.release(name, holder, token)).await
+    }
+
+    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
+        measure("purge", self.inner.purge(retention)).await
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
+        measure("inspect", self.inner.inspect(name)).await
+    }
+
+    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
+        measure("claim_slot", self.inner.claim_slot(task, slot)).await
+    }
+
+    async fn now_millis(&self) -> StoreResult<u64> {
+        measure("now_millis", self.inner.now_millis()).await
+    }
+
+    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
+        measure("last_slot", self.inner.last_slot(task)).await
+    }
+
+    async fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> StoreResult<()> {
+        measure(
+            "record_history",
+            self.inner.record_history(task, key, entry, keep),
+        )
+        .await
+    }
+
+    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
+        measure("history", self.inner.history(task, limit)).await
+    }
+
+    async fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<HolderId>> {
+        measure("members", self.inner.members(group, member, ttl)).await
+    }
+
+    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
+        measure("leave", self.inner.leave(group, member)).await
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.subscribe_releases()
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::FaultyStore;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    /// Every answer is counted under its operation and result, and timed.
+    #[test]
+    fn each_call_is_counted_by_its_answer() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let faulty = FaultyStore::new();
+                let store = Metered::new(faulty.clone());
+                let name = LeaseName::new("metered").unwrap();
+                let (a, b) = (HolderId::new("a").unwrap(), HolderId::new("b").unwrap());
+                let ttl = Duration::from_secs(10);
+                let Acquisition::Acquired { token } = store.acquire(&name, &a, ttl).await.unwrap()
+                else {
+                    panic!("a free lease was not acquired");
+                };
+                assert!(matches!(
+                    store.acquire(&name, &b, ttl).await.unwrap(),
+                    Acquisition::Busy { .. }
+                ));
+                assert_eq!(
+                    store.renew(&name, &a, token, ttl).await.unwrap(),
+                    Renewal::Renewed
+                );
+                assert_eq!(
+                    store.renew(&name, &b, token, ttl).await.unwrap(),
+                    Renewal::Lost
+                );
+                faulty.set(|f| &f.down, true);
+                assert!(store.renew(&name, &a, token, ttl).await.is_err());
+            });
+        });
+        let mut counts = std::collections::BTreeMap::new();
+        let mut timed = 0;
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            match value {
+                DebugValue::Counter(n) => {
+                    assert_eq!(key.key().name(), "leasehold_store_operations_total");
+                    counts.insert(labels.join(","), n);
+                }
+                DebugValue::Histogram(samples) => {
+                    assert_eq!(key.key().name(), "leasehold_store_operation_seconds");
+                    timed += samples.len();
+                }
+                DebugValue::Gauge(_) => panic!("no gauge expected"),
+            }
+        }
+        let expected: std::collections::BTreeMap<String, u64> = [
+            ("op=acquire,result=acquired", 1),
+            ("op=acquire,result=busy", 1),
+            ("op=renew,result=renewed", 1),
+            ("op=renew,result=lost", 1),
+            ("op=renew,result=unavailable", 1),
+        ]
+        .into_iter()
+        .map(|(k, n)| (k.to_owned(), n))
+        .collect();
+        assert_eq!(counts, expected);
+        assert_eq!(timed, 5, "every call is timed");
+    }
+}
