@@ -15,6 +15,8 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The core without its default features (no cron, no chrono) must build as well.
 cargo clippy -p leasehold --all-targets --no-default-features --locked -- -D warnings
+echo "== cargo doc -D warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-features --locked --no-fail-fast

@@ -115,8 +115,8 @@ pub struct ChaosArgs {
     #[arg(long)]
     pub postgres_url: Option<String>,
     /// The directory of PostgreSQL's programs (`initdb`, `postgres`, `pg_ctl`, `pg_isready`,
-    /// `createdb`) for the harness's own server [default: the newest
-    /// /usr/lib/postgresql/<version>/bin, else `pg_config --bindir`, else `PATH`].
+    /// `createdb`) for the harness's own server (default: the newest
+    /// `/usr/lib/postgresql/VERSION/bin`, else `pg_config --bindir`, else `PATH`).
     #[arg(long)]
     pub postgres_bin: Option<PathBuf>,
     /// The Redis server program for `--store redis` and `--store redis-sentinel` (which runs it
