@@ -6,24 +6,25 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::faults::FaultyStore;
 use leasehold::history::{self, MissReason, RecordTrigger, RunOutcome};
 use leasehold::{
     CatchUp, HolderId, LeaseConfig, LeaseName, MemoryStore, Schedule, Scheduler, SchedulerHandle,
     Store, StoreDownPolicy, Task, TaskContext, Trigger,
 };
-use support::{FlakyStore, Ledger, assert_no_slot_twice, recorder};
+use support::{Ledger, assert_no_slot_twice, recorder};
 
 const SEC: Duration = Duration::from_secs(1);
 
 /// One instance's view of a shared store, with faults of its own.
-fn view(shared: &MemoryStore) -> FlakyStore {
-    FlakyStore {
+fn view(shared: &MemoryStore) -> FaultyStore {
+    FaultyStore {
         inner: shared.clone(),
-        ..FlakyStore::default()
+        ..FaultyStore::default()
     }
 }
 
-fn start(store: &FlakyStore, holder: &str, task: Task, group: bool) -> SchedulerHandle {
+fn start(store: &FaultyStore, holder: &str, task: Task, group: bool) -> SchedulerHandle {
     let mut s = Scheduler::new(store.clone())
         .holder(HolderId::new(holder).unwrap())
         .lease_config(LeaseConfig::new(SEC * 15))
@@ -132,7 +133,7 @@ async fn skip_leaves_the_slot_unrun_and_records_it_missed() {
 /// run in order, the older ones are recorded missed because the store was down.
 #[tokio::test(start_paused = true)]
 async fn all_runs_the_newest_missed_slots_in_order_after_an_outage() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let ledger = Ledger::default();
     let task = recorder(
         &ledger,
@@ -242,7 +243,7 @@ async fn the_history_records_outcomes_and_stays_bounded() {
 /// A job can ask whether it may still commit: false once its lease starts expiring.
 #[tokio::test(start_paused = true)]
 async fn a_job_sees_its_lease_expiring_before_it_commits() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = seen.clone();
     let flaky = store.clone();

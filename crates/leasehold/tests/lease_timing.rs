@@ -5,18 +5,18 @@ mod support;
 
 use std::time::Duration;
 
+use leasehold::faults::FaultyStore;
 use leasehold::store::Acquisition;
 use leasehold::{
     HolderId, Lease, LeaseConfig, LeaseError, LeaseName, LossReason, Release, Store, StoreError,
     TryAcquire,
 };
-use support::FlakyStore;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(3);
 const MS: Duration = Duration::from_millis(1);
 
-fn lease(store: &FlakyStore) -> Lease<FlakyStore> {
+fn lease(store: &FaultyStore) -> Lease<FaultyStore> {
     Lease::new(
         store.clone(),
         LeaseName::new("job").unwrap(),
@@ -25,7 +25,7 @@ fn lease(store: &FlakyStore) -> Lease<FlakyStore> {
     .unwrap()
 }
 
-async fn held(lease: &Lease<FlakyStore>) -> leasehold::LeaseGuard {
+async fn held(lease: &Lease<FaultyStore>) -> leasehold::LeaseGuard {
     match lease.try_acquire().await.unwrap() {
         TryAcquire::Acquired(guard) => guard,
         TryAcquire::Busy { holder, .. } => panic!("busy, held by {holder}"),
@@ -34,7 +34,7 @@ async fn held(lease: &Lease<FlakyStore>) -> leasehold::LeaseGuard {
 
 #[tokio::test(start_paused = true)]
 async fn renews_every_third_of_the_ttl() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     tokio::time::sleep(Duration::from_millis(4_500)).await;
@@ -49,7 +49,7 @@ async fn renews_every_third_of_the_ttl() {
 
 #[tokio::test(start_paused = true)]
 async fn unconfirmed_renewals_cancel_at_the_local_deadline() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     store.set(|f| &f.renew_hangs, true);
@@ -68,7 +68,7 @@ async fn unconfirmed_renewals_cancel_at_the_local_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn store_answer_lost_cancels_at_once() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     store.set(|f| &f.renew_lost, true);
@@ -78,7 +78,7 @@ async fn store_answer_lost_cancels_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn errors_are_retried_and_a_recovery_keeps_the_lease() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let l = lease(&store);
     let guard = held(&l).await;
     let token = guard.token();
@@ -96,7 +96,7 @@ async fn errors_are_retried_and_a_recovery_keeps_the_lease() {
 
 #[tokio::test(start_paused = true)]
 async fn a_long_outage_loses_the_lease_before_the_store_expires_it() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     store.set(|f| &f.down, true);
@@ -106,7 +106,7 @@ async fn a_long_outage_loses_the_lease_before_the_store_expires_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_renewal_reply_after_the_deadline_is_not_trusted() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     // The store renews, but its answer takes longer than the lease has left.
@@ -123,7 +123,7 @@ async fn a_renewal_reply_after_the_deadline_is_not_trusted() {
 
 #[tokio::test(start_paused = true)]
 async fn an_acquire_reply_after_the_deadline_is_not_a_lease() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let l = lease(&store);
     store
         .faults
@@ -145,7 +145,7 @@ async fn an_acquire_reply_after_the_deadline_is_not_a_lease() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_store_is_an_error_not_busy() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.set(|f| &f.down, true);
     let l = lease(&store);
     assert!(matches!(
@@ -156,7 +156,7 @@ async fn an_unreachable_store_is_an_error_not_busy() {
 
 #[tokio::test(start_paused = true)]
 async fn release_hands_over_to_a_waiter_at_once() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let first = held(&lease(&store)).await;
     let second = lease(&store);
     let waiter = tokio::spawn(async move { second.acquire().await.unwrap() });
@@ -174,7 +174,7 @@ async fn release_hands_over_to_a_waiter_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_takes_over_right_when_a_crashed_holder_expires() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let name = LeaseName::new("job").unwrap();
     // A holder that crashed: it acquired and then never renewed.
     let crashed = HolderId::new("crashed").unwrap();
@@ -193,7 +193,7 @@ async fn a_waiter_takes_over_right_when_a_crashed_holder_expires() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_guard_releases_best_effort() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let l = lease(&store);
     let guard = held(&l).await;
     let token = guard.cancellation_token();
@@ -206,7 +206,7 @@ async fn dropping_the_guard_releases_best_effort() {
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_the_callers_token_does_not_touch_the_guard() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let guard = held(&lease(&store)).await;
     guard.cancellation_token().cancel();
     tokio::time::sleep(MS * 5_000).await;
@@ -215,7 +215,7 @@ async fn cancelling_the_callers_token_does_not_touch_the_guard() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hanging_renewal_still_tells_the_work_to_stop_at_the_stop_margin() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     store.set(|f| &f.renew_hangs, true);
@@ -238,7 +238,7 @@ async fn a_hanging_renewal_still_tells_the_work_to_stop_at_the_stop_margin() {
 /// token already cancelled (and `expiring()` returns at once), while neither lease is lost yet.
 #[tokio::test(start_paused = true)]
 async fn the_expiring_signal_reaches_tokens_asked_for_before_and_after_it() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let start = Instant::now();
     let config = LeaseConfig::new(TTL);
     let early = held(&lease(&store)).await;

@@ -5,12 +5,12 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::faults::FaultyStore;
 use leasehold::{
     HolderId, Leader, LeaderEvent, Lease, LeaseConfig, LeaseName, MemoryStore, RevokeReason,
     RunResult, Schedule, Scheduler, SchedulerHandle, Store, StoreDownPolicy, Task, TaskContext,
     TickOutcome, Trigger,
 };
-use support::FlakyStore;
 use tokio::time::Instant;
 
 const SEC: Duration = Duration::from_secs(1);
@@ -138,7 +138,7 @@ async fn a_run_that_outlives_its_interval_never_overlaps_the_next() {
 
 #[tokio::test(start_paused = true)]
 async fn fail_closed_skips_ticks_while_the_store_is_down() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.set(|f| &f.down, true);
     let ledger = Ledger::default();
     let a = instance(&store, "a", recording_task(&ledger, SEC / 10), false);
@@ -163,7 +163,7 @@ async fn fail_closed_skips_ticks_while_the_store_is_down() {
 
 #[tokio::test(start_paused = true)]
 async fn fail_open_runs_ticks_everywhere_while_the_store_is_down() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.set(|f| &f.down, true);
     let ledger = Ledger::default();
     let task = || recording_task(&ledger, SEC / 10).on_store_down(StoreDownPolicy::FailOpen);
@@ -200,7 +200,7 @@ async fn local_mode_runs_every_tick_without_a_store() {
 
 #[tokio::test(start_paused = true)]
 async fn losing_leadership_cancels_the_running_job() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let cancelled_at = Arc::new(Mutex::new(None));
     let seen = cancelled_at.clone();
     let task = Task::new(
@@ -290,7 +290,7 @@ async fn a_manual_run_on_a_follower_runs_there() {
 
 #[tokio::test(start_paused = true)]
 async fn leader_events_report_election_and_revocation() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
     let lease = Lease::new(

@@ -7,11 +7,12 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use leasehold::faults::FaultyStore;
 use leasehold::{
     HolderId, LeaseConfig, MemoryStore, Schedule, Scheduler, SchedulerHandle, Store, Task,
     TickOutcome,
 };
-use support::{FlakyStore, Ledger, assert_no_slot_twice, recorder, timer_slots};
+use support::{Ledger, assert_no_slot_twice, recorder, timer_slots};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -108,7 +109,7 @@ async fn a_rolling_deploy_with_two_schedules_runs_each_firing_at_most_once() {
 /// make every slot of the next hour `AlreadyRun`).
 #[tokio::test(start_paused = true)]
 async fn a_host_clock_ahead_of_the_store_never_claims_a_future_slot() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store
         .faults
         .clock_offset_ms
@@ -141,7 +142,7 @@ async fn a_host_clock_ahead_of_the_store_never_claims_a_future_slot() {
 /// reply came late): the job must not start under a lease that is about to be lost.
 #[tokio::test(start_paused = true)]
 async fn a_lease_that_starts_expiring_during_the_claim_does_not_run_the_job() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.set(|f| &f.renew_hangs, true);
     store.faults.acquire_delay_ms.store(2_200, Ordering::SeqCst);
     store.faults.claim_delay_ms.store(900, Ordering::SeqCst);

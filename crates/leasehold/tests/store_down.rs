@@ -6,11 +6,12 @@ mod support;
 
 use std::time::Duration;
 
+use leasehold::faults::FaultyStore;
 use leasehold::{
     HolderId, LeaseConfig, LeaseName, MemoryStore, Schedule, Scheduler, SchedulerHandle, Store,
     StoreDownPolicy, Task, TickOutcome, Trigger,
 };
-use support::{FlakyStore, Ledger, Run, assert_no_slot_twice, recorder};
+use support::{Ledger, Run, assert_no_slot_twice, recorder};
 use tokio::time::Instant;
 
 const SEC: Duration = Duration::from_secs(1);
@@ -48,7 +49,7 @@ fn runs_between(ledger: &Ledger, from: Instant, to: Instant) -> Vec<Run> {
 /// ttl of recovery the runs are single-instance again with no slot run twice.
 #[tokio::test(start_paused = true)]
 async fn fail_open_under_a_leader_group_never_stalls_and_re_attaches() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let ledger = Ledger::default();
     let every_2s = || {
         recorder(
@@ -101,7 +102,7 @@ async fn fail_open_under_a_leader_group_never_stalls_and_re_attaches() {
 /// soon as the store answers.
 #[tokio::test(start_paused = true)]
 async fn fail_closed_started_without_its_store_runs_once_per_tick_when_it_arrives() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.set(|f| &f.down, true);
     let ledger = Ledger::default();
     let task = || recorder(&ledger, "sweep", Schedule::every(SEC).unwrap(), SEC / 10);
@@ -126,7 +127,7 @@ async fn fail_closed_started_without_its_store_runs_once_per_tick_when_it_arrive
 /// instance, no slot runs twice once the store is back.
 #[tokio::test(start_paused = true)]
 async fn local_re_attaches_when_the_store_answers() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.set(|f| &f.down, true);
     let ledger = Ledger::default();
     let task = || recorder(&ledger, "sweep", Schedule::every(SEC).unwrap(), SEC / 10);
@@ -153,7 +154,7 @@ async fn local_re_attaches_when_the_store_answers() {
 /// leader only; the store being down does not touch it.
 #[tokio::test(start_paused = true)]
 async fn ungated_tasks_run_everywhere_beside_gated_ones() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let gated = Ledger::default();
     let ungated = Ledger::default();
     let tasks = || {
@@ -192,7 +193,7 @@ async fn ungated_tasks_run_everywhere_beside_gated_ones() {
 #[tokio::test(start_paused = true)]
 async fn repeated_refusals_stop_the_scheduler_with_a_reason() {
     for group in [true, false] {
-        let store = FlakyStore::new();
+        let store = FaultyStore::new();
         store.set(|f| &f.refuse, true);
         let ledger = Ledger::default();
         let mut s = Scheduler::new(store.clone())

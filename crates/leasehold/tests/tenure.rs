@@ -5,16 +5,16 @@ mod support;
 
 use std::time::Duration;
 
+use leasehold::faults::FaultyStore;
 use leasehold::{
     HolderId, Leader, LeaderState, Lease, LeaseConfig, LeaseName, LossReason, Release, Store,
     TryAcquire,
 };
 use std::sync::atomic::Ordering;
-use support::FlakyStore;
 
 const SEC: Duration = Duration::from_secs(1);
 
-fn lease(store: &FlakyStore, holder: &str) -> Lease<FlakyStore> {
+fn lease(store: &FaultyStore, holder: &str) -> Lease<FaultyStore> {
     Lease::new(
         store.clone(),
         LeaseName::new("job").unwrap(),
@@ -24,7 +24,7 @@ fn lease(store: &FlakyStore, holder: &str) -> Lease<FlakyStore> {
     .with_holder(HolderId::new(holder).unwrap())
 }
 
-async fn acquired(lease: &Lease<FlakyStore>) -> leasehold::LeaseGuard {
+async fn acquired(lease: &Lease<FaultyStore>) -> leasehold::LeaseGuard {
     match lease.try_acquire().await.unwrap() {
         TryAcquire::Acquired(guard) => guard,
         busy => panic!("expected to acquire, got {busy:?}"),
@@ -35,7 +35,7 @@ async fn acquired(lease: &Lease<FlakyStore>) -> leasehold::LeaseGuard {
 /// guard's release reaching the store late.
 #[tokio::test(start_paused = true)]
 async fn drop_then_reacquire_survives_the_late_release_of_the_dropped_guard() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.faults.release_delay_ms.store(500, Ordering::SeqCst);
     let ours = lease(&store, "a");
     let other = lease(&store, "b");
@@ -63,7 +63,7 @@ async fn drop_then_reacquire_survives_the_late_release_of_the_dropped_guard() {
 /// so two guards of one handle never both believe they hold the lease.
 #[tokio::test(start_paused = true)]
 async fn acquiring_again_ends_the_previous_guard_of_the_handle() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let ours = lease(&store, "a");
     let first = acquired(&ours).await;
     let second = acquired(&ours).await;
@@ -84,7 +84,7 @@ async fn acquiring_again_ends_the_previous_guard_of_the_handle() {
 /// the old term's (late) release cannot free, and no other instance may be elected meanwhile.
 #[tokio::test(start_paused = true)]
 async fn re_election_after_a_local_expiry_is_a_new_term_the_old_release_cannot_free() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.faults.release_delay_ms.store(300, Ordering::SeqCst);
     let a = Leader::new(lease(&store, "a")).start(std::future::pending());
     let (first, term) = a.elected().await.unwrap();
@@ -107,7 +107,7 @@ async fn re_election_after_a_local_expiry_is_a_new_term_the_old_release_cannot_f
 /// Case 5: starting and stepping down leaves no task behind.
 #[tokio::test(start_paused = true)]
 async fn step_down_leaves_no_task_behind() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     let metrics = tokio::runtime::Handle::current().metrics();
     let before = metrics.num_alive_tasks();
     for _ in 0..50 {
@@ -125,7 +125,7 @@ async fn step_down_leaves_no_task_behind() {
 /// state that says why, instead of an idle campaign.
 #[tokio::test(start_paused = true)]
 async fn repeated_refusals_end_the_election_with_a_reason() {
-    let store = FlakyStore::new();
+    let store = FaultyStore::new();
     store.set(|f| &f.refuse, true);
     let a = Leader::new(lease(&store, "a")).start(std::future::pending());
     let mut watch = a.watch();

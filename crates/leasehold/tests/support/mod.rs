@@ -1,4 +1,5 @@
-//! Shared pieces of the engine's tests: the fault-injecting store and a run ledger.
+//! Shared pieces of the engine's tests: a run ledger and its checks. Faults are injected with the
+//! library's own wrapper, `leasehold::faults::FaultyStore`.
 
 #![allow(dead_code)]
 
@@ -7,9 +8,6 @@ use std::time::Duration;
 
 use leasehold::{FencingToken, LeaseName};
 use tokio::time::Instant;
-
-/// The engine's tests inject faults through the library's own wrapper.
-pub type FlakyStore = leasehold::faults::FaultyStore;
 
 /// Runs recorded by a test job: (holder, slot, trigger, token, start, end).
 pub type Ledger = Arc<Mutex<Vec<Run>>>;
