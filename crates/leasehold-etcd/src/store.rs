@@ -8,11 +8,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
 };
 use serde_json::json;
-use tokio::sync::oneshot;
-use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
 use crate::error::{Error, RequestError, Result};
@@ -48,18 +46,10 @@ struct Inner {
     prefix: String,
     op_timeout: Duration,
     described: String,
-    hub: Option<ReleaseHub>,
-    watcher: Option<AbortHandle>,
+    /// The release watch, when notifications are on.
+    releases: Option<ReleaseFeed>,
     /// Per lease key: the revision this process last saw and when it first saw it.
     observed: Arc<Observations>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(watcher) = &self.watcher {
-            watcher.abort();
-        }
-    }
 }
 
 impl fmt::Debug for EtcdStore {
@@ -92,7 +82,7 @@ fn parse_slot(value: &str) -> StoreResult<u64> {
 impl EtcdStore {
     pub(crate) async fn connect(config: EtcdConfig) -> Result<Self> {
         let op_timeout = config.op_timeout;
-        let (store, ready) = Self::open(config)?;
+        let store = Self::open(config)?;
         // One read under the prefix: reachability, credentials and read permission at once.
         let probe =
             json!({ "key": b64(store.inner.lease_key_prefix()), "limit": "1", "keys_only": true });
@@ -113,9 +103,9 @@ impl EtcdStore {
             Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
             Ok(Ok(_)) => {}
         }
-        if let Some(ready) = ready {
+        if let Some(releases) = &store.inner.releases {
             // Usually established at once; if not, it keeps trying in the background.
-            let _ = tokio::time::timeout(op_timeout, ready).await;
+            releases.first_attempt(op_timeout).await;
         }
         Ok(store)
     }
@@ -123,7 +113,7 @@ impl EtcdStore {
     /// The store without a first round trip: connections are opened by the first operation
     /// (each fails with [`StoreError::Unavailable`] while no member answers) and the release
     /// watch is established in the background. Must be called within a tokio runtime.
-    pub(crate) fn open(config: EtcdConfig) -> Result<(Self, Option<oneshot::Receiver<()>>)> {
+    pub(crate) fn open(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
         let gateway = Arc::new(Gateway::new(&config)?);
         let mut inner = Inner {
@@ -131,28 +121,21 @@ impl EtcdStore {
             prefix: config.prefix.clone(),
             op_timeout: config.op_timeout,
             described: config.describe(),
-            hub: None,
-            watcher: None,
+            releases: None,
             observed: Arc::default(),
         };
-        let mut ready = None;
         if config.notifications {
-            let hub = ReleaseHub::new();
-            let (watcher, established) = watch::spawn(
+            inner.releases = Some(watch::feed(
                 gateway,
                 inner.lease_key_prefix(),
-                hub.clone(),
                 inner.observed.clone(),
                 config.max_reconnect_delay,
-            );
-            inner.hub = Some(hub);
-            inner.watcher = Some(watcher);
-            ready = Some(established);
+                inner.described.clone(),
+            ));
         }
-        let store = Self {
+        Ok(Self {
             inner: Arc::new(inner),
-        };
-        Ok((store, ready))
+        })
     }
 
     /// The key of a lease: `PREFIX` `lease/` `NAME`.
@@ -898,7 +881,7 @@ impl Store for EtcdStore {
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.hub.as_ref().map(ReleaseHub::subscribe)
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
     }
 
     fn describe(&self) -> String {
@@ -919,6 +902,6 @@ impl EtcdConfig {
     /// release watch is established in the background, so a service can start while etcd is
     /// down. Fails only on settings that can never work. Call it within a tokio runtime.
     pub fn connect_lazy(self) -> Result<EtcdStore> {
-        EtcdStore::open(self).map(|(store, _)| store)
+        EtcdStore::open(self)
     }
 }

@@ -10,12 +10,12 @@ use deadpool_postgres::{
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
 };
-use tokio::task::AbortHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{PgConfig, Tls, qualified};
 use crate::error::{Error, Result};
@@ -43,25 +43,13 @@ struct Inner {
     url: String,
     schema: String,
     lease_table: String,
-    hub: ReleaseHub,
-    listener: Option<AbortHandle>,
+    /// Present when notifications are on.
+    releases: Option<ReleaseFeed>,
     /// Set once the tables are known to exist (the migration ran, or was off); until then
     /// every operation answers `Unavailable` (a store from [`PgStore::connect_lazy`]).
     ready: std::sync::OnceLock<std::result::Result<(), String>>,
     /// The background connect of a lazy store.
-    migration: std::sync::OnceLock<AbortHandle>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for task in [self.listener.as_ref(), self.migration.get()]
-            .into_iter()
-            .flatten()
-        {
-            task.abort();
-        }
-        self.pool.close();
-    }
+    migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
 }
 
 /// The SQL this store runs, one statement per operation, for review and for tests that run a
@@ -372,12 +360,7 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
 }
 
 impl PgStore {
-    fn assemble(
-        config: &PgConfig,
-        parts: Parts,
-        hub: ReleaseHub,
-        listener: Option<AbortHandle>,
-    ) -> Self {
+    fn assemble(config: &PgConfig, parts: Parts, releases: Option<ReleaseFeed>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pool: parts.pool,
@@ -387,28 +370,21 @@ impl PgStore {
                 url: parts.url,
                 schema: config.schema.clone(),
                 lease_table: config.lease_table.clone(),
-                hub,
-                listener,
+                releases,
                 ready: std::sync::OnceLock::new(),
                 migration: std::sync::OnceLock::new(),
             }),
         }
     }
 
-    /// Starts the release listener (if notifications are on): its task and a signal of its
-    /// first LISTEN.
-    fn listen(
-        config: &PgConfig,
-        parts: &Parts,
-        hub: &ReleaseHub,
-    ) -> Option<(AbortHandle, tokio::sync::oneshot::Receiver<()>)> {
+    /// Starts the release listener, if notifications are on.
+    fn listen(config: &PgConfig, parts: &Parts) -> Option<ReleaseFeed> {
         config.notifications.then(|| {
-            listener::spawn(
+            listener::feed(
                 parts.pg.clone(),
                 parts.tls.clone(),
                 config.channel_name(),
                 parts.sql.recent_releases.clone(),
-                hub.clone(),
                 config,
                 &parts.url,
             )
@@ -418,16 +394,13 @@ impl PgStore {
     pub(crate) async fn connect(config: PgConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         migrate_on(&parts.pool, &config, &parts.url, &parts.sql).await?;
-        let hub = ReleaseHub::new();
-        let listener = match Self::listen(&config, &parts, &hub) {
-            Some((handle, listening)) => {
-                let _ = tokio::time::timeout(config.connect_timeout, listening).await;
-                Some(handle)
-            }
-            None => None,
-        };
+        let releases = Self::listen(&config, &parts);
+        if let Some(releases) = &releases {
+            // So a subscription taken right after `connect` hears every later release.
+            releases.first_attempt(config.connect_timeout).await;
+        }
         tracing::debug!(url = %parts.url, schema = %config.schema, "connected to postgres");
-        let store = Self::assemble(&config, parts, hub, listener);
+        let store = Self::assemble(&config, parts, releases);
         let _ = store.inner.ready.set(Ok(()));
         Ok(store)
     }
@@ -444,9 +417,8 @@ impl PgStore {
                 "connect_lazy must be called within a Tokio runtime".to_owned(),
             ));
         }
-        let hub = ReleaseHub::new();
-        let listener = Self::listen(&config, &parts, &hub).map(|(handle, _)| handle);
-        let store = Self::assemble(&config, parts, hub, listener);
+        let releases = Self::listen(&config, &parts);
+        let store = Self::assemble(&config, parts, releases);
         let weak = Arc::downgrade(&store.inner);
         let task = tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
@@ -484,7 +456,7 @@ impl PgStore {
                 delay = (delay * 2).min(config.max_reconnect_delay);
             }
         });
-        let _ = store.inner.migration.set(task.abort_handle());
+        let _ = store.inner.migration.set(AbortOnDropHandle::new(task));
         Ok(store)
     }
 
@@ -1019,10 +991,7 @@ impl Store for PgStore {
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner
-            .listener
-            .as_ref()
-            .map(|_| self.inner.hub.subscribe())
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
     }
 
     fn describe(&self) -> String {

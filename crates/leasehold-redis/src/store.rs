@@ -8,13 +8,12 @@ use std::time::Duration;
 use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
-use tokio::task::AbortHandle;
 
 use crate::call::{
     Arg, FENCE, HISTORY as HISTORY_KIND, LEASE, MEMBERS as MEMBERS_KIND, SLOT, key_parts,
@@ -58,16 +57,8 @@ struct Inner {
     retention: Duration,
     /// The URL without its password.
     url: String,
-    hub: ReleaseHub,
-    listener: Option<AbortHandle>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(listener) = &self.listener {
-            listener.abort();
-        }
-    }
+    /// Present when notifications are on.
+    releases: Option<ReleaseFeed>,
 }
 
 /// How the store reaches its data.
@@ -257,16 +248,9 @@ impl RedisStore {
         }
         let conn = setup.lazy_conn()?;
         let channel = format!("{}:released", config.prefix);
-        let hub = ReleaseHub::new();
-        let listener = config.notifications.then(|| {
-            listener::spawn_lazy(
-                setup.source.clone(),
-                channel.clone(),
-                hub.clone(),
-                &config,
-                &setup.url,
-            )
-        });
+        let releases = config
+            .notifications
+            .then(|| listener::feed(setup.source.clone(), channel.clone(), &config, &setup.url));
         tracing::debug!(url = %setup.url, prefix = %config.prefix, "connecting to redis in the background");
         let store = Self {
             inner: Arc::new(Inner {
@@ -276,8 +260,7 @@ impl RedisStore {
                 op_timeout: config.op_timeout,
                 retention: config.retention,
                 url: setup.url.clone(),
-                hub,
-                listener,
+                releases,
             }),
         };
         tokio::spawn(warm_up(
@@ -312,12 +295,13 @@ impl RedisStore {
             })?;
 
         let channel = format!("{}:released", config.prefix);
-        let hub = ReleaseHub::new();
-        let listener = if config.notifications {
-            Some(listener::spawn(setup.source, channel.clone(), hub.clone(), &config, &url).await)
-        } else {
-            None
-        };
+        let releases = config
+            .notifications
+            .then(|| listener::feed(setup.source, channel.clone(), &config, &url));
+        if let Some(releases) = &releases {
+            // So the first release after `connect` is heard (if the server lets us subscribe).
+            releases.first_attempt(config.connect_timeout).await;
+        }
         tracing::debug!(url = %url, prefix = %config.prefix, "connected to redis");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -327,8 +311,7 @@ impl RedisStore {
                 op_timeout: config.op_timeout,
                 retention: config.retention,
                 url,
-                hub,
-                listener,
+                releases,
             }),
         })
     }
@@ -1069,10 +1052,7 @@ impl Store for RedisStore {
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner
-            .listener
-            .as_ref()
-            .map(|_| self.inner.hub.subscribe())
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
     }
 
     fn describe(&self) -> String {
@@ -1090,7 +1070,7 @@ impl fmt::Debug for RedisStore {
             .field("url", &self.inner.url)
             .field("prefix", &self.inner.prefix)
             .field("op_timeout", &self.inner.op_timeout)
-            .field("notifications", &self.inner.listener.is_some())
+            .field("notifications", &self.inner.releases.is_some())
             .finish()
     }
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+mod feed;
 pub mod history;
 mod leader;
 mod lease;
@@ -35,6 +36,7 @@ pub use store_api::{BoxStore, LeaseState, Release, Store, StoreError};
 /// its operations, its error helpers and its release notifications. Applications need these
 /// only to call a store's operations directly.
 pub mod store {
+    pub use crate::feed::{FeedLink, ReleaseFeed, ReleaseSource};
     pub use crate::notify::{ReleaseHub, ReleaseSubscription};
     pub use crate::store_api::{Acquisition, BoxError, Operation, Renewal, SlotClaim, StoreResult};
 }
