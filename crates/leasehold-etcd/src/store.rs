@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{
+        Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
+    },
 };
 use serde_json::json;
 
@@ -156,15 +158,14 @@ impl EtcdStore {
 
     /// Runs one attempt of an operation within the op timeout.
     async fn run<T>(&self, work: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        tokio::time::timeout(self.inner.op_timeout, work)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.inner.op_timeout)))
+        within(self.inner.op_timeout, work).await
     }
 
     /// Runs an operation that may be repeated without changing its outcome (a renewal, a read)
     /// in attempts of a third of the op timeout, until one answers or the op timeout is spent.
     /// A write sent while the cluster elects a leader is not answered until etcd's own request
-    /// timeout (seconds); a fresh attempt goes through as soon as the new leader is in.
+    /// timeout (seconds); a fresh attempt goes through as soon as the new leader is in. (Its own
+    /// loop, not [`within`]: it answers the last attempt's error when the time is spent.)
     async fn run_repeatable<T, F, Fut>(&self, work: F) -> StoreResult<T>
     where
         F: Fn() -> Fut,
@@ -447,7 +448,7 @@ impl EtcdStore {
         }
         // Expired entries go in a second round trip, each only if not refreshed since.
         self.delete_unchanged(op, &expired).await?;
-        live.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        live.sort();
         Ok(live)
     }
 
@@ -729,10 +730,6 @@ fn in_tenure(key: &[u8], token: FencingToken, holder: &HolderId) -> Vec<serde_js
     ]
 }
 
-fn op<'a>(what: &'static str, name: Option<&'a LeaseName>) -> Op<'a> {
-    Op { what, name }
-}
-
 fn free_state(token: FencingToken) -> LeaseState {
     LeaseState {
         holder: None,
@@ -776,7 +773,7 @@ impl Store for EtcdStore {
         holder: &HolderId,
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
-        let op = op("acquire", Some(name));
+        let op = Op::new("acquire", Some(name));
         self.run(self.acquire_once(op, name, holder, ttl))
     }
 
@@ -787,7 +784,7 @@ impl Store for EtcdStore {
         token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Renewal>> + Send {
-        let op = op("renew", Some(name));
+        let op = Op::new("renew", Some(name));
         self.run_repeatable(move || self.renew_once(op, name, holder, token, ttl))
     }
 
@@ -797,7 +794,7 @@ impl Store for EtcdStore {
         leases: &[(LeaseName, FencingToken)],
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
-        self.renew_many_chunked(op("renew_many", None), holder, leases, ttl)
+        self.renew_many_chunked(Op::new("renew_many", None), holder, leases, ttl)
     }
 
     fn release(
@@ -806,12 +803,12 @@ impl Store for EtcdStore {
         holder: &HolderId,
         token: FencingToken,
     ) -> impl Future<Output = StoreResult<Release>> + Send {
-        let op = op("release", Some(name));
+        let op = Op::new("release", Some(name));
         self.run(self.release_once(op, name, holder, token))
     }
 
     fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let op = op("purge", None);
+        let op = Op::new("purge", None);
         self.run_repeatable(move || self.purge_once(op, retention))
     }
 
@@ -819,7 +816,7 @@ impl Store for EtcdStore {
         &self,
         name: &LeaseName,
     ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
-        let op = op("inspect", Some(name));
+        let op = Op::new("inspect", Some(name));
         self.run_repeatable(move || self.inspect_once(op, name))
     }
 
@@ -828,7 +825,7 @@ impl Store for EtcdStore {
         task: &LeaseName,
         slot: u64,
     ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
-        let op = op("claim_slot", Some(task));
+        let op = Op::new("claim_slot", Some(task));
         self.run(self.claim_slot_once(op, task, slot))
     }
 
@@ -837,7 +834,7 @@ impl Store for EtcdStore {
     }
 
     fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
-        let op = op("last_slot", Some(task));
+        let op = Op::new("last_slot", Some(task));
         self.run_repeatable(move || self.last_slot_once(op, task))
     }
 
@@ -848,7 +845,7 @@ impl Store for EtcdStore {
         entry: &str,
         keep: usize,
     ) -> impl Future<Output = StoreResult<()>> + Send {
-        let op = op("record_history", Some(task));
+        let op = Op::new("record_history", Some(task));
         self.run_repeatable(move || self.record_history_once(op, task, key, entry, keep))
     }
 
@@ -857,7 +854,7 @@ impl Store for EtcdStore {
         task: &LeaseName,
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
-        let op = op("history", Some(task));
+        let op = Op::new("history", Some(task));
         self.run_repeatable(move || self.history_once(op, task, limit))
     }
 
@@ -867,7 +864,7 @@ impl Store for EtcdStore {
         member: &HolderId,
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
-        let op = op("members", Some(group));
+        let op = Op::new("members", Some(group));
         self.run_repeatable(move || self.members_once(op, group, member, ttl))
     }
 
@@ -876,7 +873,7 @@ impl Store for EtcdStore {
         group: &LeaseName,
         member: &HolderId,
     ) -> impl Future<Output = StoreResult<()>> + Send {
-        let op = op("leave", Some(group));
+        let op = Op::new("leave", Some(group));
         self.run_repeatable(move || self.leave_once(op, group, member))
     }
 

@@ -10,7 +10,9 @@ use deadpool_postgres::{
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{
+        Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
+    },
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -293,6 +295,8 @@ impl Parts {
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
+            // The pool's own limits on waiting for, opening and recycling a connection (how it
+            // hands connections out); `query` bounds each operation as a whole with `within`.
             .wait_timeout(Some(config.op_timeout))
             .create_timeout(Some(config.connect_timeout))
             .recycle_timeout(Some(config.op_timeout))
@@ -325,10 +329,7 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
         url: url.to_owned(),
         source,
     };
-    let op = Op {
-        what: "connect",
-        name: None,
-    };
+    let op = Op::new("connect", None);
     let mut client = tokio::time::timeout(config.connect_timeout * 2, pool.get())
         .await
         .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
@@ -348,14 +349,7 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
         .await
         .map_err(|e| Error::Migrate {
             url: url.to_owned(),
-            source: classify(
-                e,
-                Op {
-                    what: "migration",
-                    name: None,
-                },
-                config.op_timeout,
-            ),
+            source: classify(e, Op::new("migration", None), config.op_timeout),
         })
 }
 
@@ -520,10 +514,7 @@ impl PgStore {
                 .await
                 .map_err(|e| classify(e, op, limit))
         };
-        match tokio::time::timeout(limit, work).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(limit)),
-        }
+        within(limit, work).await
     }
 }
 
@@ -653,10 +644,7 @@ impl Store for PgStore {
         holder: &HolderId,
         ttl: Duration,
     ) -> StoreResult<Acquisition> {
-        let op = Op {
-            what: "acquire",
-            name: Some(name),
-        };
+        let op = Op::new("acquire", Some(name));
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
         for _ in 0..MAX_ATTEMPTS {
             let rows = self
@@ -706,10 +694,7 @@ impl Store for PgStore {
             return Ok(Renewal::Lost);
         };
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "renew",
-            name: Some(name),
-        };
+        let op = Op::new("renew", Some(name));
         let rows = self
             .query(
                 op,
@@ -726,10 +711,7 @@ impl Store for PgStore {
 
     async fn purge(&self, retention: Duration) -> StoreResult<u64> {
         let retention_ms = retention.as_millis().clamp(0, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "purge",
-            name: None,
-        };
+        let op = Op::new("purge", None);
         let rows = self
             .query(op, &self.inner.sql.purge, &[&retention_ms])
             .await?;
@@ -753,10 +735,7 @@ impl Store for PgStore {
             .filter_map(|(name, token)| Some((name.as_str(), to_i64(token.get())?)))
             .unzip();
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "renew_many",
-            name: None,
-        };
+        let op = Op::new("renew_many", None);
         let rows = self
             .query(
                 op,
@@ -790,10 +769,7 @@ impl Store for PgStore {
         let Some(token) = to_i64(token.get()) else {
             return Ok(Release::NotHeld);
         };
-        let op = Op {
-            what: "release",
-            name: Some(name),
-        };
+        let op = Op::new("release", Some(name));
         let rows = self
             .query(
                 op,
@@ -814,10 +790,7 @@ impl Store for PgStore {
     }
 
     async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        let op = Op {
-            what: "inspect",
-            name: Some(name),
-        };
+        let op = Op::new("inspect", Some(name));
         let rows = self
             .query(op, &self.inner.sql.inspect, &[&name.as_str()])
             .await?;
@@ -844,10 +817,7 @@ impl Store for PgStore {
     }
 
     async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
-        let op = Op {
-            what: "claim_slot",
-            name: Some(task),
-        };
+        let op = Op::new("claim_slot", Some(task));
         let Some(slot_i) = to_i64(slot) else {
             return Err(StoreError::Rejected {
                 message: format!("{op}: slot {slot} does not fit a bigint"),
@@ -878,10 +848,7 @@ impl Store for PgStore {
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
-        let op = Op {
-            what: "clock",
-            name: None,
-        };
+        let op = Op::new("clock", None);
         let rows = self.query(op, &self.inner.sql.now_millis, &[]).await?;
         let row = rows
             .first()
@@ -897,10 +864,7 @@ impl Store for PgStore {
         ttl: Duration,
     ) -> StoreResult<Vec<HolderId>> {
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "members",
-            name: Some(group),
-        };
+        let op = Op::new("members", Some(group));
         let rows = self
             .query(
                 op,
@@ -916,15 +880,12 @@ impl Store for PgStore {
                     .map_err(|_| StoreError::Corrupt(format!("member {m:?} is not a holder id")))
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        members.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        members.sort();
         Ok(members)
     }
 
     async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        let op = Op {
-            what: "leave",
-            name: Some(group),
-        };
+        let op = Op::new("leave", Some(group));
         self.query(
             op,
             &self.inner.sql.leave,
@@ -935,10 +896,7 @@ impl Store for PgStore {
     }
 
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
-        let op = Op {
-            what: "last_slot",
-            name: Some(task),
-        };
+        let op = Op::new("last_slot", Some(task));
         let rows = self
             .query(op, &self.inner.sql.last_slot, &[&task.as_str()])
             .await?;
@@ -958,10 +916,7 @@ impl Store for PgStore {
         entry: &str,
         keep: usize,
     ) -> StoreResult<()> {
-        let op = Op {
-            what: "record_history",
-            name: Some(task),
-        };
+        let op = Op::new("record_history", Some(task));
         let Some(key) = to_i64(key) else {
             return Err(StoreError::Rejected {
                 message: format!("{op}: history key {key} does not fit a bigint"),
@@ -979,10 +934,7 @@ impl Store for PgStore {
     }
 
     async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
-        let op = Op {
-            what: "history",
-            name: Some(task),
-        };
+        let op = Op::new("history", Some(task));
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .query(op, &self.inner.sql.history, &[&task.as_str(), &limit])
