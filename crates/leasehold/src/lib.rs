@@ -38,6 +38,7 @@ pub use store_api::{BoxStore, LeaseState, Release, Store, StoreError};
 /// ([`Timeout`](store::Timeout) wraps any store). Applications need these only to call a store's
 /// operations directly or to wrap a store.
 pub mod store {
+    pub use crate::config::{ZeroDuration, check_nonzero};
     pub use crate::feed::{FeedLink, ReleaseFeed, ReleaseSource};
     pub use crate::notify::{ReleaseHub, ReleaseSubscription};
     pub use crate::store_api::{Acquisition, BoxError, Operation, Renewal, SlotClaim, StoreResult};
