@@ -226,9 +226,11 @@ impl EtcdConfig {
         if self.prefix.is_empty() {
             return Err(Error::Config("the key prefix must be non-empty".into()));
         }
-        if self.op_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err(Error::Config("timeouts must be above zero".into()));
-        }
+        leasehold::store::check_nonzero(&[
+            ("op_timeout", self.op_timeout),
+            ("connect_timeout", self.connect_timeout),
+        ])
+        .map_err(|e| Error::Config(e.to_string()))?;
         if self.password.is_some() && self.user.is_none() {
             return Err(Error::Config("a password needs a user".into()));
         }

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{
+        Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
+    },
 };
 use serde_json::json;
-use tokio::sync::oneshot;
-use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
 use crate::error::{Error, RequestError, Result};
@@ -48,18 +48,10 @@ struct Inner {
     prefix: String,
     op_timeout: Duration,
     described: String,
-    hub: Option<ReleaseHub>,
-    watcher: Option<AbortHandle>,
+    /// The release watch, when notifications are on.
+    releases: Option<ReleaseFeed>,
     /// Per lease key: the revision this process last saw and when it first saw it.
     observed: Arc<Observations>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(watcher) = &self.watcher {
-            watcher.abort();
-        }
-    }
 }
 
 impl fmt::Debug for EtcdStore {
@@ -92,7 +84,7 @@ fn parse_slot(value: &str) -> StoreResult<u64> {
 impl EtcdStore {
     pub(crate) async fn connect(config: EtcdConfig) -> Result<Self> {
         let op_timeout = config.op_timeout;
-        let (store, ready) = Self::open(config)?;
+        let store = Self::open(config)?;
         // One read under the prefix: reachability, credentials and read permission at once.
         let probe =
             json!({ "key": b64(store.inner.lease_key_prefix()), "limit": "1", "keys_only": true });
@@ -113,9 +105,9 @@ impl EtcdStore {
             Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
             Ok(Ok(_)) => {}
         }
-        if let Some(ready) = ready {
+        if let Some(releases) = &store.inner.releases {
             // Usually established at once; if not, it keeps trying in the background.
-            let _ = tokio::time::timeout(op_timeout, ready).await;
+            releases.first_attempt(op_timeout).await;
         }
         Ok(store)
     }
@@ -123,7 +115,7 @@ impl EtcdStore {
     /// The store without a first round trip: connections are opened by the first operation
     /// (each fails with [`StoreError::Unavailable`] while no member answers) and the release
     /// watch is established in the background. Must be called within a tokio runtime.
-    pub(crate) fn open(config: EtcdConfig) -> Result<(Self, Option<oneshot::Receiver<()>>)> {
+    pub(crate) fn open(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
         let gateway = Arc::new(Gateway::new(&config)?);
         let mut inner = Inner {
@@ -131,28 +123,21 @@ impl EtcdStore {
             prefix: config.prefix.clone(),
             op_timeout: config.op_timeout,
             described: config.describe(),
-            hub: None,
-            watcher: None,
+            releases: None,
             observed: Arc::default(),
         };
-        let mut ready = None;
         if config.notifications {
-            let hub = ReleaseHub::new();
-            let (watcher, established) = watch::spawn(
+            inner.releases = Some(watch::feed(
                 gateway,
                 inner.lease_key_prefix(),
-                hub.clone(),
                 inner.observed.clone(),
                 config.max_reconnect_delay,
-            );
-            inner.hub = Some(hub);
-            inner.watcher = Some(watcher);
-            ready = Some(established);
+                inner.described.clone(),
+            ));
         }
-        let store = Self {
+        Ok(Self {
             inner: Arc::new(inner),
-        };
-        Ok((store, ready))
+        })
     }
 
     /// The key of a lease: `PREFIX` `lease/` `NAME`.
@@ -173,15 +158,14 @@ impl EtcdStore {
 
     /// Runs one attempt of an operation within the op timeout.
     async fn run<T>(&self, work: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        tokio::time::timeout(self.inner.op_timeout, work)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.inner.op_timeout)))
+        within(self.inner.op_timeout, work).await
     }
 
     /// Runs an operation that may be repeated without changing its outcome (a renewal, a read)
     /// in attempts of a third of the op timeout, until one answers or the op timeout is spent.
     /// A write sent while the cluster elects a leader is not answered until etcd's own request
-    /// timeout (seconds); a fresh attempt goes through as soon as the new leader is in.
+    /// timeout (seconds); a fresh attempt goes through as soon as the new leader is in. (Its own
+    /// loop, not [`within`]: it answers the last attempt's error when the time is spent.)
     async fn run_repeatable<T, F, Fut>(&self, work: F) -> StoreResult<T>
     where
         F: Fn() -> Fut,
@@ -464,7 +448,7 @@ impl EtcdStore {
         }
         // Expired entries go in a second round trip, each only if not refreshed since.
         self.delete_unchanged(op, &expired).await?;
-        live.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        live.sort();
         Ok(live)
     }
 
@@ -746,10 +730,6 @@ fn in_tenure(key: &[u8], token: FencingToken, holder: &HolderId) -> Vec<serde_js
     ]
 }
 
-fn op<'a>(what: &'static str, name: Option<&'a LeaseName>) -> Op<'a> {
-    Op { what, name }
-}
-
 fn free_state(token: FencingToken) -> LeaseState {
     LeaseState {
         holder: None,
@@ -793,7 +773,7 @@ impl Store for EtcdStore {
         holder: &HolderId,
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
-        let op = op("acquire", Some(name));
+        let op = Op::new("acquire", Some(name));
         self.run(self.acquire_once(op, name, holder, ttl))
     }
 
@@ -804,7 +784,7 @@ impl Store for EtcdStore {
         token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Renewal>> + Send {
-        let op = op("renew", Some(name));
+        let op = Op::new("renew", Some(name));
         self.run_repeatable(move || self.renew_once(op, name, holder, token, ttl))
     }
 
@@ -814,7 +794,7 @@ impl Store for EtcdStore {
         leases: &[(LeaseName, FencingToken)],
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
-        self.renew_many_chunked(op("renew_many", None), holder, leases, ttl)
+        self.renew_many_chunked(Op::new("renew_many", None), holder, leases, ttl)
     }
 
     fn release(
@@ -823,12 +803,12 @@ impl Store for EtcdStore {
         holder: &HolderId,
         token: FencingToken,
     ) -> impl Future<Output = StoreResult<Release>> + Send {
-        let op = op("release", Some(name));
+        let op = Op::new("release", Some(name));
         self.run(self.release_once(op, name, holder, token))
     }
 
     fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let op = op("purge", None);
+        let op = Op::new("purge", None);
         self.run_repeatable(move || self.purge_once(op, retention))
     }
 
@@ -836,7 +816,7 @@ impl Store for EtcdStore {
         &self,
         name: &LeaseName,
     ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
-        let op = op("inspect", Some(name));
+        let op = Op::new("inspect", Some(name));
         self.run_repeatable(move || self.inspect_once(op, name))
     }
 
@@ -845,7 +825,7 @@ impl Store for EtcdStore {
         task: &LeaseName,
         slot: u64,
     ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
-        let op = op("claim_slot", Some(task));
+        let op = Op::new("claim_slot", Some(task));
         self.run(self.claim_slot_once(op, task, slot))
     }
 
@@ -854,7 +834,7 @@ impl Store for EtcdStore {
     }
 
     fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
-        let op = op("last_slot", Some(task));
+        let op = Op::new("last_slot", Some(task));
         self.run_repeatable(move || self.last_slot_once(op, task))
     }
 
@@ -865,7 +845,7 @@ impl Store for EtcdStore {
         entry: &str,
         keep: usize,
     ) -> impl Future<Output = StoreResult<()>> + Send {
-        let op = op("record_history", Some(task));
+        let op = Op::new("record_history", Some(task));
         self.run_repeatable(move || self.record_history_once(op, task, key, entry, keep))
     }
 
@@ -874,7 +854,7 @@ impl Store for EtcdStore {
         task: &LeaseName,
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
-        let op = op("history", Some(task));
+        let op = Op::new("history", Some(task));
         self.run_repeatable(move || self.history_once(op, task, limit))
     }
 
@@ -884,7 +864,7 @@ impl Store for EtcdStore {
         member: &HolderId,
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
-        let op = op("members", Some(group));
+        let op = Op::new("members", Some(group));
         self.run_repeatable(move || self.members_once(op, group, member, ttl))
     }
 
@@ -893,12 +873,12 @@ impl Store for EtcdStore {
         group: &LeaseName,
         member: &HolderId,
     ) -> impl Future<Output = StoreResult<()>> + Send {
-        let op = op("leave", Some(group));
+        let op = Op::new("leave", Some(group));
         self.run_repeatable(move || self.leave_once(op, group, member))
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.hub.as_ref().map(ReleaseHub::subscribe)
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
     }
 
     fn describe(&self) -> String {
@@ -919,6 +899,6 @@ impl EtcdConfig {
     /// release watch is established in the background, so a service can start while etcd is
     /// down. Fails only on settings that can never work. Call it within a tokio runtime.
     pub fn connect_lazy(self) -> Result<EtcdStore> {
-        EtcdStore::open(self).map(|(store, _)| store)
+        EtcdStore::open(self)
     }
 }

@@ -239,16 +239,13 @@ impl PgConfig {
         if self.pool_size == 0 {
             return Err(Error::Config("pool_size must be at least 1".to_owned()));
         }
-        for (what, d) in [
+        leasehold::store::check_nonzero(&[
             ("op_timeout", self.op_timeout),
             ("connect_timeout", self.connect_timeout),
             ("max_reconnect_delay", self.max_reconnect_delay),
             ("keepalive", self.keepalive),
-        ] {
-            if d.is_zero() {
-                return Err(Error::Config(format!("{what} must be above zero")));
-            }
-        }
+        ])
+        .map_err(|e| Error::Config(e.to_string()))?;
         if self.application_name.len() > MAX_IDENT_LEN - "-listen".len() {
             return Err(Error::Config(
                 "application_name must be at most 56 bytes".to_owned(),

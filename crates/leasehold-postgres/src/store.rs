@@ -10,12 +10,14 @@ use deadpool_postgres::{
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{
+        Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
+    },
 };
-use tokio::task::AbortHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{PgConfig, Tls, qualified};
 use crate::error::{Error, Result};
@@ -43,25 +45,13 @@ struct Inner {
     url: String,
     schema: String,
     lease_table: String,
-    hub: ReleaseHub,
-    listener: Option<AbortHandle>,
+    /// Present when notifications are on.
+    releases: Option<ReleaseFeed>,
     /// Set once the tables are known to exist (the migration ran, or was off); until then
     /// every operation answers `Unavailable` (a store from [`PgStore::connect_lazy`]).
     ready: std::sync::OnceLock<std::result::Result<(), String>>,
     /// The background connect of a lazy store.
-    migration: std::sync::OnceLock<AbortHandle>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for task in [self.listener.as_ref(), self.migration.get()]
-            .into_iter()
-            .flatten()
-        {
-            task.abort();
-        }
-        self.pool.close();
-    }
+    migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
 }
 
 /// The SQL this store runs, one statement per operation, for review and for tests that run a
@@ -305,6 +295,8 @@ impl Parts {
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
+            // The pool's own limits on waiting for, opening and recycling a connection (how it
+            // hands connections out); `query` bounds each operation as a whole with `within`.
             .wait_timeout(Some(config.op_timeout))
             .create_timeout(Some(config.connect_timeout))
             .recycle_timeout(Some(config.op_timeout))
@@ -337,10 +329,7 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
         url: url.to_owned(),
         source,
     };
-    let op = Op {
-        what: "connect",
-        name: None,
-    };
+    let op = Op::new("connect", None);
     let mut client = tokio::time::timeout(config.connect_timeout * 2, pool.get())
         .await
         .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
@@ -360,24 +349,12 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
         .await
         .map_err(|e| Error::Migrate {
             url: url.to_owned(),
-            source: classify(
-                e,
-                Op {
-                    what: "migration",
-                    name: None,
-                },
-                config.op_timeout,
-            ),
+            source: classify(e, Op::new("migration", None), config.op_timeout),
         })
 }
 
 impl PgStore {
-    fn assemble(
-        config: &PgConfig,
-        parts: Parts,
-        hub: ReleaseHub,
-        listener: Option<AbortHandle>,
-    ) -> Self {
+    fn assemble(config: &PgConfig, parts: Parts, releases: Option<ReleaseFeed>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pool: parts.pool,
@@ -387,28 +364,21 @@ impl PgStore {
                 url: parts.url,
                 schema: config.schema.clone(),
                 lease_table: config.lease_table.clone(),
-                hub,
-                listener,
+                releases,
                 ready: std::sync::OnceLock::new(),
                 migration: std::sync::OnceLock::new(),
             }),
         }
     }
 
-    /// Starts the release listener (if notifications are on): its task and a signal of its
-    /// first LISTEN.
-    fn listen(
-        config: &PgConfig,
-        parts: &Parts,
-        hub: &ReleaseHub,
-    ) -> Option<(AbortHandle, tokio::sync::oneshot::Receiver<()>)> {
+    /// Starts the release listener, if notifications are on.
+    fn listen(config: &PgConfig, parts: &Parts) -> Option<ReleaseFeed> {
         config.notifications.then(|| {
-            listener::spawn(
+            listener::feed(
                 parts.pg.clone(),
                 parts.tls.clone(),
                 config.channel_name(),
                 parts.sql.recent_releases.clone(),
-                hub.clone(),
                 config,
                 &parts.url,
             )
@@ -418,16 +388,13 @@ impl PgStore {
     pub(crate) async fn connect(config: PgConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         migrate_on(&parts.pool, &config, &parts.url, &parts.sql).await?;
-        let hub = ReleaseHub::new();
-        let listener = match Self::listen(&config, &parts, &hub) {
-            Some((handle, listening)) => {
-                let _ = tokio::time::timeout(config.connect_timeout, listening).await;
-                Some(handle)
-            }
-            None => None,
-        };
+        let releases = Self::listen(&config, &parts);
+        if let Some(releases) = &releases {
+            // So a subscription taken right after `connect` hears every later release.
+            releases.first_attempt(config.connect_timeout).await;
+        }
         tracing::debug!(url = %parts.url, schema = %config.schema, "connected to postgres");
-        let store = Self::assemble(&config, parts, hub, listener);
+        let store = Self::assemble(&config, parts, releases);
         let _ = store.inner.ready.set(Ok(()));
         Ok(store)
     }
@@ -444,9 +411,8 @@ impl PgStore {
                 "connect_lazy must be called within a Tokio runtime".to_owned(),
             ));
         }
-        let hub = ReleaseHub::new();
-        let listener = Self::listen(&config, &parts, &hub).map(|(handle, _)| handle);
-        let store = Self::assemble(&config, parts, hub, listener);
+        let releases = Self::listen(&config, &parts);
+        let store = Self::assemble(&config, parts, releases);
         let weak = Arc::downgrade(&store.inner);
         let task = tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
@@ -484,7 +450,7 @@ impl PgStore {
                 delay = (delay * 2).min(config.max_reconnect_delay);
             }
         });
-        let _ = store.inner.migration.set(task.abort_handle());
+        let _ = store.inner.migration.set(AbortOnDropHandle::new(task));
         Ok(store)
     }
 
@@ -548,10 +514,7 @@ impl PgStore {
                 .await
                 .map_err(|e| classify(e, op, limit))
         };
-        match tokio::time::timeout(limit, work).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(limit)),
-        }
+        within(limit, work).await
     }
 }
 
@@ -681,10 +644,7 @@ impl Store for PgStore {
         holder: &HolderId,
         ttl: Duration,
     ) -> StoreResult<Acquisition> {
-        let op = Op {
-            what: "acquire",
-            name: Some(name),
-        };
+        let op = Op::new("acquire", Some(name));
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
         for _ in 0..MAX_ATTEMPTS {
             let rows = self
@@ -734,10 +694,7 @@ impl Store for PgStore {
             return Ok(Renewal::Lost);
         };
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "renew",
-            name: Some(name),
-        };
+        let op = Op::new("renew", Some(name));
         let rows = self
             .query(
                 op,
@@ -754,10 +711,7 @@ impl Store for PgStore {
 
     async fn purge(&self, retention: Duration) -> StoreResult<u64> {
         let retention_ms = retention.as_millis().clamp(0, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "purge",
-            name: None,
-        };
+        let op = Op::new("purge", None);
         let rows = self
             .query(op, &self.inner.sql.purge, &[&retention_ms])
             .await?;
@@ -781,10 +735,7 @@ impl Store for PgStore {
             .filter_map(|(name, token)| Some((name.as_str(), to_i64(token.get())?)))
             .unzip();
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "renew_many",
-            name: None,
-        };
+        let op = Op::new("renew_many", None);
         let rows = self
             .query(
                 op,
@@ -818,10 +769,7 @@ impl Store for PgStore {
         let Some(token) = to_i64(token.get()) else {
             return Ok(Release::NotHeld);
         };
-        let op = Op {
-            what: "release",
-            name: Some(name),
-        };
+        let op = Op::new("release", Some(name));
         let rows = self
             .query(
                 op,
@@ -842,10 +790,7 @@ impl Store for PgStore {
     }
 
     async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        let op = Op {
-            what: "inspect",
-            name: Some(name),
-        };
+        let op = Op::new("inspect", Some(name));
         let rows = self
             .query(op, &self.inner.sql.inspect, &[&name.as_str()])
             .await?;
@@ -872,10 +817,7 @@ impl Store for PgStore {
     }
 
     async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
-        let op = Op {
-            what: "claim_slot",
-            name: Some(task),
-        };
+        let op = Op::new("claim_slot", Some(task));
         let Some(slot_i) = to_i64(slot) else {
             return Err(StoreError::Rejected {
                 message: format!("{op}: slot {slot} does not fit a bigint"),
@@ -906,10 +848,7 @@ impl Store for PgStore {
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
-        let op = Op {
-            what: "clock",
-            name: None,
-        };
+        let op = Op::new("clock", None);
         let rows = self.query(op, &self.inner.sql.now_millis, &[]).await?;
         let row = rows
             .first()
@@ -925,10 +864,7 @@ impl Store for PgStore {
         ttl: Duration,
     ) -> StoreResult<Vec<HolderId>> {
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op {
-            what: "members",
-            name: Some(group),
-        };
+        let op = Op::new("members", Some(group));
         let rows = self
             .query(
                 op,
@@ -944,15 +880,12 @@ impl Store for PgStore {
                     .map_err(|_| StoreError::Corrupt(format!("member {m:?} is not a holder id")))
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        members.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        members.sort();
         Ok(members)
     }
 
     async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        let op = Op {
-            what: "leave",
-            name: Some(group),
-        };
+        let op = Op::new("leave", Some(group));
         self.query(
             op,
             &self.inner.sql.leave,
@@ -963,10 +896,7 @@ impl Store for PgStore {
     }
 
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
-        let op = Op {
-            what: "last_slot",
-            name: Some(task),
-        };
+        let op = Op::new("last_slot", Some(task));
         let rows = self
             .query(op, &self.inner.sql.last_slot, &[&task.as_str()])
             .await?;
@@ -986,10 +916,7 @@ impl Store for PgStore {
         entry: &str,
         keep: usize,
     ) -> StoreResult<()> {
-        let op = Op {
-            what: "record_history",
-            name: Some(task),
-        };
+        let op = Op::new("record_history", Some(task));
         let Some(key) = to_i64(key) else {
             return Err(StoreError::Rejected {
                 message: format!("{op}: history key {key} does not fit a bigint"),
@@ -1007,10 +934,7 @@ impl Store for PgStore {
     }
 
     async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
-        let op = Op {
-            what: "history",
-            name: Some(task),
-        };
+        let op = Op::new("history", Some(task));
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .query(op, &self.inner.sql.history, &[&task.as_str(), &limit])
@@ -1019,10 +943,7 @@ impl Store for PgStore {
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner
-            .listener
-            .as_ref()
-            .map(|_| self.inner.hub.subscribe())
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
     }
 
     fn describe(&self) -> String {

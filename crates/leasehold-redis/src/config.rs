@@ -177,16 +177,13 @@ impl RedisConfig {
                 self.prefix
             )));
         }
-        for (what, d) in [
+        leasehold::store::check_nonzero(&[
             ("op_timeout", self.op_timeout),
             ("connect_timeout", self.connect_timeout),
             ("max_reconnect_delay", self.max_reconnect_delay),
             ("keepalive", self.keepalive),
-        ] {
-            if d.is_zero() {
-                return Err(Error::Config(format!("{what} must be above zero")));
-            }
-        }
+        ])
+        .map_err(|e| Error::Config(e.to_string()))?;
         Ok(())
     }
 }

@@ -1,17 +1,13 @@
-//! The release listener: one pub/sub connection per store that feeds a [`ReleaseHub`], and
-//! comes back (with backoff) whenever that connection drops or stops answering PINGs.
-//!
-//! Releases announced while it is reconnecting are missed; waiters then fall back to retrying
-//! at the lease's expiry, which is the core's polling fallback.
+//! The release listener: one pub/sub connection per store, run by a core
+//! [`ReleaseFeed`](leasehold::store::ReleaseFeed) that comes back (with backoff) whenever the
+//! connection drops or stops answering PINGs.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold::store::ReleaseHub;
+use leasehold::store::{FeedLink, ReleaseFeed, ReleaseSource};
 use redis::aio::PubSub;
-use tokio::task::AbortHandle;
 
 use crate::config::RedisConfig;
 use crate::conn::SentinelLink;
@@ -26,150 +22,85 @@ pub(crate) enum Source {
     Sentinel(Arc<SentinelLink>),
 }
 
-struct Settings {
+struct Listener {
     source: Source,
     /// Index of the next node of [`Source::Nodes`] to try.
-    next: AtomicUsize,
+    next: usize,
     channel: String,
-    hub: ReleaseHub,
     connect_timeout: Duration,
-    max_delay: Duration,
     keepalive: Duration,
-    url: String,
 }
 
-fn settings(
+/// Starts listening on `channel` in the background, reconnecting until the feed is dropped.
+pub(crate) fn feed(
     source: Source,
     channel: String,
-    hub: ReleaseHub,
     config: &RedisConfig,
     url: &str,
-) -> Settings {
-    Settings {
+) -> ReleaseFeed {
+    let listener = Listener {
         source,
-        next: AtomicUsize::new(0),
+        next: 0,
         channel,
-        hub,
         connect_timeout: config.connect_timeout,
-        max_delay: config.max_reconnect_delay,
         keepalive: config.keepalive,
-        url: url.to_owned(),
+    };
+    ReleaseFeed::spawn(listener, config.max_reconnect_delay, url.to_owned())
+}
+
+impl ReleaseSource for Listener {
+    async fn session(&mut self, link: &FeedLink<'_>) -> String {
+        let pubsub = match self.subscribe().await {
+            Ok(pubsub) => pubsub,
+            Err(e) => return e,
+        };
+        link.listening();
+        self.listen(link, pubsub).await
     }
 }
 
-/// Keeps trying to subscribe, with backoff, in a background task, and listens once it has; for a
-/// store whose server may not be up yet.
-pub(crate) fn spawn_lazy(
-    source: Source,
-    channel: String,
-    hub: ReleaseHub,
-    config: &RedisConfig,
-    url: &str,
-) -> AbortHandle {
-    let settings = settings(source, channel, hub, config, url);
-    tokio::spawn(run(settings, None)).abort_handle()
-}
-
-/// Subscribes (waiting up to the connect timeout, so the first release after `connect` is
-/// heard), then keeps listening in a background task.
-pub(crate) async fn spawn(
-    source: Source,
-    channel: String,
-    hub: ReleaseHub,
-    config: &RedisConfig,
-    url: &str,
-) -> AbortHandle {
-    let settings = settings(source, channel, hub, config, url);
-    let first = match subscribe(&settings).await {
-        Ok(pubsub) => Some(pubsub),
-        Err(e) => {
-            tracing::warn!(
-                url = %settings.url,
-                channel = %settings.channel,
-                "release notifications unavailable, waiters poll until they come back: {e}"
-            );
-            None
-        }
-    };
-    tokio::spawn(run(settings, first)).abort_handle()
-}
-
-async fn subscribe(s: &Settings) -> Result<PubSub, String> {
-    let attempt = async {
-        let mut pubsub = match &s.source {
-            Source::Nodes(nodes) => {
-                let at = s.next.fetch_add(1, Ordering::Relaxed) % nodes.len();
-                nodes[at].get_async_pubsub().await?
-            }
-            Source::Sentinel(link) => link.pubsub().await?,
-        };
-        pubsub.subscribe(&s.channel).await?;
-        Ok::<_, redis::RedisError>(pubsub)
-    };
-    match tokio::time::timeout(s.connect_timeout, attempt).await {
-        Ok(Ok(pubsub)) => Ok(pubsub),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {:?}", s.connect_timeout)),
-    }
-}
-
-async fn run(s: Settings, mut current: Option<PubSub>) {
-    let min_delay = Duration::from_millis(100);
-    let mut delay = min_delay;
-    let mut failing = current.is_none();
-    loop {
-        let pubsub = match current.take() {
-            Some(pubsub) => pubsub,
-            None => match subscribe(&s).await {
-                Ok(pubsub) => {
-                    if failing {
-                        tracing::info!(url = %s.url, "release notifications restored");
-                    }
-                    failing = false;
-                    delay = min_delay;
-                    pubsub
+impl Listener {
+    async fn subscribe(&mut self) -> Result<PubSub, String> {
+        let limit = self.connect_timeout;
+        let attempt = async {
+            let mut pubsub = match &self.source {
+                Source::Nodes(nodes) => {
+                    let at = self.next % nodes.len();
+                    self.next = self.next.wrapping_add(1);
+                    nodes[at].get_async_pubsub().await?
                 }
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(url = %s.url, "release notifications lost, reconnecting: {e}");
-                        failing = true;
-                    } else {
-                        tracing::debug!(url = %s.url, "release listener reconnect failed: {e}");
-                    }
-                    let jitter = fastrand::u64(..=delay.as_millis() as u64 / 2);
-                    tokio::time::sleep(delay + Duration::from_millis(jitter)).await;
-                    delay = (delay * 2).min(s.max_delay);
-                    continue;
-                }
-            },
+                Source::Sentinel(link) => link.pubsub().await?,
+            };
+            pubsub.subscribe(&self.channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
         };
-        listen(&s, pubsub).await;
-        if !failing {
-            tracing::warn!(url = %s.url, "release notification connection closed, reconnecting");
-            failing = true;
+        match tokio::time::timeout(limit, attempt).await {
+            Ok(Ok(pubsub)) => Ok(pubsub),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {limit:?}")),
         }
     }
-}
 
-/// Forwards messages until the connection closes or a keepalive PING goes unanswered.
-async fn listen(s: &Settings, pubsub: PubSub) {
-    let (mut sink, mut stream) = pubsub.split();
-    let mut keepalive = tokio::time::interval(s.keepalive);
-    keepalive.reset();
-    loop {
-        tokio::select! {
-            msg = stream.next() => match msg {
-                Some(msg) => {
-                    if let Ok(name) = msg.get_payload::<String>() {
-                        s.hub.publish(&name);
+    /// Forwards messages until the connection closes or a keepalive PING goes unanswered.
+    async fn listen(&self, link: &FeedLink<'_>, pubsub: PubSub) -> String {
+        let (mut sink, mut stream) = pubsub.split();
+        let mut keepalive = tokio::time::interval(self.keepalive);
+        keepalive.reset();
+        loop {
+            tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => {
+                        if let Ok(name) = msg.get_payload::<String>() {
+                            link.publish(&name);
+                        }
                     }
-                }
-                None => return,
-            },
-            _ = keepalive.tick() => {
-                let ping = tokio::time::timeout(s.connect_timeout, sink.ping::<redis::Value>());
-                if !matches!(ping.await, Ok(Ok(_))) {
-                    return;
+                    None => return "connection closed".to_owned(),
+                },
+                _ = keepalive.tick() => {
+                    let ping = tokio::time::timeout(self.connect_timeout, sink.ping::<redis::Value>());
+                    if !matches!(ping.await, Ok(Ok(_))) {
+                        return "keepalive PING unanswered".to_owned();
+                    }
                 }
             }
         }

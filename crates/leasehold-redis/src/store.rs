@@ -1,20 +1,20 @@
 //! [`RedisStore`]: the [`Store`] implementation.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use leasehold::store::Operation as Op;
 use leasehold::{
     FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult},
+    store::{
+        Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
+    },
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
-use tokio::task::AbortHandle;
 
 use crate::call::{
     Arg, FENCE, HISTORY as HISTORY_KIND, LEASE, MEMBERS as MEMBERS_KIND, SLOT, key_parts,
@@ -58,16 +58,8 @@ struct Inner {
     retention: Duration,
     /// The URL without its password.
     url: String,
-    hub: ReleaseHub,
-    listener: Option<AbortHandle>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(listener) = &self.listener {
-            listener.abort();
-        }
-    }
+    /// Present when notifications are on.
+    releases: Option<ReleaseFeed>,
 }
 
 /// How the store reaches its data.
@@ -257,16 +249,9 @@ impl RedisStore {
         }
         let conn = setup.lazy_conn()?;
         let channel = format!("{}:released", config.prefix);
-        let hub = ReleaseHub::new();
-        let listener = config.notifications.then(|| {
-            listener::spawn_lazy(
-                setup.source.clone(),
-                channel.clone(),
-                hub.clone(),
-                &config,
-                &setup.url,
-            )
-        });
+        let releases = config
+            .notifications
+            .then(|| listener::feed(setup.source.clone(), channel.clone(), &config, &setup.url));
         tracing::debug!(url = %setup.url, prefix = %config.prefix, "connecting to redis in the background");
         let store = Self {
             inner: Arc::new(Inner {
@@ -276,8 +261,7 @@ impl RedisStore {
                 op_timeout: config.op_timeout,
                 retention: config.retention,
                 url: setup.url.clone(),
-                hub,
-                listener,
+                releases,
             }),
         };
         tokio::spawn(warm_up(
@@ -300,24 +284,17 @@ impl RedisStore {
             .await
             .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
             .map_err(|e| {
-                connect_err(classify(
-                    e,
-                    Op {
-                        what: "connect",
-                        name: None,
-                    },
-                    &config.prefix,
-                    &url,
-                ))
+                connect_err(classify(e, Op::new("connect", None), &config.prefix, &url))
             })?;
 
         let channel = format!("{}:released", config.prefix);
-        let hub = ReleaseHub::new();
-        let listener = if config.notifications {
-            Some(listener::spawn(setup.source, channel.clone(), hub.clone(), &config, &url).await)
-        } else {
-            None
-        };
+        let releases = config
+            .notifications
+            .then(|| listener::feed(setup.source, channel.clone(), &config, &url));
+        if let Some(releases) = &releases {
+            // So the first release after `connect` is heard (if the server lets us subscribe).
+            releases.first_attempt(config.connect_timeout).await;
+        }
         tracing::debug!(url = %url, prefix = %config.prefix, "connected to redis");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -327,8 +304,7 @@ impl RedisStore {
                 op_timeout: config.op_timeout,
                 retention: config.retention,
                 url,
-                hub,
-                listener,
+                releases,
             }),
         })
     }
@@ -414,7 +390,7 @@ impl RedisStore {
                 }
             }
         };
-        self.timed(attempt).await
+        within(self.inner.op_timeout, attempt).await
     }
 
     async fn eval_once(
@@ -435,12 +411,6 @@ impl RedisStore {
             }
             result => result,
         }
-    }
-
-    async fn timed<T>(&self, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        tokio::time::timeout(self.inner.op_timeout, fut)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.inner.op_timeout)))
     }
 
     fn classify(&self, e: RedisError, op: Op<'_>) -> StoreError {
@@ -710,10 +680,7 @@ impl Store for RedisStore {
         holder_id: &HolderId,
         ttl: Duration,
     ) -> StoreResult<Acquisition> {
-        let op = Op {
-            what: "acquire",
-            name: Some(name),
-        };
+        let op = Op::new("acquire", Some(name));
         let reply = self
             .eval(
                 &ACQUIRE,
@@ -746,10 +713,7 @@ impl Store for RedisStore {
         token: FencingToken,
         ttl: Duration,
     ) -> StoreResult<Renewal> {
-        let op = Op {
-            what: "renew",
-            name: Some(name),
-        };
+        let op = Op::new("renew", Some(name));
         let reply = self
             .eval(
                 &RENEW,
@@ -787,10 +751,7 @@ impl Store for RedisStore {
                 .into_iter()
                 .collect();
         }
-        let op = Op {
-            what: "renew_many",
-            name: None,
-        };
+        let op = Op::new("renew_many", None);
         let ttl = ttl_millis(ttl);
         let pipeline = |by_hash: bool| {
             let mut pipe = redis::Pipeline::with_capacity(leases.len());
@@ -830,7 +791,7 @@ impl Store for RedisStore {
                 })
                 .collect()
         };
-        self.timed(attempt).await
+        within(self.inner.op_timeout, attempt).await
     }
 
     async fn release(
@@ -839,10 +800,7 @@ impl Store for RedisStore {
         holder_id: &HolderId,
         token: FencingToken,
     ) -> StoreResult<Release> {
-        let op = Op {
-            what: "release",
-            name: Some(name),
-        };
+        let op = Op::new("release", Some(name));
         let reply = self
             .eval(
                 &RELEASE,
@@ -863,10 +821,7 @@ impl Store for RedisStore {
     }
 
     async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        let op = Op {
-            what: "inspect",
-            name: Some(name),
-        };
+        let op = Op::new("inspect", Some(name));
         let reply = self
             .eval(
                 &INSPECT,
@@ -896,10 +851,7 @@ impl Store for RedisStore {
     }
 
     async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
-        let op = Op {
-            what: "claim_slot",
-            name: Some(task),
-        };
+        let op = Op::new("claim_slot", Some(task));
         let reply = self
             .eval(
                 &CLAIM_SLOT,
@@ -923,10 +875,7 @@ impl Store for RedisStore {
     }
 
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
-        let op = Op {
-            what: "last_slot",
-            name: Some(task),
-        };
+        let op = Op::new("last_slot", Some(task));
         let reply = self
             .eval(&LAST_SLOT, &[self.key(task, SLOT)], &[], op, true)
             .await?;
@@ -946,10 +895,7 @@ impl Store for RedisStore {
         entry: &str,
         keep: usize,
     ) -> StoreResult<()> {
-        let op = Op {
-            what: "record_history",
-            name: Some(task),
-        };
+        let op = Op::new("record_history", Some(task));
         // Replacing the entry of one key is idempotent, so a retry after a lost reply is safe.
         self.eval(
             &RECORD_HISTORY,
@@ -967,10 +913,7 @@ impl Store for RedisStore {
     }
 
     async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
-        let op = Op {
-            what: "history",
-            name: Some(task),
-        };
+        let op = Op::new("history", Some(task));
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -1015,10 +958,7 @@ impl Store for RedisStore {
         member: &HolderId,
         ttl: Duration,
     ) -> StoreResult<Vec<HolderId>> {
-        let op = Op {
-            what: "members",
-            name: Some(group),
-        };
+        let op = Op::new("members", Some(group));
         let reply = self
             .eval(
                 &MEMBERS,
@@ -1032,15 +972,12 @@ impl Store for RedisStore {
             .iter()
             .map(|v| holder(op, Some(v)))
             .collect::<StoreResult<Vec<_>>>()?;
-        members.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        members.sort();
         Ok(members)
     }
 
     async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        let op = Op {
-            what: "leave",
-            name: Some(group),
-        };
+        let op = Op::new("leave", Some(group));
         self.eval(
             &LEAVE,
             &[self.key(group, MEMBERS_KIND)],
@@ -1053,10 +990,7 @@ impl Store for RedisStore {
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
-        let op = Op {
-            what: "time",
-            name: None,
-        };
+        let op = Op::new("time", None);
         let attempt = async {
             let mut conn = self.inner.conn();
             let (secs, micros): (u64, u64) = redis::cmd("TIME")
@@ -1065,14 +999,11 @@ impl Store for RedisStore {
                 .map_err(|e| self.classify(e, op))?;
             Ok(secs * 1000 + micros / 1000)
         };
-        self.timed(attempt).await
+        within(self.inner.op_timeout, attempt).await
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner
-            .listener
-            .as_ref()
-            .map(|_| self.inner.hub.subscribe())
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
     }
 
     fn describe(&self) -> String {
@@ -1090,7 +1021,7 @@ impl fmt::Debug for RedisStore {
             .field("url", &self.inner.url)
             .field("prefix", &self.inner.prefix)
             .field("op_timeout", &self.inner.op_timeout)
-            .field("notifications", &self.inner.listener.is_some())
+            .field("notifications", &self.inner.releases.is_some())
             .finish()
     }
 }

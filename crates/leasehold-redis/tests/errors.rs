@@ -20,6 +20,15 @@ fn holder() -> HolderId {
     HolderId::new(format!("h-{:08x}", fastrand::u32(..))).unwrap()
 }
 
+/// Runs a raw command on `conn` (setting keys up for a test, removing them afterwards).
+async fn raw(conn: &mut impl redis::aio::ConnectionLike, args: &[&str]) {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    let _: () = cmd.query_async(conn).await.unwrap();
+}
+
 /// Display, Debug and every source's Display of `e`.
 fn all_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = format!("{e}\n{e:?}\n");
@@ -116,13 +125,7 @@ async fn a_key_of_another_type_is_rejected_naming_the_key() {
     let lease = name("wrongtype");
     let key = store.lease_key(&lease);
     let mut conn = store.connection();
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("field")
-        .arg("value")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(&mut conn, &["HSET", &key, "field", "value"]).await;
     let who = holder();
     let errors = [
         store
@@ -149,35 +152,20 @@ async fn a_key_of_another_type_is_rejected_naming_the_key() {
     }
     // The fencing counter and the slot key are checked too.
     let other = name("wrongtype-fence");
-    let _: () = redis::cmd("LPUSH")
-        .arg(store.fence_key(&other))
-        .arg("x")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(&mut conn, &["LPUSH", &store.fence_key(&other), "x"]).await;
     let err = store
         .acquire(&other, &who, Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(err.to_string().contains(&store.fence_key(&other)), "{err}");
     let task = name("wrongtype-slot");
-    let _: () = redis::cmd("SADD")
-        .arg(store.slot_key(&task))
-        .arg("x")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(&mut conn, &["SADD", &store.slot_key(&task), "x"]).await;
     let err = store.claim_slot(&task, 1).await.unwrap_err();
     assert!(err.to_string().contains(&store.slot_key(&task)), "{err}");
     let err = store.last_slot(&task).await.unwrap_err();
     assert!(err.to_string().contains(&store.slot_key(&task)), "{err}");
     // So is the run history (a sorted set): a string there is refused by both operations.
-    let _: () = redis::cmd("SET")
-        .arg(store.history_key(&task))
-        .arg("x")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(&mut conn, &["SET", &store.history_key(&task), "x"]).await;
     for result in [
         store.record_history(&task, 1, "x", 5).await.map(drop),
         store.history(&task, 5).await.map(drop),
@@ -196,11 +184,7 @@ async fn a_key_of_another_type_is_rejected_naming_the_key() {
         store.slot_key(&task),
         store.history_key(&task),
     ] {
-        let _: () = redis::cmd("DEL")
-            .arg(k)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        raw(&mut conn, &["DEL", &k]).await;
     }
 }
 
@@ -209,24 +193,17 @@ async fn a_corrupt_value_is_reported_as_corrupt() {
     let store = common::make_store().await;
     let lease = name("corrupt");
     let mut conn = store.connection();
-    let _: () = redis::cmd("SET")
-        .arg(store.lease_key(&lease))
-        .arg("garbage")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(
+        &mut conn,
+        &["SET", &store.lease_key(&lease), "garbage", "PX", "10000"],
+    )
+    .await;
     let err = store
         .acquire(&lease, &holder(), Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
-    let _: () = redis::cmd("DEL")
-        .arg(store.lease_key(&lease))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(&mut conn, &["DEL", &store.lease_key(&lease)]).await;
 }
 
 #[tokio::test]
@@ -360,29 +337,18 @@ async fn foreign_slots_and_history_members_are_corrupt() {
     let store = common::make_store().await;
     let task = name("corrupt-history");
     let mut conn = store.connection();
-    let _: () = redis::cmd("SET")
-        .arg(store.slot_key(&task))
-        .arg("soon")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(&mut conn, &["SET", &store.slot_key(&task), "soon"]).await;
     let err = store.last_slot(&task).await.unwrap_err();
     assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
-    let _: () = redis::cmd("ZADD")
-        .arg(store.history_key(&task))
-        .arg(0)
-        .arg("not-a-key")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    raw(
+        &mut conn,
+        &["ZADD", &store.history_key(&task), "0", "not-a-key"],
+    )
+    .await;
     let err = store.history(&task, 5).await.unwrap_err();
     assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
     for k in [store.slot_key(&task), store.history_key(&task)] {
-        let _: () = redis::cmd("DEL")
-            .arg(k)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        raw(&mut conn, &["DEL", &k]).await;
     }
 }
 
@@ -436,12 +402,11 @@ async fn tokens_stay_exact_around_and_beyond_2_pow_53() {
         u64::MAX / 2 - 7,
     ] {
         let lease = name(&format!("exact-{start}"));
-        let _: () = redis::cmd("SET")
-            .arg(store.fence_key(&lease))
-            .arg(start.to_string())
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        raw(
+            &mut conn,
+            &["SET", &store.fence_key(&lease), &start.to_string()],
+        )
+        .await;
         for step in 1..=3u64 {
             match store.acquire(&lease, &who, Duration::from_secs(5)).await {
                 Ok(Acquisition::Acquired { token }) => assert_eq!(token.get(), start + step),
@@ -453,10 +418,6 @@ async fn tokens_stay_exact_around_and_beyond_2_pow_53() {
                 .unwrap();
             assert_eq!(released, Release::Released);
         }
-        let _: () = redis::cmd("DEL")
-            .arg(store.fence_key(&lease))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        raw(&mut conn, &["DEL", &store.fence_key(&lease)]).await;
     }
 }

@@ -91,14 +91,11 @@ impl SqliteConfig {
 
     /// Checks the values, without touching any file.
     pub fn validate(&self) -> Result<()> {
-        if self.op_timeout.is_zero() {
-            return Err(Error::Config("op_timeout must be above zero".to_owned()));
-        }
-        if self.notify_poll_interval.is_zero() {
-            return Err(Error::Config(
-                "notify_poll_interval must be above zero".to_owned(),
-            ));
-        }
+        leasehold::store::check_nonzero(&[
+            ("op_timeout", self.op_timeout),
+            ("notify_poll_interval", self.notify_poll_interval),
+        ])
+        .map_err(|e| Error::Config(e.to_string()))?;
         if i32::try_from(self.busy_timeout.as_millis()).is_err() {
             return Err(Error::Config("busy_timeout is too long".to_owned()));
         }

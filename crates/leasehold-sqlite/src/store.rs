@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use leasehold::store::{
-    Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult,
+    Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
 use leasehold::{FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
@@ -117,13 +117,12 @@ impl SqliteStore {
         let limit = self.inner.config.op_timeout;
         let work = async move {
             let mut conn = conn.lock_owned().await;
-            tokio::task::spawn_blocking(move || op(&mut conn)).await
+            match tokio::task::spawn_blocking(move || op(&mut conn)).await {
+                Err(join) => Err(StoreError::unavailable("sqlite operation failed", join)),
+                Ok(result) => result.map_err(Fail::into_store_error),
+            }
         };
-        match tokio::time::timeout(limit, work).await {
-            Err(_) => Err(StoreError::Timeout(limit)),
-            Ok(Err(join)) => Err(StoreError::unavailable("sqlite operation failed", join)),
-            Ok(Ok(result)) => result.map_err(Fail::into_store_error),
-        }
+        within(limit, work).await
     }
 }
 

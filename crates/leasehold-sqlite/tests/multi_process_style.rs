@@ -390,25 +390,32 @@ async fn a_recreated_file_never_hands_out_a_lower_token() {
     assert!(after > before, "{after} after {before}");
 }
 
+/// A database file `file` in `dir` as an older version wrote it: `sql` makes its tables.
+fn old_file(dir: &Path, file: &str, sql: &str) -> PathBuf {
+    let path = dir.join(file);
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(sql)
+        .unwrap();
+    path
+}
+
 /// A file written by schema version 1 (no history table) is upgraded in place on open.
 #[tokio::test]
 async fn a_version_1_file_gains_the_history_table() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("old.db");
-    {
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             CREATE TABLE leases (name TEXT PRIMARY KEY NOT NULL, holder TEXT NULL,
-                 token INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
-             CREATE TABLE slots (task TEXT PRIMARY KEY NOT NULL, last_slot INTEGER NOT NULL);
-             CREATE TABLE releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
-                 at_ms INTEGER NOT NULL);
-             INSERT INTO slots VALUES ('t', 42);
-             PRAGMA user_version = 1;",
-        )
-        .unwrap();
-    }
+    let path = old_file(
+        dir.path(),
+        "old.db",
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE leases (name TEXT PRIMARY KEY NOT NULL, holder TEXT NULL,
+             token INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
+         CREATE TABLE slots (task TEXT PRIMARY KEY NOT NULL, last_slot INTEGER NOT NULL);
+         CREATE TABLE releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
+             at_ms INTEGER NOT NULL);
+         INSERT INTO slots VALUES ('t', 42);
+         PRAGMA user_version = 1;",
+    );
     let store = leasehold_sqlite::connect(&format!("sqlite:{}", path.display()))
         .await
         .unwrap();
@@ -426,18 +433,15 @@ async fn a_version_1_file_gains_the_history_table() {
 #[tokio::test]
 async fn a_version_3_file_gains_the_members_table() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v3.db");
-    {
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             CREATE TABLE leases (name TEXT PRIMARY KEY NOT NULL, holder TEXT NULL,
-                 token INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
-             CREATE TABLE slots (task TEXT PRIMARY KEY NOT NULL, last_slot INTEGER NOT NULL);
-             PRAGMA user_version = 3;",
-        )
-        .unwrap();
-    }
+    let path = old_file(
+        dir.path(),
+        "v3.db",
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE leases (name TEXT PRIMARY KEY NOT NULL, holder TEXT NULL,
+             token INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
+         CREATE TABLE slots (task TEXT PRIMARY KEY NOT NULL, last_slot INTEGER NOT NULL);
+         PRAGMA user_version = 3;",
+    );
     let (one, two) = (open(&path).await, open(&path).await);
     let version: i64 = rusqlite::Connection::open(&path)
         .unwrap()

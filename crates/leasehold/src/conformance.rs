@@ -587,7 +587,7 @@ pub async fn members_expire_refresh_and_leave<S: Store>(store: S) {
     assert_eq!(first, vec![a.clone()]);
     store.members(&other, &c, LONG_TTL).await.unwrap();
     let mut both = vec![a.clone(), b.clone()];
-    both.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    both.sort();
     assert_eq!(store.members(&group, &b, LONG_TTL).await.unwrap(), both);
     // `a` refreshes halfway through its ttl, so it outlives its first expiry.
     tokio::time::sleep(ttl / 2).await;

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+mod feed;
 pub mod history;
 mod leader;
 mod lease;
@@ -12,6 +13,7 @@ mod schedule;
 mod scheduler;
 mod session;
 mod store_api;
+mod timeout;
 mod token;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -36,11 +38,15 @@ pub use session::{DEFAULT_SESSION_RETENTION, LeaseSession, MAX_RENEW_BATCH};
 pub use store_api::{BoxStore, LeaseState, Release, Store, StoreError};
 
 /// What a [`Store`] implementation works with beyond the items at the crate root: the answers of
-/// its operations, its error helpers and its release notifications. Applications need these
-/// only to call a store's operations directly.
+/// its operations, its error helpers, its release notifications and its operation time limit
+/// ([`Timeout`](store::Timeout) wraps any store). Applications need these only to call a store's
+/// operations directly or to wrap a store.
 pub mod store {
+    pub use crate::config::{ZeroDuration, check_nonzero};
+    pub use crate::feed::{FeedLink, ReleaseFeed, ReleaseSource};
     pub use crate::notify::{ReleaseHub, ReleaseSubscription};
     pub use crate::store_api::{Acquisition, BoxError, Operation, Renewal, SlotClaim, StoreResult};
+    pub use crate::timeout::{Timeout, within};
 }
 pub use token::FencingToken;
 

@@ -262,7 +262,7 @@ impl Store for MemoryStore {
         entries.insert(member.clone(), now + ttl);
         entries.retain(|_, expires| *expires > now);
         let mut live: Vec<HolderId> = entries.keys().cloned().collect();
-        live.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        live.sort();
         std::future::ready(Ok(live))
     }
 

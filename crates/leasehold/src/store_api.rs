@@ -590,6 +590,13 @@ pub struct Operation<'a> {
     pub name: Option<&'a LeaseName>,
 }
 
+impl<'a> Operation<'a> {
+    /// The operation `what`, about the lease or task `name` if any.
+    pub fn new(what: &'static str, name: Option<&'a LeaseName>) -> Self {
+        Self { what, name }
+    }
+}
+
 impl fmt::Display for Operation<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.name {
