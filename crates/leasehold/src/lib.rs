@@ -25,7 +25,6 @@ pub use config::{ConfigError, LeaseConfig};
 pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
-pub use metered::Metered;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
 #[cfg(feature = "cron")]
 pub use schedule::CronSchedule;
@@ -38,12 +37,14 @@ pub use session::{DEFAULT_SESSION_RETENTION, LeaseSession, MAX_RENEW_BATCH};
 pub use store_api::{BoxStore, LeaseState, Release, Store, StoreError};
 
 /// What a [`Store`] implementation works with beyond the items at the crate root: the answers of
-/// its operations, its error helpers, its release notifications and its operation time limit
-/// ([`Timeout`](store::Timeout) wraps any store). Applications need these only to call a store's
-/// operations directly or to wrap a store.
+/// its operations, its error helpers and its release notifications; and the wrappers that work
+/// around any store: an operation time limit ([`Timeout`](store::Timeout)) and metrics per call
+/// ([`Metered`](store::Metered)). Applications need these only to call a store's operations
+/// directly or to wrap a store.
 pub mod store {
     pub use crate::config::{ZeroDuration, check_nonzero};
     pub use crate::feed::{FeedLink, ReleaseFeed, ReleaseSource};
+    pub use crate::metered::Metered;
     pub use crate::notify::{ReleaseHub, ReleaseSubscription};
     pub use crate::store_api::{Acquisition, BoxError, Operation, Renewal, SlotClaim, StoreResult};
     pub use crate::timeout::{Timeout, within};

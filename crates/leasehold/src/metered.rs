@@ -20,7 +20,7 @@ use crate::{FencingToken, HolderId, LeaseName, Store, StoreError};
 /// store call cost is recorded here, for any store, only when asked for:
 ///
 /// ```
-/// use leasehold::{Lease, LeaseConfig, MemoryStore, Metered};
+/// use leasehold::{Lease, LeaseConfig, MemoryStore, store::Metered};
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = Metered::new(MemoryStore::new());
 /// let lease = Lease::new(store, "nightly-sweep".parse()?, LeaseConfig::default())?;
