@@ -214,7 +214,9 @@ fn main() -> ExitCode {
             #[cfg(feature = "chaos")]
             Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),
             #[cfg(feature = "bench")]
-            Command::Bench(args) => leasehold_bench::run(args).await.map_err(Failure::from),
+            Command::Bench(args) => leasehold_bench::run(args)
+                .await
+                .map_err(|e| Failure::from(anyhow::Error::new(e))),
             #[cfg(feature = "chaos")]
             Command::Witness(args) => leasehold_chaos::witness(args).await.map_err(Failure::from),
             Command::Supervise(_) => unreachable_supervise(),
