@@ -163,6 +163,17 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
+/// Starts a tokio runtime (with its I/O and timers) from `builder`; if it cannot, says so on
+/// stderr and returns the exit status.
+fn start_runtime(
+    builder: &mut tokio::runtime::Builder,
+) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        logging::error_line(&format!("cannot start the runtime: {e}"));
+        ExitCode::from(1)
+    })
+}
+
 /// `supervise` is dispatched before the runtime starts.
 fn unreachable_supervise() -> Result<u8, Failure> {
     Err(Failure::usage(anyhow::anyhow!(
@@ -192,16 +203,10 @@ fn main() -> ExitCode {
         return supervise::main(args);
     }
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    let runtime = match start_runtime(tokio::runtime::Builder::new_multi_thread().worker_threads(2))
     {
         Ok(rt) => rt,
-        Err(e) => {
-            logging::error_line(&format!("cannot start the runtime: {e}"));
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async {
         match cli.command {

@@ -128,6 +128,35 @@ pub fn assert_exactly_once(runs: &[Run]) -> BTreeMap<u64, Run> {
     by_slot
 }
 
+/// The holder of `lease` on `store`, if any.
+pub async fn leader(store: &impl leasehold::Store, lease: &str) -> Option<String> {
+    let state = store
+        .inspect(&leasehold::LeaseName::new(lease).unwrap())
+        .await
+        .unwrap()?;
+    state.holder.map(|h| h.to_string())
+}
+
+/// Waits (at most `limit`) for `lease` to have a holder other than `not`; returns it and how
+/// long that took.
+pub async fn wait_for_leader(
+    store: &impl leasehold::Store,
+    lease: &str,
+    not: Option<&str>,
+    limit: Duration,
+) -> (String, Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(l) = leader(store, lease).await
+            && Some(l.as_str()) != not
+        {
+            return (l, start.elapsed());
+        }
+        assert!(start.elapsed() < limit, "no new leader within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
