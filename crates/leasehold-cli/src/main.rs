@@ -4,7 +4,6 @@ mod child;
 mod demo;
 mod history;
 mod logging;
-mod record;
 mod run;
 mod serve;
 mod status;
@@ -55,14 +54,10 @@ enum Command {
     /// store's own floor measured in the same run.
     #[cfg(feature = "bench")]
     Bench(leasehold_bench::BenchArgs),
-    /// The command chaos replicas run: a fenced write plus a ledger line.
+    /// The command demo and chaos replicas (and the tests) run: a fenced write of the run's
+    /// token plus a ledger line describing the run (reads the LEASEHOLD_* variables).
     #[command(hide = true)]
-    #[cfg(feature = "chaos")]
-    Witness(leasehold_chaos::WitnessArgs),
-    /// Append one JSON line describing the current run to FILE (a witness ledger for demos and
-    /// tests; reads the LEASEHOLD_* variables).
-    #[command(hide = true)]
-    Record(record::RecordArgs),
+    Witness(leasehold_witness::WitnessArgs),
     /// Internal: the process `run` starts its command under, which ties the command's process
     /// group to the life of `leasehold` (see src/child.rs).
     #[command(hide = true)]
@@ -215,15 +210,15 @@ fn main() -> ExitCode {
             Command::History(args) => history::history(args).await,
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
-            Command::Record(args) => record::record(args).await,
             #[cfg(feature = "chaos")]
             Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),
             #[cfg(feature = "bench")]
             Command::Bench(args) => leasehold_bench::run(args)
                 .await
                 .map_err(|e| Failure::from(anyhow::Error::new(e))),
-            #[cfg(feature = "chaos")]
-            Command::Witness(args) => leasehold_chaos::witness(args).await.map_err(Failure::from),
+            Command::Witness(args) => leasehold_witness::run(args)
+                .await
+                .map_err(|e| Failure::from(anyhow::Error::new(e))),
             Command::Supervise(_) => unreachable_supervise(),
         }
     });

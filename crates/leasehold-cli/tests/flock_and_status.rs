@@ -14,10 +14,9 @@ async fn without_a_schedule_it_is_a_distributed_flock() {
     let ledger = ledger_in(dir.path());
     let holder = std::process::Command::new(BIN)
         .args([
-            "run", "--store", &store_url, "--lease", "once", "--ttl", "5s", "--", BIN, "record",
+            "run", "--store", &store_url, "--lease", "once", "--ttl", "5s", "--",
         ])
-        .arg(&ledger)
-        .args(["--sleep", "3s"])
+        .args(witness(&ledger, "3s"))
         .spawn()
         .unwrap();
     let mut holder = scopeguard(holder);
