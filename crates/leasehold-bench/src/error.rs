@@ -9,7 +9,8 @@ pub(crate) type Result<T, E = BenchError> = std::result::Result<T, E>;
 /// Why a store could not be measured, or a run could not start.
 ///
 /// A store that fails is reported with its error chain (`what: cause: cause…`) and the run goes
-/// on with the next store; only a bad flag or a report that cannot be written stops the run.
+/// on with the next store; a bad flag, a failed in-process measurement (memory per lease,
+/// placement) or a report that cannot be written stops the run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BenchError {
