@@ -87,8 +87,8 @@ async fn run(mode: &str, ops: usize, url: &str) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        "raw-acquire-release" => raw_acquire_release(&store, &mut conn, &names, &holder, ops).await,
-        "raw-renew" => raw_renew(&store, &mut conn, &names, &holder, ops).await,
+        "raw-acquire-release" => raw(&store, &mut conn, &names, &holder, ops, false).await,
+        "raw-renew" => raw(&store, &mut conn, &names, &holder, ops, true).await,
         "store-acquire" => {
             for i in 0..ops {
                 acquire(&store, &names[i % NAMES], &holder, ttl).await?;
@@ -198,21 +198,33 @@ async fn evalsha<T: redis::FromRedisValue>(
         .await?)
 }
 
-/// The least a client can do for the store's acquire and release: one EVALSHA each with the
-/// same keys and arguments, keys built once.
-async fn raw_acquire_release(
+/// The least a client can do for the store's calls: one EVALSHA per call with the same keys
+/// and arguments, keys built once. `renew` sends renewals; otherwise an acquire and a release
+/// per operation.
+async fn raw(
     store: &leasehold_redis::RedisStore,
     conn: &mut RedisConnection,
     names: &[LeaseName],
     holder: &HolderId,
     ops: usize,
+    renew: bool,
 ) -> anyhow::Result<()> {
-    let acquire = load(conn, RAW_ACQUIRE).await?;
-    let release = load(conn, RAW_ONE).await?;
     let keys: Vec<(String, String)> = names
         .iter()
         .map(|n| (store.lease_key(n), store.fence_key(n)))
         .collect();
+    if renew {
+        let renew = load(conn, RAW_ONE).await?;
+        let tenure = format!("1700000000000000001 {holder}");
+        for i in 0..ops {
+            let (lease, _) = &keys[i % NAMES];
+            let renewed: i64 = evalsha(conn, &renew, &[lease], &[&tenure, "60000"]).await?;
+            ensure!(renewed == 1);
+        }
+        return Ok(());
+    }
+    let acquire = load(conn, RAW_ACQUIRE).await?;
+    let release = load(conn, RAW_ONE).await?;
     for i in 0..ops {
         let (lease, fence) = &keys[i % NAMES];
         let (granted, token): (i64, String) = evalsha(
@@ -231,23 +243,6 @@ async fn raw_acquire_release(
         ];
         let released: i64 = evalsha(conn, &release, &[lease], &args).await?;
         ensure!(released == 1);
-    }
-    Ok(())
-}
-
-async fn raw_renew(
-    store: &leasehold_redis::RedisStore,
-    conn: &mut RedisConnection,
-    names: &[LeaseName],
-    holder: &HolderId,
-    ops: usize,
-) -> anyhow::Result<()> {
-    let renew = load(conn, RAW_ONE).await?;
-    let keys: Vec<String> = names.iter().map(|n| store.lease_key(n)).collect();
-    let tenure = format!("1700000000000000001 {holder}");
-    for i in 0..ops {
-        let renewed: i64 = evalsha(conn, &renew, &[&keys[i % NAMES]], &[&tenure, "60000"]).await?;
-        ensure!(renewed == 1);
     }
     Ok(())
 }

@@ -3,26 +3,28 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
-use leasehold::MAX_RENEW_BATCH;
 use leasehold::faults::FaultyStore;
 use leasehold::{
-    FencingToken, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, LeaseSession, MemoryStore,
-    Release, Store, TryAcquire,
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, LeaseSession,
+    MAX_RENEW_BATCH, MemoryStore, Release, Store, TryAcquire,
     store::{Acquisition, Renewal},
 };
 use tokio::task::JoinSet;
 
-use crate::report::{HeldRow, MemoryRow, Ratio, TakeoverRow, Target};
-use crate::stats::{Recorder, Round, Spread, percentile};
+use crate::error::{BenchError, Result};
+use crate::report::{HeldRow, Kind, MemoryRow, OpRow, Ratio, Report, TakeoverRow, Target};
+use crate::stats::{Figure, Recorder, Round, Spread, percentile};
 
 /// Ttl of the leases the operation rounds take: long enough never to expire mid-round.
 pub(crate) const OP_TTL: Duration = Duration::from_secs(60);
 
 /// `count` lease names `{prefix}/{what}/{i}`.
-pub(crate) fn names(prefix: &str, what: &str, count: usize) -> anyhow::Result<Vec<LeaseName>> {
+pub(crate) fn names(prefix: &str, what: &str, count: usize) -> Result<Vec<LeaseName>> {
     (0..count)
-        .map(|i| LeaseName::new(format!("{prefix}/{what}/{i}")).map_err(Into::into))
+        .map(|i| {
+            let name = format!("{prefix}/{what}/{i}");
+            LeaseName::new(&name).map_err(|e| BenchError::lease(format!("lease name {name}"), e))
+        })
         .collect()
 }
 
@@ -35,6 +37,73 @@ pub(crate) struct OpRounds {
     pub(crate) acquire_release: Vec<Round>,
 }
 
+/// The targets of a store's operation rows (none where `None`; release has none).
+#[derive(Debug, Default)]
+pub(crate) struct OpTargets {
+    pub(crate) acquire: Option<Target>,
+    pub(crate) renew: Option<Target>,
+    pub(crate) acquire_release: Option<Target>,
+}
+
+impl OpRounds {
+    /// The rows of the four operations on `store`, each p50 against `floor`'s if given.
+    pub(crate) fn rows(
+        &self,
+        store: &str,
+        floor: Option<(&[Round], &str)>,
+        targets: OpTargets,
+    ) -> Vec<OpRow> {
+        [
+            ("acquire", &self.acquire, targets.acquire),
+            ("renew", &self.renew, targets.renew),
+            ("release", &self.release, None),
+            (
+                "acquire+release",
+                &self.acquire_release,
+                targets.acquire_release,
+            ),
+        ]
+        .into_iter()
+        .map(|(op, rounds, target)| OpRow {
+            store: store.to_owned(),
+            op: op.to_owned(),
+            kind: Kind::Lease,
+            figure: Figure::of(rounds),
+            ratio: floor.and_then(|(base, name)| ratio(rounds, base, name)),
+            target,
+        })
+        .collect()
+    }
+}
+
+/// The rows of a store's floors: the first one alone, each other one's p50 against the first's.
+pub(crate) fn floor_rows(store: &str, floors: &[(&str, &[Round])]) -> Vec<OpRow> {
+    let base = floors.first().map(|&(name, rounds)| (rounds, name));
+    floors
+        .iter()
+        .enumerate()
+        .map(|(i, &(op, rounds))| OpRow {
+            store: store.to_owned(),
+            op: op.to_owned(),
+            kind: Kind::Floor,
+            figure: Figure::of(rounds),
+            ratio: base
+                .filter(|_| i > 0)
+                .and_then(|(base, name)| ratio(rounds, base, name)),
+            target: None,
+        })
+        .collect()
+}
+
+/// `p50 ≤ {factor}× {floor}`: the median p50 of `rounds` against the floor's.
+pub(crate) fn p50_within(rounds: &[Round], factor: f64, floor: (&[Round], &str)) -> Target {
+    let (base, name) = floor;
+    Target::new(
+        format!("p50 ≤ {factor}× {name}"),
+        Figure::of(rounds).p50_us.median <= factor * Figure::of(base).p50_us.median,
+    )
+}
+
 /// Sequential acquire, renew, release and acquire+release over a fixed set of names, by one
 /// holder on one store handle.
 pub(crate) struct OpBench<S> {
@@ -44,7 +113,7 @@ pub(crate) struct OpBench<S> {
 }
 
 impl<S: Store> OpBench<S> {
-    pub(crate) fn new(store: S, prefix: &str, ops: usize) -> anyhow::Result<Self> {
+    pub(crate) fn new(store: S, prefix: &str, ops: usize) -> Result<Self> {
         Ok(Self {
             store,
             names: names(prefix, "op", ops)?,
@@ -55,7 +124,7 @@ impl<S: Store> OpBench<S> {
     /// Acquires and releases every name once, untimed, so the timed rounds see names that were
     /// used before (fencing counters exist, statements and scripts are cached), as a lease that
     /// is taken again and again does.
-    pub(crate) async fn warm_up(&self) -> anyhow::Result<()> {
+    pub(crate) async fn warm_up(&self) -> Result<()> {
         for name in &self.names {
             let token = self.acquire(name).await?;
             self.release(name, token).await?;
@@ -64,7 +133,7 @@ impl<S: Store> OpBench<S> {
     }
 
     /// One round of each operation, appended to `out`.
-    pub(crate) async fn round(&self, out: &mut OpRounds) -> anyhow::Result<()> {
+    pub(crate) async fn round(&self, out: &mut OpRounds) -> Result<()> {
         let n = self.names.len();
         let mut tokens = Vec::with_capacity(n);
         let mut rec = Recorder::new(n);
@@ -104,7 +173,7 @@ impl<S: Store> OpBench<S> {
     }
 
     /// Acquires every name, untimed.
-    pub(crate) async fn acquire_all(&self) -> anyhow::Result<Vec<FencingToken>> {
+    pub(crate) async fn acquire_all(&self) -> Result<Vec<FencingToken>> {
         let mut tokens = Vec::with_capacity(self.names.len());
         for name in &self.names {
             tokens.push(self.acquire(name).await?);
@@ -113,7 +182,7 @@ impl<S: Store> OpBench<S> {
     }
 
     /// Renews every name acquired by [`acquire_all`](Self::acquire_all), untimed.
-    pub(crate) async fn renew_all(&self, tokens: &[FencingToken]) -> anyhow::Result<()> {
+    pub(crate) async fn renew_all(&self, tokens: &[FencingToken]) -> Result<()> {
         for (name, &token) in self.names.iter().zip(tokens) {
             self.renew(name, token).await?;
         }
@@ -121,46 +190,73 @@ impl<S: Store> OpBench<S> {
     }
 
     /// Releases every name acquired by [`acquire_all`](Self::acquire_all), untimed.
-    pub(crate) async fn release_all(&self, tokens: &[FencingToken]) -> anyhow::Result<()> {
+    pub(crate) async fn release_all(&self, tokens: &[FencingToken]) -> Result<()> {
         for (name, &token) in self.names.iter().zip(tokens) {
             self.release(name, token).await?;
         }
         Ok(())
     }
 
-    async fn renew(&self, name: &LeaseName, token: FencingToken) -> anyhow::Result<()> {
+    async fn renew(&self, name: &LeaseName, token: FencingToken) -> Result<()> {
         let renewal = self
             .store
             .renew(name, &self.holder, token, OP_TTL)
             .await
-            .context("renew")?;
-        ensure!(renewal == Renewal::Renewed, "renew of {name}: {renewal:?}");
-        Ok(())
+            .map_err(|e| BenchError::store("renew", e))?;
+        expect("renew", name, renewal, Renewal::Renewed)
     }
 
-    async fn acquire(&self, name: &LeaseName) -> anyhow::Result<FencingToken> {
-        match self
+    async fn acquire(&self, name: &LeaseName) -> Result<FencingToken> {
+        let answer = self
             .store
             .acquire(name, &self.holder, OP_TTL)
             .await
-            .context("acquire")?
-        {
-            Acquisition::Acquired { token } => Ok(token),
-            busy => bail!("acquire of {name}: {busy:?}"),
-        }
+            .map_err(|e| BenchError::store("acquire", e))?;
+        acquired(name, answer)
     }
 
-    async fn release(&self, name: &LeaseName, token: FencingToken) -> anyhow::Result<()> {
+    async fn release(&self, name: &LeaseName, token: FencingToken) -> Result<()> {
         let release = self
             .store
             .release(name, &self.holder, token)
             .await
-            .context("release")?;
-        ensure!(
-            release == Release::Released,
-            "release of {name}: {release:?}"
-        );
-        Ok(())
+            .map_err(|e| BenchError::store("release", e))?;
+        expect("release", name, release, Release::Released)
+    }
+}
+
+/// The token of an acquisition that was granted; a busy lease is an error here.
+fn acquired(name: &LeaseName, answer: Acquisition) -> Result<FencingToken> {
+    match answer {
+        Acquisition::Acquired { token } => Ok(token),
+        busy => Err(BenchError::Unexpected(format!(
+            "acquire of {name}: {busy:?}"
+        ))),
+    }
+}
+
+/// Whether the store answered `op` on `name` with `wanted`; any other answer is an error here.
+fn expect<T: PartialEq + std::fmt::Debug>(
+    op: &str,
+    name: &LeaseName,
+    answer: T,
+    wanted: T,
+) -> Result<()> {
+    if answer != wanted {
+        return Err(BenchError::Unexpected(format!(
+            "{op} of {name}: {answer:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The guard of a lease that was free; a busy lease is an error here.
+fn taken(name: &LeaseName, answer: TryAcquire) -> Result<LeaseGuard> {
+    match answer {
+        TryAcquire::Acquired(guard) => Ok(guard),
+        TryAcquire::Busy { holder, .. } => Err(BenchError::Unexpected(format!(
+            "{name} is held by {holder}"
+        ))),
     }
 }
 
@@ -215,12 +311,10 @@ impl<'a> HeldPlan<'a> {
 /// store calls per interval (counted by a pass-through [`FaultyStore`]), leases per call and
 /// the process's CPU time per interval. Then, per round, renews `sample` of them one by one
 /// and one [`MAX_RENEW_BATCH`] of them in one [`Store::renew_many`], for the per-lease cost.
-pub(crate) async fn held_renewal<S: Store>(
-    store: &S,
-    plan: &HeldPlan<'_>,
-) -> anyhow::Result<HeldRow> {
+async fn held_renewal<S: Store>(store: &S, plan: &HeldPlan<'_>) -> Result<HeldRow> {
     let counted = FaultyStore::wrap(store.clone());
-    let session = LeaseSession::new(counted.clone(), LeaseConfig::new(plan.ttl))?;
+    let session = LeaseSession::new(counted.clone(), LeaseConfig::new(plan.ttl))
+        .map_err(|e| BenchError::lease("lease session", e))?;
     let names = names(plan.prefix, "held", plan.held)?;
     let guards = acquire_in_session(&session, names, plan.concurrency).await?;
     let interval = LeaseConfig::new(plan.ttl).renew_interval;
@@ -237,12 +331,12 @@ pub(crate) async fn held_renewal<S: Store>(
     let cpu = cpu_time()?.saturating_sub(cpu_before);
     let batches = std::mem::take(&mut *counted.batches.lock().unwrap_or_else(|p| p.into_inner()));
     if let Some(lost) = guards.iter().find(|g| !g.is_held()) {
-        bail!(
+        return Err(BenchError::Unexpected(format!(
             "{}: {} held by the session was lost while it was watched ({:?})",
             plan.store_name,
             lost.name(),
             lost.loss_reason()
-        );
+        )));
     }
     let renewed: usize = batches.iter().sum();
     let passes = renewed as f64 / guards.len() as f64;
@@ -256,28 +350,36 @@ pub(crate) async fn held_renewal<S: Store>(
     let holder = session.holder().clone();
     let sample = plan.sample.min(leases.len());
     let batch = &leases[..MAX_RENEW_BATCH.min(leases.len())];
-    let (mut one, mut batched, mut batch_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut one, mut batched, mut renew_many_ms) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..plan.rounds {
         let started = Instant::now();
         for (name, token) in &leases[..sample] {
-            let r = store.renew(name, &holder, *token, plan.ttl).await?;
-            ensure!(r == Renewal::Renewed, "renew of {name}: {r:?}");
+            let r = store
+                .renew(name, &holder, *token, plan.ttl)
+                .await
+                .map_err(|e| BenchError::store("renew", e))?;
+            expect("renew", name, r, Renewal::Renewed)?;
         }
         one.push(sample as f64 / started.elapsed().as_secs_f64());
 
         let started = Instant::now();
-        let answers = store.renew_many(&holder, batch, plan.ttl).await?;
+        let answers = store
+            .renew_many(&holder, batch, plan.ttl)
+            .await
+            .map_err(|e| BenchError::store("renew_many", e))?;
         let took = started.elapsed();
         let renewed = answers.iter().filter(|r| **r == Renewal::Renewed).count();
-        ensure!(
-            renewed == batch.len(),
-            "renew_many renewed {renewed} of {} leases",
-            batch.len()
-        );
+        if renewed != batch.len() {
+            return Err(BenchError::Unexpected(format!(
+                "renew_many renewed {renewed} of {} leases",
+                batch.len()
+            )));
+        }
         batched.push(batch.len() as f64 / took.as_secs_f64());
-        batch_ms.push(took.as_secs_f64() * 1000.0);
+        renew_many_ms.push(took.as_secs_f64() * 1000.0);
     }
     drop(guards);
+    let (one_by_one, batched) = (Spread::of(&one), Spread::of(&batched));
     Ok(HeldRow {
         store: plan.store_name.to_owned(),
         held: leases.len(),
@@ -290,11 +392,16 @@ pub(crate) async fn held_renewal<S: Store>(
             renewed as f64 / batches.len() as f64
         },
         cpu_ms_per_interval: cpu.as_secs_f64() * 1000.0 / f64::from(plan.intervals),
-        one_by_one: Spread::of(&one),
+        one_by_one,
         one_by_one_sample: sample,
-        batched: Spread::of(&batched),
-        batch_len: batch.len(),
-        batch_ms: Spread::of(&batch_ms),
+        batched,
+        speedup: if one_by_one.median > 0.0 {
+            batched.median / one_by_one.median
+        } else {
+            0.0
+        },
+        renew_many_leases: batch.len(),
+        renew_many_ms: Spread::of(&renew_many_ms),
         target: Target::new(
             format!(
                 "≤ {allowed} calls per interval ({} leases, ≤ {MAX_RENEW_BATCH} per call)",
@@ -311,7 +418,7 @@ async fn acquire_in_session<S: Store>(
     session: &LeaseSession<S>,
     names: Vec<LeaseName>,
     concurrency: usize,
-) -> anyhow::Result<Vec<LeaseGuard>> {
+) -> Result<Vec<LeaseGuard>> {
     let mut out = Vec::with_capacity(names.len());
     for chunk in names.chunks(concurrency.max(1)) {
         let mut set = JoinSet::new();
@@ -320,11 +427,10 @@ async fn acquire_in_session<S: Store>(
             set.spawn(async move { (name.clone(), session.try_acquire(name).await) });
         }
         while let Some(joined) = set.join_next().await {
-            let (name, taken) = joined?;
-            match taken.with_context(|| format!("acquire of {name}"))? {
-                TryAcquire::Acquired(guard) => out.push(guard),
-                TryAcquire::Busy { holder, .. } => bail!("{name} is held by {holder}"),
-            }
+            let (name, answer) =
+                joined.map_err(|e| BenchError::lease("an acquiring task failed", e))?;
+            let answer = answer.map_err(|e| BenchError::lease(format!("acquire of {name}"), e))?;
+            out.push(taken(&name, answer)?);
         }
     }
     Ok(out)
@@ -333,23 +439,53 @@ async fn acquire_in_session<S: Store>(
 /// User plus system CPU time of this process so far (every thread: the runtime, the store's
 /// client tasks, SQLite's blocking pool), from `/proc/self/stat` in clock ticks (USER_HZ, 100
 /// per second on Linux: 10 ms resolution, so watch several intervals).
-fn cpu_time() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("read /proc/self/stat")?;
+fn cpu_time() -> Result<Duration> {
+    let stat = read_proc("/proc/self/stat")?;
     // Fields after the command name, which is in parentheses and may contain spaces.
-    let rest = stat
+    let fields: Vec<&str> = stat
         .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("/proc/self/stat has no command field")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
-    let ticks = |i: usize| -> anyhow::Result<u64> {
-        fields
-            .get(i)
-            .context("/proc/self/stat is short")?
-            .parse()
-            .context("/proc/self/stat time field")
-    };
+    let ticks = |i: usize| proc_field("/proc/self/stat", fields.get(i).copied());
     Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}
+
+/// A file of `/proc`.
+fn read_proc(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| BenchError::Io {
+        what: format!("read {path}"),
+        source,
+    })
+}
+
+/// A number field of a `/proc` file.
+fn proc_field(path: &str, field: Option<&str>) -> Result<u64> {
+    field
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| BenchError::Unexpected(format!("{path} has no such number field")))
+}
+
+/// The held-lease row and both takeover rows of one store, added to `report`: `store` holds,
+/// `waiter` (a second handle, as another process would have) takes over. `graceful` is the
+/// graceful takeover's target: its text after `p50 ≤ ` and its bound in ms.
+pub(crate) async fn held_and_takeovers<S: Store>(
+    plan: &crate::Plan,
+    report: &mut Report,
+    held: &HeldPlan<'_>,
+    store: &S,
+    waiter: &S,
+    graceful: Option<(String, f64)>,
+) -> Result<()> {
+    let (name, prefix) = (held.store_name, held.prefix);
+    report.held_renewal.push(held_renewal(store, held).await?);
+    let trials = plan.graceful_trials;
+    let row = graceful_takeover(name, store, waiter, prefix, trials, graceful).await?;
+    report.takeover.push(row);
+    let (trials, ttl) = (plan.expiry_trials, plan.expiry_ttl);
+    let row = expiry_takeover(name, store, waiter, prefix, trials, ttl).await?;
+    report.takeover.push(row);
+    Ok(())
 }
 
 /// How long a waiter in [`Lease::acquire`] is given to start waiting before the holder lets go.
@@ -358,40 +494,43 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// Graceful handoff: a holder (on `holder_store`) holds a lease, a waiter (on `waiter_store`, a
 /// separate connection, as another process would have) waits in [`Lease::acquire`]; measures from
 /// the start of the holder's release call to the waiter's acquire returning.
-pub(crate) async fn graceful_takeover<S: Store>(
+async fn graceful_takeover<S: Store>(
     store_name: &str,
     holder_store: &S,
     waiter_store: &S,
     prefix: &str,
     trials: usize,
-    target_ms: Option<f64>,
-) -> anyhow::Result<TakeoverRow> {
+    target: Option<(String, f64)>,
+) -> Result<TakeoverRow> {
     let config = LeaseConfig::new(Duration::from_secs(30));
     let mut samples = Vec::with_capacity(trials);
     for name in names(prefix, "graceful", trials)? {
-        let holder = Lease::new(holder_store.clone(), name.clone(), config)?;
-        let guard = match holder.try_acquire().await? {
-            TryAcquire::Acquired(g) => g,
-            TryAcquire::Busy { holder, .. } => bail!("{name} is held by {holder}"),
-        };
-        let waiter = Lease::new(waiter_store.clone(), name.clone(), config)?;
+        let holder = lease(holder_store, &name, config)?;
+        let answer = holder
+            .try_acquire()
+            .await
+            .map_err(|e| BenchError::lease(format!("acquire of {name}"), e))?;
+        let guard = taken(&name, answer)?;
+        let waiter = lease(waiter_store, &name, config)?;
         let waiting = tokio::spawn(async move {
             let g = waiter.acquire().await;
             (Instant::now(), g)
         });
         tokio::time::sleep(SETTLE).await;
-        ensure!(
-            !waiting.is_finished(),
-            "the waiter got {name} before release"
-        );
+        if waiting.is_finished() {
+            return Err(BenchError::Unexpected(format!(
+                "the waiter got {name} before release"
+            )));
+        }
         let started = Instant::now();
-        guard.release().await?;
+        release(guard).await?;
         let (acquired, g) = tokio::time::timeout(Duration::from_secs(40), waiting)
             .await
-            .context("the waiter did not take over within 40 s")??;
-        let g = g?;
+            .map_err(|_| BenchError::Unexpected("the waiter did not take over within 40 s".into()))?
+            .map_err(|e| BenchError::lease("the waiting task failed", e))?;
+        let g = g.map_err(|e| BenchError::lease(format!("acquire of {name}"), e))?;
         samples.push((acquired - started).as_secs_f64() * 1000.0);
-        g.release().await?;
+        release(g).await?;
     }
     let (p50, max) = p50_max(&samples);
     Ok(TakeoverRow {
@@ -403,7 +542,7 @@ pub(crate) async fn graceful_takeover<S: Store>(
         measures: "holder's release call starts → the waiter's Lease::acquire returns \
                    (waiter on its own connection, woken by the store's release notification)"
             .to_owned(),
-        target: target_ms.map(|t| Target::new(format!("p50 ≤ {t} ms"), p50 <= t)),
+        target: target.map(|(text, bound)| Target::new(format!("p50 ≤ {text}"), p50 <= bound)),
     })
 }
 
@@ -411,29 +550,33 @@ pub(crate) async fn graceful_takeover<S: Store>(
 /// renewing; a waiter in [`Lease::acquire`] started after it must take over when the lease is due
 /// to expire. Measures `acquired_at − (holder's acquire sent + ttl)`: how late after the
 /// earliest moment the lease can have expired.
-pub(crate) async fn expiry_takeover<S: Store>(
+async fn expiry_takeover<S: Store>(
     store_name: &str,
     holder_store: &S,
     waiter_store: &S,
     prefix: &str,
     trials: usize,
     ttl: Duration,
-) -> anyhow::Result<TakeoverRow> {
+) -> Result<TakeoverRow> {
     let config = LeaseConfig::new(Duration::from_secs(2));
     let mut samples = Vec::with_capacity(trials);
     for name in names(prefix, "expiry", trials)? {
         let dead = HolderId::generate();
         let sent = Instant::now();
-        match holder_store.acquire(&name, &dead, ttl).await? {
-            Acquisition::Acquired { .. } => {}
-            busy => bail!("acquire of {name}: {busy:?}"),
-        }
+        let answer = holder_store
+            .acquire(&name, &dead, ttl)
+            .await
+            .map_err(|e| BenchError::store("acquire", e))?;
+        acquired(&name, answer)?;
         let expiry = sent + ttl;
         tokio::time::sleep(SETTLE).await;
-        let waiter = Lease::new(waiter_store.clone(), name.clone(), config)?;
+        let waiter = lease(waiter_store, &name, config)?;
         let guard = tokio::time::timeout(ttl + Duration::from_secs(10), waiter.acquire())
             .await
-            .context("the waiter did not take over within ttl + 10 s")??;
+            .map_err(|_| {
+                BenchError::Unexpected("the waiter did not take over within ttl + 10 s".into())
+            })?
+            .map_err(|e| BenchError::lease(format!("acquire of {name}"), e))?;
         let acquired = Instant::now();
         let late = if acquired >= expiry {
             (acquired - expiry).as_secs_f64()
@@ -441,7 +584,7 @@ pub(crate) async fn expiry_takeover<S: Store>(
             -(expiry - acquired).as_secs_f64()
         };
         samples.push(late * 1000.0);
-        guard.release().await?;
+        release(guard).await?;
     }
     let (p50, max) = p50_max(&samples);
     Ok(TakeoverRow {
@@ -459,6 +602,22 @@ pub(crate) async fn expiry_takeover<S: Store>(
     })
 }
 
+/// A [`Lease`] on `store`.
+fn lease<S: Store>(store: &S, name: &LeaseName, config: LeaseConfig) -> Result<Lease<S>> {
+    Lease::new(store.clone(), name.clone(), config)
+        .map_err(|e| BenchError::lease(format!("lease {name}"), e))
+}
+
+/// Releases a guard.
+async fn release(guard: LeaseGuard) -> Result<()> {
+    let name = guard.name().clone();
+    guard
+        .release()
+        .await
+        .map_err(|e| BenchError::lease(format!("release of {name}"), e))?;
+    Ok(())
+}
+
 fn p50_max(samples: &[f64]) -> (f64, f64) {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -469,14 +628,9 @@ fn p50_max(samples: &[f64]) -> (f64, f64) {
 }
 
 /// Resident set size of this process, in bytes, from `/proc/self/statm`.
-pub(crate) fn rss_bytes() -> anyhow::Result<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").context("read /proc/self/statm")?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .context("/proc/self/statm has no resident field")?
-        .parse()
-        .context("/proc/self/statm resident field")?;
+pub(crate) fn rss_bytes() -> Result<u64> {
+    let statm = read_proc("/proc/self/statm")?;
+    let pages = proc_field("/proc/self/statm", statm.split_whitespace().nth(1))?;
     Ok(pages * page_size())
 }
 
@@ -521,46 +675,51 @@ pub(crate) async fn memory_per_lease(
     prefix: &str,
     count: usize,
     how: HeldBy,
-) -> anyhow::Result<(MemoryRow, Box<dyn std::any::Any + Send>)> {
+) -> Result<(MemoryRow, Box<dyn std::any::Any + Send>)> {
     let store = MemoryStore::new();
     let config = LeaseConfig::new(Duration::from_secs(600));
     let holder = HolderId::generate();
-    let session = LeaseSession::with_holder(store.clone(), config, holder.clone())?;
+    let session = LeaseSession::with_holder(store.clone(), config, holder.clone())
+        .map_err(|e| BenchError::lease("lease session", e))?;
     let names = names(prefix, &format!("mem-{how:?}"), count)?;
     // Let the runtime settle so earlier allocations do not land in the measurement.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let before = rss_bytes()?;
     let mut guards = Vec::with_capacity(count);
     for name in names {
-        let taken = match how {
-            HeldBy::StoreOnly => match store.acquire(&name, &holder, config.ttl).await? {
-                Acquisition::Acquired { .. } => continue,
-                busy => bail!("memory store lease busy ({busy:?})"),
-            },
-            HeldBy::Session => session.try_acquire(name).await?,
+        let answer = match how {
+            HeldBy::StoreOnly => {
+                let answer = store
+                    .acquire(&name, &holder, config.ttl)
+                    .await
+                    .map_err(|e| BenchError::store("acquire", e))?;
+                acquired(&name, answer)?;
+                continue;
+            }
+            HeldBy::Session => session.try_acquire(name.clone()).await,
             HeldBy::Lease => {
-                let lease = Lease::new(store.clone(), name, config)?.with_holder(holder.clone());
-                lease.try_acquire().await?
+                let lease = lease(&store, &name, config)?.with_holder(holder.clone());
+                lease.try_acquire().await
             }
         };
-        match taken {
-            TryAcquire::Acquired(g) => guards.push(g),
-            TryAcquire::Busy { holder, .. } => bail!("memory store lease busy ({holder})"),
-        }
+        let answer = answer.map_err(|e| BenchError::lease(format!("acquire of {name}"), e))?;
+        guards.push(taken(&name, answer)?);
     }
     // Every renewer has run once and parked on its timers.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let after = rss_bytes()?;
-    ensure!(
-        guards.iter().all(LeaseGuard::is_held),
-        "a memory-store lease was lost"
-    );
+    if !guards.iter().all(LeaseGuard::is_held) {
+        return Err(BenchError::Unexpected(
+            "a memory-store lease was lost".into(),
+        ));
+    }
     let row = MemoryRow {
         store: "memory".to_owned(),
         how: how.label(),
         leases: count,
-        rss_before: before,
-        rss_after: after,
+        rss_before_bytes: before,
+        rss_after_bytes: after,
+        bytes_per_lease: after.saturating_sub(before) as f64 / count.max(1) as f64,
         without_store: None,
         target: None,
     };

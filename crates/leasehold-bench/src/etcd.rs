@@ -5,21 +5,22 @@
 //! keys, by hyper's HTTP/1.1 client on a kept-alive connection to the member the store talks to
 //! first.
 
-use anyhow::{Context, bail, ensure};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::Request;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use leasehold::store::BoxError;
 use leasehold_etcd::{Endpoint, EtcdConfig, EtcdStore};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
-use crate::common::{self, HeldPlan, OpBench, OpRounds};
-use crate::report::{Kind, OpRow, Report, Target};
+use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
+use crate::error::{BenchError, Result};
+use crate::report::Report;
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
 
@@ -31,42 +32,40 @@ const FLOOR: &str = "put";
 /// bench's 3 s ttl): 3,000 took about 0.7 s on a 3-member loopback cluster, 10,000 would not fit.
 pub(crate) const MAX_HELD: usize = 3_000;
 
-pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
-    let mut config = EtcdConfig::from_url(&plan.etcd_url).context("--etcd-url")?;
+pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
+    let mut config = EtcdConfig::from_url(&plan.etcd_url)
+        .map_err(|e| BenchError::Usage(format!("--etcd-url: {e}")))?;
     if config.tls || config.user.is_some() {
-        bail!(
+        return Err(BenchError::Usage(
             "the floors are sent over plain HTTP without authentication: give an etcd:// URL \
              without a user"
-        );
+                .into(),
+        ));
     }
     // Every key of this run under a prefix of its own, deleted at the end.
     config.prefix = format!("{}bench-{}/", config.prefix, plan.run_id);
     let described = config.describe();
-    let store = config
-        .clone()
-        .connect()
-        .await
-        .with_context(|| format!("connect to {described}"))?;
+    let connect = || async {
+        config
+            .clone()
+            .connect()
+            .await
+            .map_err(|e| BenchError::connect(&described, e))
+    };
+    let store = connect().await?;
     // The member the store sends its requests to while it answers: the first one.
     let member = &config.endpoints[0];
     let mut gateway = Gateway::open(member)
         .await
-        .with_context(|| format!("connect to {member}"))?;
+        .map_err(|e| BenchError::connect(member.to_string(), e))?;
     let result = async {
         // A second store handle, as another process would have: its own connections and
         // release watch.
-        let waiter = config
-            .clone()
-            .connect()
-            .await
-            .with_context(|| format!("connect to {described}"))?;
+        let waiter = connect().await?;
         bench_with(plan, report, &store, &waiter, &mut gateway, &config.prefix).await
     }
     .await;
-    let cleaned = gateway
-        .delete_prefix(&config.prefix)
-        .await
-        .with_context(|| format!("cleanup: delete the keys under {}", config.prefix));
+    let cleaned = gateway.delete_prefix(&config.prefix).await;
     result.and(cleaned)
 }
 
@@ -77,7 +76,7 @@ async fn bench_with(
     waiter: &EtcdStore,
     gateway: &mut Gateway,
     key_prefix: &str,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let floor_key = format!("{key_prefix}floor");
     let prefix = plan.prefix(StoreKind::Etcd);
     let ops = OpBench::new(store.clone(), &prefix, plan.ops)?;
@@ -94,50 +93,23 @@ async fn bench_with(
         ops.round(&mut rounds).await?;
     }
 
-    let name = || "etcd".to_owned();
-    let txn = Figure::of(&txns);
+    report.operations.extend(common::floor_rows(
+        "etcd",
+        &[(FLOOR, &puts), ("txn", &txns), ("range", &ranges)],
+    ));
     // Against the transaction floor, 1.5× per transaction the operation needs: one more round
     // trip would miss.
-    let within = |rounds: &[Round], factor: f64| {
-        let p50 = Figure::of(rounds).p50_us.median;
-        Target::new(
-            format!("p50 ≤ {factor}× txn"),
-            p50 <= factor * txn.p50_us.median,
-        )
+    let txn = (&txns[..], "txn");
+    let targets = OpTargets {
+        // Two transactions: create-or-read, then the compare-and-set on the revision read.
+        acquire: Some(common::p50_within(&rounds.acquire, 3.0, txn)),
+        // One transaction: compare the tenure, put.
+        renew: Some(common::p50_within(&rounds.renew, 1.5, txn)),
+        ..OpTargets::default()
     };
     report
-        .ops_rows
-        .push(OpRow::floor(&name(), FLOOR, &puts, None));
-    report
-        .ops_rows
-        .push(OpRow::floor(&name(), "txn", &txns, Some((&puts, FLOOR))));
-    report.ops_rows.push(OpRow::floor(
-        &name(),
-        "range",
-        &ranges,
-        Some((&puts, FLOOR)),
-    ));
-    for (op, r, target) in [
-        // Two transactions: create-or-read, then the compare-and-set on the revision read.
-        (
-            "acquire",
-            &rounds.acquire,
-            Some(within(&rounds.acquire, 3.0)),
-        ),
-        // One transaction: compare the tenure, put.
-        ("renew", &rounds.renew, Some(within(&rounds.renew, 1.5))),
-        ("release", &rounds.release, None),
-        ("acquire+release", &rounds.acquire_release, None),
-    ] {
-        report.ops_rows.push(OpRow {
-            store: name(),
-            op: op.to_owned(),
-            kind: Kind::Lease,
-            figure: Figure::of(r),
-            ratio: common::ratio(r, &puts, FLOOR),
-            target,
-        });
-    }
+        .operations
+        .extend(rounds.rows("etcd", Some((&puts, FLOOR)), targets));
     let server = gateway.describe_server().await?;
     report.notes.push(format!(
         "etcd: floors = a one-key put (a Raft commit), a one-key transaction (compare the key's \
@@ -154,38 +126,17 @@ async fn bench_with(
         held: plan.held.min(MAX_HELD),
         ..HeldPlan::of(plan, "etcd", &prefix, 32)
     };
-    report
-        .held_rows
-        .push(common::held_renewal(store, &held).await?);
     report.notes.push(format!(
         "etcd held leases: at most {MAX_HELD} (--held is capped): renew_many sends 100 leases per \
          transaction (each a nested compare-and-put, as renew), the transactions one after \
          another, so a pass costs one commit per 100 held leases"
     ));
 
-    let mut graceful =
-        common::graceful_takeover("etcd", store, waiter, &prefix, plan.graceful_trials, None)
-            .await?;
     // The release's transaction, the watch event and the waiter's acquire (two transactions);
     // a waiter the watch did not wake would sit out the 30 s ttl.
-    let bound = 6.0 * txn.p50_us.median / 1000.0;
-    graceful.target = Some(Target::new(
-        format!("p50 ≤ 6× txn ({bound:.1} ms)"),
-        graceful.p50_ms <= bound,
-    ));
-    report.takeover_rows.push(graceful);
-    report.takeover_rows.push(
-        common::expiry_takeover(
-            "etcd",
-            store,
-            waiter,
-            &prefix,
-            plan.expiry_trials,
-            plan.expiry_ttl,
-        )
-        .await?,
-    );
-    Ok(())
+    let bound = 6.0 * Figure::of(&txns).p50_us.median / 1000.0;
+    let graceful = Some((format!("6× txn ({bound:.1} ms)"), bound));
+    common::held_and_takeovers(plan, report, &held, store, waiter, graceful).await
 }
 
 /// One kept-alive HTTP/1.1 connection to one member's JSON gateway.
@@ -195,7 +146,7 @@ struct Gateway {
 }
 
 impl Gateway {
-    async fn open(member: &Endpoint) -> anyhow::Result<Self> {
+    async fn open(member: &Endpoint) -> Result<Self, BoxError> {
         let tcp = TcpStream::connect((member.host.as_str(), member.port)).await?;
         tcp.set_nodelay(true)?;
         let (sender, connection) = http1::handshake(TokioIo::new(tcp)).await?;
@@ -207,7 +158,27 @@ impl Gateway {
         })
     }
 
-    async fn post(&mut self, path: &str, body: &Value) -> anyhow::Result<Value> {
+    /// POSTs `body` to `path`; a failure is described as `what`.
+    async fn post_for(&mut self, what: &str, path: &str, body: &Value) -> Result<Value> {
+        let (status, bytes) = self
+            .send(path, body)
+            .await
+            .map_err(|e| BenchError::floor(what, e))?;
+        if !status.is_success() {
+            return Err(BenchError::Unexpected(format!(
+                "{what}: HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )));
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| BenchError::floor(format!("{what}: the answer"), e))
+    }
+
+    async fn post(&mut self, path: &str, body: &Value) -> Result<Value> {
+        self.post_for(path, path, body).await
+    }
+
+    async fn send(&mut self, path: &str, body: &Value) -> Result<(StatusCode, Bytes), BoxError> {
         self.sender.ready().await?;
         let request = Request::post(path)
             .header(HOST, &self.host)
@@ -216,15 +187,10 @@ impl Gateway {
         let response = self.sender.send_request(request).await?;
         let status = response.status();
         let bytes = response.into_body().collect().await?.to_bytes();
-        ensure!(
-            status.is_success(),
-            "{path}: HTTP {status}: {}",
-            String::from_utf8_lossy(&bytes)
-        );
-        serde_json::from_slice(&bytes).with_context(|| format!("{path}: the answer"))
+        Ok((status, bytes))
     }
 
-    async fn put_round(&mut self, key: &str, ops: usize) -> anyhow::Result<Round> {
+    async fn put_round(&mut self, key: &str, ops: usize) -> Result<Round> {
         let mut rec = Recorder::new(ops);
         for i in 0..ops {
             let body = json!({ "key": B64.encode(key), "value": B64.encode(i.to_string()) });
@@ -235,7 +201,7 @@ impl Gateway {
         Ok(rec.finish())
     }
 
-    async fn txn_round(&mut self, key: &str, ops: usize) -> anyhow::Result<Round> {
+    async fn txn_round(&mut self, key: &str, ops: usize) -> Result<Round> {
         let mut rec = Recorder::new(ops);
         for i in 0..ops {
             let body = json!({
@@ -249,25 +215,29 @@ impl Gateway {
             rec.start();
             let answer = self.post("/v3/kv/txn", &body).await?;
             rec.stop();
-            ensure!(answer["succeeded"] == true, "txn on {key}: {answer}");
+            if answer["succeeded"] != true {
+                return Err(BenchError::Unexpected(format!("txn on {key}: {answer}")));
+            }
         }
         Ok(rec.finish())
     }
 
-    async fn range_round(&mut self, key: &str, ops: usize) -> anyhow::Result<Round> {
+    async fn range_round(&mut self, key: &str, ops: usize) -> Result<Round> {
         let body = json!({ "key": B64.encode(key) });
         let mut rec = Recorder::new(ops);
         for _ in 0..ops {
             rec.start();
             let answer = self.post("/v3/kv/range", &body).await?;
             rec.stop();
-            ensure!(answer["count"] == "1", "range of {key}: {answer}");
+            if answer["count"] != "1" {
+                return Err(BenchError::Unexpected(format!("range of {key}: {answer}")));
+            }
         }
         Ok(rec.finish())
     }
 
     /// The server's version, the cluster's size and whether this member leads.
-    async fn describe_server(&mut self) -> anyhow::Result<String> {
+    async fn describe_server(&mut self) -> Result<String> {
         let status = self.post("/v3/maintenance/status", &json!({})).await?;
         let members = self.post("/v3/cluster/member/list", &json!({})).await?;
         let role = if status["leader"] == status["header"]["member_id"] {
@@ -283,13 +253,14 @@ impl Gateway {
         ))
     }
 
-    async fn delete_prefix(&mut self, prefix: &str) -> anyhow::Result<()> {
+    async fn delete_prefix(&mut self, prefix: &str) -> Result<()> {
         let mut end = prefix.as_bytes().to_vec();
         // The prefix ends in '/': the next byte up ends the range of keys that start with it.
         if let Some(last) = end.last_mut() {
             *last += 1;
         }
-        self.post(
+        self.post_for(
+            &format!("cleanup: delete the keys under {prefix}"),
             "/v3/kv/deleterange",
             &json!({ "key": B64.encode(prefix), "range_end": B64.encode(end) }),
         )

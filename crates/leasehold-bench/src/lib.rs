@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod common;
+mod error;
 mod etcd;
 mod memory;
 mod postgres;
@@ -13,8 +14,11 @@ mod stats;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use crate::error::BenchError;
+
 use crate::common::HeldBy;
-use crate::report::{Report, Target};
+use crate::error::Result;
+use crate::report::{Failure, Report, Target};
 
 /// A store `leasehold bench` can measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -110,7 +114,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn new(args: &BenchArgs) -> anyhow::Result<Self> {
+    fn new(args: &BenchArgs) -> Result<Self> {
         let q = args.quick;
         let plan = Self {
             stores: dedup(&args.stores),
@@ -131,9 +135,15 @@ impl Plan {
             quick: q,
             run_id: run_id(),
         };
-        anyhow::ensure!(plan.rounds > 0, "--rounds must be at least 1");
-        anyhow::ensure!(plan.ops > 0, "--ops must be at least 1");
-        anyhow::ensure!(plan.held > 0, "--held must be at least 1");
+        for (flag, value) in [
+            ("--rounds", plan.rounds),
+            ("--ops", plan.ops),
+            ("--held", plan.held),
+        ] {
+            if value == 0 {
+                return Err(BenchError::Usage(format!("{flag} must be at least 1")));
+            }
+        }
         Ok(plan)
     }
 
@@ -165,11 +175,15 @@ fn run_id() -> String {
 ///
 /// Returns the exit status: 0 when every store asked for was measured (missed targets are
 /// reported, not failures), 1 when a store could not be measured (its error is in the report).
-pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
+pub async fn run(args: BenchArgs) -> Result<u8> {
     let plan = Plan::new(&args)?;
     let report = bench(&plan).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report.json())?);
+        let json = report
+            .json()
+            .and_then(|json| serde_json::to_string_pretty(&json))
+            .map_err(BenchError::Json)?;
+        println!("{json}");
     } else {
         print!("{}", report.table());
     }
@@ -177,7 +191,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
 }
 
 /// Measures everything in `plan`.
-pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
+pub(crate) async fn bench(plan: &Plan) -> Result<Report> {
     let mut report = Report {
         run_id: plan.run_id.clone(),
         rounds: plan.rounds,
@@ -194,9 +208,9 @@ pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
         let (mut row, keep) = common::memory_per_lease(&prefix, plan.memory_leases, how).await?;
         kept.push(keep);
         if how == HeldBy::StoreOnly {
-            store_record = row.bytes_per_lease();
+            store_record = row.bytes_per_lease;
         } else {
-            let without = (row.bytes_per_lease() - store_record).max(0.0);
+            let without = (row.bytes_per_lease - store_record).max(0.0);
             row.without_store = Some(without);
             if how == HeldBy::Session {
                 row.target = Some(Target::new(
@@ -235,9 +249,10 @@ pub(crate) async fn bench(plan: &Plan) -> anyhow::Result<Report> {
             StoreKind::Etcd => etcd::bench(plan, &mut report).await,
         };
         if let Err(e) = result {
-            report
-                .failures
-                .push((store.name().to_owned(), format!("{e:#}").replace('\n', " ")));
+            report.failures.push(Failure {
+                store: store.name().to_owned(),
+                error: e.chain(),
+            });
         }
     }
     Ok(report)
@@ -272,9 +287,9 @@ mod tests {
         plan.held_ttl = Duration::from_secs(1);
         let report = bench(&plan).await.unwrap();
         assert!(report.failures.is_empty(), "{:?}", report.failures);
-        let ops: Vec<&str> = report.ops_rows.iter().map(|r| r.op.as_str()).collect();
+        let ops: Vec<&str> = report.operations.iter().map(|r| r.op.as_str()).collect();
         assert_eq!(ops, ["acquire", "renew", "release", "acquire+release"]);
-        for r in &report.ops_rows {
+        for r in &report.operations {
             assert_eq!(r.figure.rounds, 2);
             assert_eq!(r.figure.ops_per_round, 50);
             assert!(r.figure.ops_per_sec.median > 0.0);
@@ -282,15 +297,15 @@ mod tests {
         }
         // 2,500 leases in one session: three renew_many calls per pass, a pass per interval (one
         // may fall past the window on a loaded machine).
-        let held = &report.held_rows[0];
+        let held = &report.held_renewal[0];
         assert_eq!(held.held, 2500);
         assert!(held.target.pass, "{held:?}");
         assert!((1.9..=3.0).contains(&held.calls_per_interval), "{held:?}");
         assert!(held.leases_per_call > 800.0, "{held:?}");
-        assert_eq!(held.batch_len, 1000);
-        let paths: Vec<&str> = report.takeover_rows.iter().map(|r| r.path).collect();
+        assert_eq!(held.renew_many_leases, 1000);
+        let paths: Vec<&str> = report.takeover.iter().map(|r| r.path).collect();
         assert_eq!(paths, ["graceful", "expiry"]);
-        let expiry = &report.takeover_rows[1];
+        let expiry = &report.takeover[1];
         assert!(expiry.max_ms < 1000.0, "{expiry:?}");
         let placement = report.placement.as_ref().unwrap();
         assert_eq!((placement.tasks, placement.instances), (100, 10));
@@ -301,9 +316,9 @@ mod tests {
             "{}",
             report.table()
         );
-        assert!(report.json()["placement"]["max"].is_number());
+        assert!(report.json().unwrap()["placement"]["max"].is_number());
         assert_eq!(report.memory.len(), 3);
-        assert!(report.memory.iter().all(|m| m.rss_after > 0));
+        assert!(report.memory.iter().all(|m| m.rss_after_bytes > 0));
         // The session's row carries the ≤ 500 B target, on its figure less the store's record.
         let [store, session, lease] = &report.memory[..] else {
             unreachable!()
@@ -311,12 +326,12 @@ mod tests {
         assert!(store.without_store.is_none() && store.target.is_none());
         assert!(session.target.is_some() && lease.target.is_none());
         let without = session.without_store.unwrap();
-        assert!(without < session.bytes_per_lease() || store.bytes_per_lease() == 0.0);
+        assert!(without < session.bytes_per_lease || store.bytes_per_lease == 0.0);
 
         let table = report.table();
         assert!(table.contains("acquire+release"), "{table}");
         assert!(table.contains("memory per held lease"), "{table}");
-        let json = report.json();
+        let json = report.json().unwrap();
         assert_eq!(json["operations"].as_array().unwrap().len(), 4);
         assert_eq!(json["takeover"].as_array().unwrap().len(), 2);
         assert!(json["memory"][1]["bytes_per_lease"].is_number());
@@ -335,7 +350,7 @@ mod tests {
         let report = bench(&plan).await.unwrap();
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         let ops: Vec<(&str, Kind)> = report
-            .ops_rows
+            .operations
             .iter()
             .map(|r| (r.op.as_str(), r.kind))
             .collect();
@@ -351,7 +366,7 @@ mod tests {
                 ("acquire+release", Lease)
             ]
         );
-        for r in &report.ops_rows {
+        for r in &report.operations {
             assert_eq!(r.figure.rounds, 2);
             assert_eq!(r.figure.ops_per_round, 50);
             assert!(r.figure.ops_per_sec.median > 0.0, "{r:?}");
@@ -360,7 +375,7 @@ mod tests {
             assert_eq!(r.ratio.is_some(), r.op != "put", "{r:?}");
         }
         // Three commits against one.
-        let pair = report.ops_rows[6].ratio.as_ref().unwrap();
+        let pair = report.operations[6].ratio.as_ref().unwrap();
         assert!(pair.p50 > 1.5, "{pair:?}");
         let targets: Vec<String> = report
             .targets()
@@ -381,14 +396,14 @@ mod tests {
         // One renew_many call per interval, one transaction per lease: whether a pass fits in
         // the 500 ms interval depends on the machine's commits, so the target is not asserted,
         // only that the session kept renewing every lease.
-        let held = &report.held_rows[0];
+        let held = &report.held_renewal[0];
         assert_eq!(held.held, 50);
         assert!(held.passes >= 2.0, "{held:?}");
         assert!((0.6..=1.1).contains(&held.calls_per_interval), "{held:?}");
         assert!(held.leases_per_call > 45.0, "{held:?}");
-        let paths: Vec<&str> = report.takeover_rows.iter().map(|r| r.path).collect();
+        let paths: Vec<&str> = report.takeover.iter().map(|r| r.path).collect();
         assert_eq!(paths, ["graceful", "expiry"]);
-        assert!(report.takeover_rows.iter().all(|r| r.max_ms < 1000.0));
+        assert!(report.takeover.iter().all(|r| r.max_ms < 1000.0));
         let note = report
             .notes
             .iter()
@@ -408,16 +423,16 @@ mod tests {
         plan.etcd_url = "etcd://127.0.0.1:1/?connect_timeout_ms=200".to_owned();
         let report = bench(&plan).await.unwrap();
         assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
-        let (store, error) = &report.failures[0];
+        let Failure { store, error } = &report.failures[0];
         assert_eq!(store, "etcd");
         assert!(
             error.starts_with("connect to etcd://127.0.0.1:1"),
             "{error}"
         );
-        assert!(report.ops_rows.is_empty());
+        assert!(report.operations.is_empty());
         plan.etcd_url = "etcd://root:secret@127.0.0.1:1".to_owned();
         let report = bench(&plan).await.unwrap();
-        let (_, error) = &report.failures[0];
+        let error = &report.failures[0].error;
         assert!(error.contains("without a user"), "{error}");
         assert!(!error.contains("secret"), "{error}");
     }

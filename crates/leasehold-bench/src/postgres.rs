@@ -3,17 +3,18 @@
 //! tokio-postgres, re-exported by leasehold-postgres), as a cached prepared statement, in
 //! autocommit.
 
-use anyhow::Context;
+use leasehold_postgres::deadpool_postgres;
 use leasehold_postgres::{PgConfig, PgStore};
 
-use crate::common::{self, HeldPlan, OpBench, OpRounds};
-use crate::report::{Kind, OpRow, Report, Target};
-use crate::stats::{Figure, Recorder, Round};
+use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
+use crate::error::{BenchError, Result};
+use crate::report::Report;
+use crate::stats::{Recorder, Round};
 use crate::{Plan, StoreKind};
 
 const FLOOR: &str = "UPDATE";
 
-pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let url = PgConfig::new(plan.postgres_url.clone()).describe();
     // A schema of this run's own, created by the store's migration and dropped at the end: the
     // lease table starts empty (no dead rows left by earlier runs or other users of the
@@ -27,7 +28,7 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
         .clone()
         .connect()
         .await
-        .with_context(|| format!("connect to {url} (and create schema {schema})"))?;
+        .map_err(|e| BenchError::connect(format!("{url} (and create schema {schema})"), e))?;
     let prefix = plan.prefix(StoreKind::Postgres);
     let result = async {
         // A second store handle, as another process would have: its own pool and LISTEN
@@ -35,7 +36,7 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
         let waiter = config
             .connect()
             .await
-            .with_context(|| format!("connect to {url}"))?;
+            .map_err(|e| BenchError::connect(&url, e))?;
         bench_with(plan, report, &store, &waiter, &scratch, &prefix).await
     }
     .await;
@@ -51,17 +52,16 @@ async fn bench_with(
     // The floor's scratch table in this run's schema, qualified and quoted.
     scratch: &str,
     prefix: &str,
-) -> anyhow::Result<()> {
-    store
-        .pool()
-        .get()
+) -> Result<()> {
+    let create = "create the scratch table";
+    pooled(store, create)
         .await?
         .batch_execute(&format!(
             "CREATE TABLE {scratch} (id integer PRIMARY KEY, v bigint NOT NULL); \
              INSERT INTO {scratch} VALUES (1, 0);"
         ))
         .await
-        .context("create the scratch table")?;
+        .map_err(|e| BenchError::floor(create, e))?;
     let update = format!("UPDATE {scratch} SET v = v + 1 WHERE id = 1");
     let floor = Floor {
         store,
@@ -82,40 +82,18 @@ async fn bench_with(
         selects.push(select.round(plan.ops).await?);
         ops.round(&mut rounds).await?;
     }
-    let name = || "postgres".to_owned();
-    let floor_fig = Figure::of(&floors);
-    let acquire = Figure::of(&rounds.acquire);
-    report
-        .ops_rows
-        .push(OpRow::floor(&name(), FLOOR, &floors, None));
-    report.ops_rows.push(OpRow::floor(
-        &name(),
-        "SELECT 1",
-        &selects,
-        Some((&floors, FLOOR)),
+    report.operations.extend(common::floor_rows(
+        "postgres",
+        &[(FLOOR, &floors), ("SELECT 1", &selects)],
     ));
-    for (op, r, target) in [
-        (
-            "acquire",
-            &rounds.acquire,
-            Some(Target::new(
-                "p50 ≤ 1.2× UPDATE",
-                acquire.p50_us.median <= 1.2 * floor_fig.p50_us.median,
-            )),
-        ),
-        ("renew", &rounds.renew, None),
-        ("release", &rounds.release, None),
-        ("acquire+release", &rounds.acquire_release, None),
-    ] {
-        report.ops_rows.push(OpRow {
-            store: name(),
-            op: op.to_owned(),
-            kind: Kind::Lease,
-            figure: Figure::of(r),
-            ratio: common::ratio(r, &floors, FLOOR),
-            target,
-        });
-    }
+    let floor = (&floors[..], FLOOR);
+    let targets = OpTargets {
+        acquire: Some(common::p50_within(&rounds.acquire, 1.2, floor)),
+        ..OpTargets::default()
+    };
+    report
+        .operations
+        .extend(rounds.rows("postgres", Some(floor), targets));
     let settings = server_settings(store).await?;
     report.notes.push(format!(
         "postgres: floors = a one-row UPDATE of a scratch table (a commit, like every store \
@@ -127,37 +105,14 @@ async fn bench_with(
         store.schema()
     ));
 
-    report
-        .held_rows
-        .push(common::held_renewal(store, &HeldPlan::of(plan, "postgres", prefix, 32)).await?);
-    report.takeover_rows.push(
-        common::graceful_takeover(
-            "postgres",
-            store,
-            waiter,
-            prefix,
-            plan.graceful_trials,
-            Some(5.0),
-        )
-        .await?,
-    );
-    report.takeover_rows.push(
-        common::expiry_takeover(
-            "postgres",
-            store,
-            waiter,
-            prefix,
-            plan.expiry_trials,
-            plan.expiry_ttl,
-        )
-        .await?,
-    );
-    Ok(())
+    let held = HeldPlan::of(plan, "postgres", prefix, 32);
+    let graceful = Some(("5 ms".to_owned(), 5.0));
+    common::held_and_takeovers(plan, report, &held, store, waiter, graceful).await
 }
 
 /// The server's version and the settings that move these figures (commit cost, dead rows).
-async fn server_settings(store: &PgStore) -> anyhow::Result<String> {
-    let client = store.pool().get().await?;
+async fn server_settings(store: &PgStore) -> Result<String> {
+    let client = pooled(store, "SHOW").await?;
     let mut out = Vec::new();
     for name in [
         "server_version",
@@ -165,7 +120,10 @@ async fn server_settings(store: &PgStore) -> anyhow::Result<String> {
         "fsync",
         "autovacuum",
     ] {
-        let row = client.query_one(&format!("SHOW {name}"), &[]).await?;
+        let row = client
+            .query_one(&format!("SHOW {name}"), &[])
+            .await
+            .map_err(|e| BenchError::floor(format!("SHOW {name}"), e))?;
         out.push(format!("{name}={}", row.get::<_, String>(0)));
     }
     Ok(out.join(", "))
@@ -179,13 +137,19 @@ struct Floor<'a> {
 }
 
 impl Floor<'_> {
-    async fn round(&self, ops: usize) -> anyhow::Result<Round> {
+    async fn round(&self, ops: usize) -> Result<Round> {
         let mut rec = Recorder::new(ops);
         for _ in 0..ops {
             rec.start();
-            let client = self.store.pool().get().await?;
-            let stmt = client.prepare_cached(self.sql).await?;
-            client.query(&stmt, &[]).await?;
+            let client = pooled(self.store, self.sql).await?;
+            let stmt = client
+                .prepare_cached(self.sql)
+                .await
+                .map_err(|e| BenchError::floor(self.sql, e))?;
+            client
+                .query(&stmt, &[])
+                .await
+                .map_err(|e| BenchError::floor(self.sql, e))?;
             drop(client);
             rec.stop();
         }
@@ -194,11 +158,20 @@ impl Floor<'_> {
 }
 
 /// Drops this run's schema: the store's tables and the scratch table.
-async fn cleanup(store: &PgStore, schema: &str) -> anyhow::Result<()> {
-    let client = store.pool().get().await.context("cleanup: connect")?;
-    client
+async fn cleanup(store: &PgStore, schema: &str) -> Result<()> {
+    let what = format!("cleanup: drop schema {schema}");
+    pooled(store, &what)
+        .await?
         .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .await
-        .with_context(|| format!("cleanup: drop schema {schema}"))?;
-    Ok(())
+        .map_err(|e| BenchError::floor(what, e))
+}
+
+/// A connection from the store's pool, for `what`.
+async fn pooled(store: &PgStore, what: &str) -> Result<deadpool_postgres::Object> {
+    store
+        .pool()
+        .get()
+        .await
+        .map_err(|e| BenchError::floor(format!("{what}: a connection from the pool"), e))
 }

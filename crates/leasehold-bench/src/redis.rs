@@ -3,26 +3,23 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use leasehold_redis::{RedisConfig, RedisConnection, RedisStore, redis};
 
-use crate::common::{self, HeldPlan, OpBench, OpRounds};
+use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
+use crate::error::{BenchError, Result};
 use crate::report::{Kind, OpRow, Report, Target};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
 
-pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let key_prefix = format!("leasehold-bench-{}", plan.run_id);
     let connect = || async {
         RedisConfig::new(plan.redis_url.clone())
             .prefix(key_prefix.clone())
             .connect()
             .await
-            .with_context(|| {
-                format!(
-                    "connect to {}",
-                    RedisConfig::new(plan.redis_url.clone()).describe()
-                )
+            .map_err(|e| {
+                BenchError::connect(RedisConfig::new(plan.redis_url.clone()).describe(), e)
             })
     };
     let store = connect().await?;
@@ -43,7 +40,7 @@ async fn bench_with(
     store: &RedisStore,
     waiter: &RedisStore,
     key_prefix: &str,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let mut conn = store.connection();
     let prefix = plan.prefix(StoreKind::Redis);
     let ops = OpBench::new(store.clone(), &prefix, plan.ops)?;
@@ -58,7 +55,7 @@ async fn bench_with(
         .arg("return 1")
         .query_async(&mut conn)
         .await
-        .context("SCRIPT LOAD of a no-op script")?;
+        .map_err(|e| BenchError::floor("SCRIPT LOAD of a no-op script", e))?;
 
     ops.warm_up().await?;
     ping_round(&mut conn, plan.ops.min(200)).await?;
@@ -75,57 +72,26 @@ async fn bench_with(
         peers.push(rslock_round(&peer, &resources).await?);
     }
 
-    let name = || "redis".to_owned();
-    let ping = Figure::of(&pings);
-    let within = |rounds: &[Round], factor: f64| {
-        let p50 = Figure::of(rounds).p50_us.median;
-        Target::new(
-            format!("p50 ≤ {factor}× PING"),
-            p50 <= factor * ping.p50_us.median,
-        )
-    };
+    let ping = (&pings[..], "PING");
     let peer_rate = Figure::of(&peers).ops_per_sec.median;
     let pair_rate = Figure::of(&rounds.acquire_release).ops_per_sec.median;
-    report
-        .ops_rows
-        .push(OpRow::floor(&name(), "PING", &pings, None));
-    report
-        .ops_rows
-        .push(OpRow::floor(&name(), "SET", &sets, Some((&pings, "PING"))));
-    report.ops_rows.push(OpRow::floor(
-        &name(),
-        "EVALSHA no-op",
-        &evals,
-        Some((&pings, "PING")),
+    report.operations.extend(common::floor_rows(
+        "redis",
+        &[("PING", &pings), ("SET", &sets), ("EVALSHA no-op", &evals)],
     ));
-    for (op, r, target) in [
-        (
-            "acquire",
-            &rounds.acquire,
-            Some(within(&rounds.acquire, 1.1)),
-        ),
-        ("renew", &rounds.renew, Some(within(&rounds.renew, 1.1))),
-        ("release", &rounds.release, None),
-        (
-            "acquire+release",
-            &rounds.acquire_release,
-            Some(Target::new(
-                format!("ops/s ≥ rslock ({})", crate::report::fmt_count(peer_rate)),
-                pair_rate >= peer_rate,
-            )),
-        ),
-    ] {
-        report.ops_rows.push(OpRow {
-            store: name(),
-            op: op.to_owned(),
-            kind: Kind::Lease,
-            figure: Figure::of(r),
-            ratio: common::ratio(r, &pings, "PING"),
-            target,
-        });
-    }
-    report.ops_rows.push(OpRow {
-        store: name(),
+    let targets = OpTargets {
+        acquire: Some(common::p50_within(&rounds.acquire, 1.1, ping)),
+        renew: Some(common::p50_within(&rounds.renew, 1.1, ping)),
+        acquire_release: Some(Target::new(
+            format!("ops/s ≥ rslock ({})", crate::report::fmt_count(peer_rate)),
+            pair_rate >= peer_rate,
+        )),
+    };
+    report
+        .operations
+        .extend(rounds.rows("redis", Some(ping), targets));
+    report.operations.push(OpRow {
+        store: "redis".to_owned(),
         op: "rslock lock+unlock".to_owned(),
         kind: Kind::Peer,
         figure: Figure::of(&peers),
@@ -141,65 +107,52 @@ async fn bench_with(
 
     match server_time(store, &ops, &noop).await {
         Ok(note) => report.notes.push(note),
-        Err(e) => report
-            .notes
-            .push(format!("redis: server time per call not measured: {e:#}")),
+        Err(e) => report.notes.push(format!(
+            "redis: server time per call not measured: {}",
+            e.chain()
+        )),
     }
 
-    report
-        .held_rows
-        .push(common::held_renewal(store, &HeldPlan::of(plan, "redis", &prefix, 64)).await?);
-    report.takeover_rows.push(
-        common::graceful_takeover(
-            "redis",
-            store,
-            waiter,
-            &prefix,
-            plan.graceful_trials,
-            Some(1.0),
-        )
-        .await?,
-    );
-    report.takeover_rows.push(
-        common::expiry_takeover(
-            "redis",
-            store,
-            waiter,
-            &prefix,
-            plan.expiry_trials,
-            plan.expiry_ttl,
-        )
-        .await?,
-    );
-    Ok(())
+    let held = HeldPlan::of(plan, "redis", &prefix, 64);
+    let graceful = Some(("1 ms".to_owned(), 1.0));
+    common::held_and_takeovers(plan, report, &held, store, waiter, graceful).await
 }
 
-async fn ping_round(conn: &mut RedisConnection, ops: usize) -> anyhow::Result<Round> {
+async fn ping_round(conn: &mut RedisConnection, ops: usize) -> Result<Round> {
     let mut rec = Recorder::new(ops);
     for _ in 0..ops {
         rec.start();
-        let _: String = redis::cmd("PING").query_async(conn).await?;
+        let _: String = redis::cmd("PING")
+            .query_async(conn)
+            .await
+            .map_err(|e| BenchError::floor("PING", e))?;
         rec.stop();
     }
     Ok(rec.finish())
 }
 
-async fn set_round(conn: &mut RedisConnection, key: &str, ops: usize) -> anyhow::Result<Round> {
+async fn set_round(conn: &mut RedisConnection, key: &str, ops: usize) -> Result<Round> {
     let mut rec = Recorder::new(ops);
     for i in 0..ops {
         rec.start();
-        let () = redis::cmd("SET").arg(key).arg(i).query_async(conn).await?;
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg(i)
+            .query_async(conn)
+            .await
+            .map_err(|e| BenchError::floor("SET", e))?;
         rec.stop();
     }
     Ok(rec.finish())
 }
 
 /// `(calls, usec)` of one command in `INFO commandstats`.
-async fn command_stat(conn: &mut RedisConnection, command: &str) -> anyhow::Result<(u64, u64)> {
+async fn command_stat(conn: &mut RedisConnection, command: &str) -> Result<(u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
-        .await?;
+        .await
+        .map_err(|e| BenchError::floor("INFO commandstats", e))?;
     let prefix = format!("cmdstat_{command}:");
     let Some(line) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
         return Ok((0, 0));
@@ -215,11 +168,7 @@ async fn command_stat(conn: &mut RedisConnection, command: &str) -> anyhow::Resu
 
 /// Microseconds the server spent per EVALSHA of each operation (from `INFO commandstats`
 /// around one pass of each), to tell the server's script work from the client's share.
-async fn server_time(
-    store: &RedisStore,
-    ops: &OpBench<RedisStore>,
-    noop: &str,
-) -> anyhow::Result<String> {
+async fn server_time(store: &RedisStore, ops: &OpBench<RedisStore>, noop: &str) -> Result<String> {
     let mut conn = store.connection();
     let mut per_call = Vec::new();
     let mut tokens = Vec::new();
@@ -248,11 +197,7 @@ async fn server_time(
 }
 
 /// A script that does nothing: what running any Lua script costs over PING.
-async fn evalsha_round(
-    conn: &mut RedisConnection,
-    hash: &str,
-    ops: usize,
-) -> anyhow::Result<Round> {
+async fn evalsha_round(conn: &mut RedisConnection, hash: &str, ops: usize) -> Result<Round> {
     let mut rec = Recorder::new(ops);
     for _ in 0..ops {
         rec.start();
@@ -260,20 +205,21 @@ async fn evalsha_round(
             .arg(hash)
             .arg(0)
             .query_async(conn)
-            .await?;
+            .await
+            .map_err(|e| BenchError::floor("EVALSHA of the no-op script", e))?;
         rec.stop();
     }
     Ok(rec.finish())
 }
 
-async fn rslock_round(peer: &rslock::LockManager, resources: &[String]) -> anyhow::Result<Round> {
+async fn rslock_round(peer: &rslock::LockManager, resources: &[String]) -> Result<Round> {
     let mut rec = Recorder::new(resources.len());
     for resource in resources {
         rec.start();
         let lock = peer
             .lock(resource.as_str(), Duration::from_secs(60))
             .await
-            .map_err(|e| anyhow::anyhow!("rslock lock of {resource}: {e}"))?;
+            .map_err(|e| BenchError::floor(format!("rslock lock of {resource}"), e))?;
         peer.unlock(&lock).await;
         rec.stop();
     }
@@ -281,7 +227,7 @@ async fn rslock_round(peer: &rslock::LockManager, resources: &[String]) -> anyho
 }
 
 /// Deletes every key of this run.
-async fn cleanup(store: &RedisStore, key_prefix: &str) -> anyhow::Result<()> {
+async fn cleanup(store: &RedisStore, key_prefix: &str) -> Result<()> {
     let mut conn = store.connection();
     let pattern = format!("{key_prefix}:*");
     let mut cursor: u64 = 0;
@@ -294,13 +240,13 @@ async fn cleanup(store: &RedisStore, key_prefix: &str) -> anyhow::Result<()> {
             .arg(1000)
             .query_async(&mut conn)
             .await
-            .context("cleanup: SCAN")?;
+            .map_err(|e| BenchError::floor("cleanup: SCAN", e))?;
         if !keys.is_empty() {
             let () = redis::cmd("UNLINK")
                 .arg(&keys)
                 .query_async(&mut conn)
                 .await
-                .context("cleanup: UNLINK")?;
+                .map_err(|e| BenchError::floor("cleanup: UNLINK", e))?;
         }
         if next == 0 {
             return Ok(());

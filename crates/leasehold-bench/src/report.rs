@@ -3,12 +3,14 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Serialize, Serializer};
+use serde_json::Value;
 
-use crate::stats::{Figure, Round, Spread};
+use crate::stats::{Figure, Spread};
 
 /// What a row of the operations table measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum Kind {
     /// A leasehold operation.
     Lease,
@@ -18,18 +20,8 @@ pub(crate) enum Kind {
     Peer,
 }
 
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Lease => "lease",
-            Self::Floor => "floor",
-            Self::Peer => "peer",
-        }
-    }
-}
-
 /// A target from the issue and whether this run met it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct Target {
     pub(crate) text: String,
     pub(crate) pass: bool,
@@ -46,23 +38,20 @@ impl Target {
     fn cell(&self) -> String {
         format!("{} {}", if self.pass { "PASS" } else { "MISS" }, self.text)
     }
-
-    fn json(&self) -> Value {
-        json!({ "text": self.text, "pass": self.pass })
-    }
 }
 
 /// `figure p50 / floor p50`, taken within one run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct Ratio {
     pub(crate) floor: String,
     pub(crate) p50: f64,
 }
 
 /// One row of the operations table.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct OpRow {
     pub(crate) store: String,
+    #[serde(rename = "operation")]
     pub(crate) op: String,
     pub(crate) kind: Kind,
     pub(crate) figure: Figure,
@@ -70,33 +59,16 @@ pub(crate) struct OpRow {
     pub(crate) target: Option<Target>,
 }
 
-impl OpRow {
-    /// A floor's row: its rounds, and its p50 against `base`'s (the store's first floor) if given.
-    pub(crate) fn floor(
-        store: &str,
-        op: &str,
-        rounds: &[Round],
-        base: Option<(&[Round], &str)>,
-    ) -> Self {
-        Self {
-            store: store.to_owned(),
-            op: op.to_owned(),
-            kind: Kind::Floor,
-            figure: Figure::of(rounds),
-            ratio: base.and_then(|(base, name)| crate::common::ratio(rounds, base, name)),
-            target: None,
-        }
-    }
-}
-
 /// Many leases held by one process in a [`leasehold::LeaseSession`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct HeldRow {
     pub(crate) store: String,
     pub(crate) held: usize,
     /// The session's renewal interval.
+    #[serde(rename = "renew_interval_ms", serialize_with = "millis")]
     pub(crate) interval: Duration,
     /// Renewal passes over all leases seen while watched.
+    #[serde(rename = "passes_watched")]
     pub(crate) passes: f64,
     /// `renew_many` calls per renewal interval.
     pub(crate) calls_per_interval: f64,
@@ -104,20 +76,24 @@ pub(crate) struct HeldRow {
     /// CPU time of the whole process per renewal interval.
     pub(crate) cpu_ms_per_interval: f64,
     /// Renewals per second, one `renew` call per lease.
+    #[serde(rename = "one_by_one_per_sec")]
     pub(crate) one_by_one: Spread,
     /// How many leases the one-by-one rate was measured over, per round.
     pub(crate) one_by_one_sample: usize,
     /// Renewals per second within one `renew_many` call.
+    #[serde(rename = "renew_many_per_sec")]
     pub(crate) batched: Spread,
     /// Leases in that call.
-    pub(crate) batch_len: usize,
+    pub(crate) renew_many_leases: usize,
     /// Milliseconds that call took.
-    pub(crate) batch_ms: Spread,
+    pub(crate) renew_many_ms: Spread,
+    /// How many times more renewals per second `renew_many` made than one-by-one calls.
+    pub(crate) speedup: f64,
     pub(crate) target: Target,
 }
 
 /// Tasks spread over instances: how many each owns once all see each other.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct PlacementRow {
     pub(crate) tasks: usize,
     pub(crate) instances: usize,
@@ -125,12 +101,13 @@ pub(crate) struct PlacementRow {
     pub(crate) max: usize,
     pub(crate) mean: f64,
     /// From the first start until every instance saw all and each task had one owner.
+    #[serde(rename = "settled_ms", serialize_with = "millis")]
     pub(crate) settled_in: Duration,
     pub(crate) target: Target,
 }
 
 /// Takeover latency on one store by one path.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct TakeoverRow {
     pub(crate) store: String,
     /// `graceful` or `expiry`.
@@ -144,40 +121,47 @@ pub(crate) struct TakeoverRow {
 }
 
 /// Resident memory per held lease.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct MemoryRow {
     pub(crate) store: String,
     /// How the leases were held: `Lease` (a renewer task per guard) or `LeaseSession`.
+    #[serde(rename = "held_by")]
     pub(crate) how: &'static str,
     pub(crate) leases: usize,
-    pub(crate) rss_before: u64,
-    pub(crate) rss_after: u64,
+    pub(crate) rss_before_bytes: u64,
+    pub(crate) rss_after_bytes: u64,
+    /// The growth of the resident set divided by the leases.
+    pub(crate) bytes_per_lease: f64,
     /// Bytes per lease less the memory store's own record (measured alone in the same run):
     /// what the holder process pays when the records live in a server.
+    #[serde(rename = "bytes_per_lease_without_store_record")]
     pub(crate) without_store: Option<f64>,
     pub(crate) target: Option<Target>,
 }
 
-impl MemoryRow {
-    pub(crate) fn bytes_per_lease(&self) -> f64 {
-        self.rss_after.saturating_sub(self.rss_before) as f64 / self.leases.max(1) as f64
-    }
+/// A store that could not be benchmarked.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Failure {
+    pub(crate) store: String,
+    /// The error and its causes.
+    pub(crate) error: String,
 }
 
 /// Everything one run measured.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Report {
     pub(crate) run_id: String,
     pub(crate) rounds: usize,
+    #[serde(rename = "ops_per_round")]
     pub(crate) ops: usize,
     pub(crate) quick: bool,
-    pub(crate) ops_rows: Vec<OpRow>,
-    pub(crate) held_rows: Vec<HeldRow>,
-    pub(crate) takeover_rows: Vec<TakeoverRow>,
+    pub(crate) operations: Vec<OpRow>,
+    pub(crate) held_renewal: Vec<HeldRow>,
+    pub(crate) takeover: Vec<TakeoverRow>,
     pub(crate) memory: Vec<MemoryRow>,
     pub(crate) placement: Option<PlacementRow>,
     /// Stores that could not be benchmarked, with the error.
-    pub(crate) failures: Vec<(String, String)>,
+    pub(crate) failures: Vec<Failure>,
     /// How figures were obtained, where it is not obvious.
     pub(crate) notes: Vec<String>,
 }
@@ -186,15 +170,15 @@ impl Report {
     /// Every target with its figure's name.
     pub(crate) fn targets(&self) -> Vec<(String, &Target)> {
         let mut out = Vec::new();
-        for r in &self.ops_rows {
+        for r in &self.operations {
             if let Some(t) = &r.target {
                 out.push((format!("{} {}", r.store, r.op), t));
             }
         }
-        for r in &self.held_rows {
+        for r in &self.held_renewal {
             out.push((format!("{} renew {} held", r.store, r.held), &r.target));
         }
-        for r in &self.takeover_rows {
+        for r in &self.takeover {
             if let Some(t) = &r.target {
                 out.push((format!("{} {} takeover", r.store, r.path), t));
             }
@@ -213,105 +197,16 @@ impl Report {
         out
     }
 
-    pub(crate) fn json(&self) -> Value {
-        let ops: Vec<Value> = self
-            .ops_rows
-            .iter()
-            .map(|r| {
-                json!({
-                    "store": r.store,
-                    "operation": r.op,
-                    "kind": r.kind.as_str(),
-                    "figure": r.figure.json(),
-                    "ratio": r.ratio.as_ref().map(|x| json!({ "floor": x.floor, "p50": x.p50 })),
-                    "target": r.target.as_ref().map(Target::json),
-                })
-            })
-            .collect();
-        let held: Vec<Value> = self
-            .held_rows
-            .iter()
-            .map(|r| {
-                json!({
-                    "store": r.store,
-                    "held": r.held,
-                    "renew_interval_ms": r.interval.as_millis() as u64,
-                    "passes_watched": r.passes,
-                    "calls_per_interval": r.calls_per_interval,
-                    "leases_per_call": r.leases_per_call,
-                    "cpu_ms_per_interval": r.cpu_ms_per_interval,
-                    "one_by_one_per_sec": r.one_by_one.json(),
-                    "one_by_one_sample": r.one_by_one_sample,
-                    "renew_many_per_sec": r.batched.json(),
-                    "renew_many_leases": r.batch_len,
-                    "renew_many_ms": r.batch_ms.json(),
-                    "speedup": speedup(r),
-                    "target": r.target.json(),
-                })
-            })
-            .collect();
-        let takeover: Vec<Value> = self
-            .takeover_rows
-            .iter()
-            .map(|r| {
-                json!({
-                    "store": r.store,
-                    "path": r.path,
-                    "trials": r.trials,
-                    "p50_ms": r.p50_ms,
-                    "max_ms": r.max_ms,
-                    "measures": r.measures,
-                    "target": r.target.as_ref().map(Target::json),
-                })
-            })
-            .collect();
-        let memory: Vec<Value> = self
-            .memory
-            .iter()
-            .map(|m| {
-                json!({
-                    "store": m.store,
-                    "held_by": m.how,
-                    "leases": m.leases,
-                    "rss_before_bytes": m.rss_before,
-                    "rss_after_bytes": m.rss_after,
-                    "bytes_per_lease": m.bytes_per_lease(),
-                    "bytes_per_lease_without_store_record": m.without_store,
-                    "target": m.target.as_ref().map(Target::json),
-                })
-            })
-            .collect();
-        let targets: Vec<Value> = self
+    /// The report as one JSON object (the `--json` output).
+    pub(crate) fn json(&self) -> serde_json::Result<Value> {
+        let targets = self
             .targets()
             .into_iter()
-            .map(|(figure, t)| json!({ "figure": figure, "text": t.text, "pass": t.pass }))
+            .map(|(figure, target)| NamedTarget { figure, target })
             .collect();
-        let failures: Vec<Value> = self
-            .failures
-            .iter()
-            .map(|(store, error)| json!({ "store": store, "error": error }))
-            .collect();
-        json!({
-            "run_id": self.run_id,
-            "rounds": self.rounds,
-            "ops_per_round": self.ops,
-            "quick": self.quick,
-            "operations": ops,
-            "held_renewal": held,
-            "takeover": takeover,
-            "memory": memory,
-            "placement": self.placement.as_ref().map(|p| json!({
-                "tasks": p.tasks,
-                "instances": p.instances,
-                "min": p.min,
-                "max": p.max,
-                "mean": p.mean,
-                "settled_ms": p.settled_in.as_millis() as u64,
-                "target": p.target.json(),
-            })),
-            "targets": targets,
-            "failures": failures,
-            "notes": self.notes,
+        serde_json::to_value(ReportJson {
+            report: self,
+            targets,
         })
     }
 
@@ -323,9 +218,9 @@ impl Report {
              median of the rounds with (min–max); ratios are p50 ÷ the floor's p50 in this run",
             self.run_id, self.rounds, self.ops
         );
-        if !self.ops_rows.is_empty() {
+        if !self.operations.is_empty() {
             let rows = self
-                .ops_rows
+                .operations
                 .iter()
                 .map(|r| {
                     vec![
@@ -359,9 +254,9 @@ impl Report {
                 rows,
             ));
         }
-        if !self.held_rows.is_empty() {
+        if !self.held_renewal.is_empty() {
             let rows = self
-                .held_rows
+                .held_renewal
                 .iter()
                 .map(|r| {
                     vec![
@@ -393,7 +288,7 @@ leases held by one process in a LeaseSession (renewed together)
                 rows,
             ));
             let rows = self
-                .held_rows
+                .held_renewal
                 .iter()
                 .map(|r| {
                     vec![
@@ -406,10 +301,10 @@ leases held by one process in a LeaseSession (renewed together)
                         fmt_rate_spread(&r.batched),
                         format!(
                             "{} for {}",
-                            fmt_ms_spread(&r.batch_ms),
-                            fmt_count(r.batch_len as f64)
+                            fmt_ms_spread(&r.renew_many_ms),
+                            fmt_count(r.renew_many_leases as f64)
                         ),
-                        format!("{:.1}×", speedup(r)),
+                        format!("{:.1}×", r.speedup),
                     ]
                 })
                 .collect();
@@ -428,9 +323,9 @@ renewals/s: one renew call per lease vs one renew_many call
                  time of the whole bench process over the watched intervals, per interval\n",
             );
         }
-        if !self.takeover_rows.is_empty() {
+        if !self.takeover.is_empty() {
             let rows = self
-                .takeover_rows
+                .takeover
                 .iter()
                 .map(|r| {
                     vec![
@@ -449,7 +344,7 @@ renewals/s: one renew call per lease vs one renew_many call
                 rows,
             ));
             let mut seen = Vec::new();
-            for r in &self.takeover_rows {
+            for r in &self.takeover {
                 if !seen.contains(&r.path) {
                     seen.push(r.path);
                     let _ = writeln!(out, "  {}: {}", r.path, r.measures);
@@ -466,10 +361,10 @@ renewals/s: one renew call per lease vs one renew_many call
                         fmt_count(m.leases as f64),
                         format!(
                             "{:.1} → {:.1} MiB",
-                            m.rss_before as f64 / 1048576.0,
-                            m.rss_after as f64 / 1048576.0
+                            m.rss_before_bytes as f64 / 1048576.0,
+                            m.rss_after_bytes as f64 / 1048576.0
                         ),
-                        format!("{:.0} B", m.bytes_per_lease()),
+                        format!("{:.0} B", m.bytes_per_lease),
                         m.without_store
                             .map_or_else(String::new, |b| format!("{b:.0} B")),
                         m.target.as_ref().map_or_else(String::new, Target::cell),
@@ -517,7 +412,7 @@ renewals/s: one renew call per lease vs one renew_many call
                 let _ = writeln!(out, "  MISS {figure}: {}", t.text);
             }
         }
-        for (store, error) in &self.failures {
+        for Failure { store, error } in &self.failures {
             let _ = writeln!(out, "\n{store}: not benchmarked: {error}");
         }
         if !self.notes.is_empty() {
@@ -530,12 +425,24 @@ renewals/s: one renew call per lease vs one renew_many call
     }
 }
 
-fn speedup(r: &HeldRow) -> f64 {
-    if r.one_by_one.median > 0.0 {
-        r.batched.median / r.one_by_one.median
-    } else {
-        0.0
-    }
+/// The JSON form of a report: its fields, and every target with its figure's name.
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    #[serde(flatten)]
+    report: &'a Report,
+    targets: Vec<NamedTarget<'a>>,
+}
+
+#[derive(Serialize)]
+struct NamedTarget<'a> {
+    figure: String,
+    #[serde(flatten)]
+    target: &'a Target,
+}
+
+/// A duration as whole milliseconds.
+fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Left-aligned columns, two spaces apart, a rule under the header.
@@ -613,6 +520,8 @@ fn fmt_ms_spread(s: &Spread) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -641,5 +550,130 @@ mod tests {
             ],
         );
         assert_eq!(t, "a    bb\n---  ---\nµµµ  x\nz    yyy\n");
+    }
+
+    #[test]
+    fn json_keeps_the_hand_written_field_names() {
+        let spread = Spread {
+            median: 2.0,
+            min: 1.0,
+            max: 3.0,
+        };
+        let figure = Figure {
+            ops_per_sec: spread,
+            p50_us: spread,
+            p99_us: spread,
+            rounds: 2,
+            ops_per_round: 10,
+        };
+        let target = Target::new("p50 ≤ 1 ms", true);
+        let report = Report {
+            run_id: "r".into(),
+            rounds: 2,
+            ops: 10,
+            quick: true,
+            operations: vec![OpRow {
+                store: "redis".into(),
+                op: "acquire".into(),
+                kind: Kind::Lease,
+                figure,
+                ratio: Some(Ratio {
+                    floor: "PING".into(),
+                    p50: 1.5,
+                }),
+                target: Some(target.clone()),
+            }],
+            held_renewal: vec![HeldRow {
+                store: "redis".into(),
+                held: 100,
+                interval: Duration::from_millis(1000),
+                passes: 3.0,
+                calls_per_interval: 1.0,
+                leases_per_call: 100.0,
+                cpu_ms_per_interval: 4.0,
+                one_by_one: spread,
+                one_by_one_sample: 50,
+                batched: spread,
+                renew_many_leases: 100,
+                renew_many_ms: spread,
+                speedup: 1.0,
+                target: target.clone(),
+            }],
+            takeover: vec![TakeoverRow {
+                store: "redis".into(),
+                path: "graceful",
+                trials: 5,
+                p50_ms: 0.5,
+                max_ms: 0.9,
+                measures: "m".into(),
+                target: None,
+            }],
+            memory: vec![MemoryRow {
+                store: "memory".into(),
+                how: "Lease",
+                leases: 10,
+                rss_before_bytes: 1000,
+                rss_after_bytes: 2000,
+                bytes_per_lease: 100.0,
+                without_store: Some(50.0),
+                target: None,
+            }],
+            placement: Some(PlacementRow {
+                tasks: 100,
+                instances: 10,
+                min: 8,
+                max: 12,
+                mean: 10.0,
+                settled_in: Duration::from_millis(1500),
+                target: target.clone(),
+            }),
+            failures: vec![Failure {
+                store: "etcd".into(),
+                error: "connect to etcd://127.0.0.1:1".into(),
+            }],
+            notes: vec!["n".into()],
+        };
+        let spread = json!({ "median": 2.0, "min": 1.0, "max": 3.0 });
+        let target = json!({ "text": "p50 ≤ 1 ms", "pass": true });
+        // The object the hand-written `json!` built before serde.
+        let expected = json!({
+            "run_id": "r", "rounds": 2, "ops_per_round": 10, "quick": true,
+            "operations": [{
+                "store": "redis", "operation": "acquire", "kind": "lease",
+                "figure": {
+                    "ops_per_sec": spread, "p50_us": spread, "p99_us": spread,
+                    "rounds": 2, "ops_per_round": 10,
+                },
+                "ratio": { "floor": "PING", "p50": 1.5 }, "target": target,
+            }],
+            "held_renewal": [{
+                "store": "redis", "held": 100, "renew_interval_ms": 1000, "passes_watched": 3.0,
+                "calls_per_interval": 1.0, "leases_per_call": 100.0, "cpu_ms_per_interval": 4.0,
+                "one_by_one_per_sec": spread, "one_by_one_sample": 50,
+                "renew_many_per_sec": spread, "renew_many_leases": 100, "renew_many_ms": spread,
+                "speedup": 1.0, "target": target,
+            }],
+            "takeover": [{
+                "store": "redis", "path": "graceful", "trials": 5, "p50_ms": 0.5, "max_ms": 0.9,
+                "measures": "m", "target": null,
+            }],
+            "memory": [{
+                "store": "memory", "held_by": "Lease", "leases": 10, "rss_before_bytes": 1000,
+                "rss_after_bytes": 2000, "bytes_per_lease": 100.0,
+                "bytes_per_lease_without_store_record": 50.0, "target": null,
+            }],
+            "placement": {
+                "tasks": 100, "instances": 10, "min": 8, "max": 12, "mean": 10.0,
+                "settled_ms": 1500, "target": target,
+            },
+            "targets": [
+                { "figure": "redis acquire", "text": "p50 ≤ 1 ms", "pass": true },
+                { "figure": "redis renew 100 held", "text": "p50 ≤ 1 ms", "pass": true },
+                { "figure": "100 tasks spread over 10 instances", "text": "p50 ≤ 1 ms", "pass": true },
+            ],
+            "failures": [{ "store": "etcd", "error": "connect to etcd://127.0.0.1:1" }],
+            "notes": ["n"],
+        });
+        assert_eq!(report.json().unwrap(), expected);
     }
 }

@@ -5,12 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, ensure};
 use leasehold::{
     HolderId, LeaseConfig, LeaseName, MemoryStore, Schedule, Scheduler, SchedulerHandle, Task,
     TaskContext,
 };
 
+use crate::error::{BenchError, Result};
 use crate::report::{PlacementRow, Target};
 
 /// Starts `instances` schedulers spreading `tasks` tasks over one group, waits until each sees
@@ -19,9 +19,11 @@ pub(crate) async fn placement(
     prefix: &str,
     tasks: usize,
     instances: usize,
-) -> anyhow::Result<PlacementRow> {
+) -> Result<PlacementRow> {
     let store = MemoryStore::new();
-    let group = LeaseName::new(format!("{prefix}/spread-group"))?;
+    let name =
+        |n: String| LeaseName::new(&n).map_err(|e| BenchError::lease(format!("lease name {n}"), e));
+    let group = name(format!("{prefix}/spread-group"))?;
     let mut handles: Vec<SchedulerHandle> = Vec::with_capacity(instances);
     for _ in 0..instances {
         let mut scheduler = Scheduler::new(store.clone())
@@ -29,15 +31,19 @@ pub(crate) async fn placement(
             .spread(group.clone())
             .lease_config(LeaseConfig::new(Duration::from_secs(3)));
         for t in 0..tasks {
-            let name = LeaseName::new(format!("{prefix}/spread-task/{t}"))?;
+            let name = name(format!("{prefix}/spread-task/{t}"))?;
             let job = |_: TaskContext| async { Ok::<(), std::io::Error>(()) };
             scheduler = scheduler.task(Task::new(
                 name,
-                Schedule::every(Duration::from_secs(60))?,
+                Schedule::every(Duration::from_secs(60))
+                    .map_err(|e| BenchError::lease("schedule", e))?,
                 job,
             ));
         }
-        handles.push(scheduler.start(std::future::pending())?);
+        let handle = scheduler
+            .start(std::future::pending())
+            .map_err(|e| BenchError::lease("start a scheduler", e))?;
+        handles.push(handle);
     }
     let started = Instant::now();
     let owned = loop {
@@ -52,11 +58,12 @@ pub(crate) async fn placement(
         if settled && owned.iter().sum::<usize>() == tasks {
             break owned;
         }
-        ensure!(
-            started.elapsed() < Duration::from_secs(20),
-            "placement: the {instances} instances did not settle on one owner per task within 20 s \
-             (owned: {owned:?})"
-        );
+        if started.elapsed() >= Duration::from_secs(20) {
+            return Err(BenchError::Unexpected(format!(
+                "placement: the {instances} instances did not settle on one owner per task \
+                 within 20 s (owned: {owned:?})"
+            )));
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let settled_in = started.elapsed();
@@ -64,8 +71,8 @@ pub(crate) async fn placement(
         handle.shutdown().await;
     }
     let (min, max) = (
-        *owned.iter().min().context("no instance")?,
-        *owned.iter().max().context("no instance")?,
+        owned.iter().copied().min().unwrap_or(0),
+        owned.iter().copied().max().unwrap_or(0),
     );
     let mean = tasks as f64 / instances as f64;
     Ok(PlacementRow {

@@ -5,18 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
 use leasehold_sqlite::SqliteStore;
 use leasehold_sqlite::rusqlite::{self, Connection, TransactionBehavior};
 
-use crate::common::{self, HeldPlan, OpBench, OpRounds};
-use crate::report::{Kind, OpRow, Report, Target};
+use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
+use crate::error::{BenchError, Result};
+use crate::report::{Report, Target};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
 
 const FLOOR: &str = "write tx";
 
-pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let path = plan
         .sqlite_dir
         .join(format!("leasehold-bench-{}.db", plan.run_id));
@@ -29,15 +29,16 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> anyhow::Result<()
     result
 }
 
-async fn bench_at(plan: &Plan, report: &mut Report, path: &Path) -> anyhow::Result<()> {
+async fn bench_at(plan: &Plan, report: &mut Report, path: &Path) -> Result<()> {
     let url = format!("sqlite:{}", path.display());
-    let store = leasehold_sqlite::connect(&url)
-        .await
-        .with_context(|| format!("open {url}"))?;
+    let connect = || async {
+        leasehold_sqlite::connect(&url)
+            .await
+            .map_err(|e| BenchError::connect(&url, e))
+    };
+    let store = connect().await?;
     // A second handle, as a second process would have: its own connection and release poller.
-    let waiter = leasehold_sqlite::connect(&url)
-        .await
-        .with_context(|| format!("open {url}"))?;
+    let waiter = connect().await?;
     let floor = Conn::open(path, &store)?;
     floor
         .exec(
@@ -55,30 +56,17 @@ async fn bench_at(plan: &Plan, report: &mut Report, path: &Path) -> anyhow::Resu
         floors.push(floor.floor_round(plan.ops).await?);
         ops.round(&mut rounds).await?;
     }
-    let store_name = "sqlite".to_owned();
     report
-        .ops_rows
-        .push(OpRow::floor(&store_name, FLOOR, &floors, None));
-    let acquire = Figure::of(&rounds.acquire);
-    for (op, r, target) in [
-        (
-            "acquire",
-            &rounds.acquire,
-            Some(Target::new("p50 ≤ 0.5 ms", acquire.p50_us.median <= 500.0)),
-        ),
-        ("renew", &rounds.renew, None),
-        ("release", &rounds.release, None),
-        ("acquire+release", &rounds.acquire_release, None),
-    ] {
-        report.ops_rows.push(OpRow {
-            store: store_name.clone(),
-            op: op.to_owned(),
-            kind: Kind::Lease,
-            figure: Figure::of(r),
-            ratio: common::ratio(r, &floors, FLOOR),
-            target,
-        });
-    }
+        .operations
+        .extend(common::floor_rows("sqlite", &[(FLOOR, &floors)]));
+    let acquire = Figure::of(&rounds.acquire).p50_us.median;
+    let targets = OpTargets {
+        acquire: Some(Target::new("p50 ≤ 0.5 ms", acquire <= 500.0)),
+        ..OpTargets::default()
+    };
+    report
+        .operations
+        .extend(rounds.rows("sqlite", Some((&floors, FLOOR)), targets));
     report.notes.push(format!(
         "sqlite: floor = BEGIN IMMEDIATE; one-row UPDATE; COMMIT on the store's file (WAL, \
          synchronous={}, on tokio's blocking pool like the store); file {}",
@@ -90,31 +78,8 @@ async fn bench_at(plan: &Plan, report: &mut Report, path: &Path) -> anyhow::Resu
         path.display()
     ));
 
-    report
-        .held_rows
-        .push(common::held_renewal(&store, &HeldPlan::of(plan, "sqlite", &prefix, 16)).await?);
-    report.takeover_rows.push(
-        common::graceful_takeover(
-            "sqlite",
-            &store,
-            &waiter,
-            &prefix,
-            plan.graceful_trials,
-            None,
-        )
-        .await?,
-    );
-    report.takeover_rows.push(
-        common::expiry_takeover(
-            "sqlite",
-            &store,
-            &waiter,
-            &prefix,
-            plan.expiry_trials,
-            plan.expiry_ttl,
-        )
-        .await?,
-    );
+    let held = HeldPlan::of(plan, "sqlite", &prefix, 16);
+    common::held_and_takeovers(plan, report, &held, &store, &waiter, None).await?;
     report.notes.push(format!(
         "sqlite graceful takeover: the waiter's handle learns of another handle's release by \
          polling PRAGMA data_version every {} ms (the store's notify_poll_interval)",
@@ -128,39 +93,50 @@ async fn bench_at(plan: &Plan, report: &mut Report, path: &Path) -> anyhow::Resu
 struct Conn(Arc<Mutex<Connection>>);
 
 impl Conn {
-    fn open(path: &Path, store: &SqliteStore) -> anyhow::Result<Self> {
+    fn open(path: &Path, store: &SqliteStore) -> Result<Self> {
         let config = store.config();
-        let conn = Connection::open(path).with_context(|| format!("open {}", path.display()))?;
-        conn.busy_timeout(config.busy_timeout)?;
-        let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-        anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "journal mode {mode}");
-        conn.pragma_update(
-            None,
-            "synchronous",
-            if config.durable { "FULL" } else { "NORMAL" },
-        )?;
+        let what = || format!("open {} for the floor", path.display());
+        let conn = Connection::open(path).map_err(|e| BenchError::floor(what(), e))?;
+        let mode = (|| {
+            conn.busy_timeout(config.busy_timeout)?;
+            let mode: String =
+                conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+            conn.pragma_update(
+                None,
+                "synchronous",
+                if config.durable { "FULL" } else { "NORMAL" },
+            )?;
+            Ok::<_, rusqlite::Error>(mode)
+        })()
+        .map_err(|e| BenchError::floor(what(), e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(BenchError::Unexpected(format!(
+                "{}: journal mode {mode}, not WAL",
+                what()
+            )));
+        }
         Ok(Self(Arc::new(Mutex::new(conn))))
     }
 
     async fn with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-    ) -> anyhow::Result<T> {
+    ) -> Result<T> {
         let conn = self.0.clone();
-        let result = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut conn)
         })
-        .await?;
-        Ok(result?)
+        .await
+        .map_err(|e| BenchError::floor("the floor's blocking task", e))?
+        .map_err(|e| BenchError::floor("the floor's statement", e))
     }
 
-    async fn exec(&self, sql: &'static str) -> anyhow::Result<()> {
+    async fn exec(&self, sql: &'static str) -> Result<()> {
         self.with(move |c| c.execute_batch(sql)).await
     }
 
-    async fn floor_round(&self, ops: usize) -> anyhow::Result<Round> {
+    async fn floor_round(&self, ops: usize) -> Result<Round> {
         let mut rec = Recorder::new(ops);
         for _ in 0..ops {
             rec.start();

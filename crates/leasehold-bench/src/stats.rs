@@ -97,7 +97,7 @@ pub(crate) fn median(values: &[f64]) -> f64 {
 }
 
 /// One figure over several rounds: the median round value, and the lowest and highest.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub(crate) struct Spread {
     pub(crate) median: f64,
     pub(crate) min: f64,
@@ -112,14 +112,10 @@ impl Spread {
             max: values.iter().copied().reduce(f64::max).unwrap_or(0.0),
         }
     }
-
-    pub(crate) fn json(&self) -> serde_json::Value {
-        serde_json::json!({ "median": self.median, "min": self.min, "max": self.max })
-    }
 }
 
 /// Throughput and latency of one operation over all rounds.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub(crate) struct Figure {
     /// Operations per second.
     pub(crate) ops_per_sec: Spread,
@@ -141,16 +137,6 @@ impl Figure {
             rounds: rounds.len(),
             ops_per_round: rounds.first().map_or(0, |r| r.latencies_us.len()),
         }
-    }
-
-    pub(crate) fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "ops_per_sec": self.ops_per_sec.json(),
-            "p50_us": self.p50_us.json(),
-            "p99_us": self.p99_us.json(),
-            "rounds": self.rounds,
-            "ops_per_round": self.ops_per_round,
-        })
     }
 }
 

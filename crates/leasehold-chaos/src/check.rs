@@ -271,6 +271,7 @@ mod tests {
             slot: Some(slot(i)),
             token: Some(token),
             holder: format!("r{token}"),
+            trigger: "timer".into(),
             pid: 1000 + u32::try_from(i).unwrap(),
             start_ms: start,
             end_ms: end,

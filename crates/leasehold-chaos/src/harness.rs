@@ -496,15 +496,18 @@ impl Harness {
     fn spawn(&self, row: usize, generation: usize) -> Result<Replica> {
         let holder = Replica::holder_id(row, generation);
         let log = self.logs.join(format!("{holder}.log"));
-        Replica::spawn(
-            row,
-            generation,
-            &self.s.bin,
-            &self.replica_args(&holder),
-            &[("LEASEHOLD_STORE", &self.replica_url)],
-            &log,
-            self.watchdog.group(),
-        )
+        let mut command = tokio::process::Command::new(&self.s.bin);
+        command
+            .args(self.replica_args(&holder))
+            .env("LEASEHOLD_STORE", &self.replica_url)
+            .process_group(self.watchdog.group());
+        Replica::spawn(row, generation, holder, command, &log).with_context(|| {
+            format!(
+                "cannot start {} (log {})",
+                self.s.bin.display(),
+                log.display()
+            )
+        })
     }
 
     /// Starts a new generation in `row`; the old replica is kept for the report.

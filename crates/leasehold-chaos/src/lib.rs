@@ -2,9 +2,7 @@
 
 mod check;
 mod etcd_members;
-mod fence;
 mod harness;
-mod ledger;
 mod open;
 mod pg_server;
 mod pg_url;
@@ -13,14 +11,13 @@ mod proxy;
 mod schedule;
 mod sentinel;
 mod svg;
-mod witness;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use check::{CheckReport, LossWindow, check};
-pub use fence::{FenceDecision, decide as fence_decide};
-pub use ledger::{Fenced, LedgerEntry, read as read_ledger};
+// The witness replicas run, its ledger and its fence: leasehold-witness, shared with the demo.
+use leasehold_witness::{fence, ledger};
 pub use pg_url::PgUrlError;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use schedule::{FaultKind, PlannedFault, plan};
@@ -125,32 +122,7 @@ pub struct ChaosArgs {
     pub redis_server: PathBuf,
 }
 
-/// `leasehold witness`: the command chaos replicas run. Works for `--work`, then makes a fenced
-/// write of `LEASEHOLD_TOKEN` to `--fence` and appends a line to `--ledger`. On SIGTERM before
-/// its write it records the run as aborted and writes nothing.
-#[derive(Debug, Clone, clap::Args)]
-pub struct WitnessArgs {
-    /// The ledger (JSON lines, appended under the fence lock).
-    #[arg(long)]
-    pub ledger: PathBuf,
-    /// The fence file: the highest token written so far, guarded by an exclusive flock.
-    #[arg(long)]
-    pub fence: PathBuf,
-    /// How long the work takes before the write.
-    #[arg(long, default_value = "100ms", value_parser = duration_arg)]
-    pub work: Duration,
-    /// The chaos harness's pid: if it is gone, the witness stops its replica (SIGTERM to its
-    /// parent) instead of working, so replicas do not outlive a harness that was killed.
-    #[arg(long)]
-    pub harness_pid: Option<u32>,
-}
-
 /// Runs the chaos harness. Returns the exit status: 0 if every guarantee held, 1 otherwise.
 pub async fn run(args: ChaosArgs) -> anyhow::Result<u8> {
     harness::run(args).await
-}
-
-/// Runs one witness (the replicas' command). Returns its exit status.
-pub async fn witness(args: WitnessArgs) -> anyhow::Result<u8> {
-    witness::witness(args).await
 }

@@ -2,15 +2,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Args;
 use leasehold::{LeaseName, Store};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use leasehold_witness::procs::{self, Replica};
+use leasehold_witness::{Fenced, ledger};
+use nix::sys::signal::Signal;
+use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::Failure;
@@ -36,23 +36,19 @@ pub struct DemoArgs {
 
 const LEASE: &str = "demo-sweep";
 
-struct Instance {
-    name: String,
-    child: Option<Child>,
-}
-
 /// What the demo has seen so far.
 #[derive(Default)]
 struct Observed {
     /// slot → instances that ran it.
     runs: BTreeMap<u64, Vec<String>>,
-    ledger_offset: usize,
+    /// Ledger entries already shown.
+    ledger_seen: usize,
     leader: Option<String>,
 }
 
 struct Demo {
     dir: PathBuf,
-    instances: Vec<Instance>,
+    instances: Vec<Replica>,
     store: leasehold::BoxStore,
     seen: Observed,
     started: Instant,
@@ -63,13 +59,15 @@ fn stamp(started: Instant) -> String {
 }
 
 impl Demo {
+    /// Starts instance `idx`: `leasehold run` with the witness as its command, in the demo's
+    /// process group (so Ctrl-C reaches the instances too).
     fn spawn(&mut self, idx: usize, every: Duration, ttl: Duration) -> anyhow::Result<()> {
         let exe = std::env::current_exe().context("cannot find the leasehold binary")?;
         let name = format!("instance-{}", idx + 1);
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let log = self.dir.join(format!("{name}.log"));
         let db = self.dir.join("demo.db");
-        let ledger = self.dir.join("ledger.jsonl");
-        let child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .arg("run")
             .arg("--store")
             .arg(format!("sqlite:{}", db.display()))
@@ -80,44 +78,47 @@ impl Demo {
             .arg(format!("{}ms", ttl.as_millis()))
             .arg("--")
             .arg(&exe)
-            .arg("record")
-            .arg(&ledger)
-            .args(["--sleep", "100ms"])
-            .env("LEASEHOLD_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .context("cannot start an instance")?;
-        self.instances.push(Instance {
-            name,
-            child: Some(child),
-        });
+            .arg("witness")
+            .arg("--ledger")
+            .arg(self.dir.join("ledger.jsonl"))
+            .arg("--fence")
+            .arg(self.dir.join("fence"))
+            .args(["--work", "100ms"]);
+        let replica = Replica::spawn(idx, 0, name, command, &log)
+            .with_context(|| format!("cannot start an instance (log {})", log.display()))?;
+        self.instances.push(replica);
         Ok(())
     }
 
-    /// Reads new ledger lines and the current leader, printing what changed.
+    /// Reads new ledger entries and the current leader, printing what changed.
     async fn observe(&mut self) -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(self.dir.join("ledger.jsonl")).unwrap_or_default();
-        // Only whole lines: a writer may be mid-line.
-        let complete = text.rfind('\n').map_or(0, |i| i + 1);
-        for line in text[self.seen.ledger_offset.min(complete)..complete].lines() {
-            let v: serde_json::Value = serde_json::from_str(line).context("bad ledger line")?;
-            let slot = v["slot"]
-                .as_u64()
-                .ok_or_else(|| anyhow!("ledger line without slot"))?;
-            let holder = v["holder"].as_str().unwrap_or("?").to_owned();
-            let token = v["token"].as_u64().unwrap_or(0);
+        // A line being written is not read yet (it does not parse): it is read next time.
+        let (entries, _) =
+            ledger::read(&self.dir.join("ledger.jsonl")).context("cannot read the ledger")?;
+        for entry in entries.iter().skip(self.seen.ledger_seen) {
+            // Stopped before its write: it did nothing.
+            if entry.fenced == Fenced::Aborted {
+                continue;
+            }
+            let slot = entry
+                .slot
+                .ok_or_else(|| anyhow!("ledger entry without a slot"))?;
+            let holder = &entry.holder;
+            let token = entry.token.unwrap_or(0);
             let ran = self.seen.runs.entry(slot).or_default();
             ran.push(holder.clone());
             let dup = if ran.len() > 1 { "   << DUPLICATE" } else { "" };
+            let stale = if entry.fenced == Fenced::Rejected {
+                "   << STALE TOKEN, write refused"
+            } else {
+                ""
+            };
             println!(
-                "{} tick {slot}: ran on {holder} (fencing token {token}){dup}",
+                "{} tick {slot}: ran on {holder} (fencing token {token}){dup}{stale}",
                 stamp(self.started)
             );
         }
-        self.seen.ledger_offset = complete;
+        self.seen.ledger_seen = self.seen.ledger_seen.max(entries.len());
         let state = self.store.inspect(&LeaseName::new(LEASE)?).await?;
         let leader = state.and_then(|s| s.holder).map(|h| h.to_string());
         if leader != self.seen.leader {
@@ -160,35 +161,27 @@ impl Demo {
     }
 
     fn signal(&mut self, name: &str, sig: Signal) -> anyhow::Result<()> {
-        let inst = self
+        let replica = self
             .instances
             .iter_mut()
-            .find(|i| i.name == name)
+            .find(|r| r.holder == name)
             .ok_or_else(|| anyhow!("unknown instance {name}"))?;
-        let pid = inst
-            .child
-            .as_ref()
-            .and_then(|c| c.id())
-            .ok_or_else(|| anyhow!("{name} is not running"))?;
-        kill(Pid::from_raw(pid as i32), sig).with_context(|| format!("cannot signal {name}"))?;
+        if !replica.alive() || !procs::signal(replica.pid, sig) {
+            return Err(anyhow!("{name} is not running"));
+        }
         Ok(())
     }
 
+    /// SIGTERM to every instance; one that has not exited 5 s later is killed with its command.
     async fn stop_all(&mut self) {
-        for inst in &mut self.instances {
-            if let Some(child) = inst.child.as_mut()
-                && let Some(pid) = child.id()
-            {
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        for replica in &mut self.instances {
+            if replica.alive() {
+                procs::signal(replica.pid, Signal::SIGTERM);
             }
         }
-        for inst in &mut self.instances {
-            if let Some(mut child) = inst.child.take()
-                && tokio::time::timeout(Duration::from_secs(5), child.wait())
-                    .await
-                    .is_err()
-            {
-                let _ = child.kill().await;
+        for replica in &mut self.instances {
+            if !replica.wait(Duration::from_secs(5)).await {
+                replica.kill_all();
             }
         }
     }

@@ -4,7 +4,6 @@ mod child;
 mod demo;
 mod history;
 mod logging;
-mod record;
 mod run;
 mod serve;
 mod status;
@@ -55,14 +54,10 @@ enum Command {
     /// store's own floor measured in the same run.
     #[cfg(feature = "bench")]
     Bench(leasehold_bench::BenchArgs),
-    /// The command chaos replicas run: a fenced write plus a ledger line.
+    /// The command demo and chaos replicas (and the tests) run: a fenced write of the run's
+    /// token plus a ledger line describing the run (reads the LEASEHOLD_* variables).
     #[command(hide = true)]
-    #[cfg(feature = "chaos")]
-    Witness(leasehold_chaos::WitnessArgs),
-    /// Append one JSON line describing the current run to FILE (a witness ledger for demos and
-    /// tests; reads the LEASEHOLD_* variables).
-    #[command(hide = true)]
-    Record(record::RecordArgs),
+    Witness(leasehold_witness::WitnessArgs),
     /// Internal: the process `run` starts its command under, which ties the command's process
     /// group to the life of `leasehold` (see src/child.rs).
     #[command(hide = true)]
@@ -163,6 +158,17 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
+/// Starts a tokio runtime (with its I/O and timers) from `builder`; if it cannot, says so on
+/// stderr and returns the exit status.
+fn start_runtime(
+    builder: &mut tokio::runtime::Builder,
+) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        logging::error_line(&format!("cannot start the runtime: {e}"));
+        ExitCode::from(1)
+    })
+}
+
 /// `supervise` is dispatched before the runtime starts.
 fn unreachable_supervise() -> Result<u8, Failure> {
     Err(Failure::usage(anyhow::anyhow!(
@@ -192,16 +198,10 @@ fn main() -> ExitCode {
         return supervise::main(args);
     }
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    let runtime = match start_runtime(tokio::runtime::Builder::new_multi_thread().worker_threads(2))
     {
         Ok(rt) => rt,
-        Err(e) => {
-            logging::error_line(&format!("cannot start the runtime: {e}"));
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async {
         match cli.command {
@@ -210,13 +210,15 @@ fn main() -> ExitCode {
             Command::History(args) => history::history(args).await,
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
-            Command::Record(args) => record::record(args).await,
             #[cfg(feature = "chaos")]
             Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),
             #[cfg(feature = "bench")]
-            Command::Bench(args) => leasehold_bench::run(args).await.map_err(Failure::from),
-            #[cfg(feature = "chaos")]
-            Command::Witness(args) => leasehold_chaos::witness(args).await.map_err(Failure::from),
+            Command::Bench(args) => leasehold_bench::run(args)
+                .await
+                .map_err(|e| Failure::from(anyhow::Error::new(e))),
+            Command::Witness(args) => leasehold_witness::run(args)
+                .await
+                .map_err(|e| Failure::from(anyhow::Error::new(e))),
             Command::Supervise(_) => unreachable_supervise(),
         }
     });

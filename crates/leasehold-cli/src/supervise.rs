@@ -38,15 +38,9 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         logging::error_line("supervise is internal to leasehold run");
         return ExitCode::from(crate::EXIT_USAGE);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::start_runtime(&mut tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
-        Err(e) => {
-            logging::error_line(&format!("cannot start the runtime: {e}"));
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(supervise(args.command));
     // The group is being killed (us too); nothing else to do.

@@ -2,36 +2,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use leasehold::{LeaseName, Store};
-
-async fn leader(store: &leasehold_sqlite::SqliteStore, lease: &str) -> Option<String> {
-    let state = store
-        .inspect(&LeaseName::new(lease).unwrap())
-        .await
-        .unwrap()?;
-    state.holder.map(|h| h.to_string())
-}
-
-async fn wait_for_leader(
-    store: &leasehold_sqlite::SqliteStore,
-    lease: &str,
-    not: Option<&str>,
-    limit: Duration,
-) -> (String, Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(l) = leader(store, lease).await
-            && Some(l.as_str()) != not
-        {
-            return (l, start.elapsed());
-        }
-        assert!(start.elapsed() < limit, "no new leader within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_schedule_it_is_a_distributed_flock() {
@@ -40,10 +14,9 @@ async fn without_a_schedule_it_is_a_distributed_flock() {
     let ledger = ledger_in(dir.path());
     let holder = std::process::Command::new(BIN)
         .args([
-            "run", "--store", &store_url, "--lease", "once", "--ttl", "5s", "--", BIN, "record",
+            "run", "--store", &store_url, "--lease", "once", "--ttl", "5s", "--",
         ])
-        .arg(&ledger)
-        .args(["--sleep", "3s"])
+        .args(witness(&ledger, "3s"))
         .spawn()
         .unwrap();
     let mut holder = scopeguard(holder);

@@ -103,22 +103,31 @@ fn sqlite(dir: &Path) -> String {
     format!("sqlite:{}", path_str(&dir.join("leases.db")))
 }
 
+/// `leasehold run ARGS` (with `--every 1s` if `scheduled`) on a SQLite file in a directory of
+/// its own, running the stubborn command; returns the directory, the process and the pids of
+/// the command and its grandchild once both started.
+fn run_stubborn(args: &[&str], scheduled: bool) -> (tempfile::TempDir, Child, [i32; 2]) {
+    let dir = temp_dir();
+    let url = sqlite(dir.path());
+    let mut all = vec!["--store", url.as_str()];
+    all.extend(args);
+    if scheduled {
+        all.extend(["--every", "1s"]);
+    }
+    let run = leasehold(&all, &stubborn(dir.path()))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = started(dir.path());
+    (dir, run, pids)
+}
+
 /// Issue 18 case 3: `kill -9` of `leasehold` (or the OOM killer) takes the command and its
 /// grandchildren with it: nothing runs on unowned beside the next holder's command.
 #[test]
 fn sigkill_of_leasehold_kills_the_command_and_its_grandchildren() {
     for scheduled in [false, true] {
-        let dir = temp_dir();
-        let url = sqlite(dir.path());
-        let mut args = vec!["--store", url.as_str(), "--lease", "k"];
-        if scheduled {
-            args.extend(["--every", "1s"]);
-        }
-        let mut run = leasehold(&args, &stubborn(dir.path()))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let pids = started(dir.path());
+        let (_dir, mut run, pids) = run_stubborn(&["--lease", "k"], scheduled);
         kill(&run, "KILL");
         let _ = run.wait();
         let took = all_gone(&pids, Duration::from_secs(3));
@@ -132,17 +141,7 @@ fn sigkill_of_leasehold_kills_the_command_and_its_grandchildren() {
 #[test]
 fn shutdown_stops_the_group_within_the_grace() {
     for scheduled in [false, true] {
-        let dir = temp_dir();
-        let url = sqlite(dir.path());
-        let mut args = vec!["--store", url.as_str(), "--lease", "g", "--grace", "1s"];
-        if scheduled {
-            args.extend(["--every", "1s"]);
-        }
-        let mut run = leasehold(&args, &stubborn(dir.path()))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let pids = started(dir.path());
+        let (_dir, mut run, pids) = run_stubborn(&["--lease", "g", "--grace", "1s"], scheduled);
         kill(&run, "TERM");
         let (code, took) = wait_exit(&mut run, Duration::from_secs(10));
         assert!(

@@ -7,33 +7,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use leasehold::{BoxStore, LeaseName, Store};
-
-async fn leader(store: &BoxStore, lease: &str) -> Option<String> {
-    let state = store
-        .inspect(&LeaseName::new(lease).unwrap())
-        .await
-        .unwrap()?;
-    state.holder.map(|h| h.to_string())
-}
-
-async fn wait_for_leader(
-    store: &BoxStore,
-    lease: &str,
-    not: Option<&str>,
-    limit: Duration,
-) -> (String, Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(l) = leader(store, lease).await
-            && Some(l.as_str()) != not
-        {
-            return (l, start.elapsed());
-        }
-        assert!(start.elapsed() < limit, "no new leader within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
 
 /// A lease name of this test run's own: leases and slots outlive a run on a shared server.
 fn lease_name(tag: &str) -> String {

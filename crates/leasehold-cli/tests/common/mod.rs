@@ -1,8 +1,10 @@
-//! Running `leasehold` processes from tests, and reading the ledger their commands write.
+//! Running `leasehold` processes from tests, and reading the ledger their commands (the
+//! witness) write.
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -16,7 +18,7 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// Starts `leasehold run --holder NAME ARGS -- leasehold record LEDGER --sleep WORK`.
+    /// Starts `leasehold run --holder NAME ARGS -- leasehold witness …` (see [`witness`]).
     pub fn start(name: &str, args: &[&str], ledger: &Path, work: &str, log_dir: &Path) -> Self {
         let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
         let child = Command::new(BIN)
@@ -24,10 +26,7 @@ impl Instance {
             .args(["--holder", name])
             .args(args)
             .arg("--")
-            .arg(BIN)
-            .arg("record")
-            .arg(ledger)
-            .args(["--sleep", work])
+            .args(witness(ledger, work))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -73,31 +72,36 @@ impl Drop for Instance {
     }
 }
 
-/// One ledger line.
-#[derive(Debug, Clone)]
-pub struct Run {
-    pub holder: String,
-    pub slot: Option<u64>,
-    pub trigger: String,
-    pub token: Option<u64>,
-    pub start_ms: u64,
-    pub end_ms: u64,
+/// The command line of the witness as a run's command: `leasehold witness --ledger LEDGER
+/// --fence F --work WORK`, its fence file beside the ledger.
+pub fn witness(ledger: &Path, work: &str) -> Vec<OsString> {
+    vec![
+        BIN.into(),
+        "witness".into(),
+        "--ledger".into(),
+        ledger.into(),
+        "--fence".into(),
+        ledger.with_extension("fence").into(),
+        "--work".into(),
+        work.into(),
+    ]
 }
 
+/// One run of the witness.
+pub type Run = leasehold_witness::LedgerEntry;
+
+/// The runs in the ledger that did their work: a run told to stop before its write (recorded
+/// as aborted) did nothing.
 pub fn read_ledger(path: &Path) -> Vec<Run> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("ledger line is JSON");
-            Run {
-                holder: v["holder"].as_str().unwrap().to_owned(),
-                slot: v["slot"].as_u64(),
-                trigger: v["trigger"].as_str().unwrap_or_default().to_owned(),
-                token: v["token"].as_u64(),
-                start_ms: v["start_ms"].as_u64().unwrap(),
-                end_ms: v["end_ms"].as_u64().unwrap(),
-            }
-        })
+    let (runs, unreadable) = leasehold_witness::ledger::read(path).unwrap();
+    assert_eq!(
+        unreadable,
+        0,
+        "every line of {} is an entry",
+        path.display()
+    );
+    runs.into_iter()
+        .filter(|r| r.fenced != leasehold_witness::Fenced::Aborted)
         .collect()
 }
 
@@ -126,6 +130,35 @@ pub fn assert_exactly_once(runs: &[Run]) -> BTreeMap<u64, Run> {
         "tokens strictly increase: {tokens:?}"
     );
     by_slot
+}
+
+/// The holder of `lease` on `store`, if any.
+pub async fn leader(store: &impl leasehold::Store, lease: &str) -> Option<String> {
+    let state = store
+        .inspect(&leasehold::LeaseName::new(lease).unwrap())
+        .await
+        .unwrap()?;
+    state.holder.map(|h| h.to_string())
+}
+
+/// Waits (at most `limit`) for `lease` to have a holder other than `not`; returns it and how
+/// long that took.
+pub async fn wait_for_leader(
+    store: &impl leasehold::Store,
+    lease: &str,
+    not: Option<&str>,
+    limit: Duration,
+) -> (String, Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(l) = leader(store, lease).await
+            && Some(l.as_str()) != not
+        {
+            return (l, start.elapsed());
+        }
+        assert!(start.elapsed() < limit, "no new leader within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 pub fn temp_dir() -> tempfile::TempDir {

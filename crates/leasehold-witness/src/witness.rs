@@ -1,6 +1,7 @@
 //! The witness: the command every replica runs. One fenced write, one ledger line.
 
-use anyhow::Context;
+use std::io;
+
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -13,7 +14,29 @@ fn var(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
-pub(crate) async fn witness(args: WitnessArgs) -> anyhow::Result<u8> {
+/// Why a witness could not record its run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WitnessError {
+    /// It could not listen for SIGTERM.
+    #[error("cannot handle SIGTERM")]
+    Signal(#[source] io::Error),
+    /// The fence or the ledger could not be written.
+    #[error("cannot write {fence} or {ledger}")]
+    Write {
+        /// The fence file.
+        fence: String,
+        /// The ledger.
+        ledger: String,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Runs one witness (the replicas' command). Returns its exit status: 0, also when it stopped
+/// before its write (the ledger says so).
+pub async fn run(args: WitnessArgs) -> Result<u8, WitnessError> {
     let start_ms = epoch_ms();
     if let Some(harness) = args.harness_pid
         && !procs::signal_exists(harness)
@@ -26,12 +49,13 @@ pub(crate) async fn witness(args: WitnessArgs) -> anyhow::Result<u8> {
         procs::signal(replica, Signal::SIGTERM);
         return Ok(0);
     }
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut term = signal(SignalKind::terminate()).map_err(WitnessError::Signal)?;
     let mut entry = LedgerEntry {
         task: var("LEASEHOLD_LEASE").unwrap_or_default(),
         slot: var("LEASEHOLD_SLOT").and_then(|s| s.parse().ok()),
         token: var("LEASEHOLD_TOKEN").and_then(|s| s.parse().ok()),
         holder: var("LEASEHOLD_HOLDER").unwrap_or_default(),
+        trigger: var("LEASEHOLD_TRIGGER").unwrap_or_default(),
         pid: std::process::id(),
         start_ms,
         end_ms: 0,
@@ -48,29 +72,24 @@ pub(crate) async fn witness(args: WitnessArgs) -> anyhow::Result<u8> {
         entry.fence_max = max;
         ledger::append(&args.ledger, entry)
     };
-    let context = || {
-        format!(
-            "cannot write {} or {}",
-            args.fence.display(),
-            args.ledger.display()
-        )
-    };
-    match (stopped, entry.token) {
+    let written = match (stopped, entry.token) {
         (false, Some(token)) => fence::write(&args.fence, token, |decision, max| {
             let fenced = match decision {
                 FenceDecision::Accepted => Fenced::Accepted,
                 FenceDecision::Rejected { .. } => Fenced::Rejected,
             };
             append(&mut entry, fenced, max)
-        })
-        .with_context(context)?,
+        }),
         // Stopped before the write, or no token to fence with: nothing is written.
-        (true, _) => fence::with_lock(&args.fence, |max| append(&mut entry, Fenced::Aborted, max))
-            .with_context(context)?,
+        (true, _) => fence::with_lock(&args.fence, |max| append(&mut entry, Fenced::Aborted, max)),
         (false, None) => {
             fence::with_lock(&args.fence, |max| append(&mut entry, Fenced::Rejected, max))
-                .with_context(context)?
         }
-    }
+    };
+    written.map_err(|source| WitnessError::Write {
+        fence: args.fence.display().to_string(),
+        ledger: args.ledger.display().to_string(),
+        source,
+    })?;
     Ok(0)
 }

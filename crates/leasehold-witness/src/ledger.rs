@@ -43,6 +43,10 @@ pub struct LedgerEntry {
     /// The holder id of the instance that ran it (`LEASEHOLD_HOLDER`).
     #[serde(default)]
     pub holder: String,
+    /// What started the run (`LEASEHOLD_TRIGGER`: `timer`, `catch-up`, `manual`); left out of
+    /// the line when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trigger: String,
     /// The witness process id.
     pub pid: u32,
     /// When the run started, ms since the Unix epoch.
@@ -111,6 +115,7 @@ mod tests {
             slot: Some(1_700_000_000_000),
             token: None,
             holder: "r0.0".into(),
+            trigger: String::new(),
             pid: 7,
             start_ms: 1,
             end_ms: 2,
@@ -138,6 +143,15 @@ mod tests {
             assert_eq!(serde_json::to_value(fenced).unwrap(), word);
             assert_eq!(fenced.as_str(), word);
         }
+    }
+
+    #[test]
+    fn a_trigger_is_written_when_set() {
+        let mut timer = entry();
+        timer.trigger = "timer".into();
+        let line = serde_json::to_value(&timer).unwrap();
+        assert_eq!(line["trigger"], "timer");
+        assert_eq!(LedgerEntry::parse(&line.to_string()), Some(timer));
     }
 
     #[test]
