@@ -18,6 +18,7 @@ use crate::pg_server::{self, PgServer};
 use crate::pg_url::PgTarget;
 use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
+use crate::redis_cluster::ClusterGroup;
 use crate::schedule::{self, FaultKind, PlannedFault};
 use crate::sentinel::SentinelGroup;
 use crate::svg::{Marker, Span, Timeline};
@@ -238,6 +239,7 @@ struct Harness {
     proxy: Option<FaultProxy>,
     redis: Option<RedisServer>,
     sentinel: Option<SentinelGroup>,
+    cluster: Option<ClusterGroup>,
     postgres: Option<PgServer>,
     etcd: Option<EtcdMembers>,
     watchdog: Watchdog,
@@ -344,7 +346,7 @@ impl Harness {
         let mut notes = Vec::new();
         let (mut redis, mut postgres, mut proxy, mut sqlite_dir, mut etcd) =
             (None, None, None, None, None);
-        let mut sentinel = None;
+        let (mut sentinel, mut cluster) = (None, None);
         let (replica_url, poll_url) = match args.store {
             StoreKind::Sqlite => {
                 let dir = tempfile::Builder::new()
@@ -380,6 +382,14 @@ impl Harness {
                 let url = group.url();
                 sentinel = Some(group);
                 notes.push("redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after 2000 ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too".into());
+                (url.clone(), url)
+            }
+            StoreKind::RedisCluster => {
+                let group =
+                    ClusterGroup::start(&args.redis_server, &logs, watchdog.group()).await?;
+                let url = group.url();
+                cluster = Some(group);
+                notes.push(format!("redis-cluster: the harness's own six-node Redis Cluster (three primaries with one replica each, cluster-node-timeout {} ms, nodes.conf and logs in logs/), no proxy; a store restart SIGKILLs the primary serving the task lease's slot, the cluster promotes its replica and the killed node returns as the promoted node's replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too", crate::redis_cluster::NODE_TIMEOUT_MS));
                 (url.clone(), url)
             }
             StoreKind::Postgres => match &args.postgres_url {
@@ -440,6 +450,7 @@ impl Harness {
             proxy,
             redis,
             sentinel,
+            cluster,
             postgres,
             etcd,
             watchdog,
@@ -794,6 +805,29 @@ impl Harness {
                         promoted - killed
                     );
                     (killed, promoted, detail)
+                } else if let Some(group) = self.cluster.as_mut() {
+                    // The keys of the leader lease and of the lease `leasehold run` takes for each
+                    // tick (default prefix; each lease's keys share its name as hash tag, so the
+                    // task's slot also holds its fencing counter and slot claims).
+                    let key = |name: &str| format!("leasehold:{{{name}}}:lease");
+                    let task_key = key(&format!("{}:run", self.lease));
+                    let f = group.fail_over(&task_key, &key(&self.lease)).await?;
+                    self.note_loss(f.killed_ms, f.serving_ms);
+                    let detail = format!(
+                        "primary :{} (serving the task's slot {}, {}) SIGKILLed; its replica :{} promoted {} ms later, every node serving again after {} ms; the killed node rejoined as its replica ({} ms after the kill)",
+                        f.killed_port,
+                        f.slot,
+                        if f.other_in_shard {
+                            "and the leader lease's"
+                        } else {
+                            "not the leader lease's"
+                        },
+                        f.promoted_port,
+                        f.promoted_ms - f.killed_ms,
+                        f.serving_ms - f.killed_ms,
+                        f.ready_ms - f.killed_ms
+                    );
+                    (f.killed_ms, f.serving_ms, detail)
                 } else if let Some(pg) = self.postgres.as_mut() {
                     // Odd-numbered restarts (first, third, ...) keep the server down past the
                     // ttl: the lease runs out during the outage and someone takes over after
@@ -1000,6 +1034,9 @@ impl Harness {
             redis.stop().await;
         }
         if let Some(mut group) = self.sentinel.take() {
+            group.stop().await;
+        }
+        if let Some(mut group) = self.cluster.take() {
             group.stop().await;
         }
         if let Some(mut postgres) = self.postgres.take() {

@@ -8,6 +8,7 @@ mod pg_server;
 mod pg_url;
 mod procs;
 mod proxy;
+mod redis_cluster;
 mod schedule;
 mod sentinel;
 mod svg;
@@ -33,6 +34,10 @@ pub enum StoreKind {
     /// A primary, a replica and three sentinels the harness starts itself (`redis+sentinel://`,
     /// no proxy); the store-restart fault SIGKILLs the primary, so the sentinels fail over.
     RedisSentinel,
+    /// A six-node Redis Cluster (three primaries, one replica each) the harness starts itself
+    /// (`redis+cluster://`, no proxy); the store-restart fault SIGKILLs the primary serving the
+    /// task lease's slot, so the cluster promotes its replica.
+    RedisCluster,
     /// A PostgreSQL server the harness starts itself (fsync on), behind the fault proxy, crashed
     /// and restarted as a fault; or a running server (`--postgres-url`), never restarted.
     Postgres,
@@ -48,6 +53,7 @@ impl StoreKind {
             Self::Sqlite => "sqlite",
             Self::Redis => "redis",
             Self::RedisSentinel => "redis-sentinel",
+            Self::RedisCluster => "redis-cluster",
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
         }
@@ -60,7 +66,7 @@ impl StoreKind {
         match self {
             Self::Sqlite => &[Kill, Pause, Terminate],
             Self::Etcd => &[Kill, Pause, Terminate, StoreRestart],
-            Self::RedisSentinel => &[Kill, Pause, Terminate, StoreRestart],
+            Self::RedisSentinel | Self::RedisCluster => &[Kill, Pause, Terminate, StoreRestart],
             Self::Redis | Self::Postgres => &FaultKind::ALL,
         }
     }
@@ -116,8 +122,8 @@ pub struct ChaosArgs {
     /// `/usr/lib/postgresql/VERSION/bin`, else `pg_config --bindir`, else `PATH`).
     #[arg(long)]
     pub postgres_bin: Option<PathBuf>,
-    /// The Redis server program for `--store redis` and `--store redis-sentinel` (which runs it
-    /// with `--sentinel` too).
+    /// The Redis server program for `--store redis`, `--store redis-sentinel` (which runs it
+    /// with `--sentinel` too) and `--store redis-cluster`.
     #[arg(long, default_value = "redis-server")]
     pub redis_server: PathBuf,
 }

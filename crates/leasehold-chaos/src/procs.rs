@@ -248,6 +248,34 @@ impl RedisServer {
     }
 }
 
+/// `redis-cli -h 127.0.0.1 -p PORT ARGS…`: its standard output, empty if it could not run.
+pub async fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await;
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Polls `ready` every 50 ms until it is true; an error naming `what` after `limit`.
+pub async fn wait_until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    mut ready: impl FnMut() -> F,
+) -> Result<()> {
+    let start = Instant::now();
+    while !ready().await {
+        if start.elapsed() > limit {
+            bail!("{what} did not happen within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 async fn ping(addr: SocketAddr) -> bool {
     let attempt = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;

@@ -3,12 +3,11 @@
 //! the replica, and the killed server comes back as the new primary's replica.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use tokio::process::Command;
+use anyhow::{Context, Result};
 
-use crate::procs::{RedisServer, epoch_ms, free_port};
+use crate::procs::{RedisServer, epoch_ms, free_port, redis_cli as cli, wait_until};
 
 /// The name the sentinels monitor the primary under.
 const MASTER: &str = "leasehold-chaos";
@@ -30,31 +29,6 @@ pub struct SentinelGroup {
     dirs: [PathBuf; 2],
     primary: usize,
     sentinels: Vec<RedisServer>,
-}
-
-async fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .await;
-    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
-async fn wait_until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    limit: Duration,
-    mut ready: impl FnMut() -> F,
-) -> Result<()> {
-    let start = Instant::now();
-    while !ready().await {
-        if start.elapsed() > limit {
-            bail!("redis-sentinel group: {what} did not happen within {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 /// The arguments of a data server working in `dir`, the replica of `primary` if given.
@@ -129,35 +103,43 @@ impl SentinelGroup {
     /// The replica is in sync and every sentinel knows it and the two other sentinels.
     async fn wait_ready(&self) -> Result<()> {
         let replica = self.nodes[1 - self.primary].port();
-        wait_until("replica sync", Duration::from_secs(20), || async move {
-            cli(replica, &["INFO", "replication"])
-                .await
-                .contains("master_link_status:up")
-        })
+        wait_until(
+            "redis-sentinel group: replica sync",
+            Duration::from_secs(20),
+            || async move {
+                cli(replica, &["INFO", "replication"])
+                    .await
+                    .contains("master_link_status:up")
+            },
+        )
         .await?;
         let ports: Vec<u16> = self.sentinels.iter().map(RedisServer::port).collect();
-        wait_until("sentinel discovery", Duration::from_secs(20), || {
-            let ports = ports.clone();
-            async move {
-                for port in ports {
-                    let info = cli(port, &["SENTINEL", "MASTER", MASTER]).await;
-                    let lines: Vec<&str> = info.lines().collect();
-                    let field = |name: &str| {
-                        lines
-                            .iter()
-                            .position(|l| *l == name)
-                            .and_then(|i| lines.get(i + 1).copied())
-                    };
-                    if field("num-slaves") != Some("1")
-                        || field("num-other-sentinels") != Some("2")
-                        || field("flags") != Some("master")
-                    {
-                        return false;
+        wait_until(
+            "redis-sentinel group: sentinel discovery",
+            Duration::from_secs(20),
+            || {
+                let ports = ports.clone();
+                async move {
+                    for port in ports {
+                        let info = cli(port, &["SENTINEL", "MASTER", MASTER]).await;
+                        let lines: Vec<&str> = info.lines().collect();
+                        let field = |name: &str| {
+                            lines
+                                .iter()
+                                .position(|l| *l == name)
+                                .and_then(|i| lines.get(i + 1).copied())
+                        };
+                        if field("num-slaves") != Some("1")
+                            || field("num-other-sentinels") != Some("2")
+                            || field("flags") != Some("master")
+                        {
+                            return false;
+                        }
                     }
+                    true
                 }
-                true
-            }
-        })
+            },
+        )
         .await
     }
 
@@ -181,11 +163,15 @@ impl SentinelGroup {
         let killed = epoch_ms();
         self.nodes[old].stop().await;
         let sentinel = self.sentinels[0].port();
-        wait_until("promotion", Duration::from_secs(30), || async move {
-            let named = cli(sentinel, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]).await;
-            named.lines().nth(1).map(str::trim) == Some(&new_port.to_string())
-                && cli(new_port, &["ROLE"]).await.starts_with("master")
-        })
+        wait_until(
+            "redis-sentinel group: promotion",
+            Duration::from_secs(30),
+            || async move {
+                let named = cli(sentinel, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]).await;
+                named.lines().nth(1).map(str::trim) == Some(&new_port.to_string())
+                    && cli(new_port, &["ROLE"]).await.starts_with("master")
+            },
+        )
         .await?;
         let promoted = epoch_ms();
         self.primary = new;

@@ -104,3 +104,38 @@ fn chaos_redis_sentinel() {
         check["overlapping_accepted_excused"], check["duplicate_slots_excused"]
     );
 }
+
+/// The primary serving the task lease's slot killed under the replicas (one failover, as for
+/// Sentinel): the cluster promotes its replica, the killed node rejoins as a replica, no
+/// guarantee breaks, and what the failover lost is reported as excused.
+#[test]
+fn chaos_redis_cluster() {
+    let report = run_for("redis-cluster", "30s", 4);
+    assert_store_restarted(&report);
+    let check = &report["check"];
+    for zero in [
+        "overlapping_accepted",
+        "duplicate_slots",
+        "stale_accepted",
+        "unfenced_accepted",
+    ] {
+        assert_eq!(check[zero], 0, "{zero}: {report}");
+    }
+    let restart = report["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "store-restart" && f["skipped"] == false)
+        .unwrap();
+    assert!(
+        restart["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rejoined as its replica"),
+        "{restart}"
+    );
+    println!(
+        "failover: {}; overlaps excused {}, duplicate slots excused {}",
+        restart["detail"], check["overlapping_accepted_excused"], check["duplicate_slots_excused"]
+    );
+}

@@ -85,9 +85,9 @@ impl StoreKind {
             .unwrap_or_default();
         match scheme.as_str() {
             "sqlite" => Ok(Self::Sqlite),
-            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster" => {
-                Ok(Self::Redis)
-            }
+            // `rediss+…`: the Redis store says TLS is not supported for these yet.
+            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster"
+            | "rediss+sentinel" | "rediss+cluster" => Ok(Self::Redis),
             "postgres" | "postgresql" => Ok(Self::Postgres),
             "etcd" | "etcds" => Ok(Self::Etcd),
             // A scheme is letters, digits, `+ - .`; anything else is not one, so not shown.

@@ -30,6 +30,19 @@ pub struct EtcdCluster {
     /// `--initial-cluster` and `--initial-cluster-token`, for (re)starting members.
     initial_cluster: String,
     cluster_token: String,
+    /// Serving clients over TLS with these files (the peers still talk plain HTTP).
+    tls: Option<TlsFiles>,
+}
+
+/// PEM files for a cluster that serves clients over TLS ([`EtcdCluster::start_tls`]).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The members' certificate (valid for `127.0.0.1`).
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The CA that signed it: what `etcdctl` and [`EtcdCluster::url`] trust.
+    pub ca: PathBuf,
 }
 
 #[derive(Debug)]
@@ -108,6 +121,17 @@ impl EtcdCluster {
     /// Starts `size` members (1 or 3 are usual) and waits until every member answers a
     /// linearizable read (a leader is elected). Panics if they do not within 30 s.
     pub fn start(size: usize) -> Self {
+        Self::start_with(size, None)
+    }
+
+    /// [`start`](Self::start), the members serving clients over TLS only (`https://`, with
+    /// `--cert-file` and `--key-file`); [`url`](Self::url) is then an `etcds://` URL trusting
+    /// `tls.ca`.
+    pub fn start_tls(size: usize, tls: TlsFiles) -> Self {
+        Self::start_with(size, Some(tls))
+    }
+
+    fn start_with(size: usize, tls: Option<TlsFiles>) -> Self {
         let base = std::env::temp_dir();
         remove_stale(&base);
         let dir = tempfile::Builder::new()
@@ -135,6 +159,7 @@ impl EtcdCluster {
             dir,
             initial_cluster: initial.join(","),
             cluster_token: format!("lh-{:016x}", fastrand::u64(..)),
+            tls,
         };
         for index in 0..size {
             cluster.restart(index);
@@ -152,9 +177,9 @@ impl EtcdCluster {
             .collect()
     }
 
-    /// `etcd://` URL of every member, in member order.
+    /// `etcd://` URL of every member, in member order (`etcds://…?ca=CA` for a TLS cluster).
     pub fn url(&self) -> String {
-        format!("etcd://{}", self.endpoints().join(","))
+        self.url_of(&self.endpoints())
     }
 
     /// `etcd://` URL with member `first` first (the client talks to it first).
@@ -162,7 +187,33 @@ impl EtcdCluster {
         let mut endpoints = self.endpoints();
         let n = endpoints.len();
         endpoints.rotate_left(first % n);
-        format!("etcd://{}", endpoints.join(","))
+        self.url_of(&endpoints)
+    }
+
+    fn url_of(&self, endpoints: &[String]) -> String {
+        match &self.tls {
+            None => format!("etcd://{}", endpoints.join(",")),
+            Some(tls) => format!("etcds://{}?ca={}", endpoints.join(","), tls.ca.display()),
+        }
+    }
+
+    /// `etcdctl` against `endpoints` (`127.0.0.1:PORT`), trusting the CA of a TLS cluster.
+    fn etcdctl_at(&self, endpoints: &[String]) -> Command {
+        let mut command = Command::new("etcdctl");
+        command.env("ETCDCTL_API", "3");
+        let scheme = match &self.tls {
+            None => "http",
+            Some(tls) => {
+                command.arg(format!("--cacert={}", tls.ca.display()));
+                "https"
+            }
+        };
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect();
+        command.arg(format!("--endpoints={}", endpoints.join(",")));
+        command
     }
 
     /// The index of the member that is the raft leader now, asked with `etcdctl endpoint
@@ -175,11 +226,10 @@ impl EtcdCluster {
             .filter(|(_, m)| m.child.is_some())
             .map(|(i, m)| (i, format!("127.0.0.1:{}", m.client_port)))
             .collect();
-        let joined: Vec<&str> = live.iter().map(|(_, e)| e.as_str()).collect();
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
+        let joined: Vec<String> = live.iter().map(|(_, e)| e.clone()).collect();
+        let out = self
+            .etcdctl_at(&joined)
             .args(["--dial-timeout=1s", "--command-timeout=2s"])
-            .arg(format!("--endpoints={}", joined.join(",")))
             .args(["endpoint", "status", "-w", "json"])
             .stderr(Stdio::null())
             .output()
@@ -201,11 +251,8 @@ impl EtcdCluster {
     /// Runs `etcdctl` with `args` against every member, as root when `root_password` is given,
     /// and panics with its output if it fails.
     pub fn etcdctl(&self, root_password: Option<&str>, args: &[&str]) -> String {
-        let mut command = Command::new("etcdctl");
-        command
-            .env("ETCDCTL_API", "3")
-            .args(["--dial-timeout=2s", "--command-timeout=5s"])
-            .arg(format!("--endpoints={}", self.endpoints().join(",")));
+        let mut command = self.etcdctl_at(&self.endpoints());
+        command.args(["--dial-timeout=2s", "--command-timeout=5s"]);
         if let Some(password) = root_password {
             command.arg(format!("--user=root:{password}"));
         }
@@ -253,10 +300,8 @@ impl EtcdCluster {
 
     /// Whether every member answers etcd's health check (a leader is elected and commits).
     pub fn healthy(&self) -> bool {
-        Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
+        self.etcdctl_at(&self.endpoints())
             .args(["--dial-timeout=1s", "--command-timeout=2s"])
-            .arg(format!("--endpoints={}", self.endpoints().join(",")))
             .args(["endpoint", "health"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -335,9 +380,16 @@ impl EtcdCluster {
             .append(true)
             .open(dir.join(format!("{name}.log")))
             .expect("member log file");
-        let client_url = format!("http://127.0.0.1:{}", member.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{}", member.client_port);
         let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
-        Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", tls.cert.display()))
+                .arg(format!("--key-file={}", tls.key.display()));
+        }
+        command
             .arg(format!("--name={name}"))
             .arg(format!("--data-dir={}", dir.join(name).display()))
             .arg(format!("--listen-client-urls={client_url}"))

@@ -115,6 +115,18 @@ impl RedisConfig {
     /// The deployment the URL names, parsed by the parser of its form.
     pub(crate) fn target(&self) -> Result<Target> {
         let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
+        if ["rediss+sentinel", "rediss+cluster"]
+            .iter()
+            .any(|tls| scheme.eq_ignore_ascii_case(tls))
+        {
+            return Err(Error::InvalidUrl {
+                url: format!("{scheme}://…"),
+                reason: "TLS to Sentinel and Cluster deployments is not supported yet: \
+                         redis+sentinel:// and redis+cluster:// speak plain TCP, rediss:// is \
+                         for one server"
+                    .into(),
+            });
+        }
         Ok(if scheme.eq_ignore_ascii_case(SENTINEL_SCHEME) {
             Target::Sentinel(SentinelUrl::parse(&self.url)?)
         } else if scheme.eq_ignore_ascii_case(CLUSTER_SCHEME) {
@@ -262,6 +274,15 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(err, crate::Error::Config(_)), "{url}: {err}");
             assert!(err.to_string().contains("no TLS support"), "{err}");
+        }
+        for url in ["rediss+sentinel://:s3cret@h/m", "REDISS+CLUSTER://h:7000"] {
+            let err = RedisConfig::new(url).connect().await.unwrap_err();
+            assert!(
+                matches!(err, crate::Error::InvalidUrl { .. }),
+                "{url}: {err}"
+            );
+            assert!(err.to_string().contains("not supported yet"), "{err}");
+            assert!(!err.to_string().contains("s3"), "{err}");
         }
         let err = RedisConfig::new("redis+sentinel://:s3cret@h:26379/")
             .connect()

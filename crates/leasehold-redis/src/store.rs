@@ -105,7 +105,9 @@ impl Setup {
                 let sentinels = target
                     .sentinels
                     .iter()
-                    .map(|(host, port)| crate::url::node_info(host, *port, None, 0))
+                    .map(|(host, port)| {
+                        crate::url::node_info(host, *port, Some(&target.sentinel_credentials), 0)
+                    })
                     .collect::<redis::RedisResult<Vec<_>>>()
                     .map_err(invalid)?;
                 let primary = SentinelNodeConnectionInfo::default()

@@ -35,7 +35,7 @@ impl Credentials {
     }
 }
 
-/// A TCP node, with `credentials` (none for a sentinel) and database `db`.
+/// A TCP node, with `credentials` if any, and database `db`.
 pub(crate) fn node_info(
     host: &str,
     port: u16,
@@ -55,9 +55,11 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/MASTER[?db=N]`: the sentinels
-/// (default port 26379) that know the primary named `MASTER`. The user and password are those of
-/// the primary and its replicas; the sentinels are asked without credentials.
+/// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/MASTER[?db=N][&sentinel_user=U]
+/// [&sentinel_password=P]`: the sentinels (default port 26379) that know the primary named
+/// `MASTER`. The user and password are those of the primary and its replicas; the sentinels are
+/// asked with `sentinel_user`/`sentinel_password` (percent-encoded; a sentinel's `requirepass`),
+/// else without credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SentinelUrl {
     /// The sentinels, in the URL's order.
@@ -67,6 +69,8 @@ pub struct SentinelUrl {
     /// The database to select on the primary.
     pub db: i64,
     pub(crate) credentials: Credentials,
+    /// For the sentinels themselves.
+    pub(crate) sentinel_credentials: Credentials,
 }
 
 /// `redis+cluster://[user:password@]host[:port][,host[:port]…]`: seed nodes of a Redis Cluster
@@ -224,6 +228,7 @@ impl SentinelUrl {
         }
         let master = decode(s, parts.path, "primary's name")?;
         let mut db = 0;
+        let mut sentinel_credentials = Credentials::default();
         for (key, value) in parts.query {
             match key {
                 "db" => {
@@ -231,10 +236,19 @@ impl SentinelUrl {
                         invalid(s, format!("db={value:?} is not a database number"))
                     })?
                 }
+                "sentinel_user" => {
+                    sentinel_credentials.username = Some(decode(s, value, "sentinel user")?)
+                }
+                "sentinel_password" => {
+                    sentinel_credentials.password = Some(decode(s, value, "sentinel password")?)
+                }
                 other => {
                     return Err(invalid(
                         s,
-                        format!("unknown query parameter {other:?} (only db is understood)"),
+                        format!(
+                            "unknown query parameter {other:?} (known: db, sentinel_user, \
+                             sentinel_password)"
+                        ),
                     ));
                 }
             }
@@ -244,6 +258,7 @@ impl SentinelUrl {
             master,
             db,
             credentials: parts.credentials,
+            sentinel_credentials,
         })
     }
 }
@@ -342,6 +357,20 @@ mod tests {
         let plain = SentinelUrl::parse("redis+sentinel://:pw@h/m").unwrap();
         assert_eq!(plain.credentials.username, None);
         assert_eq!(plain.to_string(), "redis+sentinel://h:26379/m?db=0");
+        let guarded =
+            SentinelUrl::parse("redis+sentinel://h/m?sentinel_user=watch&sentinel_password=s3%26x")
+                .unwrap();
+        assert_eq!(
+            guarded.sentinel_credentials.username.as_deref(),
+            Some("watch")
+        );
+        assert_eq!(
+            guarded.sentinel_credentials.password.as_deref(),
+            Some("s3&x")
+        );
+        assert_eq!(guarded.credentials, Credentials::default());
+        let shown = format!("{guarded} {guarded:?}");
+        assert!(!shown.contains("s3"), "{shown}");
         assert_eq!(
             SentinelUrl::parse("REDIS+Sentinel://h/m")
                 .unwrap()

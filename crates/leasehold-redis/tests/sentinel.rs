@@ -266,3 +266,51 @@ async fn failover_to_a_lagging_replica_overlaps_until_the_guard_hears_of_it() {
         "contender's token {token} not above the guard's {held}"
     );
 }
+
+/// Sentinels that require a password (`requirepass`): `?sentinel_password=` gets through to them
+/// and the store works through them, without it the connect is refused naming the cause, and no
+/// output shows the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_a_password() {
+    let group = tokio::task::spawn_blocking(|| SentinelGroup::start_with(Some("s3ntinel-Secret")))
+        .await
+        .unwrap();
+    let url = format!("{}?sentinel_password=s3ntinel-Secret", group.url());
+    let store = RedisConfig::new(&url)
+        .prefix(common::test_prefix())
+        .connect()
+        .await
+        .expect("the sentinels accept the password");
+    assert!(!Store::describe(&store).contains("Secret"));
+    let (name, who) = (
+        LeaseName::new("sentinel-auth").unwrap(),
+        HolderId::new("h").unwrap(),
+    );
+    let Acquisition::Acquired { token } = store
+        .acquire(&name, &who, Duration::from_secs(5))
+        .await
+        .unwrap()
+    else {
+        panic!("a free lease");
+    };
+    assert_eq!(
+        store.release(&name, &who, token).await.unwrap(),
+        Release::Released
+    );
+
+    for wrong in [
+        group.url(),
+        format!("{}?sentinel_password=wrong-Secret", group.url()),
+    ] {
+        let err = RedisConfig::new(&wrong).connect().await.unwrap_err();
+        let shown = format!("{err} {err:?}");
+        println!("refused: {err}");
+        assert!(!shown.contains("Secret"), "{shown}");
+        assert!(
+            shown.contains("NOAUTH")
+                || shown.contains("WRONGPASS")
+                || shown.to_lowercase().contains("auth"),
+            "the refusal names authentication: {shown}"
+        );
+    }
+}

@@ -295,7 +295,10 @@ impl Harness {
                     format!(
                         "{kept} of {} ({})",
                         self.restarts.len(),
-                        if self.s.store == StoreKind::RedisSentinel {
+                        if matches!(
+                            self.s.store,
+                            StoreKind::RedisSentinel | StoreKind::RedisCluster
+                        ) {
                             "a failover keeps what was replicated"
                         } else {
                             "no persistence: forgotten"

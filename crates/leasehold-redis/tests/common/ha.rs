@@ -174,11 +174,19 @@ pub struct SentinelGroup {
     pub primary: u16,
     pub replica: u16,
     pub sentinels: Vec<u16>,
+    /// The sentinels' `requirepass`, if any.
+    sentinel_password: Option<String>,
     processes: Processes,
 }
 
 impl SentinelGroup {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A group whose sentinels require `password` (`requirepass`, and `sentinel sentinel-pass`
+    /// so they can still talk to each other).
+    pub fn start_with(sentinel_password: Option<&str>) -> Self {
         let ports = free_ports(5);
         let (primary, replica, sentinels) = (ports[0], ports[1], ports[2..].to_vec());
         let mut processes = Processes::new("sentinel");
@@ -198,7 +206,10 @@ impl SentinelGroup {
                      sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
                      sentinel down-after-milliseconds {MASTER} 500\n\
                      sentinel failover-timeout {MASTER} 5000\n\
-                     sentinel parallel-syncs {MASTER} 1\n"
+                     sentinel parallel-syncs {MASTER} 1\n{}",
+                    sentinel_password.map_or(String::new(), |pw| format!(
+                        "requirepass {pw}\nsentinel sentinel-pass {pw}\n"
+                    ))
                 ),
             )
             .unwrap();
@@ -215,7 +226,12 @@ impl SentinelGroup {
             Duration::from_secs(15),
             || {
                 sentinels.iter().all(|&s| {
-                    let info = cli(s, &["SENTINEL", "MASTER", MASTER]);
+                    let mut args = vec!["--no-auth-warning"];
+                    if let Some(pw) = sentinel_password {
+                        args.extend(["-a", pw]);
+                    }
+                    args.extend(["SENTINEL", "MASTER", MASTER]);
+                    let info = cli(s, &args);
                     let lines: Vec<&str> = info.lines().collect();
                     let field = |name: &str| {
                         lines
@@ -231,6 +247,7 @@ impl SentinelGroup {
             primary,
             replica,
             sentinels,
+            sentinel_password: sentinel_password.map(str::to_owned),
             processes,
         }
     }
@@ -262,8 +279,13 @@ impl SentinelGroup {
 
     /// The port of the primary a sentinel names now.
     pub fn named_primary(&self) -> Option<u16> {
+        let mut args = vec!["--no-auth-warning"];
+        if let Some(pw) = &self.sentinel_password {
+            args.extend(["-a", pw.as_str()]);
+        }
+        args.extend(["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
         self.sentinels.iter().find_map(|&s| {
-            cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
+            cli(s, &args)
                 .lines()
                 .nth(1)
                 .and_then(|p| p.trim().parse().ok())
