@@ -102,14 +102,9 @@ impl Setup {
         match target {
             Target::Single => {}
             Target::Sentinel(target) => {
-                let sentinels = target
-                    .sentinels
-                    .iter()
-                    .map(|(host, port)| {
-                        crate::url::node_info(host, *port, Some(&target.sentinel_credentials), 0)
-                    })
-                    .collect::<redis::RedisResult<Vec<_>>>()
-                    .map_err(invalid)?;
+                let sentinels =
+                    crate::url::node_infos(&target.sentinels, &target.sentinel_credentials)
+                        .map_err(invalid)?;
                 let primary = SentinelNodeConnectionInfo::default()
                     .set_redis_connection_info(target.credentials.redis_info(target.db));
                 let sentinel = SentinelClient::build(
@@ -132,14 +127,8 @@ impl Setup {
                 });
             }
             Target::Cluster(target) => {
-                let nodes = target
-                    .nodes
-                    .iter()
-                    .map(|(host, port)| {
-                        crate::url::node_info(host, *port, Some(&target.credentials), 0)
-                    })
-                    .collect::<redis::RedisResult<Vec<_>>>()
-                    .map_err(invalid)?;
+                let nodes =
+                    crate::url::node_infos(&target.nodes, &target.credentials).map_err(invalid)?;
                 let pubsub_nodes = nodes
                     .iter()
                     .map(|node| redis::Client::open(node.clone()))

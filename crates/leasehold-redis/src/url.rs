@@ -35,15 +35,18 @@ impl Credentials {
     }
 }
 
-/// A TCP node, with `credentials` if any, and database `db`.
-pub(crate) fn node_info(
-    host: &str,
-    port: u16,
-    credentials: Option<&Credentials>,
-    db: i64,
-) -> RedisResult<ConnectionInfo> {
-    let info = ConnectionAddr::Tcp(host.to_owned(), port).into_connection_info()?;
-    Ok(info.set_redis_settings(credentials.cloned().unwrap_or_default().redis_info(db)))
+/// The connection settings of each TCP node, all with `credentials` and database 0.
+pub(crate) fn node_infos(
+    hosts: &[(String, u16)],
+    credentials: &Credentials,
+) -> RedisResult<Vec<ConnectionInfo>> {
+    hosts
+        .iter()
+        .map(|(host, port)| {
+            let info = ConnectionAddr::Tcp(host.clone(), *port).into_connection_info()?;
+            Ok(info.set_redis_settings(credentials.redis_info(0)))
+        })
+        .collect()
 }
 
 impl fmt::Debug for Credentials {
