@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use leasehold_testkit::redis::OwnRedis;
 
 /// A shell command that ignores SIGTERM, writes its pid and its grandchild's to `dir`, and
 /// waits for the grandchild (a 60 s sleep).
@@ -194,7 +195,7 @@ fn a_dead_log_pipe_does_not_disable_shutdown() {
 #[test]
 fn a_lost_lease_stops_the_group_before_the_ttl_runs_out() {
     let dir = temp_dir();
-    let mut redis = OwnRedis::start();
+    let mut redis = OwnRedis::start(&[]);
     let url = redis.url();
     let log = dir.path().join("leasehold.log");
     let mut run = leasehold(
@@ -207,9 +208,8 @@ fn a_lost_lease_stops_the_group_before_the_ttl_runs_out() {
     .spawn()
     .unwrap();
     let pids = started(dir.path());
-    let _ = redis.child.kill();
+    redis.kill();
     let killed = Instant::now();
-    let _ = redis.child.wait();
     // The last renewal was sent at most a renew interval (1 s) before the kill: its ttl ends at
     // most 3 s after it; the group must be gone by then.
     all_gone(&pids, Duration::from_secs(3));
@@ -226,17 +226,11 @@ fn a_lost_lease_stops_the_group_before_the_ttl_runs_out() {
 /// message, instead of idling forever.
 #[test]
 fn a_permanent_refusal_ends_the_run_with_78() {
-    let redis = OwnRedis::start();
+    let redis = OwnRedis::start(&[]);
     let url = redis.url();
     for (lease, scheduled) in [("refused-once", false), ("refused-every", true)] {
-        let ok = Command::new("redis-cli")
-            .args(["-p", &redis.port.to_string()])
-            .args(["RPUSH", &format!("leasehold:{{{lease}}}:lease"), "x"])
-            .stdout(Stdio::null())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "redis-cli RPUSH");
+        let pushed = redis.cli(&["RPUSH", &format!("leasehold:{{{lease}}}:lease"), "x"]);
+        assert_eq!(pushed.trim(), "1", "redis-cli RPUSH");
         let mut args = vec!["--store", url.as_str(), "--lease", lease, "--ttl", "1s"];
         if scheduled {
             args.extend(["--every", "200ms"]);

@@ -1,18 +1,16 @@
 //! `leasehold run` and `leasehold status` through `redis+sentinel://` and `redis+cluster://`,
-//! against deployments of the test's own (the Redis store's test helpers: a primary, a replica
+//! against deployments of the test's own (`leasehold_testkit::ha`: a primary, a replica
 //! and three sentinels; a six-node cluster): a distributed flock, a schedule whose every tick
 //! runs exactly once on two instances, and `status` showing the held lease and the task's last
 //! run.
 
 mod common;
-#[allow(dead_code)]
-#[path = "../../leasehold-redis/tests/common/ha.rs"]
-mod ha;
 
 use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use leasehold_testkit::ha;
 
 fn status_json(url: &str, names: &[&str]) -> serde_json::Value {
     let out = Command::new(BIN)

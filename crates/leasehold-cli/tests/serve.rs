@@ -8,7 +8,8 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BIN, free_port, temp_dir};
+use common::{BIN, temp_dir};
+use leasehold_testkit::free_port;
 use serde_json::{Value, json};
 
 struct Sidecar {

@@ -9,6 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use leasehold_testkit::free_port;
+use leasehold_testkit::redis::OwnRedis;
 
 #[test]
 fn fail_open_runs_during_the_outage_and_re_attaches_when_the_store_answers() {
@@ -56,7 +58,7 @@ fn runs_during_the_outage_and_re_attaches(policy: &str) {
     }
     assert!(during.iter().all(|r| r.token.is_none()), "{during:?}");
 
-    let _redis = OwnRedis::start_on(port);
+    let _redis = OwnRedis::start_on(port, &[]);
     let up_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -106,7 +108,7 @@ fn fail_closed_waits_for_the_store_instead_of_exiting() {
         read_ledger(&ledger).is_empty(),
         "ran while the store was down"
     );
-    let _redis = OwnRedis::start_on(port);
+    let _redis = OwnRedis::start_on(port, &[]);
     let start = Instant::now();
     while read_ledger(&ledger).is_empty() {
         assert!(

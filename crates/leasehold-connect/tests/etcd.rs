@@ -3,14 +3,9 @@
 
 use std::time::Duration;
 
-use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
+use leasehold::{HolderId, LeaseName, Store};
 use leasehold_connect::{OpenError, StoreKind, open_store, open_store_lazy};
 use leasehold_etcd::testing::EtcdCluster;
-
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
 
 #[tokio::test]
 async fn etcd_urls_open_the_etcd_store() {
@@ -29,18 +24,15 @@ async fn etcd_urls_open_the_etcd_store() {
         LeaseName::new("connect-etcd").unwrap(),
         HolderId::new("h").unwrap(),
     );
-    assert!(matches!(
-        store
-            .acquire(&name, &holder, Duration::from_secs(5))
-            .await
-            .unwrap(),
-        Acquisition::Acquired { .. }
-    ));
+    leasehold_testkit::acquire_free(&store, &name, &holder).await;
 }
 
 #[tokio::test]
 async fn an_unreachable_cluster_fails_without_the_password_and_lazily_answers_unavailable() {
-    let url = format!("etcd://app:SECRET@127.0.0.1:{}", closed_port());
+    let url = format!(
+        "etcd://app:SECRET@127.0.0.1:{}",
+        leasehold_testkit::free_port()
+    );
     let err = open_store(&url).await.unwrap_err();
     let shown = format!("{err} {err:?}");
     assert!(

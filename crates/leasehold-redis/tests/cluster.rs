@@ -8,12 +8,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::ha::{Cluster, cli};
 use leasehold::{
     FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire,
     store::{Acquisition, Renewal},
 };
 use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_testkit::acquire_free;
+use leasehold_testkit::ha::Cluster;
+use leasehold_testkit::redis::cli;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_passes_the_suite_and_keeps_each_lease_on_its_slot() {
@@ -27,17 +29,10 @@ async fn a_cluster_passes_the_suite_and_keeps_each_lease_on_its_slot() {
         Store::describe(&store),
         format!("{} (prefix {})", cluster.url(), store.prefix())
     );
-    common::run_conformance(store.clone()).await;
+    leasehold_testkit::conformance::run_all(|_| std::future::ready(store.clone())).await;
     common::lazy_store_connects(&cluster.url()).await;
     keys_of_a_lease_share_its_slot(&cluster, &store).await;
     renewals_and_releases_span_nodes(&cluster, &store).await;
-}
-
-async fn acquire_free(store: &RedisStore, name: &LeaseName, who: &HolderId) -> FencingToken {
-    match store.acquire(name, who, Duration::from_secs(30)).await {
-        Ok(Acquisition::Acquired { token }) => token,
-        other => panic!("free lease {name} not acquired: {other:?}"),
-    }
 }
 
 /// Every key a script touches carries the name as its hash tag, so all of a lease's keys are in

@@ -4,11 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::OwnRedis;
 use leasehold::{
     FencingToken, HolderId, LeaseName, Release, Store, StoreError, store::Acquisition,
 };
 use leasehold_redis::{Error, RedisConfig};
+use leasehold_testkit::redis::OwnRedis;
 
 const SECRET: &str = "s3cret-Pa55word";
 
@@ -46,7 +46,7 @@ fn assert_no_secret(text: &str) {
 
 #[tokio::test]
 async fn password_never_appears_when_the_server_is_unreachable() {
-    let port = common::free_port();
+    let port = leasehold_testkit::free_port();
     for url in [
         format!("redis://app:{SECRET}@127.0.0.1:{port}"),
         format!("redis://:{SECRET}@127.0.0.1:{port}/0"),

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::OwnRedis;
 use leasehold::{HolderId, LeaseName, Store, StoreError, store::Acquisition};
 use leasehold_redis::{Error, RedisConfig, RedisStore};
+use leasehold_testkit::redis::OwnRedis;
 
 fn name(tag: &str) -> LeaseName {
     LeaseName::new(format!("{tag}/{:08x}", fastrand::u32(..))).unwrap()
@@ -30,7 +30,7 @@ async fn acquire_within(store: &RedisStore, lease: &LeaseName, within: Duration)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_created_while_the_server_is_down_works_once_it_is_up() {
-    let port = common::free_port();
+    let port = leasehold_testkit::free_port();
     let started = Instant::now();
     let store = RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
     assert!(

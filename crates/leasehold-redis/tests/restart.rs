@@ -5,12 +5,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::OwnRedis;
 use leasehold::{
     FencingToken, HolderId, Lease, LeaseConfig, LeaseName, LossReason, Release, Store, StoreError,
     TryAcquire, store::Acquisition,
 };
 use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_testkit::redis::OwnRedis;
 
 fn name(tag: &str) -> LeaseName {
     LeaseName::new(format!("{tag}/{:08x}", fastrand::u32(..))).unwrap()

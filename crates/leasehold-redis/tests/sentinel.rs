@@ -5,11 +5,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::ha::{SentinelGroup, cli};
 use leasehold::{
     HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire, store::Acquisition,
 };
 use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_testkit::ha::SentinelGroup;
+use leasehold_testkit::redis::cli;
 
 async fn connect(group: &SentinelGroup, prefix: &str) -> RedisStore {
     RedisConfig::new(group.url())
@@ -35,7 +36,7 @@ async fn conformance_suite_passes_behind_sentinel() {
         described.starts_with("redis+sentinel://127.0.0.1:") && described.contains("?db=2"),
         "{described}"
     );
-    common::run_conformance(store).await;
+    leasehold_testkit::conformance::run_all(|_| std::future::ready(store.clone())).await;
     let pattern = format!("{prefix}:*");
     let in_db = |db: &str| {
         cli(group.primary, &["-n", db, "--scan", "--pattern", &pattern])

@@ -3,43 +3,15 @@
 //! system temp dir; everything is killed and removed on drop, and a watchdog process does the
 //! same if the test binary dies without dropping them.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::redis::{cli, server_args, spawn_server};
+use crate::{free_ports, wait_for};
 
 /// Name the sentinels monitor the primary under.
 pub const MASTER: &str = "leasemaster";
-
-/// `n` distinct loopback ports free now.
-fn free_ports(n: usize) -> Vec<u16> {
-    // Hold every listener until all are chosen, so no port is handed out twice.
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
-fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !ready() {
-        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// `redis-cli -p port args…`, its output.
-pub fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli on PATH");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// Server processes and their directory, both gone on drop.
 struct Processes {
@@ -55,7 +27,7 @@ impl Processes {
             std::process::id(),
             fastrand::u32(..)
         ));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("a directory under the system temp dir");
         Self {
             dir,
             children: Vec::new(),
@@ -65,18 +37,7 @@ impl Processes {
 
     /// Starts `redis-server args…` listening on `port` and waits until it accepts connections.
     fn start(&mut self, port: u16, args: &[String]) {
-        let child = Command::new("redis-server")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        self.children.push((port, child));
-        wait_for(
-            "redis-server accepting connections",
-            Duration::from_secs(10),
-            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        );
+        self.children.push((port, spawn_server(port, args)));
     }
 
     /// A shell that waits for this test process to end, then kills the servers and removes the
@@ -132,7 +93,7 @@ impl Processes {
 
     fn subdir(&self, name: &str) -> String {
         let dir = self.dir.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("a server's directory");
         dir.display().to_string()
     }
 }
@@ -151,28 +112,13 @@ impl Drop for Processes {
     }
 }
 
-fn server_args(port: u16, dir: &str) -> Vec<String> {
-    [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        dir,
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
 /// A primary, one replica and three sentinels (quorum 2, primary down after 500 ms).
 pub struct SentinelGroup {
+    /// The port of the primary it started with.
     pub primary: u16,
+    /// The port of the replica.
     pub replica: u16,
+    /// The ports of the three sentinels.
     pub sentinels: Vec<u16>,
     /// The sentinels' `requirepass`, if any.
     sentinel_password: Option<String>,
@@ -180,6 +126,8 @@ pub struct SentinelGroup {
 }
 
 impl SentinelGroup {
+    /// Starts a group whose sentinels need no password, and waits until the replica is in
+    /// sync and the sentinels know it and each other.
     pub fn start() -> Self {
         Self::start_with(None)
     }
@@ -212,7 +160,7 @@ impl SentinelGroup {
                     ))
                 ),
             )
-            .unwrap();
+            .expect("the sentinel's config file");
             processes.start(port, &[conf.display().to_string(), "--sentinel".into()]);
         }
         processes.arm_watchdog();
@@ -252,6 +200,7 @@ impl SentinelGroup {
         }
     }
 
+    /// `redis+sentinel://` URL naming every sentinel.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
@@ -295,11 +244,14 @@ impl SentinelGroup {
 
 /// Six nodes, three primaries with one replica each.
 pub struct Cluster {
+    /// The nodes' client ports.
     pub ports: Vec<u16>,
     processes: Processes,
 }
 
 impl Cluster {
+    /// Starts the nodes, creates the cluster with `redis-cli --cluster create` and waits until
+    /// every node reports `cluster_state:ok`.
     pub fn start() -> Self {
         let all = free_ports(12);
         let (ports, bus) = (all[..6].to_vec(), all[6..].to_vec());
@@ -359,6 +311,7 @@ impl Cluster {
         });
     }
 
+    /// `redis+cluster://` URL with two seed nodes.
     pub fn url(&self) -> String {
         // Two seeds are enough: the client learns the rest from them.
         format!(
