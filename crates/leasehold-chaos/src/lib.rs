@@ -1,9 +1,9 @@
 #![doc = include_str!("../README.md")]
 
 mod check;
+mod error;
 mod etcd_members;
 mod harness;
-mod open;
 mod pg_server;
 mod pg_url;
 mod procs;
@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use check::{CheckReport, LossWindow, check};
+pub use error::ChaosError;
 // The witness replicas run, its ledger and its fence: leasehold-witness, shared with the demo.
 use leasehold_witness::{fence, ledger};
 pub use pg_url::PgUrlError;
@@ -129,6 +130,6 @@ pub struct ChaosArgs {
 }
 
 /// Runs the chaos harness. Returns the exit status: 0 if every guarantee held, 1 otherwise.
-pub async fn run(args: ChaosArgs) -> anyhow::Result<u8> {
+pub async fn run(args: ChaosArgs) -> Result<u8, ChaosError> {
     harness::run(args).await
 }
