@@ -443,7 +443,11 @@ mod tests {
     #[test]
     fn a_directory_without_the_programs_is_refused() {
         let empty = tempfile::tempdir().unwrap();
-        assert!(find_bindir(Some(empty.path())).is_err());
+        let refused = find_bindir(Some(empty.path())).unwrap_err();
+        assert!(
+            matches!(&refused, ChaosError::Usage(m) if m.contains("--postgres-bin")),
+            "{refused:?}"
+        );
     }
 
     /// Needs PostgreSQL's server programs (scripts/stores.sh installs them).

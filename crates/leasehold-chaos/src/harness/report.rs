@@ -1,8 +1,9 @@
 //! The end of a run: check the ledger, measure takeovers, write report.json and timeline.svg.
 
+use leasehold::store::BoxError;
+
 use super::*;
 use crate::check::WithOk;
-use leasehold::store::BoxError;
 
 /// p50 (nearest rank) and max of samples, in ms.
 pub(super) fn p50_max(samples: &[u64]) -> Option<(u64, u64)> {
