@@ -3,10 +3,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
 use leasehold_etcd::testing::EtcdCluster;
 
+use crate::error::{ChaosError, Result};
 use crate::procs::epoch_ms;
+
+/// How long the cluster may take to be healthy again after a restart.
+const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
 
 /// The cluster; its members are killed and its data directory removed when it is dropped, or
 /// by its own watchdog should the harness die.
@@ -19,11 +22,13 @@ impl EtcdMembers {
     pub(crate) async fn start() -> Result<Self> {
         let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
             .await
-            .map_err(|_| {
-                anyhow!(
-                    "cannot start a 3-member etcd cluster (etcd and etcdctl must be on PATH: \
-                     scripts/stores.sh installs etcd-server and etcd-client)"
-                )
+            // The test cluster panics when it cannot start; the panic is the cause.
+            .map_err(|e| ChaosError::Server {
+                server: "etcd",
+                problem: "cannot start a 3-member cluster (etcd and etcdctl must be on PATH: \
+                          scripts/stores.sh installs etcd-server and etcd-client)"
+                    .into(),
+                source: Some(e.into()),
             })?;
         Ok(Self { cluster })
     }
@@ -65,7 +70,7 @@ impl EtcdMembers {
             for &m in &victims {
                 cluster.restart(m);
             }
-            let deadline = Instant::now() + Duration::from_secs(20);
+            let deadline = Instant::now() + HEALTHY_WITHIN;
             while Instant::now() < deadline {
                 if cluster.healthy() {
                     return true;
@@ -75,7 +80,10 @@ impl EtcdMembers {
             false
         });
         if !healthy {
-            bail!("the etcd cluster was not healthy within 20 s of restarting {what}");
+            return Err(ChaosError::timeout(
+                format!("etcd cluster healthy again after restarting {what}"),
+                HEALTHY_WITHIN,
+            ));
         }
         let ready = epoch_ms();
         let now_leading = tokio::task::block_in_place(|| cluster.leader())

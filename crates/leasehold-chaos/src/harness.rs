@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
 use leasehold::{BoxStore, LeaseName, Store};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
 use crate::check::{self, CheckReport, LossWindow};
+use crate::error::{ChaosError, Result};
 use crate::etcd_members::EtcdMembers;
 use crate::fence;
 use crate::ledger::{self, Fenced, LedgerEntry};
@@ -255,15 +255,25 @@ struct Harness {
     notes: Vec<String>,
 }
 
+/// The fault proxy in front of `upstream`.
+async fn start_proxy(upstream: std::net::SocketAddr) -> Result<FaultProxy> {
+    FaultProxy::start(upstream)
+        .await
+        .map_err(|e| ChaosError::io(format!("cannot start the fault proxy to {upstream}"), e))
+}
+
 pub(crate) async fn run(args: ChaosArgs) -> Result<u8> {
     let mut h = Harness::new(args).await?;
     let outcome = tokio::select! {
         r = h.drive() => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = tokio::signal::ctrl_c() => Err(ChaosError::Interrupted),
     };
     if let Err(e) = outcome {
         h.shutdown().await;
-        return Err(e.context(format!("chaos run failed; logs in {}", h.out.display())));
+        return Err(ChaosError::Run {
+            out: h.out.clone(),
+            source: Box::new(e),
+        });
     }
     h.shutdown().await;
     h.report()
@@ -272,13 +282,15 @@ pub(crate) async fn run(args: ChaosArgs) -> Result<u8> {
 impl Harness {
     async fn new(args: ChaosArgs) -> Result<Self> {
         if args.replicas < 2 {
-            bail!("--replicas must be at least 2 (someone has to take over)");
+            return Err(ChaosError::Usage(
+                "--replicas must be at least 2 (someone has to take over)".into(),
+            ));
         }
         if args.ttl < Duration::from_millis(300) {
-            bail!("--ttl must be at least 300ms");
+            return Err(ChaosError::Usage("--ttl must be at least 300ms".into()));
         }
         if args.duration < Duration::from_secs(10) {
-            bail!("--duration must be at least 10s");
+            return Err(ChaosError::Usage("--duration must be at least 10s".into()));
         }
         let faults = args.faults.unwrap_or_else(|| {
             usize::try_from(args.duration.as_secs() / 8)
@@ -288,25 +300,25 @@ impl Harness {
         let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
         let bin = match args.bin.clone() {
             Some(b) => b,
-            None => {
-                std::env::current_exe().context("cannot find this program's path; pass --bin")?
-            }
+            None => std::env::current_exe()
+                .map_err(|e| ChaosError::io("cannot find this program's path; pass --bin", e))?,
         };
         let out = match args.out.clone() {
             Some(dir) => {
                 std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                    .map_err(|e| ChaosError::io(format!("cannot create {}", dir.display()), e))?;
                 dir
             }
             None => tempfile::Builder::new()
                 .prefix("leasehold-chaos-")
                 .tempdir()
-                .context("cannot create a temporary directory")?
+                .map_err(|e| ChaosError::io("cannot create a temporary directory", e))?
                 .keep(),
         };
         let out = out.canonicalize().unwrap_or(out);
         let logs = out.join("logs");
-        std::fs::create_dir_all(&logs)?;
+        std::fs::create_dir_all(&logs)
+            .map_err(|e| ChaosError::io(format!("cannot create {}", logs.display()), e))?;
         let ledger = out.join("ledger.jsonl");
         let fence = out.join("fence");
         let (paused_file, servers_file) = (out.join("paused-groups"), out.join("servers"));
@@ -315,7 +327,8 @@ impl Harness {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    return Err(e).with_context(|| format!("cannot remove {}", stale.display()));
+                    let what = format!("cannot remove {}", stale.display());
+                    return Err(ChaosError::io(what, e));
                 }
             }
         }
@@ -351,7 +364,10 @@ impl Harness {
             StoreKind::Sqlite => {
                 let dir = tempfile::Builder::new()
                     .prefix("leasehold-chaos-db-")
-                    .tempdir()?;
+                    .tempdir()
+                    .map_err(|e| {
+                        ChaosError::io("cannot create a temporary directory for SQLite", e)
+                    })?;
                 let url = format!("sqlite:{}", dir.path().join("chaos.db").display());
                 sqlite_dir = Some(dir);
                 notes.push(
@@ -366,7 +382,7 @@ impl Harness {
                     watchdog.group(),
                 )
                 .await?;
-                let p = FaultProxy::start(server.addr()).await?;
+                let p = start_proxy(server.addr()).await?;
                 let urls = (
                     format!("redis://{}/0", p.addr()),
                     format!("redis://{}/0", server.addr()),
@@ -395,7 +411,7 @@ impl Harness {
             StoreKind::Postgres => match &args.postgres_url {
                 Some(shared) => {
                     let target = PgTarget::parse(shared)?;
-                    let p = FaultProxy::start(target.addr).await?;
+                    let p = start_proxy(target.addr).await?;
                     let urls = (target.url_at(p.addr()), target.url_at(target.addr));
                     proxy = Some(p);
                     notes.push("postgres: a running server (--postgres-url), through the proxy; it is not the harness's, so it is not restarted (no store-restart faults)".into());
@@ -413,7 +429,7 @@ impl Harness {
                         max_connections,
                     )
                     .await?;
-                    let p = FaultProxy::start(server.addr()).await?;
+                    let p = start_proxy(server.addr()).await?;
                     let target = server.target();
                     let urls = (target.url_at(p.addr()), target.url_at(target.addr));
                     postgres = Some(server);
@@ -430,10 +446,13 @@ impl Harness {
                 (url.clone(), url)
             }
         };
-        let name = LeaseName::new(&lease)?;
-        let store = crate::open::open_store(&poll_url)
+        let name = LeaseName::new(&lease).map_err(|source| ChaosError::LeaseName {
+            name: lease.clone(),
+            source,
+        })?;
+        let store = leasehold_connect::open_store(&poll_url)
             .await
-            .context("cannot open the store to watch the lease")?;
+            .map_err(ChaosError::Store)?;
         let poller = Poller::start(store.clone(), name);
         Ok(Self {
             s,
@@ -512,13 +531,8 @@ impl Harness {
             .args(self.replica_args(&holder))
             .env("LEASEHOLD_STORE", &self.replica_url)
             .process_group(self.watchdog.group());
-        Replica::spawn(row, generation, holder, command, &log).with_context(|| {
-            format!(
-                "cannot start {} (log {})",
-                self.s.bin.display(),
-                log.display()
-            )
-        })
+        Replica::spawn(row, generation, holder, command, &log)
+            .map_err(|e| ChaosError::spawn(&self.s.bin, format!(" (log {})", log.display()), e))
     }
 
     /// Starts a new generation in `row`; the old replica is kept for the report.
@@ -583,16 +597,19 @@ impl Harness {
             let r = self.spawn(row, 0)?;
             self.replicas.push(r);
         }
-        if self.holder_row(Duration::from_secs(15)).await.is_none() {
-            bail!(
-                "no replica acquired the lease within 15s (last store error: {:?}); see {}",
-                self.poller()
+        let first_holder = Duration::from_secs(15);
+        if self.holder_row(first_holder).await.is_none() {
+            return Err(ChaosError::NoLeader {
+                waited: first_holder,
+                last_error: self
+                    .poller()
                     .state
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .last_error,
-                self.logs.display()
-            );
+                    .last_error
+                    .clone(),
+                logs: self.logs.clone(),
+            });
         }
         let hard_stop = self.s.duration + Duration::from_secs(8);
         for (i, f) in plan.iter().enumerate() {

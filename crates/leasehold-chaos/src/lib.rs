@@ -1,9 +1,9 @@
 #![doc = include_str!("../README.md")]
 
 mod check;
+mod error;
 mod etcd_members;
 mod harness;
-mod open;
 mod pg_server;
 mod pg_url;
 mod procs;
@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use check::{CheckReport, LossWindow, check};
+pub use error::ChaosError;
 // The witness replicas run, its ledger and its fence: leasehold-witness, shared with the demo.
 use leasehold_witness::{fence, ledger};
 pub use pg_url::PgUrlError;
@@ -129,6 +130,48 @@ pub struct ChaosArgs {
 }
 
 /// Runs the chaos harness. Returns the exit status: 0 if every guarantee held, 1 otherwise.
-pub async fn run(args: ChaosArgs) -> anyhow::Result<u8> {
+pub async fn run(args: ChaosArgs) -> Result<u8, ChaosError> {
     harness::run(args).await
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ChaosArgs,
+    }
+
+    /// Flags the run cannot use are refused before it starts anything (no directory is made).
+    #[tokio::test]
+    async fn bad_flags_are_usage_errors() {
+        let out = tempfile::tempdir().unwrap();
+        let unmade = out.path().join("run");
+        for (flag, value, said) in [
+            ("--replicas", "1", "--replicas must be at least 2"),
+            ("--ttl", "100ms", "--ttl must be at least 300ms"),
+            ("--duration", "5s", "--duration must be at least 10s"),
+        ] {
+            let cli = Cli::try_parse_from([
+                "chaos".as_ref(),
+                "--store".as_ref(),
+                "sqlite".as_ref(),
+                "--out".as_ref(),
+                unmade.as_os_str(),
+                flag.as_ref(),
+                value.as_ref(),
+            ])
+            .unwrap();
+            let refused = run(cli.args).await.unwrap_err();
+            assert!(
+                matches!(&refused, ChaosError::Usage(m) if m.starts_with(said)),
+                "{refused:?}"
+            );
+        }
+        assert!(!unmade.exists());
+    }
 }

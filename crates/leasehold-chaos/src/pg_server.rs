@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
 use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid, User};
 use tokio::process::{Child, Command};
 
+use crate::error::{ChaosError, Result};
 use crate::pg_url::PgTarget;
 use crate::procs::{self, Watchdog, epoch_ms, free_port};
 
@@ -48,11 +48,11 @@ pub fn find_bindir(explicit: Option<&Path>) -> Result<PathBuf> {
         if complete(dir) {
             return Ok(dir.to_owned());
         }
-        bail!(
+        return Err(ChaosError::Usage(format!(
             "{} lacks one of {} (--postgres-bin)",
             dir.display(),
             PROGRAMS.join(", ")
-        );
+        )));
     }
     let mut versions: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
@@ -90,11 +90,17 @@ pub fn find_bindir(explicit: Option<&Path>) -> Result<PathBuf> {
         .and_then(|p| p.canonicalize().ok())
         .and_then(|p| p.parent().map(Path::to_owned))
         .filter(|d| complete(d));
-    on_path.context(
-        "cannot find PostgreSQL's programs (initdb, postgres, pg_ctl, pg_isready, createdb) in \
-         /usr/lib/postgresql/*/bin, pg_config --bindir or PATH; install PostgreSQL, pass \
-         --postgres-bin DIR, or pass --postgres-url to use a running server",
-    )
+    on_path.ok_or_else(|| {
+        ChaosError::server(
+            "postgres",
+            format!(
+                "cannot find PostgreSQL's programs ({}) in /usr/lib/postgresql/*/bin, pg_config \
+                 --bindir or PATH; install PostgreSQL, pass --postgres-bin DIR, or pass \
+                 --postgres-url to use a running server",
+                PROGRAMS.join(", ")
+            ),
+        )
+    })
 }
 
 /// The harness's own PostgreSQL server. Dropping it stops the server (SIGQUIT: an immediate
@@ -127,11 +133,14 @@ impl PgServer {
     ) -> Result<Self> {
         let owner = if Uid::effective().is_root() {
             let user = User::from_name(SUPERUSER)
-                .context("cannot look up the postgres OS user")?
-                .context(
-                    "PostgreSQL refuses to run as root and there is no `postgres` OS user to run \
-                     it as; create one, or pass --postgres-url to use a running server",
-                )?;
+                .map_err(|e| ChaosError::io("cannot look up the postgres OS user", e.into()))?
+                .ok_or_else(|| {
+                    ChaosError::server(
+                        "postgres",
+                        "PostgreSQL refuses to run as root and there is no `postgres` OS user to \
+                         run it as; create one, or pass --postgres-url to use a running server",
+                    )
+                })?;
             Some((user.uid, user.gid))
         } else {
             None
@@ -139,10 +148,12 @@ impl PgServer {
         let dir = tempfile::Builder::new()
             .prefix("leasehold-chaos-pg-")
             .tempdir()
-            .context("cannot create a temporary directory for PostgreSQL")?;
+            .map_err(|e| ChaosError::io("cannot create a temporary directory for PostgreSQL", e))?;
         if let Some((uid, gid)) = owner {
-            nix::unistd::chown(dir.path(), Some(uid), Some(gid))
-                .with_context(|| format!("cannot hand {} to postgres", dir.path().display()))?;
+            nix::unistd::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
+                let what = format!("cannot hand {} to postgres", dir.path().display());
+                ChaosError::io(what, e.into())
+            })?;
         }
         let mut s = Self {
             bin: bin.to_owned(),
@@ -172,9 +183,10 @@ impl PgServer {
             .arg(DATABASE)
             .status()
             .await
-            .context("cannot run createdb")?;
+            .map_err(|e| ChaosError::spawn(s.bin.join("createdb"), "", e))?;
         if !created.success() {
-            bail!("createdb {DATABASE} failed ({created}); {}", s.see_log());
+            let problem = format!("createdb {DATABASE} failed ({created}); {}", s.see_log());
+            return Err(ChaosError::server("postgres", problem));
         }
         Ok(s)
     }
@@ -201,12 +213,11 @@ impl PgServer {
             .map_or_else(|| Path::new("/nonexistent"), |d| d.path())
     }
 
-    fn log_file(&self) -> Result<std::fs::File> {
+    fn log_file(&self) -> std::io::Result<std::fs::File> {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
-            .with_context(|| format!("cannot open {}", self.log.display()))
     }
 
     /// A PostgreSQL program, run as the server's owner, in the server's directory (the tools
@@ -245,9 +256,10 @@ impl PgServer {
             .arg("--no-sync")
             .status()
             .await
-            .with_context(|| format!("cannot run {}", self.bin.join("initdb").display()))?;
+            .map_err(|e| ChaosError::spawn(self.bin.join("initdb"), "", e))?;
         if !status.success() {
-            bail!("initdb failed ({status}); {}", self.see_log());
+            let problem = format!("initdb failed ({status}); {}", self.see_log());
+            return Err(ChaosError::server("postgres", problem));
         }
         Ok(())
     }
@@ -274,7 +286,7 @@ impl PgServer {
         }
         let child = c
             .spawn()
-            .with_context(|| format!("cannot start {}", self.bin.join("postgres").display()))?;
+            .map_err(|e| ChaosError::spawn(self.bin.join("postgres"), "", e))?;
         self.note_for_watchdog(child.id());
         self.child = Some(child);
         self.wait_ready(READY_LIMIT).await
@@ -287,7 +299,8 @@ impl PgServer {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                bail!("postgres exited with {status}; {}", self.see_log());
+                let problem = format!("exited with {status}; {}", self.see_log());
+                return Err(ChaosError::server("postgres", problem));
             }
             let ready = self
                 .tool("pg_isready")
@@ -303,11 +316,11 @@ impl PgServer {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        bail!(
-            "postgres did not accept connections on {} within {limit:?}; {}",
-            self.addr(),
-            self.see_log()
-        )
+        Err(ChaosError::ServerTimeout {
+            what: format!("postgres on {} accepting connections", self.addr()),
+            waited: limit,
+            log: Some(self.see_log()),
+        })
     }
 
     /// Where the log is, and its last lines (on one line: this ends up in an error message).
@@ -430,7 +443,11 @@ mod tests {
     #[test]
     fn a_directory_without_the_programs_is_refused() {
         let empty = tempfile::tempdir().unwrap();
-        assert!(find_bindir(Some(empty.path())).is_err());
+        let refused = find_bindir(Some(empty.path())).unwrap_err();
+        assert!(
+            matches!(&refused, ChaosError::Usage(m) if m.contains("--postgres-bin")),
+            "{refused:?}"
+        );
     }
 
     /// Needs PostgreSQL's server programs (scripts/stores.sh installs them).
@@ -449,7 +466,7 @@ mod tests {
             "{servers}"
         );
 
-        let store = crate::open::open_store(&server.url()).await.unwrap();
+        let store = leasehold_connect::open_store(&server.url()).await.unwrap();
         let (name, holder) = (
             LeaseName::new("crash").unwrap(),
             HolderId::new("h").unwrap(),

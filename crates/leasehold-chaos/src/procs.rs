@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
 pub use leasehold_witness::procs::{
     Replica, children_of, env_of, epoch_ms, finished, signal, signal_group, threads_of,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
+
+use crate::error::{ChaosError, Result};
 
 /// A free loopback port for a server the harness starts (and restarts on the same port): bound
 /// and released. It is picked below the kernel's ephemeral range where possible, so that no
@@ -30,8 +31,10 @@ pub fn free_port() -> Result<u16> {
             }
         }
     }
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot find a free port")?;
-    Ok(l.local_addr()?.port())
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| ChaosError::io("cannot find a free port", e))
 }
 
 /// The watchdog: a shell that leads the process group of every replica and server the harness
@@ -78,11 +81,14 @@ kill -KILL 0"#;
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
-            .context("cannot start the watchdog shell")?;
+            .map_err(|e| ChaosError::spawn("the watchdog shell (sh)", "", e))?;
         let group = child
             .id()
             .and_then(|p| i32::try_from(p).ok())
-            .context("the watchdog exited at once")?;
+            .ok_or_else(|| {
+                let gone = std::io::Error::other("it exited at once");
+                ChaosError::spawn("the watchdog shell (sh)", "", gone)
+            })?;
         Ok(Self {
             child,
             group,
@@ -177,23 +183,19 @@ impl RedisServer {
             .create(true)
             .append(true)
             .open(&self.log)
-            .with_context(|| format!("cannot open {}", self.log.display()))?;
+            .and_then(|f| Ok((f.try_clone()?, f)))
+            .map_err(|e| ChaosError::io(format!("cannot open {}", self.log.display()), e))?;
         let child = Command::new(&self.program)
             .args(&self.args)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
+            .stdout(out.0)
+            .stderr(out.1)
             .process_group(self.group)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| {
-                format!(
-                    "cannot start {} (is Redis installed?)",
-                    self.program.display()
-                )
-            })?;
+            .map_err(|e| ChaosError::spawn(&self.program, " (is Redis installed?)", e))?;
         self.child = Some(child);
         self.wait_ready(Duration::from_secs(10)).await
     }
@@ -204,20 +206,21 @@ impl RedisServer {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                bail!(
-                    "redis-server exited with {status}; see {}",
-                    self.log.display()
-                );
+                return Err(ChaosError::server(
+                    "redis-server",
+                    format!("exited with {status}; see {}", self.log.display()),
+                ));
             }
             if ping(self.addr()).await {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        bail!(
-            "redis-server did not answer on {} within {limit:?}",
-            self.addr()
-        )
+        Err(ChaosError::ServerTimeout {
+            what: format!("redis-server on {} answering PING", self.addr()),
+            waited: limit,
+            log: Some(format!("see {}", self.log.display())),
+        })
     }
 
     /// Kills the server (SIGKILL: it forgets everything) and starts it again on the same port.
@@ -269,7 +272,7 @@ pub async fn wait_until<F: std::future::Future<Output = bool>>(
     let start = Instant::now();
     while !ready().await {
         if start.elapsed() > limit {
-            bail!("{what} did not happen within {limit:?}");
+            return Err(ChaosError::timeout(what, limit));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
 use tokio::process::Command;
 
+use crate::error::{ChaosError, Result};
 use crate::procs::{RedisServer, epoch_ms, free_port, redis_cli as cli, wait_until};
 
 /// How long a primary may not answer before the others flag it as failed and its replica takes
@@ -95,7 +95,8 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
         ports.insert(free_port()?);
     }
     if ports.len() < n {
-        bail!("cannot find {n} distinct free ports");
+        let problem = format!("cannot find {n} distinct free ports");
+        return Err(ChaosError::server("redis-cluster", problem));
     }
     let mut ports: Vec<u16> = ports.into_iter().collect();
     fastrand::shuffle(&mut ports);
@@ -145,7 +146,7 @@ impl ClusterGroup {
         for (i, (&port, &bus)) in ports.iter().zip(buses).enumerate() {
             let d = dir.join(format!("cluster-node-{i}"));
             std::fs::create_dir_all(&d)
-                .with_context(|| format!("cannot create {}", d.display()))?;
+                .map_err(|e| ChaosError::io(format!("cannot create {}", d.display()), e))?;
             let log = dir.join(format!("cluster-node-{i}.log"));
             nodes.push(
                 RedisServer::start_with(program, &log, group, port, node_args(&d, bus)).await?,
@@ -165,14 +166,17 @@ impl ClusterGroup {
             .stdin(std::process::Stdio::null())
             .output()
             .await
-            .context("cannot run redis-cli --cluster create (is redis-cli on PATH?)")?;
+            .map_err(|e| ChaosError::spawn("redis-cli", " (is redis-cli on PATH?)", e))?;
         let said = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() || !said.contains("All 16384 slots covered") {
-            bail!(
-                "redis-cli --cluster create failed ({}): {said}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            return Err(ChaosError::server(
+                "redis-cluster",
+                format!(
+                    "redis-cli --cluster create failed ({}): {said}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            ));
         }
         me.wait_ready(Duration::from_secs(30)).await?;
         Ok(me)
@@ -249,7 +253,10 @@ impl ClusterGroup {
                 return Ok(nodes);
             }
         }
-        bail!("redis-cluster: no node lists the cluster's {NODES} nodes")
+        Err(ChaosError::server(
+            "redis-cluster",
+            format!("no node lists the cluster's {NODES} nodes"),
+        ))
     }
 
     async fn slot_of(&self, key: &str) -> Result<u16> {
@@ -258,7 +265,10 @@ impl ClusterGroup {
                 return Ok(s);
             }
         }
-        bail!("redis-cluster: no node answered CLUSTER KEYSLOT")
+        Err(ChaosError::server(
+            "redis-cluster",
+            "no node answered CLUSTER KEYSLOT",
+        ))
     }
 
     /// The slot of `key` and the ports of the primary serving it and of that primary's replica;
@@ -271,11 +281,16 @@ impl ClusterGroup {
         let primary = nodes
             .iter()
             .find(|n| n.primary && serves(n, slot))
-            .with_context(|| format!("redis-cluster: no primary serves slot {slot}"))?;
+            .ok_or_else(|| {
+                ChaosError::server("redis-cluster", format!("no primary serves slot {slot}"))
+            })?;
         let replica = nodes
             .iter()
             .find(|n| n.replica_of.as_deref() == Some(primary.id.as_str()))
-            .with_context(|| format!("redis-cluster: the primary of slot {slot} has no replica"))?;
+            .ok_or_else(|| {
+                let problem = format!("the primary of slot {slot} has no replica");
+                ChaosError::server("redis-cluster", problem)
+            })?;
         Ok((slot, primary.port, replica.port, serves(primary, other)))
     }
 
@@ -289,7 +304,10 @@ impl ClusterGroup {
             .nodes
             .iter()
             .position(|n| n.port() == old_port)
-            .context("redis-cluster: the slot's primary is not one of the harness's nodes")?;
+            .ok_or_else(|| {
+                let problem = "the slot's primary is not one of the harness's nodes";
+                ChaosError::server("redis-cluster", problem)
+            })?;
         let killed_ms = epoch_ms();
         self.nodes[old].stop().await;
         wait_until(
@@ -329,9 +347,10 @@ impl ClusterGroup {
         self.wait_ready(Duration::from_secs(30)).await?;
         let role = cli(old_port, &["ROLE"]).await;
         if !role.starts_with("slave") {
-            bail!(
-                "redis-cluster: the restarted node {old_port} did not rejoin as a replica: {role}"
-            );
+            return Err(ChaosError::server(
+                "redis-cluster",
+                format!("the restarted node {old_port} did not rejoin as a replica: {role}"),
+            ));
         }
         Ok(Failover {
             slot,

@@ -5,8 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-
+use crate::error::{ChaosError, Result};
 use crate::procs::{RedisServer, epoch_ms, free_port, redis_cli as cli, wait_until};
 
 /// The name the sentinels monitor the primary under.
@@ -47,7 +46,8 @@ impl SentinelGroup {
         let log = |name: &str| dir.join(format!("{name}.log"));
         let dirs = [dir.join("redis-a"), dir.join("redis-b")];
         for d in &dirs {
-            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+            std::fs::create_dir_all(d)
+                .map_err(|e| ChaosError::io(format!("cannot create {}", d.display()), e))?;
         }
         let primary = RedisServer::start_with(
             program,
@@ -78,7 +78,7 @@ impl SentinelGroup {
                     primary.port()
                 ),
             )
-            .with_context(|| format!("cannot write {}", conf.display()))?;
+            .map_err(|e| ChaosError::io(format!("cannot write {}", conf.display()), e))?;
             let args = vec![
                 conf.display().to_string(),
                 "--sentinel".into(),

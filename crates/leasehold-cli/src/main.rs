@@ -211,7 +211,9 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             #[cfg(feature = "chaos")]
-            Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(Failure::from),
+            Command::Chaos(args) => leasehold_chaos::run(args)
+                .await
+                .map_err(|e| Failure::from(anyhow::Error::new(e))),
             #[cfg(feature = "bench")]
             Command::Bench(args) => leasehold_bench::run(args)
                 .await

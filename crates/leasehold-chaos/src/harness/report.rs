@@ -1,5 +1,7 @@
 //! The end of a run: check the ledger, measure takeovers, write report.json and timeline.svg.
 
+use leasehold::store::BoxError;
+
 use super::*;
 use crate::check::WithOk;
 
@@ -156,7 +158,11 @@ fn line(
 
 impl Harness {
     pub(super) fn report(&self) -> Result<u8> {
-        let (entries, unreadable) = ledger::read(&self.ledger).context("cannot read the ledger")?;
+        let (entries, unreadable) =
+            ledger::read(&self.ledger).map_err(|source| ChaosError::Ledger {
+                path: self.ledger.clone(),
+                source,
+            })?;
         let checked: CheckReport = check::check(&entries, &self.loss, self.s.every);
         let tenures = &self.polled.tenures;
 
@@ -460,8 +466,13 @@ impl Harness {
             notes: &self.notes,
         };
         let report_path = self.out.join("report.json");
-        std::fs::write(&report_path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("cannot write {}", report_path.display()))?;
+        serde_json::to_string_pretty(&report)
+            .map_err(BoxError::from)
+            .and_then(|json| Ok(std::fs::write(&report_path, json + "\n")?))
+            .map_err(|source| ChaosError::Report {
+                path: report_path.clone(),
+                source,
+            })?;
 
         // timeline.svg
         let all: Vec<&Replica> = self.retired.iter().chain(self.replicas.iter()).collect();
@@ -547,8 +558,10 @@ impl Harness {
             .1,
         };
         let svg_path = self.out.join("timeline.svg");
-        std::fs::write(&svg_path, timeline.render())
-            .with_context(|| format!("cannot write {}", svg_path.display()))?;
+        std::fs::write(&svg_path, timeline.render()).map_err(|e| ChaosError::Report {
+            path: svg_path.clone(),
+            source: e.into(),
+        })?;
         println!();
         println!(
             "{}: {} and {}",
