@@ -416,6 +416,76 @@ mod tests {
         assert_eq!(left.trim(), "", "keys left: {left}");
     }
 
+    /// A quick run over `url`, which names a Sentinel group or a cluster: the Redis rows are
+    /// there, EXISTS (cluster) or PING (Sentinel) as the floor, and rslock is left out with a
+    /// note.
+    async fn ha_smoke_run(url: String, floor: &str) -> Report {
+        let mut plan = quick_plan(vec![StoreKind::Redis]);
+        plan.redis_url = url;
+        plan.held = 50;
+        plan.held_ttl = Duration::from_millis(1500);
+        let report = bench(&plan).await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let ops: Vec<&str> = report.operations.iter().map(|r| r.op.as_str()).collect();
+        assert_eq!(
+            ops,
+            [
+                floor,
+                "SET",
+                "EVALSHA no-op",
+                "acquire",
+                "renew",
+                "release",
+                "acquire+release"
+            ]
+        );
+        assert!(report.operations.iter().all(|r| r.store == "redis"));
+        for r in &report.operations {
+            assert_eq!(r.figure.ops_per_round, 50, "{r:?}");
+            assert!(r.figure.ops_per_sec.median > 0.0, "{r:?}");
+        }
+        assert_eq!(report.held_renewal[0].held, 50);
+        let paths: Vec<&str> = report.takeover.iter().map(|r| r.path).collect();
+        assert_eq!(paths, ["graceful", "expiry"]);
+        assert!(report.notes.iter().any(|n| n == redis::RSLOCK_SKIPPED));
+        // The row list above has no rslock row; the table says why.
+        let table = report.table();
+        assert!(table.contains(redis::RSLOCK_SKIPPED), "{table}");
+        report
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_sentinel_smoke_run() {
+        let group = leasehold_testkit::ha::SentinelGroup::start();
+        let report = ha_smoke_run(group.url(), "PING").await;
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.starts_with("redis: server time per call (INFO")),
+            "{:?}",
+            report.notes
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_cluster_smoke_run() {
+        let cluster = leasehold_testkit::ha::Cluster::start();
+        ha_smoke_run(cluster.url(), "EXISTS").await;
+        // Nothing of the run is left on any primary.
+        for &port in &cluster.ports {
+            let client =
+                leasehold_redis::redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let keys: Vec<String> = leasehold_redis::redis::cmd("KEYS")
+                .arg("leasehold-bench-*")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert!(keys.is_empty(), "left on {port}: {keys:?}");
+        }
+    }
+
     #[tokio::test]
     async fn an_etcd_that_does_not_answer_is_reported_not_measured() {
         let mut plan = quick_plan(vec![StoreKind::Etcd]);

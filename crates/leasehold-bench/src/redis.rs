@@ -1,9 +1,12 @@
 //! The Redis store, next to PING and SET on the store's own connection (the same `redis` crate
-//! and connection), and next to the `rslock` crate's lock+unlock on the same server.
+//! and connection), and next to the `rslock` crate's lock+unlock on the same server. Behind
+//! Sentinel the floors reach the primary through that connection; on a Redis Cluster they are
+//! keyed commands, routed to the node owning the floor key's slot. rslock only connects to a
+//! plain `redis://` server, so it is measured for those alone.
 
 use std::time::Duration;
 
-use leasehold_redis::{RedisConfig, RedisConnection, RedisStore, redis};
+use leasehold_redis::{ClusterUrl, RedisConfig, RedisConnection, RedisStore, SentinelUrl, redis};
 
 use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
 use crate::error::{BenchError, Result};
@@ -11,8 +14,36 @@ use crate::report::{Kind, OpRow, Report, Target};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
 
+/// What `--redis-url` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deployment {
+    /// One server (`redis://`, `rediss://`, `unix://`).
+    Single,
+    /// The primary of a Sentinel group (`redis+sentinel://`).
+    Sentinel,
+    /// A Redis Cluster (`redis+cluster://`).
+    Cluster,
+}
+
+impl Deployment {
+    fn of(url: &str) -> Self {
+        if SentinelUrl::parse(url).is_ok() {
+            Self::Sentinel
+        } else if ClusterUrl::parse(url).is_ok() {
+            Self::Cluster
+        } else {
+            Self::Single
+        }
+    }
+}
+
+/// The note of a run in which rslock was not measured.
+pub(crate) const RSLOCK_SKIPPED: &str = "redis: rslock lock+unlock not measured: rslock 0.10 \
+     connects to plain redis:// servers only, not through Sentinel or to a Redis Cluster";
+
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let key_prefix = format!("leasehold-bench-{}", plan.run_id);
+    let deployment = Deployment::of(&plan.redis_url);
     let connect = || async {
         RedisConfig::new(plan.redis_url.clone())
             .prefix(key_prefix.clone())
@@ -27,10 +58,10 @@ pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
         // A second store handle, as another process would have: its own connection and
         // release listener.
         let waiter = connect().await?;
-        bench_with(plan, report, &store, &waiter, &key_prefix).await
+        bench_with(plan, report, &store, &waiter, &key_prefix, deployment).await
     }
     .await;
-    let cleaned = cleanup(&store, &key_prefix).await;
+    let cleaned = cleanup(&store, &key_prefix, deployment).await;
     result.and(cleaned)
 }
 
@@ -40,16 +71,26 @@ async fn bench_with(
     store: &RedisStore,
     waiter: &RedisStore,
     key_prefix: &str,
+    deployment: Deployment,
 ) -> Result<()> {
     let mut conn = store.connection();
     let prefix = plan.prefix(StoreKind::Redis);
     let ops = OpBench::new(store.clone(), &prefix, plan.ops)?;
-    let peer = rslock::LockManager::new(vec![plan.redis_url.clone()]);
+    let peer = (deployment == Deployment::Single)
+        .then(|| rslock::LockManager::new(vec![plan.redis_url.clone()]));
     let resources: Vec<String> = (0..plan.ops)
         .map(|i| format!("{key_prefix}:rslock:{i}"))
         .collect();
     let floor_key = format!("{key_prefix}:floor");
+    // On a cluster PING goes to every primary; EXISTS of the floor key is one round trip to the
+    // node owning its slot, as each store operation is.
+    let probe = if deployment == Deployment::Cluster {
+        Probe::Exists(&floor_key)
+    } else {
+        Probe::Ping
+    };
 
+    // On a cluster SCRIPT LOAD goes to every node.
     let noop: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg("return 1")
@@ -58,59 +99,93 @@ async fn bench_with(
         .map_err(|e| BenchError::floor("SCRIPT LOAD of a no-op script", e))?;
 
     ops.warm_up().await?;
-    ping_round(&mut conn, plan.ops.min(200)).await?;
-    rslock_round(&peer, &resources).await?;
+    probe.round(&mut conn, plan.ops.min(200)).await?;
+    if let Some(peer) = &peer {
+        rslock_round(peer, &resources).await?;
+    }
 
     let mut rounds = OpRounds::default();
     let (mut pings, mut sets, mut evals, mut peers) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..plan.rounds {
-        pings.push(ping_round(&mut conn, plan.ops).await?);
+        pings.push(probe.round(&mut conn, plan.ops).await?);
         sets.push(set_round(&mut conn, &floor_key, plan.ops).await?);
-        evals.push(evalsha_round(&mut conn, &noop, plan.ops).await?);
+        evals.push(evalsha_round(&mut conn, &noop, &floor_key, plan.ops).await?);
         ops.round(&mut rounds).await?;
-        peers.push(rslock_round(&peer, &resources).await?);
+        if let Some(peer) = &peer {
+            peers.push(rslock_round(peer, &resources).await?);
+        }
     }
 
-    let ping = (&pings[..], "PING");
-    let peer_rate = Figure::of(&peers).ops_per_sec.median;
-    let pair_rate = Figure::of(&rounds.acquire_release).ops_per_sec.median;
+    let ping = (&pings[..], probe.name());
     report.operations.extend(common::floor_rows(
         "redis",
-        &[("PING", &pings), ("SET", &sets), ("EVALSHA no-op", &evals)],
+        &[
+            (probe.name(), &pings),
+            ("SET", &sets),
+            ("EVALSHA no-op", &evals),
+        ],
     ));
+    let acquire_release = peer.is_some().then(|| {
+        let peer_rate = Figure::of(&peers).ops_per_sec.median;
+        let pair_rate = Figure::of(&rounds.acquire_release).ops_per_sec.median;
+        Target::new(
+            format!("ops/s ≥ rslock ({})", crate::report::fmt_count(peer_rate)),
+            pair_rate >= peer_rate,
+        )
+    });
     let targets = OpTargets {
         acquire: Some(common::p50_within(&rounds.acquire, 1.1, ping)),
         renew: Some(common::p50_within(&rounds.renew, 1.1, ping)),
-        acquire_release: Some(Target::new(
-            format!("ops/s ≥ rslock ({})", crate::report::fmt_count(peer_rate)),
-            pair_rate >= peer_rate,
-        )),
+        acquire_release,
     };
     report
         .operations
         .extend(rounds.rows("redis", Some(ping), targets));
-    report.operations.push(OpRow {
-        store: "redis".to_owned(),
-        op: "rslock lock+unlock".to_owned(),
-        kind: Kind::Peer,
-        figure: Figure::of(&peers),
-        ratio: common::ratio(&peers, &pings, "PING"),
-        target: None,
-    });
-    report.notes.push(
-        "redis: PING, SET and EVALSHA of `return 1` run on the store's own connection \
-         (redis crate); every store operation is one EVALSHA; rslock 0.10 (same redis crate) uses one server and its own multiplexed connection; acquire+release \
-         and lock+unlock are two round trips each"
+    if peer.is_some() {
+        report.operations.push(OpRow {
+            store: "redis".to_owned(),
+            op: "rslock lock+unlock".to_owned(),
+            kind: Kind::Peer,
+            figure: Figure::of(&peers),
+            ratio: common::ratio(&peers, &pings, "PING"),
+            target: None,
+        });
+    }
+    report.notes.push(match deployment {
+        Deployment::Single => "redis: PING, SET and EVALSHA of `return 1` run on the store's own \
+             connection (redis crate); every store operation is one EVALSHA; rslock 0.10 (same \
+             redis crate) uses one server and its own multiplexed connection; acquire+release \
+             and lock+unlock are two round trips each"
             .to_owned(),
-    );
+        Deployment::Sentinel => "redis: Sentinel group; PING, SET and EVALSHA of `return 1` run \
+             on the store's own connection to the primary the sentinels name; every store \
+             operation is one EVALSHA; acquire+release is two round trips"
+            .to_owned(),
+        Deployment::Cluster => "redis: Redis Cluster; EXISTS, SET and EVALSHA of `return 1` on \
+             one key run on the store's own cluster connection, so each goes to the primary \
+             owning that key's slot (PING would go to every primary); every store operation is \
+             one EVALSHA on the lease's slot owner; acquire+release is two round trips"
+            .to_owned(),
+    });
+    if peer.is_none() {
+        report.notes.push(RSLOCK_SKIPPED.to_owned());
+    }
 
-    match server_time(store, &ops, &noop).await {
-        Ok(note) => report.notes.push(note),
-        Err(e) => report.notes.push(format!(
-            "redis: server time per call not measured: {}",
-            e.chain()
-        )),
+    if deployment == Deployment::Cluster {
+        report.notes.push(
+            "redis: server time per call not measured on a Redis Cluster (INFO commandstats \
+             would sum every node's counters)"
+                .to_owned(),
+        );
+    } else {
+        match server_time(store, &ops, &noop, &floor_key).await {
+            Ok(note) => report.notes.push(note),
+            Err(e) => report.notes.push(format!(
+                "redis: server time per call not measured: {}",
+                e.chain()
+            )),
+        }
     }
 
     let held = HeldPlan::of(plan, "redis", &prefix, 64);
@@ -118,17 +193,39 @@ async fn bench_with(
     common::held_and_takeovers(plan, report, &held, store, waiter, graceful).await
 }
 
-async fn ping_round(conn: &mut RedisConnection, ops: usize) -> Result<Round> {
-    let mut rec = Recorder::new(ops);
-    for _ in 0..ops {
-        rec.start();
-        let _: String = redis::cmd("PING")
-            .query_async(conn)
-            .await
-            .map_err(|e| BenchError::floor("PING", e))?;
-        rec.stop();
+/// The cheapest command that makes one round trip to the server the store's operations go to.
+#[derive(Debug, Clone, Copy)]
+enum Probe<'a> {
+    /// PING: one server, or the primary behind Sentinel.
+    Ping,
+    /// EXISTS of this key: on a cluster, the node owning its slot.
+    Exists(&'a str),
+}
+
+impl Probe<'_> {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ping => "PING",
+            Self::Exists(_) => "EXISTS",
+        }
     }
-    Ok(rec.finish())
+
+    async fn round(self, conn: &mut RedisConnection, ops: usize) -> Result<Round> {
+        let cmd = match self {
+            Self::Ping => redis::cmd("PING"),
+            Self::Exists(key) => redis::cmd("EXISTS").arg(key).clone(),
+        };
+        let mut rec = Recorder::new(ops);
+        for _ in 0..ops {
+            rec.start();
+            let _: redis::Value = cmd
+                .query_async(conn)
+                .await
+                .map_err(|e| BenchError::floor(self.name(), e))?;
+            rec.stop();
+        }
+        Ok(rec.finish())
+    }
 }
 
 async fn set_round(conn: &mut RedisConnection, key: &str, ops: usize) -> Result<Round> {
@@ -168,7 +265,12 @@ async fn command_stat(conn: &mut RedisConnection, command: &str) -> Result<(u64,
 
 /// Microseconds the server spent per EVALSHA of each operation (from `INFO commandstats`
 /// around one pass of each), to tell the server's script work from the client's share.
-async fn server_time(store: &RedisStore, ops: &OpBench<RedisStore>, noop: &str) -> Result<String> {
+async fn server_time(
+    store: &RedisStore,
+    ops: &OpBench<RedisStore>,
+    noop: &str,
+    floor_key: &str,
+) -> Result<String> {
     let mut conn = store.connection();
     let mut per_call = Vec::new();
     let mut tokens = Vec::new();
@@ -176,8 +278,8 @@ async fn server_time(store: &RedisStore, ops: &OpBench<RedisStore>, noop: &str) 
         let command = if what == "PING" { "ping" } else { "evalsha" };
         let (calls0, usec0) = command_stat(&mut conn, command).await?;
         match what {
-            "PING" => drop(ping_round(&mut conn, 200).await?),
-            "no-op script" => drop(evalsha_round(&mut conn, noop, 200).await?),
+            "PING" => drop(Probe::Ping.round(&mut conn, 200).await?),
+            "no-op script" => drop(evalsha_round(&mut conn, noop, floor_key, 200).await?),
             "acquire" => tokens = ops.acquire_all().await?,
             "renew" => ops.renew_all(&tokens).await?,
             _ => ops.release_all(&tokens).await?,
@@ -196,14 +298,21 @@ async fn server_time(store: &RedisStore, ops: &OpBench<RedisStore>, noop: &str) 
     ))
 }
 
-/// A script that does nothing: what running any Lua script costs over PING.
-async fn evalsha_round(conn: &mut RedisConnection, hash: &str, ops: usize) -> Result<Round> {
+/// A script that does nothing: what running any Lua script costs over PING. It names `key`
+/// (unread) so that a cluster runs it on the key's slot owner, like the store's scripts.
+async fn evalsha_round(
+    conn: &mut RedisConnection,
+    hash: &str,
+    key: &str,
+    ops: usize,
+) -> Result<Round> {
     let mut rec = Recorder::new(ops);
     for _ in 0..ops {
         rec.start();
         let _: i64 = redis::cmd("EVALSHA")
             .arg(hash)
-            .arg(0)
+            .arg(1)
+            .arg(key)
             .query_async(conn)
             .await
             .map_err(|e| BenchError::floor("EVALSHA of the no-op script", e))?;
@@ -227,9 +336,26 @@ async fn rslock_round(peer: &rslock::LockManager, resources: &[String]) -> Resul
 }
 
 /// Deletes every key of this run.
-async fn cleanup(store: &RedisStore, key_prefix: &str) -> Result<()> {
+async fn cleanup(store: &RedisStore, key_prefix: &str, deployment: Deployment) -> Result<()> {
     let mut conn = store.connection();
     let pattern = format!("{key_prefix}:*");
+    if deployment == Deployment::Cluster {
+        // SCAN would walk one node; KEYS goes to every primary and joins their answers, and
+        // UNLINK is split by slot.
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| BenchError::floor("cleanup: KEYS", e))?;
+        for chunk in keys.chunks(1000) {
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| BenchError::floor("cleanup: UNLINK", e))?;
+        }
+        return Ok(());
+    }
     let mut cursor: u64 = 0;
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
