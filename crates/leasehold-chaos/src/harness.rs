@@ -982,7 +982,8 @@ impl Harness {
         let longest = self.s.ttl * 4 + self.s.every * 4 + Duration::from_secs(2);
         let newer = loop {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let max = fence::current(&self.fence).ok().flatten();
+            // Without the lock: the paused command may be stopped while holding it.
+            let max = fence::peek(&self.fence);
             let written = max.is_some_and(|m| m > token);
             if (paused.elapsed() >= f.hold && written) || paused.elapsed() >= longest {
                 break max;

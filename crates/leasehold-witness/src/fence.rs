@@ -53,10 +53,12 @@ fn read_max(file: &mut File) -> io::Result<Option<u64>> {
     })
 }
 
-/// The highest token written so far (`None` before the first write).
-pub fn current(path: &Path) -> io::Result<Option<u64>> {
-    let mut guard = lock(path)?;
-    read_max(&mut guard)
+/// The highest token written so far, read without taking the lock: for an observer that must
+/// never wait on a writer (one that may be SIGSTOPped while it holds the lock). `None` before the
+/// first write and while a write is half done (the file is emptied and rewritten under the lock);
+/// a half-written token is a prefix of the new one, so it reads as a lower token, never a higher.
+pub fn peek(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// A fenced write of `token` to the fence at `path`. `then` runs while the lock is still held,
@@ -103,15 +105,43 @@ mod tests {
     fn the_file_keeps_the_highest_token() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fence");
-        assert_eq!(current(&path).unwrap(), None);
+        assert_eq!(peek(&path), None);
         let w = |t| write(&path, t, |d, max| Ok((d, max))).unwrap();
         assert_eq!(w(3), (FenceDecision::Accepted, None));
         assert_eq!(w(7), (FenceDecision::Accepted, Some(3)));
         assert_eq!(w(7), (FenceDecision::Accepted, Some(7)));
         assert_eq!(w(6), (FenceDecision::Rejected { max: 7 }, Some(7)));
-        assert_eq!(current(&path).unwrap(), Some(7));
+        assert_eq!(peek(&path), Some(7));
         assert_eq!(w(100), (FenceDecision::Accepted, Some(7)));
-        assert_eq!(current(&path).unwrap(), Some(100));
+        assert_eq!(peek(&path), Some(100));
+    }
+
+    /// An observer reads the fence while a writer holds the lock (as a SIGSTOPped witness would
+    /// in the middle of its write) instead of waiting for it.
+    #[test]
+    fn peek_does_not_wait_for_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence");
+        assert_eq!(peek(&path), None);
+        write(&path, 9, |_, _| Ok(())).unwrap();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                with_lock(&path, |_| {
+                    held_tx.send(()).unwrap();
+                    // Hold the lock until the observer has read.
+                    done_rx.recv().unwrap();
+                    Ok(())
+                })
+                .unwrap();
+            })
+        };
+        held_rx.recv().unwrap();
+        assert_eq!(peek(&path), Some(9));
+        done_tx.send(()).unwrap();
+        writer.join().unwrap();
     }
 
     #[test]
@@ -138,6 +168,6 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(current(&path).unwrap(), Some(24 * 8 + 7));
+        assert_eq!(peek(&path), Some(24 * 8 + 7));
     }
 }
