@@ -183,16 +183,9 @@ impl ChaosError {
 mod tests {
     use super::*;
 
-    /// The error and its causes, `: ` apart, as the CLI prints them.
-    fn chain(e: &ChaosError) -> String {
-        let mut out = e.to_string();
-        let mut cause = std::error::Error::source(e);
-        while let Some(c) = cause {
-            out.push_str(": ");
-            out.push_str(&c.to_string());
-            cause = c.source();
-        }
-        out
+    /// The error and its causes, `: ` apart, as the CLI prints them (through anyhow).
+    fn chain(e: ChaosError) -> String {
+        format!("{:#}", anyhow::Error::new(e))
     }
 
     #[test]
@@ -206,7 +199,7 @@ mod tests {
             )),
         };
         assert_eq!(
-            chain(&failed),
+            chain(failed),
             "chaos run failed; logs in /tmp/run: cannot start redis-server (is Redis \
              installed?): entity not found"
         );
@@ -216,19 +209,19 @@ mod tests {
             log: Some("see pg.log (last lines: x)".into()),
         };
         assert_eq!(
-            chain(&waited),
+            chain(waited),
             "postgres on 127.0.0.1:5 accepting connections did not happen within 60s; see \
              pg.log (last lines: x)"
         );
         assert_eq!(
-            chain(&ChaosError::timeout(
+            chain(ChaosError::timeout(
                 "redis-cluster: promotion",
                 Duration::from_secs(30)
             )),
             "redis-cluster: promotion did not happen within 30s"
         );
         assert_eq!(
-            chain(&ChaosError::from(PgUrlError::NotTcp)),
+            chain(ChaosError::from(PgUrlError::NotTcp)),
             PgUrlError::NotTcp.to_string()
         );
         let etcd = ChaosError::Server {
@@ -237,7 +230,7 @@ mod tests {
             source: Some("etcd not on PATH".into()),
         };
         assert_eq!(
-            chain(&etcd),
+            chain(etcd),
             "etcd: cannot start a 3-member cluster: etcd not on PATH"
         );
     }
