@@ -37,9 +37,14 @@ impl<S: Store> Metered<S> {
         Self { inner }
     }
 
-    /// The wrapped store.
-    pub fn inner(&self) -> &S {
+    /// The inner store.
+    pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The inner store, unrecorded.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }
 
