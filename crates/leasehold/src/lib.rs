@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod catalog;
 mod config;
 mod feed;
 pub mod history;
@@ -35,7 +36,8 @@ pub use scheduler::{
 };
 pub use session::{DEFAULT_SESSION_RETENTION, LeaseSession, MAX_RENEW_BATCH};
 pub use store_api::{
-    BoxStore, Capabilities, LeaseState, Membership, Purge, Release, Slots, Store, StoreError,
+    BoxStore, Capabilities, Catalog, LeaseState, Membership, Purge, Release, Slots, Store,
+    StoreError,
 };
 
 /// What a [`Store`] implementation works with beyond the items at the crate root: the answers of
