@@ -196,7 +196,55 @@ fn normalize(field: CronField, text: &str) -> Result<String, CronProblem> {
         }
         items.push(normalize_item(field, item).map_err(bad)?);
     }
+    // A day field that allows every day restricts nothing, however it is written (`1-31`,
+    // `*/1`, `MON-SUN`, `0-7`): it counts as `*`, so it does not switch the other day field
+    // into the either-or rule.
+    if day_field {
+        let (first, last) = match field {
+            CronField::DayOfMonth => (1, 31),
+            _ => (0, 6),
+        };
+        let every: u64 = (first..=last).map(|d| 1u64 << d).sum();
+        if items
+            .iter()
+            .map(|i| plain_days(field, i))
+            .fold(0, |a, b| a | b)
+            & every
+            == every
+        {
+            return Ok("*".to_owned());
+        }
+    }
     Ok(items.join(","))
+}
+
+/// The days a normalized item of a day field allows by number (a bit per day, Sunday 0 also
+/// for 7); none for `L` and `#`, which depend on the month.
+fn plain_days(field: CronField, item: &str) -> u64 {
+    if item == "L" || item.contains('#') {
+        return 0;
+    }
+    let (lo, hi) = field.range();
+    let (range, step) = item.split_once('/').unwrap_or((item, "1"));
+    let step: u16 = step.parse().unwrap_or(1).max(1);
+    let (a, b) = match range.split_once('-') {
+        _ if range == "*" => (lo, hi),
+        Some((a, b)) => (a.parse().unwrap_or(hi), b.parse().unwrap_or(lo)),
+        None => {
+            let a = range.parse().unwrap_or(hi);
+            (a, a)
+        }
+    };
+    (a..=b)
+        .step_by(usize::from(step))
+        .map(|d| {
+            1u64 << (if field == CronField::DayOfWeek {
+                d % 7
+            } else {
+                d
+            })
+        })
+        .fold(0, |acc, bit| acc | bit)
 }
 
 fn normalize_item(field: CronField, item: &str) -> Result<String, String> {
@@ -666,6 +714,49 @@ mod tests {
                 "2027-03-11T00:00:00Z"
             ]
         );
+    }
+
+    #[test]
+    fn a_day_field_that_allows_every_day_counts_as_unrestricted() {
+        let from = "2027-02-28T12:00:00Z";
+        let mondays = firings(&Schedule::cron("0 0 * * MON").unwrap(), from, 5);
+        for every_day in ["1-31", "*/1", "?", "1-15,16-31"] {
+            let expr = format!("0 0 {every_day} * MON");
+            assert_eq!(
+                firings(&Schedule::cron(&expr).unwrap(), from, 5),
+                mondays,
+                "{expr}"
+            );
+        }
+        let tenths = firings(&Schedule::cron("0 0 */10 * *").unwrap(), from, 5);
+        for every_day in ["MON-SUN", "0-6", "0-7", "*/1", "SUN-SAT", "1-7"] {
+            let expr = format!("0 0 */10 * {every_day}");
+            assert_eq!(
+                firings(&Schedule::cron(&expr).unwrap(), from, 5),
+                tenths,
+                "{expr}"
+            );
+        }
+        // Six weekdays restrict: the either-or rule applies.
+        assert_eq!(
+            firings(&Schedule::cron("0 0 */10 * MON-SAT").unwrap(), from, 2),
+            ["2027-03-01T00:00:00Z", "2027-03-02T00:00:00Z"]
+        );
+    }
+
+    #[test]
+    fn one_value_ranges_are_that_value() {
+        let from = "2027-01-01T00:00:00Z";
+        let same = |a: &str, b: &str| {
+            assert_eq!(
+                firings(&Schedule::cron(a).unwrap(), from, 5),
+                firings(&Schedule::cron(b).unwrap(), from, 5),
+                "{a} vs {b}"
+            );
+        };
+        same("26-26 28-42 13 * * *", "26 28-42 13 * * *");
+        same("0 0 * 2-2/6 *", "0 0 * 2 *");
+        same("0 0 * * 7-7", "0 0 * * SUN");
     }
 
     #[test]

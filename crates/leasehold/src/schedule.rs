@@ -85,10 +85,11 @@ impl Schedule {
     ///   (either case). Day-of-week takes 0-7, 0 and 7 both Sunday. `?` is `*` in the two day
     ///   fields; `L` in day-of-month is the month's last day; `FRI#2` is the month's second
     ///   Friday and `FRIL` (or `5L`) its last.
-    /// - Day-of-month and day-of-week: when both are restricted (neither is `*` or `?`), a
-    ///   day matches if **either** matches, as in crontab: `0 0 1,15 * MON` fires on the 1st,
-    ///   the 15th and every Monday. When one is `*`, only the other counts. (`*/2` counts as
-    ///   restricted; Vixie cron's manual treats it as `*`.)
+    /// - Day-of-month and day-of-week: when both are restricted, a day matches if **either**
+    ///   matches, as in crontab: `0 0 1,15 * MON` fires on the 1st, the 15th and every
+    ///   Monday. When one is unrestricted, only the other counts. A day field is unrestricted
+    ///   when it allows every day, however written: `*`, `?`, `1-31`, `MON-SUN`, `0-7`.
+    ///   (`*/2` restricts; Vixie cron treats any field starting with `*` as unrestricted.)
     /// - Macros: `@yearly` (`@annually`), `@monthly`, `@weekly` (Sunday 00:00), `@daily`
     ///   (`@midnight`), `@hourly`. `@reboot` is refused: it names no time that replicas
     ///   share.
