@@ -138,8 +138,24 @@ impl RunOutcome {
 pub enum RecordedSchedule {
     /// `Schedule::Every`, in ms.
     EveryMs(u64),
-    /// `Schedule::Cron`, the expression.
+    /// `Schedule::Cron`, the expression as [`CronSchedule::expr`](crate::CronSchedule::expr)
+    /// gives it: `CRON_TZ=ZONE ` before it unless its zone is UTC, so `Schedule::cron` reads
+    /// it back with its zone. The zone travels inside the string, so records stay readable
+    /// by releases from before zones (and theirs, which carry none, are UTC).
     Cron(String),
+}
+
+impl RecordedSchedule {
+    /// How `schedule` is recorded.
+    pub fn of(schedule: &crate::Schedule) -> Self {
+        match schedule {
+            crate::Schedule::Every(d) => {
+                Self::EveryMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            }
+            #[cfg(feature = "cron")]
+            crate::Schedule::Cron(c) => Self::Cron(c.expr().to_owned()),
+        }
+    }
 }
 
 /// One entry of a task's run history.
