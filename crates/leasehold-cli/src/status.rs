@@ -115,18 +115,26 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             .max()
             .unwrap_or(4)
             .max(4);
+        // The zone column only when a cron task has one (interval slots have no zone).
+        let zoned = tasks.iter().any(|t| t.time_zone().is_some());
+        let zone_head = if zoned {
+            format!("{:<42}  ", "NEXT DUE (TASK'S ZONE)")
+        } else {
+            String::new()
+        };
         println!(
-            "\n{:<width$}  {:<24}  {:<24}  {:<42}  LAST OUTCOME",
-            "TASK", "LAST RUN (UTC)", "NEXT DUE (UTC)", "NEXT DUE (TASK'S ZONE)"
+            "\n{:<width$}  {:<24}  {:<24}  {zone_head}LAST OUTCOME",
+            "TASK", "LAST RUN (UTC)", "NEXT DUE (UTC)"
         );
         for t in &tasks {
             let dash = || "-".to_owned();
-            let local = match (t.next_due_local(), t.time_zone()) {
-                (Some(local), Some(zone)) => format!("{local} {zone}"),
-                _ => dash(),
+            let local = match (zoned, t.next_due_local(), t.time_zone()) {
+                (false, ..) => String::new(),
+                (true, Some(local), Some(zone)) => format!("{:<42}  ", format!("{local} {zone}")),
+                (true, ..) => format!("{:<42}  ", "-"),
             };
             println!(
-                "{:<width$}  {:<24}  {:<24}  {local:<42}  {}",
+                "{:<width$}  {:<24}  {:<24}  {local}{}",
                 t.task.as_str(),
                 t.last_run
                     .as_ref()
