@@ -288,7 +288,9 @@ fn normalize_item(field: CronField, item: &str) -> Result<String, String> {
     }
     let range = match base.split_once('-') {
         Some((a, b)) => {
-            let (a, b) = (value(field, a, false)?, value(field, b, true)?);
+            let a = value(field, a, false)?;
+            // SUN after another day is 7 (FRI-SUN is 5-7); SUN-SUN stays Sunday.
+            let b = value(field, b, a > 0)?;
             if a > b {
                 let sunday = if field == CronField::DayOfWeek {
                     " (7 is Sunday too, so FRI-SUN is 5-7)"
@@ -303,7 +305,10 @@ fn normalize_item(field: CronField, item: &str) -> Result<String, String> {
             format!("{a}-{b}")
         }
         None => {
-            let a = value(field, base, false)?;
+            let a = match value(field, base, false)? {
+                7 if field == CronField::DayOfWeek => 0,
+                a => a,
+            };
             match step {
                 // `a/step` runs from a to the field's end (the week's: Saturday), as in
                 // the seconds-first form this crate took before, and in Quartz.
@@ -664,6 +669,8 @@ mod tests {
         same("5/15 * * * *", "5-59/15 * * * *");
         same("*/20 */6 * * *", "0,20,40 0,6,12,18 * * *");
         same("0 0 * * 1/2", "0 0 * * 1,3,5");
+        same("0 0 * * 7/3", "0 0 * * 0,3,6");
+        same("0 0 * * SUN-SUN", "0 0 * * 0");
         // The month's last day, second Tuesday, last Friday.
         assert_eq!(
             firings(&Schedule::cron("0 0 L * *").unwrap(), from, 2),
@@ -757,6 +764,63 @@ mod tests {
         same("26-26 28-42 13 * * *", "26 28-42 13 * * *");
         same("0 0 * 2-2/6 *", "0 0 * 2 *");
         same("0 0 * * 7-7", "0 0 * * SUN");
+    }
+
+    #[test]
+    fn no_input_panics() {
+        let mut rng = fastrand::Rng::with_seed(27);
+        let alphabet: Vec<char> = "0123456789*/-,? L#W@MONJAFRISUTZC_=/65535"
+            .chars()
+            .collect();
+        for _ in 0..20_000 {
+            let len = rng.usize(0..40);
+            let text: String = (0..len)
+                .map(|_| alphabet[rng.usize(0..alphabet.len())])
+                .collect();
+            if let Ok(s) = Schedule::cron(&text) {
+                let _ = s.next_after(rng.u64(0..4_000_000_000_000));
+                let _ = s.latest_at_or_before(rng.u64(0..4_000_000_000_000));
+            }
+        }
+        // Field-shaped tokens with numbers anywhere in u16 and beyond.
+        let number = |rng: &mut fastrand::Rng| match rng.u8(0..4) {
+            0 => rng.u32(0..70_000).to_string(),
+            _ => rng.u32(0..62).to_string(),
+        };
+        for _ in 0..20_000 {
+            let fields: Vec<String> = (0..rng.usize(5..=7))
+                .map(|_| match rng.u8(0..8) {
+                    0 => "*".to_owned(),
+                    1 => format!("*/{}", number(&mut rng)),
+                    2 => format!("{}-{}", number(&mut rng), number(&mut rng)),
+                    3 => format!("{}/{}", number(&mut rng), number(&mut rng)),
+                    4 => format!(
+                        "{}-{}/{}",
+                        number(&mut rng),
+                        number(&mut rng),
+                        number(&mut rng)
+                    ),
+                    5 => format!("{}#{}", number(&mut rng), number(&mut rng)),
+                    6 => format!("{}L", number(&mut rng)),
+                    _ => format!("{},{}", number(&mut rng), number(&mut rng)),
+                })
+                .collect();
+            let text = fields.join(" ");
+            if let Ok(s) = Schedule::cron(&text) {
+                let t = rng.u64(0..4_000_000_000_000);
+                assert!(s.next_after(t).is_none_or(|n| n > t), "{text}");
+                assert!(s.latest_at_or_before(t).is_none_or(|l| l <= t), "{text}");
+            }
+        }
+        for edge in [
+            "*/65535 * * * *",
+            "0 0 * * 7#5",
+            "59 23 31 12 * 4999",
+            "0 0 L 2 *",
+            "0 0 1 1 * 1970",
+        ] {
+            let _ = Schedule::cron(edge).map(|s| s.next_after(u64::MAX));
+        }
     }
 
     #[test]
