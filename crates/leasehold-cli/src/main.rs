@@ -3,6 +3,7 @@
 mod child;
 mod demo;
 mod history;
+mod link;
 mod logging;
 mod run;
 mod serve;
