@@ -49,7 +49,9 @@ impl Orders {
 }
 
 fn monotonic_now() -> Option<Duration> {
-    clock_gettime(ClockId::CLOCK_MONOTONIC).ok().map(Duration::from)
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .ok()
+        .map(Duration::from)
 }
 
 fn nanos(d: Duration) -> u64 {

@@ -336,7 +336,9 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
     )
     .await;
     signals.abort();
-    let reason = guard.loss_reason().unwrap_or(leasehold::LossReason::Expired);
+    let reason = guard
+        .loss_reason()
+        .unwrap_or(leasehold::LossReason::Expired);
     let _ = guard.release().await;
     let ended = ended?;
     // A run cut short by the lease is a failure whatever the command then returned (a

@@ -51,7 +51,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     // else's processes (someone typing `leasehold supervise` in a shell, say).
     if getpgrp() != getpid() {
         logging::error_line("supervise is internal to leasehold run");
-        return ExitCode::from(crate::EXIT_USAGE);
+        return crate::exit(crate::EXIT_USAGE);
     }
     let runtime = match crate::start_runtime(&mut tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
@@ -87,7 +87,10 @@ async fn exited(child: &mut Option<Child>) -> std::io::Result<std::process::Exit
 /// Tells `leasehold run` one line. It never waits: the socket cannot be full of this process's
 /// few short lines, and a stop must not wait for a frozen reader anyway.
 fn tell(link: &mut Lines<BufReader<UnixStream>>, line: &str) {
-    let _ = link.get_ref().get_ref().try_write(format!("{line}\n").as_bytes());
+    let _ = link
+        .get_ref()
+        .get_ref()
+        .try_write(format!("{line}\n").as_bytes());
 }
 
 async fn supervise(argv: Vec<String>) {
@@ -100,6 +103,8 @@ async fn supervise(argv: Vec<String>) {
     .map(tokio::signal::unix::signal);
     let Ok(link) = parent_link() else {
         logging::error_line("supervise is internal to leasehold run (no link on stdin)");
+        // The line is written by another thread: give it a moment before this process ends.
+        logging::drain(std::time::Duration::from_millis(500));
         kill_group();
         return;
     };

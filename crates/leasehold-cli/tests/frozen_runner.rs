@@ -87,7 +87,10 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
         if let Some(status) = child.try_wait().unwrap() {
             return status.code();
         }
-        assert!(start.elapsed() < limit, "leasehold did not exit in {limit:?}");
+        assert!(
+            start.elapsed() < limit,
+            "leasehold did not exit in {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -149,7 +152,11 @@ fn freeze_while_another_waits(store: &str, scheduled: bool) {
         // Thawed, a carries on as a follower; a clean stop of both.
         for (name, mut run) in [("a", a), ("b", b)] {
             signal(&run, "TERM");
-            assert_eq!(wait_exit(&mut run, Duration::from_secs(10)), Some(0), "{name}");
+            assert_eq!(
+                wait_exit(&mut run, Duration::from_secs(10)),
+                Some(0),
+                "{name}"
+            );
         }
         let out = Command::new(BIN)
             .args(["history", "--store", store, &lease, "--json"])

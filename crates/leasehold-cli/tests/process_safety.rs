@@ -336,19 +336,21 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    let busy_db = Instant::now();
-    while Command::new(BIN)
-        .args(["status", "--store", &url, "stalled-busy"])
-        .output()
-        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("token"))
-    {
-        assert!(busy_db.elapsed() < Duration::from_secs(10), "no holder");
+    let busy_since = Instant::now();
+    let held = || {
+        let out = Command::new(BIN)
+            .args(["status", "--store", &url, "stalled-busy", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .is_ok_and(|v| v["leases"][0]["held"] == true)
+    };
+    while !held() {
+        assert!(busy_since.elapsed() < Duration::from_secs(10), "no holder");
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (lease, command, expected) in [
-        ("stalled-busy", "true", 75),
-        ("stalled-flock", "exit 3", 3),
-    ] {
+    for (lease, command, expected) in [("stalled-busy", "true", 75), ("stalled-flock", "exit 3", 3)]
+    {
         let mut run = leasehold(
             &["--store", &url, "--lease", lease],
             &["sh".into(), "-c".into(), command.into()],
@@ -365,4 +367,37 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
     let _ = holder.kill();
     let _ = holder.wait();
     drop(reader);
+}
+
+/// Issue 32: SIGTERM reaches the command through its supervisor; a frozen supervisor cannot pass
+/// it on, so `leasehold` SIGKILLs the group (the frozen supervisor with it) when the grace runs
+/// out, and shutdown still takes at most the grace period.
+#[test]
+fn a_frozen_supervisor_is_killed_with_its_group_on_shutdown() {
+    let (_dir, mut run, pids) =
+        run_stubborn(&["--lease", "frozen-supervisor", "--grace", "1s"], false);
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
+    let supervisor: i32 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .unwrap();
+    let cmdline = std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("supervise"),
+        "the command's parent is its supervisor"
+    );
+    Command::new("kill")
+        .args(["-STOP", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    kill(&run, "TERM");
+    let (code, took) = wait_exit(&mut run, Duration::from_secs(10));
+    println!("exit {code:?} {took:?} after SIGTERM");
+    assert!(
+        [supervisor, pids[0], pids[1]].iter().all(|&p| !alive(p)),
+        "the group outlived leasehold"
+    );
+    assert!(took < Duration::from_millis(1800), "shutdown took {took:?}");
+    assert_eq!(code, Some(143));
 }

@@ -272,7 +272,10 @@ async fn deadline_updates_follow_each_confirmed_renewal_only() {
     updates.changed().await.unwrap();
     // The first renewal, sent at a third of the ttl.
     assert_eq!(Instant::now() - start, MS * 1000);
-    assert_eq!(*updates.borrow_and_update() - start, MS * 1000 + TTL - drift);
+    assert_eq!(
+        *updates.borrow_and_update() - start,
+        MS * 1000 + TTL - drift
+    );
     // A subscriber that comes later starts from the current deadline.
     assert_eq!(*guard.deadline_updates().borrow(), guard.deadline());
     // Unconfirmed renewals move nothing: the next change is the guard going away.
