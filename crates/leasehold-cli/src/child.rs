@@ -321,7 +321,8 @@ pub async fn run(spec: &ChildSpec, stops: Stops) -> Result<Ended> {
     } = stops;
     let margin = kill_margin(grace);
     let term_to_kill = grace - margin;
-    let before = |at: Instant, d: Duration| at.checked_sub(d).unwrap_or(at);
+    // An instant before the clock's start has passed: now.
+    let before = |at: Instant, d: Duration| at.checked_sub(d).unwrap_or_else(Instant::now);
     let mut deadline = updates.as_mut().map(|rx| *rx.borrow_and_update());
     // A stop asked for here: when, and the SIGKILL it asked for.
     let mut stop: Option<(Instant, Instant)> = None;
