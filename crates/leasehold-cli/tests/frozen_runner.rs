@@ -115,17 +115,17 @@ fn freeze_while_another_waits(store: &str, scheduled: bool) {
         args.push("--wait");
     }
     let (a_log, b_log) = (dir.path().join("a.log"), dir.path().join("b.log"));
-    let mut a = start("a", &args, &log, &a_log);
+    let mut a = KillOnDrop(start("a", &args, &log, &a_log));
     wait_for_write(&log, "a", Duration::from_secs(15));
-    let mut b = start("b", &args, &log, &b_log);
+    let mut b = KillOnDrop(start("b", &args, &log, &b_log));
     // b is waiting (or following); now only a's runner stops, not its supervisor or command.
     std::thread::sleep(Duration::from_millis(500));
     assert!(first_write_of(&log, "b").is_none(), "b ran beside a");
-    signal(&a, "STOP");
+    signal(&a.0, "STOP");
     let frozen = Instant::now();
     let b_started = wait_for_write(&log, "b", TTL * 2);
     std::thread::sleep((TTL * 2).saturating_sub(frozen.elapsed()));
-    signal(&a, "CONT");
+    signal(&a.0, "CONT");
 
     let all = writes(&log);
     let a_last = all.iter().filter(|(h, _)| h == "a").map(|w| w.1).max();
@@ -152,9 +152,9 @@ fn freeze_while_another_waits(store: &str, scheduled: bool) {
     if scheduled {
         // Thawed, a carries on as a follower; a clean stop of both.
         for (name, mut run) in [("a", a), ("b", b)] {
-            signal(&run, "TERM");
+            signal(&run.0, "TERM");
             assert_eq!(
-                wait_exit(&mut run, Duration::from_secs(10)),
+                wait_exit(&mut run.0, Duration::from_secs(10)),
                 Some(0),
                 "{name}"
             );
@@ -181,7 +181,7 @@ fn freeze_while_another_waits(store: &str, scheduled: bool) {
         );
     } else {
         // Thawed, a finds its lease lost: exit 1 and one error line.
-        let code = wait_exit(&mut a, Duration::from_secs(10));
+        let code = wait_exit(&mut a.0, Duration::from_secs(10));
         let stderr = std::fs::read_to_string(&a_log).unwrap();
         println!("a exited {code:?}:\n{stderr}");
         assert_eq!(code, Some(1), "{stderr}");
@@ -194,8 +194,8 @@ fn freeze_while_another_waits(store: &str, scheduled: bool) {
             errors[0].starts_with("leasehold: error: lease lost while the command ran"),
             "{stderr}"
         );
-        signal(&b, "TERM");
-        wait_exit(&mut b, Duration::from_secs(10));
+        signal(&b.0, "TERM");
+        wait_exit(&mut b.0, Duration::from_secs(10));
     }
 }
 

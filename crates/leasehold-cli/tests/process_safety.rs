@@ -265,7 +265,7 @@ fn a_lost_lease_fails_the_flock_whatever_the_command_returns() {
         "trap 'exit 0' TERM; touch {}; while :; do sleep 0.05; done",
         started.display()
     );
-    let mut run = leasehold(
+    let run = leasehold(
         &[
             "--store", &url, "--lease", "trapped", "--ttl", "3s", "--grace", "1s", "--retry",
             "100ms",
@@ -275,13 +275,14 @@ fn a_lost_lease_fails_the_flock_whatever_the_command_returns() {
     .stderr(std::fs::File::create(&log).unwrap())
     .spawn()
     .unwrap();
+    let mut run = KillOnDrop(run);
     let start = Instant::now();
     while !started.exists() {
         assert!(start.elapsed() < Duration::from_secs(20), "no start");
         std::thread::sleep(Duration::from_millis(10));
     }
     redis.kill();
-    let (code, took) = wait_exit(&mut run, Duration::from_secs(10));
+    let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
     let stderr = std::fs::read_to_string(&log).unwrap();
     println!("exit {code:?} {took:?} after the store died\n{stderr}");
     assert_eq!(code, Some(1), "{stderr}");
@@ -310,7 +311,7 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
     std::thread::spawn(move || filler.write_all(&vec![b'x'; 1 << 20]));
     std::thread::sleep(Duration::from_millis(200));
     // A scheduled run that logs at every tick, stopped by SIGTERM.
-    let mut run = leasehold(
+    let run = leasehold(
         &[
             "--store", &url, "--lease", "stalled", "--every", "200ms", "--grace", "1s",
         ],
@@ -320,10 +321,11 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
     .stderr(writer.try_clone().unwrap())
     .spawn()
     .unwrap();
+    let mut run = KillOnDrop(run);
     let pids = started(dir.path());
     std::thread::sleep(Duration::from_secs(1));
-    kill(&run, "TERM");
-    let (code, took) = wait_exit(&mut run, Duration::from_secs(10));
+    kill(&run.0, "TERM");
+    let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
     println!("scheduled: exit {code:?} {took:?} after SIGTERM");
     assert_eq!(code, Some(0));
     all_gone(&pids, Duration::from_secs(1));
@@ -336,6 +338,7 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
+    let _holder = KillOnDrop(holder);
     let busy_since = Instant::now();
     let held = || {
         let out = Command::new(BIN)
@@ -351,21 +354,20 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
     }
     for (lease, command, expected) in [("stalled-busy", "true", 75), ("stalled-flock", "exit 3", 3)]
     {
-        let mut run = leasehold(
-            &["--store", &url, "--lease", lease],
-            &["sh".into(), "-c".into(), command.into()],
-        )
-        .env("LEASEHOLD_LOG", "debug")
-        .stderr(writer.try_clone().unwrap())
-        .spawn()
-        .unwrap();
-        let (code, took) = wait_exit(&mut run, Duration::from_secs(10));
+        let mut run = KillOnDrop(
+            leasehold(
+                &["--store", &url, "--lease", lease],
+                &["sh".into(), "-c".into(), command.into()],
+            )
+            .env("LEASEHOLD_LOG", "debug")
+            .stderr(writer.try_clone().unwrap())
+            .spawn()
+            .unwrap(),
+        );
+        let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
         println!("{lease}: exit {code:?} after {took:?}");
         assert_eq!(code, Some(expected), "{lease}");
     }
-    let mut holder = holder;
-    let _ = holder.kill();
-    let _ = holder.wait();
     drop(reader);
 }
 
@@ -374,8 +376,8 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
 /// out, and shutdown still takes at most the grace period.
 #[test]
 fn a_frozen_supervisor_is_killed_with_its_group_on_shutdown() {
-    let (_dir, mut run, pids) =
-        run_stubborn(&["--lease", "frozen-supervisor", "--grace", "1s"], false);
+    let (_dir, run, pids) = run_stubborn(&["--lease", "frozen-supervisor", "--grace", "1s"], false);
+    let mut run = KillOnDrop(run);
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
     let supervisor: i32 = stat
         .rsplit_once(')')
@@ -391,8 +393,8 @@ fn a_frozen_supervisor_is_killed_with_its_group_on_shutdown() {
         .args(["-STOP", &supervisor.to_string()])
         .status()
         .unwrap();
-    kill(&run, "TERM");
-    let (code, took) = wait_exit(&mut run, Duration::from_secs(10));
+    kill(&run.0, "TERM");
+    let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
     println!("exit {code:?} {took:?} after SIGTERM");
     assert!(
         [supervisor, pids[0], pids[1]].iter().all(|&p| !alive(p)),
