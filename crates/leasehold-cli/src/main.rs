@@ -3,6 +3,7 @@
 mod child;
 mod demo;
 mod history;
+mod link;
 mod logging;
 mod next;
 mod run;
@@ -169,7 +170,7 @@ fn start_runtime(
 ) -> Result<tokio::runtime::Runtime, ExitCode> {
     builder.enable_all().build().map_err(|e| {
         logging::error_line(&format!("cannot start the runtime: {e}"));
-        ExitCode::from(1)
+        exit(1)
     })
 }
 
@@ -196,7 +197,7 @@ fn main() -> ExitCode {
                 first = format!("{first} {}", what.trim());
             }
             logging::error_line(&format!("{first} (see leasehold --help)"));
-            return ExitCode::from(EXIT_USAGE);
+            return exit(EXIT_USAGE);
         }
         Err(e) => {
             // --help and --version.
@@ -238,13 +239,20 @@ fn main() -> ExitCode {
     });
     // Background renewers and pollers must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_millis(200));
-    match result {
-        Ok(code) => ExitCode::from(code),
+    let code = match result {
+        Ok(code) => code,
         Err(Failure { code, error }) => {
             // One line a person can act on: the error and its causes, joined.
-            let message = format!("{error:#}").replace('\n', " ");
-            logging::error_line(&message);
-            ExitCode::from(code)
+            logging::error_line(&format!("{error:#}"));
+            code
         }
-    }
+    };
+    exit(code)
+}
+
+/// Exits with `code` once stderr has taken the last lines, or after half a second if it does not
+/// take them (a reader that stopped reading must not keep the process alive).
+fn exit(code: u8) -> ExitCode {
+    logging::drain(Duration::from_millis(500));
+    ExitCode::from(code)
 }

@@ -185,3 +185,20 @@ pub fn path_str(p: &Path) -> String {
 pub fn ledger_in(dir: &Path) -> PathBuf {
     dir.join("ledger.jsonl")
 }
+
+/// A process the test started, resumed (should the test have stopped it) and killed when
+/// dropped, so a failing assertion leaves nothing running.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Only a process not yet reaped: its pid cannot have been reused.
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
