@@ -298,17 +298,6 @@ impl HeldProbe {
 }
 
 // Beside the probe whose guard it reads.
-impl crate::TaskContext {
-    /// The task lease's local deadline, updated with every confirmed renewal (see
-    /// [`LeaseGuard::deadline_updates`]); `None` when the run holds no task lease.
-    pub fn lease_deadline(&self) -> Option<watch::Receiver<Instant>> {
-        self.held.iter().find_map(|probe| match probe {
-            HeldProbe::Guard(shared) => Some(shared.deadline_updates()),
-            HeldProbe::Token(_) => None,
-        })
-    }
-}
-
 impl Shared {
     /// Records the loss (the first reason wins) and tells the work. The cancellation comes
     /// before any logging: a log write that fails must never keep the work running.
