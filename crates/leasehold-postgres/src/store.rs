@@ -48,7 +48,7 @@ struct Inner {
     /// Present when notifications are on.
     releases: Option<ReleaseFeed>,
     /// Set once the tables are known to exist (the migration ran, or was off); until then
-    /// every operation answers `Unavailable` (a store from [`PgStore::connect_lazy`]).
+    /// every operation answers `Unavailable` (a store from [`PgConfig::connect_lazy`]).
     ready: std::sync::OnceLock<std::result::Result<(), String>>,
     /// The background connect of a lazy store.
     migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
@@ -399,12 +399,8 @@ impl PgStore {
         Ok(store)
     }
 
-    /// A store that connects in the background: returned at once (the URL and settings are
-    /// checked now), it answers every operation with [`StoreError::Unavailable`] until a
-    /// connection is made and the tables are migrated, retrying with backoff up to
-    /// `max_reconnect_delay`. A migration the server refuses (no permission) makes every
-    /// operation answer [`StoreError::Rejected`]. Needs a Tokio runtime.
-    pub(crate) fn connect_lazy(config: PgConfig) -> Result<Self> {
+    /// [`PgConfig::connect_lazy`].
+    pub(crate) fn open_lazy(config: PgConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::Config(
@@ -962,12 +958,16 @@ impl PgConfig {
         PgStore::connect(self).await
     }
 
-    /// Returns the store at once and connects in the background (see
-    /// [`PgStore::connect_lazy`](crate::PgStore)): every operation answers
-    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server is
-    /// reached and the tables exist. For a service that must start while its database is down.
-    /// Fails only on settings or a URL that can never work, or outside a Tokio runtime.
+    /// Checks the settings and returns a store at once, without waiting for the server, for a
+    /// service that must start while its database is down: it connects and runs the migration
+    /// in the background, retrying with backoff up to
+    /// [`max_reconnect_delay`](Self::max_reconnect_delay). Until the server is reached and the
+    /// tables exist every operation answers
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable); a migration the server
+    /// refuses (no permission) makes every operation answer
+    /// [`StoreError::Rejected`](leasehold::StoreError::Rejected). Fails only on settings or a URL
+    /// that can never work, or outside a Tokio runtime; never with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<PgStore> {
-        PgStore::connect_lazy(self)
+        PgStore::open_lazy(self)
     }
 }

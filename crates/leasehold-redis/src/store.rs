@@ -218,19 +218,6 @@ impl Setup {
 }
 
 impl RedisStore {
-    /// A store for the server at `url` (default settings), returned at once without waiting for
-    /// the server: it connects in the background, retrying with backoff until the server
-    /// answers, and reconnects after the connection drops. Until then every operation fails
-    /// with [`StoreError::Unavailable`] (or [`StoreError::Timeout`] if the server does not
-    /// answer at all), so a scheduler or a waiter can start while its store is down.
-    ///
-    /// Fails only on a URL or setting that can never work ([`Error::InvalidUrl`],
-    /// [`Error::Config`]), or when called outside a Tokio runtime ([`Error::Config`]); never
-    /// with [`Error::Connect`]. See [`RedisConfig::connect_lazy`] for other settings.
-    pub fn connect_lazy(url: &str) -> Result<Self> {
-        Self::open_lazy(RedisConfig::new(url))
-    }
-
     pub(crate) fn open_lazy(config: RedisConfig) -> Result<Self> {
         let setup = Setup::new(&config)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -351,7 +338,7 @@ impl RedisStore {
 
     /// A handle on the shared connection, for commands of your own: to the server, to the
     /// current primary behind Sentinel, or, on a Redis Cluster, routed to the node owning each
-    /// command's keys. (For a store from [`connect_lazy`](Self::connect_lazy) that has not
+    /// command's keys. (For a store from [`connect_lazy`](crate::connect_lazy) that has not
     /// connected yet, its commands fail until the server answers.)
     pub fn connection(&self) -> RedisConnection {
         self.inner.conn()
@@ -1025,9 +1012,16 @@ impl RedisConfig {
         RedisStore::connect(self).await
     }
 
-    /// Checks the settings and returns a store at once, which connects (and, with
-    /// [`notifications`](Self::notifications), subscribes) in the background; see
-    /// [`RedisStore::connect_lazy`]. Must be called within a Tokio runtime.
+    /// Checks the settings and returns a store at once, without waiting for the server: it
+    /// connects (and, with [`notifications`](Self::notifications), subscribes) in the
+    /// background, retrying with backoff until the server answers, and reconnects after the
+    /// connection drops. Until then every operation fails with
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) (or `Timeout` if the server
+    /// does not answer at all), so a scheduler or a waiter can start while its store is down.
+    ///
+    /// Fails only on a URL or setting that can never work ([`Error::InvalidUrl`],
+    /// [`Error::Config`]), or when called outside a Tokio runtime ([`Error::Config`]); never
+    /// with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<RedisStore> {
         RedisStore::open_lazy(self)
     }
