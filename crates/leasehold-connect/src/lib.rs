@@ -295,7 +295,13 @@ mod tests {
                 "{conninfo}"
             );
         }
-        for not in ["leases.db", "sqlite:a=b.db", "redis://h/?x=1", "=x", "a-b=c"] {
+        for not in [
+            "leases.db",
+            "sqlite:a=b.db",
+            "redis://h/?x=1",
+            "=x",
+            "a-b=c",
+        ] {
             assert_ne!(StoreKind::of(not).ok(), Some(StoreKind::Postgres), "{not}");
         }
     }
@@ -309,7 +315,13 @@ mod tests {
             .unwrap_err();
         let message = format!("{err} {err:?}");
         assert!(
-            matches!(err, OpenError::Connect { store: "postgres", .. }),
+            matches!(
+                err,
+                OpenError::Connect {
+                    store: "postgres",
+                    ..
+                }
+            ),
             "{message}"
         );
         assert!(!message.contains("SECRET"), "{message}");

@@ -19,9 +19,17 @@ async fn every_server_store_connects_lazily_under_one_name() {
     let started = Instant::now();
     let stores = [
         BoxStore::new(leasehold_redis::connect_lazy(&redis).unwrap()),
-        BoxStore::new(leasehold_redis::RedisConfig::new(&redis).connect_lazy().unwrap()),
+        BoxStore::new(
+            leasehold_redis::RedisConfig::new(&redis)
+                .connect_lazy()
+                .unwrap(),
+        ),
         BoxStore::new(leasehold_postgres::connect_lazy(&postgres).unwrap()),
-        BoxStore::new(leasehold_postgres::PgConfig::new(&postgres).connect_lazy().unwrap()),
+        BoxStore::new(
+            leasehold_postgres::PgConfig::new(&postgres)
+                .connect_lazy()
+                .unwrap(),
+        ),
         BoxStore::new(leasehold_etcd::connect_lazy(&etcd).unwrap()),
         BoxStore::new(
             leasehold_etcd::EtcdConfig::from_url(&etcd)
