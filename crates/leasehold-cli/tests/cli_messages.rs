@@ -165,7 +165,11 @@ fn a_closed_stdout_ends_the_demo_and_its_instances() {
     let mut line = String::new();
     while !line.starts_with('[') {
         line.clear();
-        assert_ne!(reader.read_line(&mut line).unwrap(), 0, "the demo ended early");
+        assert_ne!(
+            reader.read_line(&mut line).unwrap(),
+            0,
+            "the demo ended early"
+        );
     }
     drop(reader);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -198,4 +202,32 @@ fn closed_pipe() -> Stdio {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
     writer.into()
+}
+
+/// A Redis that wants a password, over a unix socket without one: one line, exit 69 (it was
+/// the release listener's warning and then the operation's error).
+#[test]
+fn a_redis_that_wants_a_password_is_one_line() {
+    let dir = temp_dir();
+    let socket = dir.path().join("redis.sock").display().to_string();
+    let _server = leasehold_testkit::redis::OwnRedis::start(&[
+        "--requirepass",
+        "s3cret",
+        "--unixsocket",
+        &socket,
+        "--unixsocketperm",
+        "700",
+    ]);
+    let url = format!("redis+unix://{socket}");
+    for args in [
+        vec!["status", "--store", &url, "a"],
+        vec!["history", "--store", &url, "a"],
+        vec!["run", "--store", &url, "--lease", "a", "--", "true"],
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("NOAUTH"), "{args:?}: {stderr}");
+    }
 }

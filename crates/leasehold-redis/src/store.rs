@@ -202,9 +202,22 @@ impl Setup {
             Backend::Single {
                 client,
                 manager_config,
-            } => ConnectionManager::new_with_config(client.clone(), manager_config.clone())
-                .await
-                .map(Conn::Single),
+            } => {
+                let mut manager =
+                    ConnectionManager::new_with_config(client.clone(), manager_config.clone())
+                        .await?;
+                // The driver authenticates only when the URL carries credentials, so a server
+                // that wants them answers NOAUTH only to the first command: ask now, so that
+                // is a connect error rather than a release listener's warning followed by the
+                // first operation's error. (A user that may not PING is connected all the same.)
+                match redis::cmd("PING").query_async::<Value>(&mut manager).await {
+                    Err(e) if e.kind() != ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                        return Err(e);
+                    }
+                    _ => {}
+                }
+                Ok(Conn::Single(manager))
+            }
             Backend::Sentinel(link) => {
                 link.connection().await?;
                 Ok(Conn::Sentinel(link.clone()))
