@@ -136,6 +136,25 @@ impl<S: Store> LeaseSession<S> {
         &self.holder
     }
 
+    /// The store this session's leases are kept in, for calls of your own (`inspect`, say).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use leasehold::{LeaseConfig, LeaseName, LeaseSession, MemoryStore, Store, TryAcquire};
+    ///
+    /// let session = LeaseSession::new(MemoryStore::new(), LeaseConfig::default())?;
+    /// let job = LeaseName::new("job:7")?;
+    /// if let TryAcquire::Acquired(guard) = session.try_acquire(job.clone()).await? {
+    ///     let state = session.store().inspect(&job).await?.expect("just acquired");
+    ///     assert_eq!(state.token, guard.token());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
     /// Sets how long free lease records are kept before this session purges them (hourly);
     /// `None` stops purging. Default [`DEFAULT_SESSION_RETENTION`].
     pub fn purge_after(&self, retention: Option<Duration>) {
