@@ -894,7 +894,8 @@ impl Store for RedisStore {
             &[
                 Arg::Str(&format!("{key:0width$}", width = HISTORY_KEY_DIGITS)),
                 Arg::Str(entry),
-                Arg::Int(keep as u64),
+                // `keep` 0 counts as 1 (the trait's rule).
+                Arg::Int(keep.max(1) as u64),
             ],
             op,
             true,

@@ -51,6 +51,7 @@ where
         guard_renews_and_hands_over,
         last_slot_reads_the_highest_claim,
         history_is_bounded_keyed_and_exact,
+        history_keep_zero_keeps_one,
         members_expire_refresh_and_leave,
     );
     let mut failed = Vec::new();

@@ -232,7 +232,7 @@ impl Store for MemoryStore {
         let mut state = self.state();
         let entries = state.history.entry(task.clone()).or_default();
         entries.insert(key, entry.to_owned());
-        while entries.len() > keep {
+        while entries.len() > keep.max(1) {
             entries.pop_first();
         }
         std::future::ready(Ok(()))

@@ -232,7 +232,8 @@ pub trait Store: Send + Sync + Clone + 'static {
 
     /// Stores `entry` (opaque text: a [`RunRecord`](crate::history::RunRecord) as JSON) under
     /// `key` in `task`'s history, replacing an entry with the same key, and keeps only the `keep`
-    /// entries with the highest keys. One round trip.
+    /// entries with the highest keys; `keep` 0 counts as 1, so a write never empties a history.
+    /// One round trip.
     fn record_history(
         &self,
         task: &LeaseName,
