@@ -54,7 +54,10 @@ struct Inner {
     conn: RwLock<Conn>,
     prefix: String,
     channel: String,
+    /// The limit of an operation without a ttl, and the most one with a ttl gets.
     op_timeout: Duration,
+    /// Whether an operation with a ttl gets a third of it ([`RedisConfig::op_timeout`] unset).
+    op_timeout_from_ttl: bool,
     retention: Duration,
     /// The URL without its password.
     url: String,
@@ -118,7 +121,7 @@ impl Setup {
                     sentinel,
                     AsyncConnectionConfig::new()
                         .set_connection_timeout(Some(config.connect_timeout))
-                        .set_response_timeout(Some(config.op_timeout)),
+                        .set_response_timeout(Some(config.max_op_timeout())),
                 ));
                 return Ok(Self {
                     backend: Backend::Sentinel(link.clone()),
@@ -145,7 +148,7 @@ impl Setup {
                         client,
                         config: ClusterConfig::new()
                             .set_connection_timeout(config.connect_timeout)
-                            .set_response_timeout(config.op_timeout),
+                            .set_response_timeout(config.max_op_timeout()),
                     },
                     source: Source::Nodes(pubsub_nodes),
                     url,
@@ -164,7 +167,7 @@ impl Setup {
         // bound on an operation is op_timeout, end to end, reported as Timeout.
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.op_timeout))
+            .set_response_timeout(Some(config.max_op_timeout()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         Ok(Self {
@@ -240,6 +243,7 @@ impl RedisStore {
         }
         let conn = setup.lazy_conn()?;
         let channel = format!("{}:released", config.prefix);
+        let op_timeout = config.max_op_timeout();
         let releases = config
             .notifications
             .then(|| listener::feed(setup.source.clone(), channel.clone(), &config, &setup.url));
@@ -249,7 +253,8 @@ impl RedisStore {
                 conn: RwLock::new(conn),
                 prefix: config.prefix,
                 channel,
-                op_timeout: config.op_timeout,
+                op_timeout,
+                op_timeout_from_ttl: config.op_timeout.is_none(),
                 retention: config.retention,
                 url: setup.url.clone(),
                 releases,
@@ -279,6 +284,7 @@ impl RedisStore {
             })?;
 
         let channel = format!("{}:released", config.prefix);
+        let op_timeout = config.max_op_timeout();
         let releases = config
             .notifications
             .then(|| listener::feed(setup.source, channel.clone(), &config, &url));
@@ -292,7 +298,8 @@ impl RedisStore {
                 conn: RwLock::new(conn),
                 prefix: config.prefix,
                 channel,
-                op_timeout: config.op_timeout,
+                op_timeout,
+                op_timeout_from_ttl: config.op_timeout.is_none(),
                 retention: config.retention,
                 url,
                 releases,
@@ -357,10 +364,22 @@ impl RedisStore {
         self.inner.conn()
     }
 
-    /// Runs `script` (EVALSHA, then EVAL if the server does not have it) within the operation
-    /// timeout. An `idempotent` operation is retried once on a fresh connection if the connection
-    /// broke under it; the others (release, claim_slot) are not, since a lost reply would turn a
-    /// success into a misleading `NotHeld`/`AlreadyRun`.
+    /// The time limit of an operation on a lease of `ttl` (`None`: no ttl); see
+    /// [`RedisConfig::op_timeout`].
+    fn limit(&self, ttl: Option<Duration>) -> Duration {
+        match ttl {
+            Some(ttl) if self.inner.op_timeout_from_ttl => {
+                (ttl / 3).clamp(Duration::from_millis(1), self.inner.op_timeout)
+            }
+            _ => self.inner.op_timeout,
+        }
+    }
+
+    /// Runs `script` (EVALSHA, then EVAL if the server does not have it) within the time limit
+    /// of an operation on a lease of `ttl` ([`limit`](Self::limit)). An `idempotent` operation is
+    /// retried once on a fresh connection if the connection broke under it; the others (release,
+    /// claim_slot) are not, since a lost reply would turn a success into a misleading
+    /// `NotHeld`/`AlreadyRun`.
     async fn eval(
         &self,
         script: &LuaScript,
@@ -368,6 +387,7 @@ impl RedisStore {
         args: &[Arg<'_>],
         op: Op<'_>,
         idempotent: bool,
+        ttl: Option<Duration>,
     ) -> StoreResult<Value> {
         let attempt = async {
             let mut retried = false;
@@ -381,7 +401,7 @@ impl RedisStore {
                 }
             }
         };
-        within(self.inner.op_timeout, attempt).await
+        within(self.limit(ttl), attempt).await
     }
 
     async fn eval_once(
@@ -683,6 +703,7 @@ impl Store for RedisStore {
                 ],
                 op,
                 true,
+                Some(ttl),
             )
             .await?;
         let reply = items(op, reply)?;
@@ -712,6 +733,7 @@ impl Store for RedisStore {
                 &[Arg::Tenure(token, holder_id), ttl_millis(ttl)],
                 op,
                 true,
+                Some(ttl),
             )
             .await?;
         Ok(match int(op, Some(&reply))? {
@@ -743,7 +765,7 @@ impl Store for RedisStore {
                 .collect();
         }
         let op = Op::new("renew_many", None);
-        let ttl = ttl_millis(ttl);
+        let ttl_arg = ttl_millis(ttl);
         let pipeline = |by_hash: bool| {
             let mut pipe = redis::Pipeline::with_capacity(leases.len());
             for (name, token) in leases {
@@ -751,7 +773,7 @@ impl Store for RedisStore {
                     &RENEW,
                     by_hash,
                     &[self.key(name, LEASE)],
-                    &[Arg::Tenure(*token, holder_id), ttl],
+                    &[Arg::Tenure(*token, holder_id), ttl_arg],
                 ));
             }
             pipe
@@ -782,7 +804,7 @@ impl Store for RedisStore {
                 })
                 .collect()
         };
-        within(self.inner.op_timeout, attempt).await
+        within(self.limit(Some(ttl)), attempt).await
     }
 
     async fn release(
@@ -803,6 +825,7 @@ impl Store for RedisStore {
                 ],
                 op,
                 false,
+                None,
             )
             .await?;
         Ok(match int(op, Some(&reply))? {
@@ -820,6 +843,7 @@ impl Store for RedisStore {
                 &[],
                 op,
                 true,
+                None,
             )
             .await?;
         if reply == Value::Nil {
@@ -850,6 +874,7 @@ impl Store for RedisStore {
                 &[Arg::Int(slot)],
                 op,
                 false,
+                None,
             )
             .await?;
         let reply = items(op, reply)?;
@@ -868,7 +893,7 @@ impl Store for RedisStore {
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
         let op = Op::new("last_slot", Some(task));
         let reply = self
-            .eval(&LAST_SLOT, &[self.key(task, SLOT)], &[], op, true)
+            .eval(&LAST_SLOT, &[self.key(task, SLOT)], &[], op, true, None)
             .await?;
         if reply == Value::Nil {
             return Ok(None);
@@ -899,6 +924,7 @@ impl Store for RedisStore {
             ],
             op,
             true,
+            None,
         )
         .await?;
         Ok(())
@@ -918,6 +944,7 @@ impl Store for RedisStore {
                 &[Arg::Int(last_rank as u64)],
                 op,
                 true,
+                None,
             )
             .await?;
         items(op, reply)?
@@ -958,6 +985,7 @@ impl Store for RedisStore {
                 &[Arg::Str(member.as_str()), ttl_millis(ttl)],
                 op,
                 true,
+                Some(ttl),
             )
             .await?;
         let mut members = items(op, reply)?
@@ -976,6 +1004,7 @@ impl Store for RedisStore {
             &[Arg::Str(member.as_str())],
             op,
             true,
+            None,
         )
         .await?;
         Ok(())

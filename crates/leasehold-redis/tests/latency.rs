@@ -174,6 +174,46 @@ async fn a_3s_round_trip_times_out_after_op_timeout() {
     }
 }
 
+/// Issue 31: without an `op_timeout` set, an operation on a lease is limited by a third of its
+/// ttl (at most 2 s), so a renewal sent into a connection that answers nothing is given up while
+/// the lease can still be kept and renewed again; with a 900 ms ttl a fixed 2 s limit outlived
+/// the lease. Operations without a ttl keep 2 s; a set `op_timeout` applies to all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_op_timeout_a_lease_operation_gets_a_third_of_its_ttl() {
+    let proxy = SlowProxy::start(Duration::ZERO).await;
+    let store = RedisConfig::new(proxy.url())
+        .prefix(common::test_prefix())
+        .notifications(false)
+        .connect()
+        .await
+        .unwrap();
+    let (lease, who) = (name("derived"), HolderId::new("derived-holder").unwrap());
+    let ttl = Duration::from_millis(900);
+    let token = match store.acquire(&lease, &who, ttl).await.unwrap() {
+        Acquisition::Acquired { token } => token,
+        other => panic!("{other:?}"),
+    };
+    proxy.set_delay(Duration::from_secs(5));
+    let started = Instant::now();
+    let err = store
+        .renew(&lease, &who, token, ttl)
+        .await
+        .expect_err("no answer within a third of the ttl");
+    let took = started.elapsed();
+    assert!(
+        matches!(err, StoreError::Timeout(d) if d == ttl / 3),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_millis(800), "gave up after {took:?}");
+    let started = Instant::now();
+    let err = store.now_millis().await.expect_err("still blackholed");
+    assert!(
+        matches!(err, StoreError::Timeout(d) if d == leasehold_redis::DEFAULT_OP_TIMEOUT),
+        "{err:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1_900));
+}
+
 /// Issue 18's latency bar: with ttl 15 s, a guard keeps its lease through round trips of
 /// 300 ms, 1 s and 3 s (op_timeout 5 s, above the slowest), renewing every second, and is never
 /// told it is expiring or lost.
