@@ -231,3 +231,28 @@ fn a_redis_that_wants_a_password_is_one_line() {
         assert!(stderr.contains("NOAUTH"), "{args:?}: {stderr}");
     }
 }
+
+/// The libpq `key=value` form the PostgreSQL README documents is a store URL like the others
+/// (issue 31: it was `unknown store URL scheme ""`): a flock runs on it, status and history read
+/// through it.
+#[test]
+fn a_key_value_connection_string_is_a_postgres_store() {
+    let url = std::env::var("LEASEHOLD_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    // postgres://USER@HOST:PORT/DB, as the test environment gives it.
+    let rest = url.split_once("://").unwrap().1;
+    let (user, rest) = rest.split_once('@').unwrap();
+    let (host_port, db) = rest.split_once('/').unwrap();
+    let (host, port) = host_port.split_once(':').unwrap_or((host_port, "5432"));
+    let conninfo = format!("host={host} port={port} user={user} dbname={db}");
+    let lease = format!("conninfo-{}", std::process::id());
+    for args in [
+        vec!["run", "--store", &conninfo, "--lease", &lease, "--", "true"],
+        vec!["status", "--store", &conninfo, &lease],
+        vec!["history", "--store", &conninfo, &lease],
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+}
