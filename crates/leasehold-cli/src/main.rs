@@ -4,6 +4,7 @@ mod child;
 mod demo;
 mod history;
 mod logging;
+mod next;
 mod output;
 mod run;
 mod serve;
@@ -44,6 +45,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots.
     History(history::HistoryArgs),
+    /// Show the next firings of a cron expression (local time and UTC), to check it before
+    /// deploying it.
+    Next(next::NextArgs),
     /// Watch three instances share one SQLite file: one runs each tick, a killed leader is
     /// replaced, a stopped one hands over at once.
     Demo(demo::DemoArgs),
@@ -245,6 +249,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
             Command::History(args) => history::history(args).await,
+            Command::Next(args) => next::next(args),
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             #[cfg(feature = "chaos")]

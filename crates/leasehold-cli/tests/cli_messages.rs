@@ -85,6 +85,12 @@ fn missing_arguments_are_named_for_every_subcommand() {
             "leasehold witness --help",
         ),
         (&["supervise"], &["<COMMAND>"], "leasehold supervise --help"),
+        (&["next"], &["--cron <CRON>"], "leasehold next --help"),
+        (
+            &["next", "--cron"],
+            &["--cron <CRON>"],
+            "leasehold next --help",
+        ),
         (
             &[],
             &["a command is required: run, status"],
@@ -127,15 +133,16 @@ fn other_clap_errors_keep_their_detail_on_one_line() {
     );
 }
 
-/// `leasehold history … | head -1` and `leasehold status … | head -1`: the reader has gone, so
-/// the command stops without a word (no panic, no backtrace) and exits 0.
+/// `leasehold history … | head -1`, `status … | head -1`, `next … | head -1`: the reader has
+/// gone, so the command stops without a word (no panic, no backtrace) and exits 0.
 #[test]
-fn a_closed_stdout_ends_status_and_history_quietly() {
+fn a_closed_stdout_ends_status_history_and_next_quietly() {
     let dir = temp_dir();
     let store = format!("sqlite:{}", dir.path().join("s.db").display());
     for args in [
         vec!["history", "--store", &store, "t"],
         vec!["status", "--store", &store, "t"],
+        vec!["next", "--cron", "0 3 * * *", "-n", "50"],
     ] {
         let out = Command::new(BIN)
             .args(&args)

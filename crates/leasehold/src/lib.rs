@@ -2,6 +2,8 @@
 
 pub mod catalog;
 mod config;
+#[cfg(feature = "cron")]
+mod cron;
 mod feed;
 pub mod history;
 mod leader;
@@ -23,12 +25,12 @@ pub mod conformance;
 pub mod faults;
 
 pub use config::{ConfigError, LeaseConfig};
+#[cfg(feature = "cron")]
+pub use cron::{CronField, CronProblem, CronSchedule};
 pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
-#[cfg(feature = "cron")]
-pub use schedule::CronSchedule;
 pub use schedule::{Schedule, ScheduleError};
 pub use scheduler::{
     CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,
