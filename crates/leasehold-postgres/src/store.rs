@@ -49,7 +49,7 @@ struct Inner {
     /// Present when notifications are on.
     releases: Option<ReleaseFeed>,
     /// Set once the tables are known to exist (the migration ran, or was off); until then
-    /// every operation answers `Unavailable` (a store from [`PgStore::connect_lazy`]).
+    /// every operation answers `Unavailable` (a store from [`PgConfig::connect_lazy`]).
     ready: std::sync::OnceLock<std::result::Result<(), String>>,
     /// The background connect of a lazy store.
     migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
@@ -66,7 +66,7 @@ pub struct Statements {
     /// holder text, remaining_us bigint)`; `token` is set when acquired, otherwise `holder` and
     /// `remaining_us` describe the current holder as of the statement's snapshot. If that
     /// snapshot does not show a live holder (a concurrent writer committed in between) the store
-    /// runs the statement again.
+    /// runs the statement again. `remaining_us` is NULL for an infinite `expires_at`.
     pub acquire: String,
     /// Renew: `$1` name, `$2` holder, `$3` token, `$4` ttl in milliseconds. One row when renewed.
     pub renew: String,
@@ -80,7 +80,7 @@ pub struct Statements {
     /// at least that long. One row: `(count bigint)`.
     pub purge: String,
     /// Inspect: `$1` name. `(holder text, token bigint, remaining_us bigint)`, no row when the
-    /// name was never acquired.
+    /// name was never acquired; `remaining_us` is NULL for an infinite `expires_at`.
     pub inspect: String,
     /// Claim a slot: `$1` task, `$2` slot. One row `(claimed bool, last_slot bigint)`.
     pub claim_slot: String,
@@ -143,7 +143,9 @@ impl Statements {
 SELECT acq.token, NULL::text AS holder, NULL::bigint AS remaining_us FROM acq
 UNION ALL
 SELECT NULL::bigint, cur.holder,
-       floor(extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint
+       CASE WHEN isfinite(cur.expires_at)
+            THEN floor(extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint
+       END
   FROM {leases} cur
  WHERE cur.name = $1::text AND NOT EXISTS (SELECT 1 FROM acq)"
             ),
@@ -178,7 +180,9 @@ SELECT count(*) FROM gone"
             ),
             inspect: format!(
                 "SELECT l.holder, l.token,
-       floor(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint
+       CASE WHEN isfinite(l.expires_at)
+            THEN floor(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint
+       END
   FROM {leases} l WHERE l.name = $1::text"
             ),
             claim_slot: format!(
@@ -355,6 +359,16 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
 }
 
 impl PgStore {
+    /// A lease row whose `expires_at` is `infinity` or `-infinity`: leasehold never writes one
+    /// (it would hold or free the lease for ever), so someone edited the row by hand.
+    fn infinite_expiry(&self, name: &LeaseName) -> StoreError {
+        StoreError::Corrupt(format!(
+            "lease {name}: its row in {}.{} has an infinite expires_at, which leasehold never \
+             writes; set it to a time or delete the row",
+            self.inner.schema, self.inner.lease_table
+        ))
+    }
+
     fn assemble(config: &PgConfig, parts: Parts, releases: Option<ReleaseFeed>) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -400,12 +414,8 @@ impl PgStore {
         Ok(store)
     }
 
-    /// A store that connects in the background: returned at once (the URL and settings are
-    /// checked now), it answers every operation with [`StoreError::Unavailable`] until a
-    /// connection is made and the tables are migrated, retrying with backoff up to
-    /// `max_reconnect_delay`. A migration the server refuses (no permission) makes every
-    /// operation answer [`StoreError::Rejected`]. Needs a Tokio runtime.
-    pub(crate) fn connect_lazy(config: PgConfig) -> Result<Self> {
+    /// [`PgConfig::connect_lazy`].
+    pub(crate) fn open_lazy(config: PgConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::Config(
@@ -666,6 +676,9 @@ impl Store for PgStore {
             }
             let current = get::<Option<String>>(row, 1)?;
             let remaining = get::<Option<i64>>(row, 2)?;
+            if current.is_some() && remaining.is_none() {
+                return Err(self.infinite_expiry(name));
+            }
             match current {
                 Some(current) if remaining.is_some_and(|r| r > 0) && current != holder.as_str() => {
                     return Ok(Acquisition::Busy {
@@ -749,15 +762,16 @@ impl Store for PgStore {
         };
         let holder = get::<Option<String>>(row, 0)?;
         let token = token_of(get::<i64>(row, 1)?)?;
-        let remaining = get::<Option<i64>>(row, 2)?;
-        let live = remaining.is_some_and(|r| r > 0);
+        let Some(remaining) = get::<Option<i64>>(row, 2)? else {
+            return Err(self.infinite_expiry(name));
+        };
         let holder = match holder {
-            Some(h) if live => Some(holder_of(h)?),
+            Some(h) if remaining > 0 => Some(holder_of(h)?),
             _ => None,
         };
         Ok(Some(LeaseState {
             remaining: if holder.is_some() {
-                remaining_of(remaining)
+                remaining_of(Some(remaining))
             } else {
                 Duration::ZERO
             },
@@ -976,12 +990,16 @@ impl PgConfig {
         PgStore::connect(self).await
     }
 
-    /// Returns the store at once and connects in the background (see
-    /// [`PgStore::connect_lazy`](crate::PgStore)): every operation answers
-    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server is
-    /// reached and the tables exist. For a service that must start while its database is down.
-    /// Fails only on settings or a URL that can never work, or outside a Tokio runtime.
+    /// Checks the settings and returns a store at once, without waiting for the server, for a
+    /// service that must start while its database is down: it connects and runs the migration
+    /// in the background, retrying with backoff up to
+    /// [`max_reconnect_delay`](Self::max_reconnect_delay). Until the server is reached and the
+    /// tables exist every operation answers
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable); a migration the server
+    /// refuses (no permission) makes every operation answer
+    /// [`StoreError::Rejected`](leasehold::StoreError::Rejected). Fails only on settings or a URL
+    /// that can never work, or outside a Tokio runtime; never with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<PgStore> {
-        PgStore::connect_lazy(self)
+        PgStore::open_lazy(self)
     }
 }

@@ -14,7 +14,22 @@ use crate::store_api::Store;
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// Where this instance stands in its group.
+///
+/// States may be added (`Failed` was), so a `match` outside this crate needs a `_` arm; one
+/// without it does not compile:
+///
+/// ```compile_fail,E0004
+/// use leasehold::LeaderState;
+///
+/// fn leading(state: &LeaderState) -> bool {
+///     match state {
+///         LeaderState::Leading { .. } => true,
+///         LeaderState::Campaigning | LeaderState::Stopped | LeaderState::Failed { .. } => false,
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum LeaderState {
     /// Waiting to be elected.
     Campaigning,

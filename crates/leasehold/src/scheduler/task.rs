@@ -140,7 +140,7 @@ pub struct TaskContext {
 
 impl TaskContext {
     /// The task lease's local deadline, updated with every confirmed renewal (see
-    /// [`LeaseGuard::deadline_updates`]); `None` when the run holds no task lease.
+    /// [`LeaseGuard::deadline_updates`](crate::LeaseGuard::deadline_updates)); `None` when the run holds no task lease.
     pub fn lease_deadline(&self) -> Option<watch::Receiver<Instant>> {
         self.held.iter().find_map(|probe| match probe {
             HeldProbe::Guard(shared) => Some(shared.deadline_updates()),
