@@ -307,7 +307,7 @@ async fn a_guard_keeps_its_lease_through_slow_round_trips() {
         tokio::time::sleep(Duration::from_millis(3 * (delay + 1000))).await;
         assert!(guard.is_held(), "lost at a {delay} ms round trip");
         assert!(
-            !guard.expiring_token().is_cancelled(),
+            !guard.cancellation_token().is_cancelled(),
             "told to stop at a {delay} ms round trip"
         );
         let state = store.inspect(lease.name()).await.unwrap().unwrap();

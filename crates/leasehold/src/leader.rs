@@ -201,12 +201,12 @@ impl<S: Store> Leader<S> {
             // lease can expire in the store and another instance be elected.
             tx.send_replace(LeaderState::Leading {
                 token,
-                cancel: guard.expiring_token(),
+                cancel: guard.cancellation_token(),
             });
             self.emit(LeaderEvent::Elected { token });
             let stepping_down = tokio::select! {
                 () = stop.cancelled() => true,
-                () = guard.expiring() => false,
+                () = guard.cancelled() => false,
             };
             gauge.set(0.0);
             if stepping_down {

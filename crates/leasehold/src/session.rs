@@ -70,7 +70,7 @@ struct Held {
 /// let session = LeaseSession::new(MemoryStore::new(), LeaseConfig::new(Duration::from_secs(60)))?;
 /// for job in 0..100 {
 ///     if let TryAcquire::Acquired(guard) = session.try_acquire(LeaseName::new(format!("job:{job}"))?).await? {
-///         // hand `guard` to the job: guard.cancellation_token() fires if this lease is lost
+///         // hand `guard` to the job: guard.cancellation_token() fires when the job must stop
 ///         # drop(guard);
 ///     }
 /// }
