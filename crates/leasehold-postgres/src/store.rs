@@ -279,7 +279,8 @@ SELECT member FROM {members}
                 "WITH beat AS (
   INSERT INTO {instances} AS i (task, instance, about, expires_at)
   VALUES ($1::text, $3::text, $4::text, clock_timestamp() + $5::bigint {ms})
-  ON CONFLICT (task, instance) DO UPDATE SET about = EXCLUDED.about, expires_at = EXCLUDED.expires_at
+  ON CONFLICT (task, instance) DO UPDATE SET about = EXCLUDED.about,
+    expires_at = EXCLUDED.expires_at
   RETURNING i.task
 ), def AS (
   INSERT INTO {tasks} AS t (task, definition, registered_at)
@@ -334,7 +335,8 @@ SELECT t.task, t.definition, t.control_version, t.control, i.instance, i.about, 
   FROM (SELECT 1) AS one LEFT JOIN {tasks} t ON t.task = $1::text"
             ),
             create_control: format!(
-                "INSERT INTO {tasks} AS t (task, control_version, control) VALUES ($1::text, 1, $2::text)
+                "INSERT INTO {tasks} AS t (task, control_version, control)
+VALUES ($1::text, 1, $2::text)
 ON CONFLICT (task) DO UPDATE SET control_version = 1, control = EXCLUDED.control
  WHERE t.control_version IS NULL
 RETURNING t.control_version"

@@ -59,7 +59,8 @@ async fn columns(client: &Client, schema: &str) -> Vec<String> {
 async fn release_0_1_0_tables_present(client: &Client, schema: &str) -> i64 {
     client
         .query_one(
-            "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1 AND tablename = ANY($2)",
+            "SELECT count(*) FROM pg_catalog.pg_tables
+              WHERE schemaname = $1 AND tablename = ANY($2)",
             &[&schema, &&RELEASE_0_1_0_TABLE_NAMES[..]],
         )
         .await

@@ -197,7 +197,8 @@ pub(crate) const PUT_DEFINITION: &str = "INSERT INTO tasks (task, definition) VA
      ON CONFLICT (task) DO UPDATE SET definition = excluded.definition";
 
 /// `?4`: host now, `?5`: ttl ms.
-pub(crate) const HEARTBEAT: &str = "INSERT INTO task_instances (task, instance, about, expires_at_ms) VALUES (?1, ?2, ?3, ?4 + ?5) \
+pub(crate) const HEARTBEAT: &str = "INSERT INTO task_instances \
+     (task, instance, about, expires_at_ms) VALUES (?1, ?2, ?3, ?4 + ?5) \
      ON CONFLICT (task, instance) DO UPDATE SET about = excluded.about, \
      expires_at_ms = excluded.expires_at_ms";
 
