@@ -4,6 +4,7 @@ mod common;
 mod error;
 mod etcd;
 mod memory;
+mod mysql;
 mod postgres;
 mod redis;
 mod report;
@@ -33,6 +34,8 @@ pub enum StoreKind {
     Memory,
     /// The etcd cluster at `--etcd-url`.
     Etcd,
+    /// The MySQL or MariaDB database at `--mysql-url`.
+    Mysql,
 }
 
 impl StoreKind {
@@ -43,6 +46,7 @@ impl StoreKind {
             Self::Postgres => "postgres",
             Self::Memory => "memory",
             Self::Etcd => "etcd",
+            Self::Mysql => "mysql",
         }
     }
 }
@@ -51,7 +55,7 @@ impl StoreKind {
 /// next to the store's own floor measured in the same run.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory, etcd).
+    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory, etcd, mysql).
     #[arg(long, value_delimiter = ',', default_value = "sqlite,redis,postgres")]
     pub stores: Vec<StoreKind>,
     /// The Redis server to measure (keys use a per-run prefix and are deleted afterwards).
@@ -65,6 +69,10 @@ pub struct BenchArgs {
     /// floors need a plain `etcd://` URL without a user.
     #[arg(long, default_value = "etcd://127.0.0.1:2379")]
     pub etcd_url: String,
+    /// The MySQL or MariaDB database to measure (the store's tables get a per-run prefix and
+    /// are dropped afterwards; the user must be allowed to create tables).
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306/test")]
+    pub mysql_url: String,
     /// Directory for the SQLite database file, created per run and deleted afterwards
     /// [default: the system temporary directory].
     #[arg(long, value_name = "DIR")]
@@ -94,6 +102,7 @@ pub(crate) struct Plan {
     pub(crate) redis_url: String,
     pub(crate) postgres_url: String,
     pub(crate) etcd_url: String,
+    pub(crate) mysql_url: String,
     pub(crate) sqlite_dir: PathBuf,
     pub(crate) rounds: usize,
     pub(crate) ops: usize,
@@ -121,6 +130,7 @@ impl Plan {
             redis_url: args.redis_url.clone(),
             postgres_url: args.postgres_url.clone(),
             etcd_url: args.etcd_url.clone(),
+            mysql_url: args.mysql_url.clone(),
             sqlite_dir: args.sqlite_dir.clone().unwrap_or_else(std::env::temp_dir),
             rounds: args.rounds.unwrap_or(if q { 2 } else { 5 }),
             ops: args.ops.unwrap_or(if q { 200 } else { 2000 }),
@@ -247,6 +257,7 @@ pub(crate) async fn bench(plan: &Plan) -> Result<Report> {
             StoreKind::Redis => redis::bench(plan, &mut report).await,
             StoreKind::Postgres => postgres::bench(plan, &mut report).await,
             StoreKind::Etcd => etcd::bench(plan, &mut report).await,
+            StoreKind::Mysql => mysql::bench(plan, &mut report).await,
         };
         if let Err(e) = result {
             report.failures.push(Failure {
@@ -268,6 +279,7 @@ mod tests {
             redis_url: String::new(),
             postgres_url: String::new(),
             etcd_url: String::new(),
+            mysql_url: String::new(),
             sqlite_dir: None,
             rounds: None,
             ops: Some(50),

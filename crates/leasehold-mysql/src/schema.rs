@@ -80,8 +80,10 @@ pub(crate) const SHAPES: [Shape; 5] = [
 pub struct Statements {
     /// Acquire: name, holder, then the ttl in microseconds five times. One `INSERT … ON
     /// DUPLICATE KEY UPDATE`. A taken lease's token comes back as the statement's
-    /// `LAST_INSERT_ID` (seeded from the clock for a new name, the old token + 1 otherwise);
-    /// `0` means it is busy. Each assignment repeats the whole condition, which the assignments
+    /// `LAST_INSERT_ID`; `0` means it is busy. The token is the old one + 1, or the server's
+    /// clock in ms × 1000 + 1 if that is higher (always for a new name), so a server that lost
+    /// recent writes (a failover to a lagging replica) still hands out tokens above the lost
+    /// ones. Each assignment repeats the whole condition, which the assignments
     /// before it cannot change, so the statement means the same whether the server applies the
     /// assignments left to right (MySQL) or at once (MariaDB's `SIMULTANEOUS_ASSIGNMENT`).
     pub acquire: String,
@@ -155,7 +157,7 @@ VALUES (?, ?, LAST_INSERT_ID(({NOW_US} DIV 1000) * 1000 + 1),
         {NOW} + INTERVAL ? MICROSECOND, NULL)
 ON DUPLICATE KEY UPDATE
   holder = IF({take}, VALUES(holder), holder),
-  token = IF({take}, LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),
+  token = IF({take}, LAST_INSERT_ID(GREATEST(token + 1, VALUES(token))), token + LAST_INSERT_ID(0)),
   expires_at = IF({take}, VALUES(expires_at), expires_at),
   released_at = IF({take}, NULL, released_at)"
             ),
