@@ -208,7 +208,8 @@ pub(crate) enum SslMode {
     /// TLS without checking the server's certificate (as MySQL's client does; with a CA it
     /// checks the chain, as `verify-ca`).
     Required,
-    /// TLS, the certificate chain checked against the CA; the host name is not.
+    /// TLS, the certificate chain checked against the CA, and (stricter than MySQL's client,
+    /// whose `VERIFY_CA` leaves it out) the host name.
     VerifyCa,
     /// TLS, the chain and the host name checked.
     VerifyIdentity,

@@ -118,12 +118,12 @@ fn driver_opts(config: &MySqlConfig, server: &ServerUrl) -> Opts {
                     .with_root_certs(vec![pem.clone().into()])
                     .with_disable_built_in_roots(true);
             }
-            // MySQL's modes: `required` encrypts without checking the certificate unless a CA
-            // was given; `verify-ca` checks the chain; `verify-identity` the host name too.
-            let check_chain = mode != SslMode::Required || server.ca_pem.is_some();
-            tls = tls
-                .with_danger_accept_invalid_certs(!check_chain)
-                .with_danger_skip_domain_validation(mode != SslMode::VerifyIdentity);
+            // `required` encrypts without checking the certificate unless a CA was given (as
+            // MySQL's client does); `verify-ca` and `verify-identity` check the chain and the
+            // host name: the driver's switch to leave the name out does not work with the
+            // rustls it uses, so `verify-ca` is stricter than MySQL's.
+            let check = mode != SslMode::Required || server.ca_pem.is_some();
+            tls = tls.with_danger_accept_invalid_certs(!check);
             Some(tls)
         }
     };
@@ -137,7 +137,18 @@ fn driver_opts(config: &MySqlConfig, server: &ServerUrl) -> Opts {
 /// refused (credentials, privileges, an unknown database or table) is [`StoreError::Rejected`].
 pub(crate) fn classify(e: mysql_async::Error, op: Op<'_>, limit: Duration) -> StoreError {
     let mysql_async::Error::Server(server) = &e else {
-        let rejected = matches!(e, mysql_async::Error::Url(_));
+        // A certificate the client refused, or a server without the TLS the URL asks for, will
+        // not change by retrying.
+        let rejected = match &e {
+            mysql_async::Error::Url(_)
+            | mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => {
+                true
+            }
+            mysql_async::Error::Io(mysql_async::IoError::Io(io)) => {
+                io.kind() == std::io::ErrorKind::InvalidData
+            }
+            _ => false,
+        };
         let message = format!("{op} failed: {}", with_causes(&e));
         return if rejected {
             StoreError::rejected(message, e)
@@ -895,5 +906,20 @@ mod tests {
             classify(server(1205), op, limit),
             StoreError::Timeout(_)
         ));
+        // TLS the client cannot accept: refused; a lost connection: transient.
+        let no_tls =
+            mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer);
+        assert!(matches!(
+            classify(no_tls, op, limit),
+            StoreError::Rejected { .. }
+        ));
+        let io =
+            |kind| mysql_async::Error::Io(mysql_async::IoError::Io(std::io::Error::new(kind, "x")));
+        let bad_cert = classify(io(std::io::ErrorKind::InvalidData), op, limit);
+        assert!(
+            matches!(bad_cert, StoreError::Rejected { .. }),
+            "{bad_cert:?}"
+        );
+        assert!(classify(io(std::io::ErrorKind::ConnectionReset), op, limit).is_transient());
     }
 }
