@@ -69,8 +69,7 @@ async fn each_ssl_mode_checks_what_it_says() {
         let url = server.url("127.0.0.1", &format!("?ssl-mode={mode}&ssl-ca={other}"));
         let err = connect(&url)
             .await
-            .err()
-            .expect("an untrusted certificate is refused");
+            .expect_err("an untrusted certificate is refused");
         assert!(matches!(err, Error::Connect { .. }), "{mode}: {err:?}");
         assert!(!err.to_string().contains('\n'), "{err}");
     }
@@ -79,7 +78,7 @@ async fn each_ssl_mode_checks_what_it_says() {
     // (stricter than MySQL's client: the driver cannot leave the name out).
     for mode in ["verify-ca", "verify-identity"] {
         let url = server.url("localhost", &format!("?ssl-mode={mode}&ssl-ca={ca}"));
-        let err = connect(&url).await.err().expect("the name is checked");
+        let err = connect(&url).await.expect_err("the name is checked");
         assert!(
             err.to_string().contains("not valid for name"),
             "{mode}: {err}"
@@ -109,8 +108,7 @@ async fn required_tls_against_a_server_without_it_is_refused() {
     let server = OwnMariaDb::start(&[]);
     let err = connect(&server.url("127.0.0.1", "?ssl-mode=required"))
         .await
-        .err()
-        .expect("no TLS to be had");
+        .expect_err("no TLS to be had");
     let line = err.to_string();
     assert!(!line.contains('\n'), "{line}");
     assert!(line.contains("SSL"), "{line}");
