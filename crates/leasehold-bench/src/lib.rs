@@ -498,6 +498,64 @@ mod tests {
         }
     }
 
+    /// A quick run on the local MariaDB (`LEASEHOLD_TEST_MYSQL_URL`): the floors and the lease
+    /// rows, the held-lease and takeover rows, and nothing of the run left in the database.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_store_smoke_run() {
+        use leasehold_mysql::mysql_async::prelude::Queryable;
+        use report::Kind::{self, Floor, Lease};
+
+        let url = std::env::var("LEASEHOLD_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let mut plan = quick_plan(vec![StoreKind::Mysql]);
+        plan.mysql_url = url.clone();
+        plan.held = 50;
+        plan.held_ttl = Duration::from_millis(1500);
+        let report = bench(&plan).await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let ops: Vec<(&str, Kind)> = report
+            .operations
+            .iter()
+            .map(|r| (r.op.as_str(), r.kind))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                ("UPDATE", Floor),
+                ("SELECT 1", Floor),
+                ("acquire", Lease),
+                ("renew", Lease),
+                ("release", Lease),
+                ("acquire+release", Lease)
+            ]
+        );
+        assert!(report.operations.iter().all(|r| r.store == "mysql"));
+        let targets: Vec<String> = report.targets().into_iter().map(|(f, _)| f).collect();
+        assert!(targets.contains(&"mysql acquire".to_owned()), "{targets:?}");
+        assert_eq!(report.held_renewal[0].held, 50);
+        let paths: Vec<&str> = report.takeover.iter().map(|r| r.path).collect();
+        assert_eq!(paths, ["graceful", "expiry"]);
+        assert!(report.takeover.iter().all(|r| r.max_ms < 1000.0));
+        let note = report
+            .notes
+            .iter()
+            .find(|n| n.starts_with("mysql: "))
+            .unwrap();
+        assert!(note.contains("innodb_flush_log_at_trx_commit="), "{note}");
+        // Nothing of the run is left in the database.
+        let opts = leasehold_mysql::mysql_async::Opts::from_url(&url).unwrap();
+        let mut conn = leasehold_mysql::mysql_async::Conn::new(opts).await.unwrap();
+        let left: Vec<String> = conn
+            .exec(
+                "SELECT TABLE_NAME FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE CONCAT(?, '%')",
+                (format!("lhbench\\_{}", plan.run_id),),
+            )
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "tables left: {left:?}");
+    }
+
     #[tokio::test]
     async fn an_etcd_that_does_not_answer_is_reported_not_measured() {
         let mut plan = quick_plan(vec![StoreKind::Etcd]);
