@@ -4,6 +4,7 @@ mod child;
 mod demo;
 mod history;
 mod logging;
+mod next;
 mod run;
 mod serve;
 mod status;
@@ -43,6 +44,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots.
     History(history::HistoryArgs),
+    /// Show the next firings of a cron expression (local time and UTC), to check it before
+    /// deploying it.
+    Next(next::NextArgs),
     /// Watch three instances share one SQLite file: one runs each tick, a killed leader is
     /// replaced, a stopped one hands over at once.
     Demo(demo::DemoArgs),
@@ -182,8 +186,15 @@ fn main() -> ExitCode {
         Err(e) if e.use_stderr() => {
             // clap's first line says what is wrong; the usage block after it is noise here.
             let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
+            let mut lines = rendered.lines();
+            let first = lines.next().unwrap_or("invalid arguments");
+            let mut first = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+            // "the following required arguments were not provided:" lists them below.
+            if first.ends_with(':')
+                && let Some(what) = lines.next()
+            {
+                first = format!("{first} {}", what.trim());
+            }
             logging::error_line(&format!("{first} (see leasehold --help)"));
             return ExitCode::from(EXIT_USAGE);
         }
@@ -208,6 +219,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
             Command::History(args) => history::history(args).await,
+            Command::Next(args) => next::next(args),
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             #[cfg(feature = "chaos")]

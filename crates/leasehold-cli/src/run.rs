@@ -24,9 +24,15 @@ pub struct RunArgs {
     /// Run once per interval (aligned to the epoch on the store's clock), e.g. 30s.
     #[arg(long, value_parser = crate::interval_arg, conflicts_with = "cron")]
     every: Option<Duration>,
-    /// Run on a cron schedule with a seconds field, in UTC, e.g. "0 */5 * * * *".
+    /// Run on a cron schedule: five fields as in crontab ("0 3 * * *"), six with seconds
+    /// first ("*/10 * * * * *"), or a macro (@daily). Check it with `leasehold next`.
     #[arg(long)]
     cron: Option<String>,
+    /// The IANA time zone of --cron's times, e.g. Europe/Berlin [default: UTC, or the
+    /// expression's CRON_TZ= prefix]. Daylight saving: a time the clock skips runs once at
+    /// the change, a time it repeats runs once, the first time.
+    #[arg(long, requires = "cron")]
+    tz: Option<String>,
     /// Lease ttl: how long a crashed holder blocks others.
     #[arg(long, default_value = "15s", value_parser = crate::duration_arg)]
     ttl: Duration,
@@ -89,7 +95,13 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
     let name = LeaseName::new(&args.lease).map_err(Failure::usage)?;
     let schedule = match (&args.every, &args.cron) {
         (Some(every), _) => Some(Schedule::every(*every).map_err(Failure::usage)?),
-        (None, Some(expr)) => Some(Schedule::cron(expr).map_err(Failure::usage)?),
+        (None, Some(expr)) => Some(
+            match &args.tz {
+                Some(zone) => Schedule::cron_in(expr, zone),
+                None => Schedule::cron(expr),
+            }
+            .map_err(Failure::usage)?,
+        ),
         (None, None) => None,
     };
     let catch_up = match (args.catch_up, &schedule) {

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::store::Operation as Op;
 use leasehold::{
-    FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
+    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
+    Release, Slots, Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -788,15 +789,6 @@ impl Store for EtcdStore {
         self.run_repeatable(move || self.renew_once(op, name, holder, token, ttl))
     }
 
-    fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
-        self.renew_many_chunked(Op::new("renew_many", None), holder, leases, ttl)
-    }
-
     fn release(
         &self,
         name: &LeaseName,
@@ -807,11 +799,6 @@ impl Store for EtcdStore {
         self.run(self.release_once(op, name, holder, token))
     }
 
-    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let op = Op::new("purge", None);
-        self.run_repeatable(move || self.purge_once(op, retention))
-    }
-
     fn inspect(
         &self,
         name: &LeaseName,
@@ -820,6 +807,33 @@ impl Store for EtcdStore {
         self.run_repeatable(move || self.inspect_once(op, name))
     }
 
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        std::future::ready(Ok(wall_ms()))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL.without(Capabilities::CATALOG)
+    }
+
+    fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
+        self.renew_many_chunked(Op::new("renew_many", None), holder, leases, ttl)
+    }
+}
+
+impl Slots for EtcdStore {
     fn claim_slot(
         &self,
         task: &LeaseName,
@@ -827,10 +841,6 @@ impl Store for EtcdStore {
     ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
         let op = Op::new("claim_slot", Some(task));
         self.run(self.claim_slot_once(op, task, slot))
-    }
-
-    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
-        std::future::ready(Ok(wall_ms()))
     }
 
     fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
@@ -857,7 +867,16 @@ impl Store for EtcdStore {
         let op = Op::new("history", Some(task));
         self.run_repeatable(move || self.history_once(op, task, limit))
     }
+}
 
+impl Purge for EtcdStore {
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let op = Op::new("purge", None);
+        self.run_repeatable(move || self.purge_once(op, retention))
+    }
+}
+
+impl Membership for EtcdStore {
     fn members(
         &self,
         group: &LeaseName,
@@ -876,15 +895,10 @@ impl Store for EtcdStore {
         let op = Op::new("leave", Some(group));
         self.run_repeatable(move || self.leave_once(op, group, member))
     }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
-    }
-
-    fn describe(&self) -> String {
-        self.inner.described.clone()
-    }
 }
+
+// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
+impl Catalog for EtcdStore {}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl EtcdConfig {

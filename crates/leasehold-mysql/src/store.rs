@@ -8,7 +8,10 @@ use std::time::Duration;
 use leasehold::store::{
     Acquisition, Operation as Op, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
-use leasehold::{FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError};
+use leasehold::{
+    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
+    Release, Slots, Store, StoreError,
+};
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts};
 use tokio_util::task::AbortOnDropHandle;
@@ -540,7 +543,6 @@ impl fmt::Debug for MySqlStore {
     }
 }
 
-/// The lease operations.
 impl Store for MySqlStore {
     async fn acquire(
         &self,
@@ -673,8 +675,59 @@ impl Store for MySqlStore {
         )
     }
 
-    // Slots: claim_slot, last_slot, record_history, history.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL.without(Capabilities::CATALOG)
+    }
 
+    /// One statement for the whole batch; when it renewed fewer leases than were asked for, one
+    /// read finds which.
+    async fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        // A token beyond i64 was never handed out here: it stays out of the batch (Lost).
+        let batch: Vec<(&str, i64)> = leases
+            .iter()
+            .filter_map(|(name, token)| Some((name.as_str(), token_sql(*token)?)))
+            .collect();
+        if batch.is_empty() {
+            return Ok(vec![Renewal::Lost; leases.len()]);
+        }
+        let op = Op::new("renew_many", None);
+        let json = batch_json(&batch);
+        let params = Params::from((json.as_str(), micros(ttl).max(1), holder.as_str()));
+        let written = self.write(op, &self.inner.sql.renew_many, params).await?;
+        if written.rows == leases.len() as u64 {
+            // Every lease matched a row of its own: each was renewed.
+            return Ok(vec![Renewal::Renewed; leases.len()]);
+        }
+        // Which ones. A lease the update did not renew had expired, been released or been
+        // taken: none of those comes back with the same holder and token, so this read cannot
+        // call it renewed. (A renewed lease that a concurrent release of the same holder ended
+        // since reads as lost: the safe side.)
+        let params = Params::from((json.as_str(), holder.as_str()));
+        let rows = self.read(op, &self.inner.sql.held_of_many, params).await?;
+        let mut held = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            held.insert((col::<String>(row, 0)?, col::<i64>(row, 1)?));
+        }
+        Ok(leases
+            .iter()
+            .map(|(name, token)| {
+                let key = token_sql(*token).map(|t| (name.as_str().to_owned(), t));
+                if key.is_some_and(|k| held.contains(&k)) {
+                    Renewal::Renewed
+                } else {
+                    Renewal::Lost
+                }
+            })
+            .collect())
+    }
+}
+
+impl Slots for MySqlStore {
     async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
         let op = Op::new("claim_slot", Some(task));
         // The refusal answers `last + 1`, so the highest slot must stay below i64::MAX.
@@ -746,64 +799,17 @@ impl Store for MySqlStore {
             .await?;
         rows.iter().map(|row| col::<String>(row, 0)).collect()
     }
+}
 
-    // Batch: renew_many, purge.
-
-    /// One statement for the whole batch; when it renewed fewer leases than were asked for, one
-    /// read finds which.
-    async fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> StoreResult<Vec<Renewal>> {
-        // A token beyond i64 was never handed out here: it stays out of the batch (Lost).
-        let batch: Vec<(&str, i64)> = leases
-            .iter()
-            .filter_map(|(name, token)| Some((name.as_str(), token_sql(*token)?)))
-            .collect();
-        if batch.is_empty() {
-            return Ok(vec![Renewal::Lost; leases.len()]);
-        }
-        let op = Op::new("renew_many", None);
-        let json = batch_json(&batch);
-        let params = Params::from((json.as_str(), micros(ttl).max(1), holder.as_str()));
-        let written = self.write(op, &self.inner.sql.renew_many, params).await?;
-        if written.rows == leases.len() as u64 {
-            // Every lease matched a row of its own: each was renewed.
-            return Ok(vec![Renewal::Renewed; leases.len()]);
-        }
-        // Which ones. A lease the update did not renew had expired, been released or been
-        // taken: none of those comes back with the same holder and token, so this read cannot
-        // call it renewed. (A renewed lease that a concurrent release of the same holder ended
-        // since reads as lost: the safe side.)
-        let params = Params::from((json.as_str(), holder.as_str()));
-        let rows = self.read(op, &self.inner.sql.held_of_many, params).await?;
-        let mut held = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            held.insert((col::<String>(row, 0)?, col::<i64>(row, 1)?));
-        }
-        Ok(leases
-            .iter()
-            .map(|(name, token)| {
-                let key = token_sql(*token).map(|t| (name.as_str().to_owned(), t));
-                if key.is_some_and(|k| held.contains(&k)) {
-                    Renewal::Renewed
-                } else {
-                    Renewal::Lost
-                }
-            })
-            .collect())
-    }
-
+impl Purge for MySqlStore {
     async fn purge(&self, retention: Duration) -> StoreResult<u64> {
         let op = Op::new("purge", None);
         let params = Params::from((micros(retention),));
         Ok(self.write(op, &self.inner.sql.purge, params).await?.rows)
     }
+}
 
-    // Membership: members, leave.
-
+impl Membership for MySqlStore {
     /// An upsert of the caller's entry and a read of the group; a delete of the expired entries
     /// when the read saw any.
     async fn members(
@@ -847,6 +853,10 @@ impl Store for MySqlStore {
         Ok(())
     }
 }
+
+// The fleet catalog is not kept in this store yet: every catalog operation answers Unsupported.
+// A later schema version adds its tables.
+impl Catalog for MySqlStore {}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl MySqlConfig {

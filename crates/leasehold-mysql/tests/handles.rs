@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold::{
-    FencingToken, HolderId, LeaseName, Release, Store,
+    FencingToken, HolderId, LeaseName, Release, Slots, Store,
     store::{Acquisition, Renewal, SlotClaim},
 };
 use leasehold_mysql::MySqlStore;

@@ -19,7 +19,7 @@ use axum::extract::{Path, State};
 use leasehold::history::{RecordedSchedule, RunOutcome};
 use leasehold::{
     CancellationToken, Leader, LeaderHandle, LeaderState, Lease, LeaseGuard, LeaseName, Schedule,
-    Store, StoreDownPolicy, StoreError, TryAcquire, store::SlotClaim,
+    ScheduleError, Slots, Store, StoreDownPolicy, StoreError, TryAcquire, store::SlotClaim,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -41,6 +41,8 @@ struct TickRequest {
     every_ms: Option<u64>,
     #[serde(default, deserialize_with = "not_null")]
     cron: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    time_zone: Option<String>,
     #[serde(default, deserialize_with = "not_null")]
     group: Option<String>,
     #[serde(default, deserialize_with = "not_null")]
@@ -69,6 +71,12 @@ pub(crate) struct TickResponse {
 }
 
 fn schedule(request: &TickRequest) -> Result<(Schedule, RecordedSchedule), ApiError> {
+    if request.time_zone.is_some() && request.cron.is_none() {
+        return Err(ApiError::field(
+            "time_zone",
+            "time_zone goes with cron (every_ms slots are the same in every zone)",
+        ));
+    }
     match (&request.every_ms, &request.cron) {
         (Some(every), None) => {
             let every = in_range("every_ms", *every, 1..=MAX_EVERY_MS)?;
@@ -80,9 +88,23 @@ fn schedule(request: &TickRequest) -> Result<(Schedule, RecordedSchedule), ApiEr
             if expr.len() > 200 {
                 return Err(ApiError::field("cron", "cron must be at most 200 bytes"));
             }
-            let schedule =
-                Schedule::cron(expr).map_err(|e| ApiError::field("cron", e.to_string()))?;
-            Ok((schedule, RecordedSchedule::Cron(expr.clone())))
+            let schedule = match &request.time_zone {
+                Some(zone) if zone.len() > 64 => {
+                    return Err(ApiError::field(
+                        "time_zone",
+                        "time_zone must be at most 64 bytes",
+                    ));
+                }
+                Some(zone) => Schedule::cron_in(expr, zone),
+                None => Schedule::cron(expr),
+            }
+            .map_err(|e| match e {
+                ScheduleError::UnknownZone { .. } => ApiError::field("time_zone", e.to_string()),
+                e => ApiError::field("cron", e.to_string()),
+            })?;
+            // With its zone (`CRON_TZ=ZONE ...`), so readers of the history find the same slots.
+            let recorded = RecordedSchedule::of(&schedule);
+            Ok((schedule, recorded))
         }
         (Some(_), Some(_)) => Err(ApiError::field(
             "cron",

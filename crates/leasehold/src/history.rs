@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store_api::{Store, StoreError};
+use crate::store_api::{Slots, StoreError};
 use crate::{FencingToken, LeaseName};
 
 /// Entries kept per task when nothing else is configured.
@@ -138,8 +138,24 @@ impl RunOutcome {
 pub enum RecordedSchedule {
     /// `Schedule::Every`, in ms.
     EveryMs(u64),
-    /// `Schedule::Cron`, the expression.
+    /// `Schedule::Cron`, the expression as [`CronSchedule::expr`](crate::CronSchedule::expr)
+    /// gives it: `CRON_TZ=ZONE ` before it unless its zone is UTC, so `Schedule::cron` reads
+    /// it back with its zone. The zone travels inside the string, so records stay readable
+    /// by releases from before zones (and theirs, which carry none, are UTC).
     Cron(String),
+}
+
+impl RecordedSchedule {
+    /// How `schedule` is recorded.
+    pub fn of(schedule: &crate::Schedule) -> Self {
+        match schedule {
+            crate::Schedule::Every(d) => {
+                Self::EveryMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            }
+            #[cfg(feature = "cron")]
+            crate::Schedule::Cron(c) => Self::Cron(c.expr().to_owned()),
+        }
+    }
 }
 
 /// One entry of a task's run history.
@@ -255,7 +271,7 @@ mod token_as_string {
 }
 
 /// The newest `limit` records of `task`, newest first.
-pub async fn read<S: Store>(
+pub async fn read<S: Slots>(
     store: &S,
     task: &LeaseName,
     limit: usize,
@@ -271,6 +287,32 @@ pub async fn read<S: Store>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cron schedule's zone is recorded inside the expression: the record's JSON has the
+    /// shape it always had (old records read as UTC), and reading it back gives the same slots.
+    #[cfg(feature = "cron")]
+    #[test]
+    fn a_zoned_cron_schedule_is_recorded_in_the_old_shape_and_reads_back() {
+        let berlin = crate::Schedule::cron_in("30 2 * * *", "Europe/Berlin").unwrap();
+        let recorded = RecordedSchedule::of(&berlin);
+        assert_eq!(
+            serde_json::to_string(&recorded).unwrap(),
+            r#"{"cron":"CRON_TZ=Europe/Berlin 30 2 * * *"}"#
+        );
+        let RecordedSchedule::Cron(expr) = &recorded else {
+            panic!("{recorded:?}")
+        };
+        let back = crate::Schedule::cron(expr).unwrap();
+        let night = 1_806_184_800_000; // 2027-03-27T22:00:00Z
+        assert_eq!(back.next_after(night), berlin.next_after(night));
+        let old: RecordedSchedule = serde_json::from_str(r#"{"cron":"0 0 3 * * *"}"#).unwrap();
+        assert_eq!(old, RecordedSchedule::Cron("0 0 3 * * *".into()));
+        let every = crate::Schedule::every(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            RecordedSchedule::of(&every),
+            RecordedSchedule::EveryMs(30_000)
+        );
+    }
 
     #[test]
     fn records_round_trip_through_json_with_exact_tokens() {

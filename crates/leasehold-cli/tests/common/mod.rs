@@ -20,8 +20,21 @@ pub struct Instance {
 impl Instance {
     /// Starts `leasehold run --holder NAME ARGS -- leasehold witness …` (see [`witness`]).
     pub fn start(name: &str, args: &[&str], ledger: &Path, work: &str, log_dir: &Path) -> Self {
+        Self::start_with_env(name, args, ledger, work, log_dir, &[])
+    }
+
+    /// [`Instance::start`] with extra environment variables.
+    pub fn start_with_env(
+        name: &str,
+        args: &[&str],
+        ledger: &Path,
+        work: &str,
+        log_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
         let child = Command::new(BIN)
+            .envs(env.iter().copied())
             .arg("run")
             .args(["--holder", name])
             .args(args)
