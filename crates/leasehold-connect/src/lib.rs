@@ -7,8 +7,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`, `etcd`; all
-//! on by default); a URL for a store whose feature is off is reported as such.
+//! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`, `etcd`,
+//! `mysql`; all on by default); a URL for a store whose feature is off is reported as such.
 
 use leasehold::BoxStore;
 
@@ -19,7 +19,7 @@ pub const DEFAULT_STORE: &str = "sqlite:leasehold.db";
 /// The URL schemes this crate knows, for messages.
 const SCHEMES: &str = "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, \
                        redis+sentinel://, redis+cluster://, postgres://, etcd://, etcds://, \
-                       or a PostgreSQL key=value connection string";
+                       mysql://, mariadb://, or a PostgreSQL key=value connection string";
 
 /// Why a store URL could not be opened. No variant carries the URL's text: each store displays
 /// its own parsed, password-free form, so no password can reach a message.
@@ -76,6 +76,8 @@ pub enum StoreKind {
     Postgres,
     /// `etcd://`, `etcds://`.
     Etcd,
+    /// `mysql://`, `mariadb://` (MySQL or MariaDB).
+    Mysql,
 }
 
 impl StoreKind {
@@ -96,6 +98,7 @@ impl StoreKind {
             | "rediss+sentinel" | "rediss+cluster" => Ok(Self::Redis),
             "postgres" | "postgresql" => Ok(Self::Postgres),
             "etcd" | "etcds" => Ok(Self::Etcd),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
             // A scheme is letters, digits, `+ - .`; anything else is not one, so not shown.
             _ if scheme
                 .chars()
@@ -116,6 +119,7 @@ impl StoreKind {
             Self::Redis => "redis",
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
+            Self::Mysql => "mysql",
         }
     }
 }
@@ -144,7 +148,7 @@ fn connect_error(store: StoreKind) -> impl Fn(String) -> OpenError {
 /// `rediss://…`, `redis+unix://…`, `redis+sentinel://[user:pw@]host:26379[,…]/MASTER[?db=N]`,
 /// `redis+cluster://[user:pw@]host:port[,…]`, `postgres://…` (or `postgresql://…`, or a libpq
 /// `key=value` connection string such as `host=/run/postgresql user=app dbname=app`),
-/// `etcd://…` (or `etcds://…`).
+/// `etcd://…` (or `etcds://…`), `mysql://…` (or `mariadb://…`).
 pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     let kind = StoreKind::of(url)?;
     let err = connect_error(kind);
@@ -169,6 +173,11 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
             .await
             .map(BoxStore::new)
             .map_err(|e| err(e.to_string())),
+        #[cfg(feature = "mysql")]
+        StoreKind::Mysql => leasehold_mysql::connect(url)
+            .await
+            .map(BoxStore::new)
+            .map_err(|e| err(e.to_string())),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -177,7 +186,7 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     }
 }
 
-/// Opens the store a URL names without waiting for its server: a Redis, PostgreSQL or etcd store is
+/// Opens the store a URL names without waiting for its server: a Redis, PostgreSQL, etcd or MySQL store is
 /// returned at once and connects (and reconnects) in the background, answering every operation
 /// with [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until its server answers,
 /// so a scheduler can start during an outage and apply its store-down policy. A SQLite file is
@@ -199,6 +208,10 @@ pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
         StoreKind::Etcd => leasehold_etcd::connect_lazy(url)
             .map(BoxStore::new)
             .map_err(|e| err(e.to_string())),
+        #[cfg(feature = "mysql")]
+        StoreKind::Mysql => leasehold_mysql::connect_lazy(url)
+            .map(BoxStore::new)
+            .map_err(|e| err(e.to_string())),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -214,7 +227,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_schemes_are_named_without_the_rest_of_the_url() {
         for (url, scheme) in [
-            ("mysql://root:pw@localhost/db", "mysql"),
+            ("mssql://root:pw@localhost/db", "mssql"),
             ("http://x/?pass=SECRET", "http"),
             ("leases.db", ""),
             ("pw SECRET:x", ""),
@@ -277,6 +290,33 @@ mod tests {
             StoreKind::of("postgresql://h/db").unwrap(),
             StoreKind::Postgres
         );
+        assert_eq!(StoreKind::of("mysql://h/db").unwrap(), StoreKind::Mysql);
+        assert_eq!(StoreKind::of("MariaDB://h/db").unwrap(), StoreKind::Mysql);
+    }
+
+    /// MySQL URLs reach leasehold-mysql: an unreachable server is a connect error that shows
+    /// the parsed URL, never its password; a lazy store opens at once.
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn mysql_urls_open_without_showing_the_password() {
+        let err = open_store("mariadb://app:SECRET@127.0.0.1:1/db")
+            .await
+            .unwrap_err();
+        let message = format!("{err} {err:?}");
+        assert!(
+            matches!(err, OpenError::Connect { store: "mysql", .. }),
+            "{message}"
+        );
+        assert!(message.contains("mysql://app@127.0.0.1:1/db"), "{message}");
+        assert!(!message.contains("SECRET"), "{message}");
+        let lazy = open_store_lazy("mysql://app:SECRET@127.0.0.1:1/db")
+            .await
+            .unwrap();
+        assert!(!format!("{lazy:?}").contains("SECRET"));
+        let err = open_store("mysql://app:SECRET@127.0.0.1:1/db?ssl-mode=preferred")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("plain text"), "{err}");
     }
 
     /// Issue 31: the PostgreSQL README documents libpq's `key=value` form, which used to be
