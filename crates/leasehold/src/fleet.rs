@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::catalog::{
     CATALOG_RETENTION, Control, InstanceInfo, LeaseRecord, Pause, TaskDefinition, TaskRecord,
-    TriggerRequest,
+    TaskSource, TriggerRequest,
 };
 use crate::history::{RunOutcome, RunRecord};
 use crate::store_api::{Capabilities, Catalog, Slots, StoreError};
@@ -177,12 +177,22 @@ impl<S: Catalog + Slots> Fleet<S> {
             .collect::<Result<_, _>>()?)
     }
 
-    /// One task, or [`FleetError::UnknownTask`].
+    /// One task, or [`FleetError::UnknownTask`]. `leasehold run --lease NAME` files its task
+    /// as `NAME:run` (the lease `NAME` is its leader group): `NAME` finds it too, so the name
+    /// given to `run` is the name to pause, resume and trigger.
     pub async fn task(&self, name: &LeaseName) -> Result<TaskView, FleetError> {
-        self.tasks()
-            .await?
-            .into_iter()
-            .find(|t| &t.name == name)
+        let run_task = format!("{name}:run");
+        let tasks = self.tasks().await?;
+        let exact = tasks.iter().position(|t| &t.name == name);
+        let of_run = tasks.iter().position(|t| {
+            t.name.as_str() == run_task
+                && t.definition
+                    .as_ref()
+                    .is_some_and(|d| d.source == TaskSource::Run)
+        });
+        exact
+            .or(of_run)
+            .and_then(|i| tasks.into_iter().nth(i))
             .ok_or_else(|| FleetError::UnknownTask(name.clone()))
     }
 
@@ -200,7 +210,7 @@ impl<S: Catalog + Slots> Fleet<S> {
         by: &str,
         reason: Option<&str>,
     ) -> Result<Pause, FleetError> {
-        self.task(task).await?;
+        let task = &self.task(task).await?.name;
         let now_ms = self.store.now_millis().await?;
         let pause = Pause {
             by: by.to_owned(),
@@ -224,7 +234,7 @@ impl<S: Catalog + Slots> Fleet<S> {
 
     /// Lifts a pause; answers whether the task was paused.
     pub async fn resume(&self, task: &LeaseName) -> Result<bool, FleetError> {
-        self.task(task).await?;
+        let task = &self.task(task).await?.name;
         let mut was = false;
         self.update(task, |control| {
             was = control.paused.take().is_some();
@@ -240,6 +250,7 @@ impl<S: Catalog + Slots> Fleet<S> {
     /// instead of a second one.
     pub async fn trigger(&self, task: &LeaseName, by: &str) -> Result<TriggerRequest, FleetError> {
         let view = self.task(task).await?;
+        let task = &view.name;
         if !view.has_live_instance() {
             return Err(FleetError::NoInstance(task.clone()));
         }
@@ -273,6 +284,7 @@ impl<S: Catalog + Slots> Fleet<S> {
         request: &TriggerRequest,
         limit: Duration,
     ) -> Result<RunRecord, FleetError> {
+        let task = &self.task(task).await?.name;
         let started = tokio::time::Instant::now();
         let mut state = "not taken by an instance yet".to_owned();
         loop {
