@@ -350,16 +350,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             if let Some(last) = last
                 && std::mem::take(&mut ran_last)
             {
-                let (count, newest) =
-                    self.task
-                        .schedule
-                        .firings_between(last, slot.saturating_sub(1), 1);
-                if let (Some(first), Some(&last_missed)) =
-                    (self.task.schedule.next_after(last), newest.first())
-                    && count > 0
-                {
-                    self.record_miss(first, count, last_missed, MissReason::Overlap);
-                }
+                self.record_overlap(last, slot).await;
             }
             let fire_at = Instant::now() + Duration::from_millis(slot.saturating_sub(now));
             tokio::select! {
@@ -528,6 +519,29 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let mut record = RunRecord::missed(first, count, last_slot, reason, &self.common.holder);
         record.schedule = Some(RecordedSchedule::of(&self.task.schedule));
         self.common.history.record(&self.task.name, record);
+    }
+
+    /// The slots after `last` (which ran here) and before `slot` were not fired here: the run
+    /// outlived them. Those no instance claimed meanwhile are missed for the overlap; those
+    /// claimed elsewhere ran there (this instance may have been paused, and lost its lease, for
+    /// longer than the run), so they are not. The store's claim says which: no answer, no record.
+    async fn record_overlap(&self, last: u64, slot: u64) {
+        let schedule = &self.task.schedule;
+        if schedule.firings_between(last, slot.saturating_sub(1), 1).0 == 0 || !self.coordinated() {
+            return;
+        }
+        let limit = self.gate.lease().config().renew_interval;
+        let claimed = within(limit, self.gate.lease().store().last_slot(&self.task.name)).await;
+        let Ok(claimed) = claimed else {
+            return;
+        };
+        let from = claimed.map_or(last, |c| c.max(last));
+        let (count, newest) = schedule.firings_between(from, slot.saturating_sub(1), 1);
+        if let (Some(first), Some(&last_missed)) = (schedule.next_after(from), newest.first())
+            && count > 0
+        {
+            self.record_miss(first, count, last_missed, MissReason::Overlap);
+        }
     }
 
     /// Remembers why this instance skipped `slot`, for the next look for missed slots.
