@@ -18,6 +18,9 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The core without its default features (no cron, no chrono) must build as well.
 cargo clippy -p leasehold --all-targets --no-default-features --locked -- -D warnings
+echo "== packaging: every published crate packs (in dependency order, each against the others)"
+cargo package --workspace --exclude leasehold-testkit --exclude leasehold-examples \
+  --no-verify --allow-dirty --locked --quiet
 echo "== cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
 echo "== tests"

@@ -9,6 +9,12 @@
 //!
 //! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`, `etcd`,
 //! `mysql`; all on by default); a URL for a store whose feature is off is reported as such.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 use leasehold::BoxStore;
 

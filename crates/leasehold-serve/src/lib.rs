@@ -33,6 +33,11 @@
 //! leasehold_serve::serve(sidecar, &listen, None, shutdown).await
 //! # }
 //! ```
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 mod error;
 mod held;
