@@ -1,5 +1,6 @@
 //! User and password: on a cluster with etcd's authentication on, the right password works, a
-//! wrong or missing one is refused at connect, and no error shows the password.
+//! wrong or missing one is refused at connect and by every operation of a lazily connecting
+//! store (a refusal, never an outage), and no error shows the password.
 
 use leasehold::{HolderId, LeaseName, Store, StoreError};
 use leasehold_etcd::testing::EtcdCluster;
@@ -37,6 +38,17 @@ async fn passwords_are_checked_and_never_shown() {
                 "a refusal, not an outage: {source}"
             ),
             other => panic!("{other}"),
+        }
+        // A store that connects in the background is refused by every operation, from the
+        // first on: a refusal a scheduler gives up on, never an outage it may fail open on.
+        let lazy = leasehold_etcd::connect_lazy(&url).unwrap();
+        for _ in 0..3 {
+            let err = lazy
+                .acquire(&name, &holder, std::time::Duration::from_secs(5))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, StoreError::Rejected { .. }), "{err:?}");
+            assert!(!format!("{err} {err:?}").contains("Secret"));
         }
     }
 }
