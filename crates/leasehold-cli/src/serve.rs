@@ -64,7 +64,7 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
     let url = leasehold_connect::store_url(args.store);
     let store = leasehold_connect::open_store_lazy(&url)
         .await
-        .map_err(crate::run::open_failure)?;
+        .map_err(Failure::open)?;
     let mut config = SidecarConfig::default()
         .on_store_down(args.on_store_down)
         .max_wait(args.max_wait);

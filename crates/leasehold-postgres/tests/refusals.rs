@@ -5,10 +5,9 @@
 //! trying, and works once the server accepts it.
 //!
 //! The shared test server trusts every loopback connection, so it checks no password: the
-//! password cases talk to a stand-in that speaks the start of PostgreSQL's protocol (asks for
-//! a cleartext password, then answers `28P01 invalid_password`, as a server with
-//! `password`/`md5`/`scram-sha-256` authentication does). The role cases use the real server
-//! (`28000 invalid_authorization_specification`).
+//! password cases talk to a stand-in that speaks the start of PostgreSQL's protocol
+//! ([`PasswordRefusingPostgres`]: asks for a password, then answers `28P01 invalid_password`).
+//! The role cases use the real server (`28000 invalid_authorization_specification`).
 
 mod common;
 
@@ -16,56 +15,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::{HolderId, LeaseName, Store, StoreError};
 use leasehold_postgres::{Error, PgConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
-/// Reads one length-prefixed message body (after an optional type byte).
-async fn read_message(sock: &mut tokio::net::TcpStream, typed: bool) -> std::io::Result<()> {
-    if typed {
-        sock.read_u8().await?;
-    }
-    let len = sock.read_u32().await? as usize;
-    let mut body = vec![0; len.saturating_sub(4)];
-    sock.read_exact(&mut body).await?;
-    Ok(())
-}
-
-/// A stand-in server on loopback: asks every connection for a cleartext password and refuses
-/// whatever comes, as PostgreSQL does with a wrong one.
-async fn password_refusing_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                read_message(&mut sock, false).await?;
-                // AuthenticationCleartextPassword.
-                sock.write_all(b"R\0\0\0\x08\0\0\0\x03").await?;
-                read_message(&mut sock, true).await?;
-                let mut fields = Vec::new();
-                for (code, value) in [
-                    (b'S', "FATAL"),
-                    (b'V', "FATAL"),
-                    (b'C', "28P01"),
-                    (b'M', "password authentication failed for user \"app\""),
-                ] {
-                    fields.push(code);
-                    fields.extend_from_slice(value.as_bytes());
-                    fields.push(0);
-                }
-                fields.push(0);
-                let mut reply = vec![b'E'];
-                reply.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
-                reply.extend_from_slice(&fields);
-                sock.write_all(&reply).await
-            });
-        }
-    });
-    port
-}
+use leasehold_testkit::postgres::PasswordRefusingPostgres;
 
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
@@ -127,19 +77,14 @@ async fn refused(what: &str, url: &str, expect: &str) {
 
 #[tokio::test]
 async fn a_wrong_or_missing_password_is_refused() {
-    let port = password_refusing_server().await;
+    let server = PasswordRefusingPostgres::start();
     refused(
         "wrong password",
-        &format!("postgres://app:wr0ng-Secret@127.0.0.1:{port}/test"),
+        &server.url("app", Some("wr0ng-Secret")),
         "28P01",
     )
     .await;
-    refused(
-        "no password",
-        &format!("postgres://app@127.0.0.1:{port}/test"),
-        "password missing",
-    )
-    .await;
+    refused("no password", &server.url("app", None), "password missing").await;
 }
 
 /// A role that does not exist, and one that may not log in, on the real server; the lazy
