@@ -25,7 +25,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use leasehold::CancellationToken;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -445,6 +445,8 @@ impl HeadScan {
 /// The client's stream, telling the connection's state what arrives.
 struct Watched<I> {
     io: I,
+    /// The connection's first byte, read before hyper took the stream over.
+    first: Option<u8>,
     state: Arc<ConnState>,
 }
 
@@ -454,6 +456,11 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(byte) = self.first.take() {
+            buf.put_slice(&[byte]);
+            self.state.received(&[byte]);
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
@@ -640,6 +647,25 @@ async fn connection<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let state = Arc::new(ConnState::new());
+    // hyper keeps 16 KiB of buffers per connection from its start: a client that has sent
+    // nothing yet gets none (so a flood of silent connections costs little memory).
+    let mut io = io;
+    let mut first = [0u8; 1];
+    let read = tokio::select! {
+        read = tokio::time::timeout(limits.header, io.read(&mut first)) => read,
+        () = stop.cancelled() => return,
+    };
+    match read {
+        Ok(Ok(1)) => {}
+        Ok(_) => return,
+        Err(_) => {
+            tracing::debug!(
+                waiting_for = Phase::Head.as_str(),
+                "connection timed out; closed"
+            );
+            return;
+        }
+    }
     let service = ConnService {
         app: TowerToHyperService::new(app),
         state: state.clone(),
@@ -647,6 +673,7 @@ async fn connection<I>(
     };
     let io = TokioIo::new(Watched {
         io,
+        first: Some(first[0]),
         state: state.clone(),
     });
     let conn = http1::Builder::new()
