@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use leasehold::faults::FaultyStore;
 use leasehold::{
     FencingToken, HolderId, Lease, LeaseConfig, LeaseError, LeaseGuard, LeaseName, LeaseSession,
-    MAX_RENEW_BATCH, MemoryStore, Release, Store, TryAcquire,
+    MAX_RENEW_BATCH, MemoryStore, Purge, Release, Store, TryAcquire,
     store::{Acquisition, Renewal},
 };
 use tokio::task::JoinSet;
@@ -122,7 +122,7 @@ pub(crate) struct OpBench<S> {
     holder: HolderId,
 }
 
-impl<S: Store> OpBench<S> {
+impl<S: Store + Purge> OpBench<S> {
     pub(crate) fn new(store: S, prefix: &str, ops: usize) -> Result<Self> {
         Ok(Self {
             store,
@@ -321,7 +321,7 @@ impl<'a> HeldPlan<'a> {
 /// store calls per interval (counted by a pass-through [`FaultyStore`]), leases per call and
 /// the process's CPU time per interval. Then, per round, renews `sample` of them one by one
 /// and one [`MAX_RENEW_BATCH`] of them in one [`Store::renew_many`], for the per-lease cost.
-async fn held_renewal<S: Store>(store: &S, plan: &HeldPlan<'_>) -> Result<HeldRow> {
+async fn held_renewal<S: Store + Purge>(store: &S, plan: &HeldPlan<'_>) -> Result<HeldRow> {
     let counted = FaultyStore::wrap(store.clone());
     let session = LeaseSession::new(counted.clone(), LeaseConfig::new(plan.ttl))
         .map_err(|e| BenchError::lease("lease session", e))?;
@@ -437,7 +437,7 @@ async fn held_renewal<S: Store>(store: &S, plan: &HeldPlan<'_>) -> Result<HeldRo
 }
 
 /// Takes every name in `session`, `concurrency` at a time.
-async fn acquire_in_session<S: Store>(
+async fn acquire_in_session<S: Store + Purge>(
     session: &LeaseSession<S>,
     names: Vec<LeaseName>,
     concurrency: usize,
@@ -492,7 +492,7 @@ fn proc_field(path: &str, field: Option<&str>) -> Result<u64> {
 /// The held-lease row and both takeover rows of one store, added to `report`: `store` holds,
 /// `waiter` (a second handle, as another process would have) takes over. `graceful` is the
 /// graceful takeover's target: its text after `p50 ≤ ` and its bound in ms.
-pub(crate) async fn held_and_takeovers<S: Store>(
+pub(crate) async fn held_and_takeovers<S: Store + Purge>(
     plan: &crate::Plan,
     report: &mut Report,
     held: &HeldPlan<'_>,
@@ -517,7 +517,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// Graceful handoff: a holder (on `holder_store`) holds a lease, a waiter (on `waiter_store`, a
 /// separate connection, as another process would have) waits in [`Lease::acquire`]; measures from
 /// the start of the holder's release call to the waiter's acquire returning.
-async fn graceful_takeover<S: Store>(
+async fn graceful_takeover<S: Store + Purge>(
     store_name: &str,
     holder_store: &S,
     waiter_store: &S,
@@ -573,7 +573,7 @@ async fn graceful_takeover<S: Store>(
 /// renewing; a waiter in [`Lease::acquire`] started after it must take over when the lease is due
 /// to expire. Measures `acquired_at − (holder's acquire sent + ttl)`: how late after the
 /// earliest moment the lease can have expired.
-async fn expiry_takeover<S: Store>(
+async fn expiry_takeover<S: Store + Purge>(
     store_name: &str,
     holder_store: &S,
     waiter_store: &S,
@@ -626,7 +626,7 @@ async fn expiry_takeover<S: Store>(
 }
 
 /// A [`Lease`] on `store`.
-fn lease<S: Store>(store: &S, name: &LeaseName, config: LeaseConfig) -> Result<Lease<S>> {
+fn lease<S: Store + Purge>(store: &S, name: &LeaseName, config: LeaseConfig) -> Result<Lease<S>> {
     Lease::new(store.clone(), name.clone(), config)
         .map_err(|e| BenchError::lease(format!("lease {name}"), e))
 }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::store::Operation as Op;
 use leasehold::{
-    FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
+    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
+    Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -84,20 +85,18 @@ fn parse_slot(value: &str) -> StoreResult<u64> {
 impl EtcdStore {
     pub(crate) async fn connect(config: EtcdConfig) -> Result<Self> {
         let op_timeout = config.op_timeout;
-        let store = Self::open(config)?;
+        let inner = Inner::new(&config)?;
         // One read under the prefix: reachability, credentials and read permission at once.
+        // Before the release watch starts, so a refusal is reported once, here.
         let probe =
-            json!({ "key": b64(store.inner.lease_key_prefix()), "limit": "1", "keys_only": true });
+            json!({ "key": b64(inner.lease_key_prefix()), "limit": "1", "keys_only": true });
         let answer = tokio::time::timeout(
             op_timeout,
-            store
-                .inner
-                .gateway
-                .call::<RangeResponse>("/v3/kv/range", &probe),
+            inner.gateway.call::<RangeResponse>("/v3/kv/range", &probe),
         )
         .await;
         let failed = |source| Error::Connect {
-            endpoints: store.inner.described.clone(),
+            endpoints: inner.described.clone(),
             source,
         };
         match answer {
@@ -105,6 +104,7 @@ impl EtcdStore {
             Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
             Ok(Ok(_)) => {}
         }
+        let store = Self::watching(inner, &config);
         if let Some(releases) = &store.inner.releases {
             // Usually established at once; if not, it keeps trying in the background.
             releases.first_attempt(op_timeout).await;
@@ -116,28 +116,23 @@ impl EtcdStore {
     /// (each fails with [`StoreError::Unavailable`] while no member answers) and the release
     /// watch is established in the background. Must be called within a tokio runtime.
     pub(crate) fn open(config: EtcdConfig) -> Result<Self> {
-        config.validate()?;
-        let gateway = Arc::new(Gateway::new(&config)?);
-        let mut inner = Inner {
-            gateway: gateway.clone(),
-            prefix: config.prefix.clone(),
-            op_timeout: config.op_timeout,
-            described: config.describe(),
-            releases: None,
-            observed: Arc::default(),
-        };
+        Ok(Self::watching(Inner::new(&config)?, &config))
+    }
+
+    /// The store, with its release watch started if notifications are on.
+    fn watching(mut inner: Inner, config: &EtcdConfig) -> Self {
         if config.notifications {
             inner.releases = Some(watch::feed(
-                gateway,
+                inner.gateway.clone(),
                 inner.lease_key_prefix(),
                 inner.observed.clone(),
                 config.max_reconnect_delay,
                 inner.described.clone(),
             ));
         }
-        Ok(Self {
+        Self {
             inner: Arc::new(inner),
-        })
+        }
     }
 
     /// The key of a lease: `PREFIX` `lease/` `NAME`.
@@ -744,6 +739,19 @@ fn decode_kv(kv: &KeyValue) -> StoreResult<Record> {
 }
 
 impl Inner {
+    /// Checks the settings; no connection yet, no release watch.
+    fn new(config: &EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            gateway: Arc::new(Gateway::new(config)?),
+            prefix: config.prefix.clone(),
+            op_timeout: config.op_timeout,
+            described: config.describe(),
+            releases: None,
+            observed: Arc::default(),
+        })
+    }
+
     fn lease_key_prefix(&self) -> Vec<u8> {
         format!("{}lease/", self.prefix).into_bytes()
     }
@@ -788,15 +796,6 @@ impl Store for EtcdStore {
         self.run_repeatable(move || self.renew_once(op, name, holder, token, ttl))
     }
 
-    fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
-        self.renew_many_chunked(Op::new("renew_many", None), holder, leases, ttl)
-    }
-
     fn release(
         &self,
         name: &LeaseName,
@@ -807,11 +806,6 @@ impl Store for EtcdStore {
         self.run(self.release_once(op, name, holder, token))
     }
 
-    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let op = Op::new("purge", None);
-        self.run_repeatable(move || self.purge_once(op, retention))
-    }
-
     fn inspect(
         &self,
         name: &LeaseName,
@@ -820,6 +814,33 @@ impl Store for EtcdStore {
         self.run_repeatable(move || self.inspect_once(op, name))
     }
 
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        std::future::ready(Ok(wall_ms()))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+
+    fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
+        self.renew_many_chunked(Op::new("renew_many", None), holder, leases, ttl)
+    }
+}
+
+impl Slots for EtcdStore {
     fn claim_slot(
         &self,
         task: &LeaseName,
@@ -827,10 +848,6 @@ impl Store for EtcdStore {
     ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
         let op = Op::new("claim_slot", Some(task));
         self.run(self.claim_slot_once(op, task, slot))
-    }
-
-    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
-        std::future::ready(Ok(wall_ms()))
     }
 
     fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
@@ -857,7 +874,16 @@ impl Store for EtcdStore {
         let op = Op::new("history", Some(task));
         self.run_repeatable(move || self.history_once(op, task, limit))
     }
+}
 
+impl Purge for EtcdStore {
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let op = Op::new("purge", None);
+        self.run_repeatable(move || self.purge_once(op, retention))
+    }
+}
+
+impl Membership for EtcdStore {
     fn members(
         &self,
         group: &LeaseName,
@@ -875,14 +901,6 @@ impl Store for EtcdStore {
     ) -> impl Future<Output = StoreResult<()>> + Send {
         let op = Op::new("leave", Some(group));
         self.run_repeatable(move || self.leave_once(op, group, member))
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
-    }
-
-    fn describe(&self) -> String {
-        self.inner.described.clone()
     }
 }
 

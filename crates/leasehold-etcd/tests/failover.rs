@@ -2,6 +2,7 @@
 //! election, stay exclusive, hand over with a higher token, slot claims stay forward-only, and
 //! the release watch moves to a live member.
 
+use leasehold::Slots;
 use std::time::{Duration, Instant};
 
 use leasehold::{

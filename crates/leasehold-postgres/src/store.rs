@@ -9,7 +9,8 @@ use deadpool_postgres::{
 };
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
-    FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
+    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
+    Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -769,57 +770,6 @@ impl Store for PgStore {
         })
     }
 
-    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
-        let retention_ms = retention.as_millis().clamp(0, i64::MAX as u128) as i64;
-        let op = Op::new("purge", None);
-        let rows = self
-            .query(op, &self.inner.sql.purge, &[&retention_ms])
-            .await?;
-        let deleted: i64 = match rows.first() {
-            Some(row) => get(row, 0)?,
-            None => 0,
-        };
-        Ok(deleted.max(0) as u64)
-    }
-
-    /// One statement for the whole batch.
-    async fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> StoreResult<Vec<Renewal>> {
-        // A token beyond i64 was never handed out here: it stays out of the statement (Lost).
-        let (names, tokens): (Vec<&str>, Vec<i64>) = leases
-            .iter()
-            .filter_map(|(name, token)| Some((name.as_str(), to_i64(token.get())?)))
-            .unzip();
-        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op::new("renew_many", None);
-        let rows = self
-            .query(
-                op,
-                &self.inner.sql.renew_many,
-                &[&names, &holder.as_str(), &tokens, &ttl_ms],
-            )
-            .await?;
-        let mut renewed = std::collections::HashSet::with_capacity(rows.len());
-        for row in &rows {
-            renewed.insert((get::<String>(row, 0)?, get::<i64>(row, 1)?));
-        }
-        Ok(leases
-            .iter()
-            .map(|(name, token)| {
-                let key = to_i64(token.get()).map(|t| (name.as_str().to_owned(), t));
-                if key.is_some_and(|k| renewed.contains(&k)) {
-                    Renewal::Renewed
-                } else {
-                    Renewal::Lost
-                }
-            })
-            .collect())
-    }
-
     async fn release(
         &self,
         name: &LeaseName,
@@ -876,6 +826,71 @@ impl Store for PgStore {
         }))
     }
 
+    async fn now_millis(&self) -> StoreResult<u64> {
+        let op = Op::new("clock", None);
+        let rows = self.query(op, &self.inner.sql.now_millis, &[]).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
+        let ms: i64 = get(row, 0)?;
+        u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "postgres {} (table {}.{})",
+            self.inner.url, self.inner.schema, self.inner.lease_table
+        )
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+
+    /// One statement for the whole batch.
+    async fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        // A token beyond i64 was never handed out here: it stays out of the statement (Lost).
+        let (names, tokens): (Vec<&str>, Vec<i64>) = leases
+            .iter()
+            .filter_map(|(name, token)| Some((name.as_str(), to_i64(token.get())?)))
+            .unzip();
+        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
+        let op = Op::new("renew_many", None);
+        let rows = self
+            .query(
+                op,
+                &self.inner.sql.renew_many,
+                &[&names, &holder.as_str(), &tokens, &ttl_ms],
+            )
+            .await?;
+        let mut renewed = std::collections::HashSet::with_capacity(rows.len());
+        for row in &rows {
+            renewed.insert((get::<String>(row, 0)?, get::<i64>(row, 1)?));
+        }
+        Ok(leases
+            .iter()
+            .map(|(name, token)| {
+                let key = to_i64(token.get()).map(|t| (name.as_str().to_owned(), t));
+                if key.is_some_and(|k| renewed.contains(&k)) {
+                    Renewal::Renewed
+                } else {
+                    Renewal::Lost
+                }
+            })
+            .collect())
+    }
+}
+
+impl Slots for PgStore {
     async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
         let op = Op::new("claim_slot", Some(task));
         let Some(slot_i) = to_i64(slot) else {
@@ -905,54 +920,6 @@ impl Store for PgStore {
             message: format!("{op}: the slot kept changing under concurrent claims"),
             source: None,
         })
-    }
-
-    async fn now_millis(&self) -> StoreResult<u64> {
-        let op = Op::new("clock", None);
-        let rows = self.query(op, &self.inner.sql.now_millis, &[]).await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
-        let ms: i64 = get(row, 0)?;
-        u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
-    }
-
-    async fn members(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-        ttl: Duration,
-    ) -> StoreResult<Vec<HolderId>> {
-        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op::new("members", Some(group));
-        let rows = self
-            .query(
-                op,
-                &self.inner.sql.members,
-                &[&group.as_str(), &member.as_str(), &ttl_ms],
-            )
-            .await?;
-        let mut members = rows
-            .iter()
-            .map(|row| {
-                let m: String = get(row, 0)?;
-                HolderId::new(&m)
-                    .map_err(|_| StoreError::Corrupt(format!("member {m:?} is not a holder id")))
-            })
-            .collect::<StoreResult<Vec<_>>>()?;
-        members.sort();
-        Ok(members)
-    }
-
-    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        let op = Op::new("leave", Some(group));
-        self.query(
-            op,
-            &self.inner.sql.leave,
-            &[&group.as_str(), &member.as_str()],
-        )
-        .await?;
-        Ok(())
     }
 
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
@@ -1001,16 +968,60 @@ impl Store for PgStore {
             .await?;
         rows.iter().map(|row| get::<String>(row, 0)).collect()
     }
+}
 
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
+impl Purge for PgStore {
+    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
+        let retention_ms = retention.as_millis().clamp(0, i64::MAX as u128) as i64;
+        let op = Op::new("purge", None);
+        let rows = self
+            .query(op, &self.inner.sql.purge, &[&retention_ms])
+            .await?;
+        let deleted: i64 = match rows.first() {
+            Some(row) => get(row, 0)?,
+            None => 0,
+        };
+        Ok(deleted.max(0) as u64)
+    }
+}
+
+impl Membership for PgStore {
+    async fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<HolderId>> {
+        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
+        let op = Op::new("members", Some(group));
+        let rows = self
+            .query(
+                op,
+                &self.inner.sql.members,
+                &[&group.as_str(), &member.as_str(), &ttl_ms],
+            )
+            .await?;
+        let mut members = rows
+            .iter()
+            .map(|row| {
+                let m: String = get(row, 0)?;
+                HolderId::new(&m)
+                    .map_err(|_| StoreError::Corrupt(format!("member {m:?} is not a holder id")))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        members.sort();
+        Ok(members)
     }
 
-    fn describe(&self) -> String {
-        format!(
-            "postgres {} (table {}.{})",
-            self.inner.url, self.inner.schema, self.inner.lease_table
+    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
+        let op = Op::new("leave", Some(group));
+        self.query(
+            op,
+            &self.inner.sql.leave,
+            &[&group.as_str(), &member.as_str()],
         )
+        .await?;
+        Ok(())
     }
 }
 

@@ -4,7 +4,8 @@
 
 mod common;
 
-use leasehold::{LeaseName, Store, StoreError};
+use leasehold::Slots;
+use leasehold::{LeaseName, StoreError};
 
 fn task(prefix: &str) -> LeaseName {
     LeaseName::new(format!("{prefix}-{:08x}", fastrand::u32(..))).unwrap()

@@ -4,6 +4,7 @@
 
 mod common;
 
+use leasehold::Slots;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::{

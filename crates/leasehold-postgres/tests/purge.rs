@@ -4,6 +4,7 @@
 
 mod common;
 
+use leasehold::Purge;
 use std::time::{Duration, Instant};
 
 use leasehold::{HolderId, LeaseName, Store, store::Acquisition};

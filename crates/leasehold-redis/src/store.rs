@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use leasehold::store::Operation as Op;
 use leasehold::{
-    FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
+    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
+    Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -819,6 +820,93 @@ impl Store for RedisStore {
         })
     }
 
+    async fn release(
+        &self,
+        name: &LeaseName,
+        holder_id: &HolderId,
+        token: FencingToken,
+    ) -> StoreResult<Release> {
+        let op = Op::new("release", Some(name));
+        let reply = self
+            .eval(
+                &RELEASE,
+                &[self.key(name, LEASE)],
+                &[
+                    Arg::Tenure(token, holder_id),
+                    Arg::Str(&self.inner.channel),
+                    Arg::Str(name.as_str()),
+                ],
+                op,
+                false,
+            )
+            .await?;
+        Ok(match int(op, Some(&reply))? {
+            1 => Release::Released,
+            _ => Release::NotHeld,
+        })
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
+        let op = Op::new("inspect", Some(name));
+        let reply = self
+            .eval(
+                &INSPECT,
+                &[self.key(name, LEASE), self.key(name, FENCE)],
+                &[],
+                op,
+                true,
+            )
+            .await?;
+        if reply == Value::Nil {
+            return Ok(None);
+        }
+        let reply = items(op, reply)?;
+        let state = match int(op, reply.first())? {
+            1 => LeaseState {
+                token: token(op, reply.get(1))?,
+                holder: Some(holder(op, reply.get(2))?),
+                remaining: remaining(op, reply.get(3))?,
+            },
+            _ => LeaseState {
+                token: token(op, reply.get(1))?,
+                holder: None,
+                remaining: Duration::ZERO,
+            },
+        };
+        Ok(Some(state))
+    }
+
+    async fn now_millis(&self) -> StoreResult<u64> {
+        let op = Op::new("time", None);
+        let attempt = async {
+            let mut conn = self.inner.ready_conn().await;
+            let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.classify(e, op))?;
+            Ok(secs * 1000 + micros / 1000)
+        };
+        within(self.inner.op_timeout, attempt).await
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
+    }
+
+    fn describe(&self) -> String {
+        if self.inner.prefix == DEFAULT_PREFIX {
+            self.inner.url.clone()
+        } else {
+            format!("{} (prefix {})", self.inner.url, self.inner.prefix)
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // No purge: every record expires by itself on the server (a lease when its ttl runs
+        // out, its fencing counter a retention later).
+        Capabilities::SLOTS.union(Capabilities::MEMBERSHIP)
+    }
+
     /// One pipeline of renew scripts: one round trip for the batch (on a Redis Cluster, one
     /// renewal per lease, all at once).
     async fn renew_many(
@@ -883,63 +971,9 @@ impl Store for RedisStore {
         };
         within(self.inner.op_timeout, attempt).await
     }
+}
 
-    async fn release(
-        &self,
-        name: &LeaseName,
-        holder_id: &HolderId,
-        token: FencingToken,
-    ) -> StoreResult<Release> {
-        let op = Op::new("release", Some(name));
-        let reply = self
-            .eval(
-                &RELEASE,
-                &[self.key(name, LEASE)],
-                &[
-                    Arg::Tenure(token, holder_id),
-                    Arg::Str(&self.inner.channel),
-                    Arg::Str(name.as_str()),
-                ],
-                op,
-                false,
-            )
-            .await?;
-        Ok(match int(op, Some(&reply))? {
-            1 => Release::Released,
-            _ => Release::NotHeld,
-        })
-    }
-
-    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        let op = Op::new("inspect", Some(name));
-        let reply = self
-            .eval(
-                &INSPECT,
-                &[self.key(name, LEASE), self.key(name, FENCE)],
-                &[],
-                op,
-                true,
-            )
-            .await?;
-        if reply == Value::Nil {
-            return Ok(None);
-        }
-        let reply = items(op, reply)?;
-        let state = match int(op, reply.first())? {
-            1 => LeaseState {
-                token: token(op, reply.get(1))?,
-                holder: Some(holder(op, reply.get(2))?),
-                remaining: remaining(op, reply.get(3))?,
-            },
-            _ => LeaseState {
-                token: token(op, reply.get(1))?,
-                holder: None,
-                remaining: Duration::ZERO,
-            },
-        };
-        Ok(Some(state))
-    }
-
+impl Slots for RedisStore {
     async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
         let op = Op::new("claim_slot", Some(task));
         let reply = self
@@ -1041,7 +1075,13 @@ impl Store for RedisStore {
             })
             .collect()
     }
+}
 
+/// No purge: every record expires by itself on the server (a lease when its ttl runs out, its
+/// fencing counter a [`retention`](crate::RedisConfig::retention) later).
+impl Purge for RedisStore {}
+
+impl Membership for RedisStore {
     async fn members(
         &self,
         group: &LeaseName,
@@ -1077,31 +1117,6 @@ impl Store for RedisStore {
         )
         .await?;
         Ok(())
-    }
-
-    async fn now_millis(&self) -> StoreResult<u64> {
-        let op = Op::new("time", None);
-        let attempt = async {
-            let mut conn = self.inner.ready_conn().await;
-            let (secs, micros): (u64, u64) = redis::cmd("TIME")
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.classify(e, op))?;
-            Ok(secs * 1000 + micros / 1000)
-        };
-        within(self.inner.op_timeout, attempt).await
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
-    }
-
-    fn describe(&self) -> String {
-        if self.inner.prefix == DEFAULT_PREFIX {
-            self.inner.url.clone()
-        } else {
-            format!("{} (prefix {})", self.inner.url, self.inner.prefix)
-        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod common;
 
+use leasehold::Slots;
 use std::time::Duration;
 
 use leasehold::{

@@ -5,6 +5,7 @@
 
 mod common;
 
+use leasehold::Slots;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

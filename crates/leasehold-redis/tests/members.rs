@@ -3,9 +3,10 @@
 
 mod common;
 
+use leasehold::Membership;
 use std::time::Duration;
 
-use leasehold::{HolderId, LeaseName, Store, StoreError};
+use leasehold::{HolderId, LeaseName, StoreError};
 use leasehold_redis::RedisConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use leasehold::history::{RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
 use leasehold::{
-    BoxStore, CancellationToken, FencingToken, LeaseGuard, LeaseName, LossReason, Release, Store,
+    BoxStore, CancellationToken, FencingToken, LeaseGuard, LeaseName, LossReason, Release, Slots,
 };
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;

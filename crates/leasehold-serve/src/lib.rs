@@ -73,7 +73,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use leasehold::{BoxStore, CancellationToken, HolderId, Store, StoreDownPolicy};
+use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
 use serde::Serialize;
 
 use crate::error::{ApiError, MAX_BODY};

@@ -19,7 +19,7 @@ use axum::extract::{Path, State};
 use leasehold::history::{RecordedSchedule, RunOutcome};
 use leasehold::{
     CancellationToken, Leader, LeaderHandle, LeaderState, Lease, LeaseGuard, LeaseName, Schedule,
-    Store, StoreDownPolicy, StoreError, TryAcquire, store::SlotClaim,
+    Slots, Store, StoreDownPolicy, StoreError, TryAcquire, store::SlotClaim,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;

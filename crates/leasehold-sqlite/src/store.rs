@@ -11,7 +11,10 @@ use std::time::Duration;
 use leasehold::store::{
     Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
-use leasehold::{FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError};
+use leasehold::{
+    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
+    Store, StoreError,
+};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 use tokio::sync::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -507,40 +510,6 @@ impl Store for SqliteStore {
         })
     }
 
-    /// One transaction for the whole batch.
-    fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
-        let holder = holder.as_str().to_owned();
-        let leases: Vec<(String, i64)> = leases
-            .iter()
-            .map(|(name, token)| (name.as_str().to_owned(), token_sql(*token)))
-            .collect();
-        let ttl = ttl_ms(ttl);
-        self.run(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let now = host_clock::now_ms()?;
-            let mut renewals = Vec::with_capacity(leases.len());
-            {
-                let mut renew = tx.prepare_cached(schema::RENEW)?;
-                for (name, token) in &leases {
-                    let changed =
-                        renew.execute(rusqlite::params![name, holder, token, ttl, now])?;
-                    renewals.push(if changed == 1 {
-                        Renewal::Renewed
-                    } else {
-                        Renewal::Lost
-                    });
-                }
-            }
-            tx.commit()?;
-            Ok(renewals)
-        })
-    }
-
     fn release(
         &self,
         name: &LeaseName,
@@ -599,6 +568,64 @@ impl Store for SqliteStore {
         })
     }
 
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        self.run(|conn| {
+            let now: i64 = conn
+                .prepare_cached(schema::NOW)?
+                .query_row([], |r| r.get(0))?;
+            u64::try_from(now)
+                .map_err(|_| Fail::Store(StoreError::Corrupt(format!("store clock {now}"))))
+        })
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner.hub.as_ref().map(ReleaseHub::subscribe)
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.inner.path.display())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+
+    /// One transaction for the whole batch.
+    fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
+        let holder = holder.as_str().to_owned();
+        let leases: Vec<(String, i64)> = leases
+            .iter()
+            .map(|(name, token)| (name.as_str().to_owned(), token_sql(*token)))
+            .collect();
+        let ttl = ttl_ms(ttl);
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
+            let mut renewals = Vec::with_capacity(leases.len());
+            {
+                let mut renew = tx.prepare_cached(schema::RENEW)?;
+                for (name, token) in &leases {
+                    let changed =
+                        renew.execute(rusqlite::params![name, holder, token, ttl, now])?;
+                    renewals.push(if changed == 1 {
+                        Renewal::Renewed
+                    } else {
+                        Renewal::Lost
+                    });
+                }
+            }
+            tx.commit()?;
+            Ok(renewals)
+        })
+    }
+}
+
+impl Slots for SqliteStore {
     fn claim_slot(
         &self,
         task: &LeaseName,
@@ -615,73 +642,6 @@ impl Store for SqliteStore {
             };
             self.run(move |conn| claim_slot_tx(conn, &task, slot)).await
         }
-    }
-
-    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let retention = ttl_ms(retention);
-        self.run(move |conn| {
-            let now = host_clock::now_ms()?;
-            let deleted = conn
-                .prepare_cached(schema::PURGE)?
-                .execute(rusqlite::params![now, retention])?;
-            Ok(deleted as u64)
-        })
-    }
-
-    /// One transaction: refresh, drop the expired, read; expiries on the host's clock as leases'.
-    fn members(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
-        let (group, member) = (group.as_str().to_owned(), member.as_str().to_owned());
-        let ttl = ttl_ms(ttl);
-        self.run(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let now = host_clock::now_ms()?;
-            tx.prepare_cached(schema::JOIN)?
-                .execute(rusqlite::params![group, member, now, ttl])?;
-            tx.prepare_cached(schema::DROP_EXPIRED_MEMBERS)?
-                .execute(rusqlite::params![group, now])?;
-            let members = tx
-                .prepare_cached(schema::MEMBERS)?
-                .query_map([&group], |r| r.get::<_, String>(0))?
-                .map(|m| {
-                    let m = m?;
-                    HolderId::new(&m).map_err(|_| {
-                        Fail::Store(StoreError::Corrupt(format!(
-                            "member {m:?} is not a holder id"
-                        )))
-                    })
-                })
-                .collect::<std::result::Result<Vec<_>, Fail>>()?;
-            tx.commit()?;
-            Ok(members)
-        })
-    }
-
-    fn leave(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-    ) -> impl Future<Output = StoreResult<()>> + Send {
-        let (group, member) = (group.as_str().to_owned(), member.as_str().to_owned());
-        self.run(move |conn| {
-            conn.prepare_cached(schema::LEAVE)?
-                .execute([&group, &member])?;
-            Ok(())
-        })
-    }
-
-    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
-        self.run(|conn| {
-            let now: i64 = conn
-                .prepare_cached(schema::NOW)?
-                .query_row([], |r| r.get(0))?;
-            u64::try_from(now)
-                .map_err(|_| Fail::Store(StoreError::Corrupt(format!("store clock {now}"))))
-        })
     }
 
     fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
@@ -743,13 +703,66 @@ impl Store for SqliteStore {
             Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
         })
     }
+}
 
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.hub.as_ref().map(ReleaseHub::subscribe)
+impl Purge for SqliteStore {
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let retention = ttl_ms(retention);
+        self.run(move |conn| {
+            let now = host_clock::now_ms()?;
+            let deleted = conn
+                .prepare_cached(schema::PURGE)?
+                .execute(rusqlite::params![now, retention])?;
+            Ok(deleted as u64)
+        })
+    }
+}
+
+impl Membership for SqliteStore {
+    /// One transaction: refresh, drop the expired, read; expiries on the host's clock as leases'.
+    fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
+        let (group, member) = (group.as_str().to_owned(), member.as_str().to_owned());
+        let ttl = ttl_ms(ttl);
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
+            tx.prepare_cached(schema::JOIN)?
+                .execute(rusqlite::params![group, member, now, ttl])?;
+            tx.prepare_cached(schema::DROP_EXPIRED_MEMBERS)?
+                .execute(rusqlite::params![group, now])?;
+            let members = tx
+                .prepare_cached(schema::MEMBERS)?
+                .query_map([&group], |r| r.get::<_, String>(0))?
+                .map(|m| {
+                    let m = m?;
+                    HolderId::new(&m).map_err(|_| {
+                        Fail::Store(StoreError::Corrupt(format!(
+                            "member {m:?} is not a holder id"
+                        )))
+                    })
+                })
+                .collect::<std::result::Result<Vec<_>, Fail>>()?;
+            tx.commit()?;
+            Ok(members)
+        })
     }
 
-    fn describe(&self) -> String {
-        format!("sqlite:{}", self.inner.path.display())
+    fn leave(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let (group, member) = (group.as_str().to_owned(), member.as_str().to_owned());
+        self.run(move |conn| {
+            conn.prepare_cached(schema::LEAVE)?
+                .execute([&group, &member])?;
+            Ok(())
+        })
     }
 }
 

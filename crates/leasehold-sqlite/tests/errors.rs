@@ -1,5 +1,6 @@
 //! Unusable paths and URLs, lock contention and timeouts.
 
+use leasehold::Slots;
 use std::time::Duration;
 
 use leasehold::{HolderId, LeaseName, Store, StoreError};

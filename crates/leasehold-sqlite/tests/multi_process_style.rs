@@ -1,6 +1,7 @@
 //! Several independent store handles (separate connections, as separate processes would have)
 //! on one file, and real child processes on one file.
 
+use leasehold::{Membership, Slots};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! purged; live leases and recent records stay; a purged name's next token is still above its
 //! old one.
 
+use leasehold::Purge;
 use std::time::{Duration, Instant};
 
 use leasehold::{HolderId, LeaseName, Release, Store, store::Acquisition};

@@ -13,7 +13,9 @@
 
 use std::time::Duration;
 
-use crate::store_api::{Acquisition, Release, Renewal, SlotClaim, Store};
+use crate::store_api::{
+    Acquisition, Capabilities, Membership, Purge, Release, Renewal, SlotClaim, Slots,
+};
 use crate::{FencingToken, HolderId, Lease, LeaseConfig, LeaseName, TryAcquire};
 
 /// Ttl used by checks that wait for expiry.
@@ -30,7 +32,7 @@ fn holder(tag: &str) -> HolderId {
     HolderId::new(format!("{tag}-{:08x}", fastrand::u32(..))).expect("valid holder")
 }
 
-async fn acquired<S: Store>(
+async fn acquired<S: Slots + Purge + Membership>(
     store: &S,
     name: &LeaseName,
     who: &HolderId,
@@ -47,7 +49,7 @@ async fn acquired<S: Store>(
 }
 
 /// A free lease is acquired; a second holder is told who holds it and for how long.
-pub async fn acquire_then_busy<S: Store>(store: S) {
+pub async fn acquire_then_busy<S: Slots + Purge + Membership>(store: S) {
     let (name, a, b) = (unique_name("busy"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, LONG_TTL).await;
     assert!(token.get() >= 1, "tokens start above zero");
@@ -65,7 +67,7 @@ pub async fn acquire_then_busy<S: Store>(store: S) {
 
 /// Re-acquiring by the current holder starts a new tenure: a higher token, and the older
 /// tenure's renew and release change nothing (a token names exactly one tenure).
-pub async fn reacquire_by_holder_starts_a_new_tenure<S: Store>(store: S) {
+pub async fn reacquire_by_holder_starts_a_new_tenure<S: Slots + Purge + Membership>(store: S) {
     let (name, a) = (unique_name("reacquire"), holder("a"));
     let first = acquired(&store, &name, &a, LONG_TTL).await;
     let second = acquired(&store, &name, &a, LONG_TTL).await;
@@ -95,7 +97,7 @@ pub async fn reacquire_by_holder_starts_a_new_tenure<S: Store>(store: S) {
 
 /// The first token of a name the store has never seen is seeded from the store's clock
 /// (ms × 1000), so recreating the store's tables never hands out a lower token than before.
-pub async fn new_names_start_tokens_from_the_clock<S: Store>(store: S) {
+pub async fn new_names_start_tokens_from_the_clock<S: Slots + Purge + Membership>(store: S) {
     let (name, a) = (unique_name("seed"), holder("a"));
     let before = store.now_millis().await.unwrap();
     let token = acquired(&store, &name, &a, LONG_TTL).await;
@@ -109,7 +111,7 @@ pub async fn new_names_start_tokens_from_the_clock<S: Store>(store: S) {
 
 /// Dropping a guard and at once acquiring again through the same [`Lease`]: the new guard's
 /// tenure survives the dropped guard's background release, and a second instance stays out.
-pub async fn drop_then_reacquire_keeps_the_new_tenure<S: Store>(store: S) {
+pub async fn drop_then_reacquire_keeps_the_new_tenure<S: Slots + Purge + Membership>(store: S) {
     let name = unique_name("drop-reacquire");
     let config = LeaseConfig::new(LONG_TTL);
     let lease = Lease::new(store.clone(), name.clone(), config).unwrap();
@@ -142,7 +144,7 @@ pub async fn drop_then_reacquire_keeps_the_new_tenure<S: Store>(store: S) {
 }
 
 /// Only the holder with the right token renews; renewal extends the remaining time.
-pub async fn renew_only_by_holder_with_token<S: Store>(store: S) {
+pub async fn renew_only_by_holder_with_token<S: Slots + Purge + Membership>(store: S) {
     let (name, a, b) = (unique_name("renew"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, SHORT_TTL).await;
     assert_eq!(
@@ -171,7 +173,7 @@ pub async fn renew_only_by_holder_with_token<S: Store>(store: S) {
 /// `renew_many` answers each lease as `renew` would, in order: renewed when `holder` holds it
 /// with that token, lost when released, never acquired, held with another token or by another
 /// holder; renewed leases are extended.
-pub async fn renew_many_answers_each_lease_in_order<S: Store>(store: S) {
+pub async fn renew_many_answers_each_lease_in_order<S: Slots + Purge + Membership>(store: S) {
     let (a, b) = (holder("a"), holder("b"));
     let names: Vec<LeaseName> = (0..5).map(|i| unique_name(&format!("many{i}"))).collect();
     let t0 = acquired(&store, &names[0], &a, SHORT_TTL).await;
@@ -215,7 +217,7 @@ pub async fn renew_many_answers_each_lease_in_order<S: Store>(store: S) {
 /// `purge` deletes records free for at least the retention and nothing else; a purged name's
 /// next token is still above every earlier one. (Other checks share the server: the retention
 /// is longer than any of them keeps a free record it still reads.)
-pub async fn purge_removes_only_long_free_records<S: Store>(store: S) {
+pub async fn purge_removes_only_long_free_records<S: Slots + Purge + Membership>(store: S) {
     const RETENTION: Duration = Duration::from_secs(3);
     let (old, recent, live, a) = (
         unique_name("purge-old"),
@@ -249,7 +251,7 @@ pub async fn purge_removes_only_long_free_records<S: Store>(store: S) {
 }
 
 /// Only the holder with the right token releases; afterwards another holder gets a new token.
-pub async fn release_only_by_holder_with_token<S: Store>(store: S) {
+pub async fn release_only_by_holder_with_token<S: Slots + Purge + Membership>(store: S) {
     let (name, a, b) = (unique_name("release"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, LONG_TTL).await;
     assert_eq!(
@@ -281,7 +283,7 @@ pub async fn release_only_by_holder_with_token<S: Store>(store: S) {
 
 /// An expired lease goes to the next holder with a higher token; the old holder can neither
 /// renew nor release it.
-pub async fn expiry_hands_over<S: Store>(store: S) {
+pub async fn expiry_hands_over<S: Slots + Purge + Membership>(store: S) {
     let (name, a, b) = (unique_name("expiry"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, SHORT_TTL).await;
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(150)).await;
@@ -305,7 +307,7 @@ pub async fn expiry_hands_over<S: Store>(store: S) {
 }
 
 /// An expired lease that nobody took cannot be renewed back to life.
-pub async fn renew_after_expiry_is_lost<S: Store>(store: S) {
+pub async fn renew_after_expiry_is_lost<S: Slots + Purge + Membership>(store: S) {
     let (name, a) = (unique_name("late-renew"), holder("a"));
     let token = acquired(&store, &name, &a, SHORT_TTL).await;
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(150)).await;
@@ -319,7 +321,7 @@ pub async fn renew_after_expiry_is_lost<S: Store>(store: S) {
 }
 
 /// Tokens strictly increase across releases and expiries, alternating holders.
-pub async fn tokens_strictly_increase<S: Store>(store: S) {
+pub async fn tokens_strictly_increase<S: Slots + Purge + Membership>(store: S) {
     let name = unique_name("tokens");
     let holders = [holder("a"), holder("b"), holder("c")];
     let mut last = FencingToken(0);
@@ -342,7 +344,7 @@ pub async fn tokens_strictly_increase<S: Store>(store: S) {
 }
 
 /// Tokens are kept per name: acquiring one name does not move another's counter backwards.
-pub async fn tokens_are_per_name<S: Store>(store: S) {
+pub async fn tokens_are_per_name<S: Slots + Purge + Membership>(store: S) {
     let (x, y, a) = (
         unique_name("per-name-x"),
         unique_name("per-name-y"),
@@ -358,7 +360,7 @@ pub async fn tokens_are_per_name<S: Store>(store: S) {
 
 /// Inspect shows nothing for an unknown name, the holder while held, and keeps the token after
 /// release.
-pub async fn inspect_reports_state<S: Store>(store: S) {
+pub async fn inspect_reports_state<S: Slots + Purge + Membership>(store: S) {
     let (name, a) = (unique_name("inspect"), holder("a"));
     assert_eq!(store.inspect(&name).await.unwrap(), None);
     let token = acquired(&store, &name, &a, LONG_TTL).await;
@@ -375,7 +377,7 @@ pub async fn inspect_reports_state<S: Store>(store: S) {
 
 /// Slot claims only move forward: the first claim of a slot wins, a repeat or an older slot
 /// does not, and tasks are independent.
-pub async fn slot_claims_move_forward<S: Store>(store: S) {
+pub async fn slot_claims_move_forward<S: Slots + Purge + Membership>(store: S) {
     let (task, other) = (unique_name("slots"), unique_name("slots-other"));
     assert_eq!(
         store.claim_slot(&task, 10).await.unwrap(),
@@ -410,7 +412,7 @@ pub async fn slot_claims_move_forward<S: Store>(store: S) {
 }
 
 /// Many racers for one free lease: exactly one wins. Many racers for one slot: exactly one claims.
-pub async fn concurrent_racers_one_winner<S: Store>(store: S) {
+pub async fn concurrent_racers_one_winner<S: Slots + Purge + Membership>(store: S) {
     let name = unique_name("race");
     let racers: Vec<_> = (0..16)
         .map(|i| {
@@ -446,7 +448,7 @@ pub async fn concurrent_racers_one_winner<S: Store>(store: S) {
 }
 
 /// The store's clock is close to wall time and does not go backwards.
-pub async fn clock_is_sane<S: Store>(store: S) {
+pub async fn clock_is_sane<S: Slots + Purge + Membership>(store: S) {
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -459,7 +461,7 @@ pub async fn clock_is_sane<S: Store>(store: S) {
 }
 
 /// Every allowed character and the longest allowed name work as lease names.
-pub async fn names_round_trip<S: Store>(store: S) {
+pub async fn names_round_trip<S: Slots + Purge + Membership>(store: S) {
     let a = holder("a");
     let odd = LeaseName::new(format!("a-b_c.d:e/F9/{:08x}", fastrand::u32(..))).unwrap();
     let long = LeaseName::new(format!("{:016x}{}", fastrand::u64(..), "x".repeat(112))).unwrap();
@@ -475,7 +477,7 @@ pub async fn names_round_trip<S: Store>(store: S) {
 }
 
 /// Where the store has release notifications, a waiter hears about a release promptly.
-pub async fn release_notifies_waiters<S: Store>(store: S) {
+pub async fn release_notifies_waiters<S: Slots + Purge + Membership>(store: S) {
     let Some(mut sub) = store.subscribe_releases() else {
         return;
     };
@@ -494,7 +496,7 @@ pub async fn release_notifies_waiters<S: Store>(store: S) {
 
 /// A [`Lease`] guard on this store keeps its lease across several ttls, then hands it over on
 /// release; a waiting [`Lease::acquire`] takes it.
-pub async fn guard_renews_and_hands_over<S: Store>(store: S) {
+pub async fn guard_renews_and_hands_over<S: Slots + Purge + Membership>(store: S) {
     let name = unique_name("guard");
     let config = LeaseConfig::new(SHORT_TTL);
     let first = Lease::new(store.clone(), name.clone(), config).unwrap();
@@ -521,7 +523,7 @@ pub async fn guard_renews_and_hands_over<S: Store>(store: S) {
 }
 
 /// `last_slot` reads the highest claimed slot; tasks are independent.
-pub async fn last_slot_reads_the_highest_claim<S: Store>(store: S) {
+pub async fn last_slot_reads_the_highest_claim<S: Slots + Purge + Membership>(store: S) {
     let (task, other) = (unique_name("last-slot"), unique_name("last-slot-other"));
     assert_eq!(store.last_slot(&task).await.unwrap(), None);
     store.claim_slot(&task, 1_700_000_000_000).await.unwrap();
@@ -535,7 +537,7 @@ pub async fn last_slot_reads_the_highest_claim<S: Store>(store: S) {
 
 /// History entries are replaced by key, kept newest-first up to the limit, trimmed to `keep`,
 /// per task, and come back byte for byte (JSON with quotes, backslashes, non-ASCII).
-pub async fn history_is_bounded_keyed_and_exact<S: Store>(store: S) {
+pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership>(store: S) {
     let (task, other) = (unique_name("history"), unique_name("history-other"));
     assert!(store.history(&task, 10).await.unwrap().is_empty());
     let odd = r#"{"error":"exit \"3\" — ünïcode\n"}"#;
@@ -574,7 +576,7 @@ pub async fn history_is_bounded_keyed_and_exact<S: Store>(store: S) {
 /// `members` refreshes the caller's entry and answers the live members of that group only,
 /// sorted; an entry not refreshed within its ttl drops out, a refreshed one stays, and `leave`
 /// removes one at once. (A store without membership answers `Unsupported` and is not checked.)
-pub async fn members_expire_refresh_and_leave<S: Store>(store: S) {
+pub async fn members_expire_refresh_and_leave<S: Slots + Purge + Membership>(store: S) {
     let (group, other) = (unique_name("members"), unique_name("members-other"));
     let (a, b, c) = (holder("a"), holder("b"), holder("c"));
     // Long enough that a loaded host's scheduling delays (tens of ms) stay well inside the
@@ -622,23 +624,65 @@ pub async fn members_expire_refresh_and_leave<S: Store>(store: S) {
     store.leave(&other, &c).await.unwrap();
 }
 
+/// Every store declares the capabilities it answers: a declared one answers (the checks above
+/// exercise each), an undeclared one answers [`StoreError::Unsupported`](crate::StoreError).
+pub async fn capabilities_are_declared_truly<S: Slots + Purge + Membership>(store: S) {
+    let caps = store.capabilities();
+    let (task, who) = (unique_name("caps"), holder("caps"));
+    let unsupported = |e: &crate::StoreError| matches!(e, crate::StoreError::Unsupported(_));
+    let answers = [
+        (Capabilities::SLOTS, store.last_slot(&task).await.err()),
+        (Capabilities::PURGE, store.purge(LONG_TTL).await.err()),
+        (
+            Capabilities::MEMBERSHIP,
+            store.leave(&task, &who).await.err(),
+        ),
+    ];
+    for (cap, error) in answers {
+        assert_eq!(
+            caps.contains(cap),
+            !error.as_ref().is_some_and(unsupported),
+            "{} declares {caps}; its {cap} operation answered {error:?}",
+            store.describe()
+        );
+    }
+}
+
+/// `for_each_conformance_check!([path::to::callback] (args))` calls
+/// `path::to::callback!(args; check, check, ...)` with the name of every conformance check: the
+/// one list the test macro below (and `leasehold-testkit`) expand.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_conformance_check {
+    ([$($callback:tt)*] ($($args:tt)*)) => {
+        $($callback)*! {$($args)*;
+            acquire_then_busy, reacquire_by_holder_starts_a_new_tenure,
+            new_names_start_tokens_from_the_clock, drop_then_reacquire_keeps_the_new_tenure,
+            renew_only_by_holder_with_token, renew_many_answers_each_lease_in_order,
+            purge_removes_only_long_free_records, release_only_by_holder_with_token,
+            expiry_hands_over, renew_after_expiry_is_lost, tokens_strictly_increase,
+            tokens_are_per_name, inspect_reports_state, slot_claims_move_forward,
+            concurrent_racers_one_winner, clock_is_sane, names_round_trip,
+            release_notifies_waiters, guard_renews_and_hands_over,
+            last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact,
+            members_expire_refresh_and_leave, capabilities_are_declared_truly}
+    };
+}
+
 /// Generates one `#[tokio::test]` per conformance check. `$make` is an expression evaluating to
 /// a future that yields a fresh store handle (it is evaluated once per test).
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {
-        $crate::conformance_tests!(@each $make;
-            acquire_then_busy, reacquire_by_holder_starts_a_new_tenure,
-            new_names_start_tokens_from_the_clock, drop_then_reacquire_keeps_the_new_tenure, renew_only_by_holder_with_token,
-            renew_many_answers_each_lease_in_order, purge_removes_only_long_free_records,
-            release_only_by_holder_with_token, expiry_hands_over, renew_after_expiry_is_lost,
-            tokens_strictly_increase, tokens_are_per_name, inspect_reports_state,
-            slot_claims_move_forward, concurrent_racers_one_winner, clock_is_sane,
-            names_round_trip, release_notifies_waiters, guard_renews_and_hands_over,
-            last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact,
-            members_expire_refresh_and_leave);
+        $crate::for_each_conformance_check!([$crate::__leasehold_conformance_test]($make));
     };
-    (@each $make:expr; $($check:ident),* $(,)?) => {
+}
+
+/// One test per check, for [`conformance_tests!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __leasehold_conformance_test {
+    ($make:expr; $($check:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {

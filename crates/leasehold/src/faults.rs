@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store_api::{Acquisition, LeaseState, Release, Renewal, SlotClaim, StoreResult};
-use crate::{
-    FencingToken, HolderId, LeaseName, MemoryStore, Store, StoreError, store::ReleaseSubscription,
-};
+use std::any::Any;
+use std::future::Future;
+
+use crate::store_api::{Answer, Capabilities, Layer, Renewal, StoreResult};
+use crate::{MemoryStore, Store, StoreError};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -116,146 +117,95 @@ async fn sleep_ms(ms: &AtomicU64) {
     }
 }
 
-impl<S: Store> Store for FaultyStore<S> {
-    async fn acquire(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> StoreResult<Acquisition> {
-        self.check()?;
-        let answer = self.inner.acquire(name, holder, ttl).await;
-        let pause = self.faults.acquire_delay_ms.load(Ordering::SeqCst);
-        if pause > 0 {
-            tokio::time::advance(Duration::from_millis(pause)).await;
+/// `answer` as `U` when it is one (the answers a fault rewrites: renewals, the clock).
+fn as_mut<T: 'static, U: 'static>(answer: &mut T) -> Option<&mut U> {
+    (answer as &mut dyn Any).downcast_mut::<U>()
+}
+
+impl<S: Store> Layer for FaultyStore<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn around<'a, T: Answer, F>(
+        &'a self,
+        op: &'static str,
+        call: impl FnOnce() -> F + Send + 'a,
+    ) -> impl Future<Output = StoreResult<T>> + Send + 'a
+    where
+        F: Future<Output = StoreResult<T>> + Send + 'a,
+    {
+        let faults = &*self.faults;
+        let renewal = matches!(op, "renew" | "renew_many");
+        async move {
+            if renewal {
+                lock(&self.renewals).push(Instant::now());
+            }
+            self.check()?;
+            match op {
+                _ if renewal && faults.renew_hangs.load(Ordering::SeqCst) => {
+                    std::future::pending::<()>().await;
+                }
+                "release" => sleep_ms(&faults.release_delay_ms).await,
+                "claim_slot" => {
+                    sleep_ms(&faults.claim_delay_ms).await;
+                    self.check()?;
+                }
+                "now_millis" if faults.clock_down.load(Ordering::SeqCst) => {
+                    return Err(StoreError::unavailable("injected clock outage", "no clock"));
+                }
+                "members" if faults.members_unsupported.load(Ordering::SeqCst) => {
+                    return Err(StoreError::Unsupported("members"));
+                }
+                _ => {}
+            }
+            let mut answer = call().await;
+
+            match op {
+                "acquire" => {
+                    let pause = faults.acquire_delay_ms.load(Ordering::SeqCst);
+                    if pause > 0 {
+                        tokio::time::advance(Duration::from_millis(pause)).await;
+                    }
+                }
+                _ if renewal => {
+                    sleep_ms(&faults.renew_delay_ms).await;
+                    let lost = faults.renew_lost.load(Ordering::SeqCst);
+                    if let Some(Ok(renewal)) = as_mut::<_, StoreResult<Renewal>>(&mut answer)
+                        && lost
+                    {
+                        *renewal = Renewal::Lost;
+                    }
+                    if let Some(Ok(batch)) = as_mut::<_, StoreResult<Vec<Renewal>>>(&mut answer) {
+                        lock(&self.batches).push(batch.len());
+                        if lost {
+                            batch.fill(Renewal::Lost);
+                        }
+                    }
+                }
+                "now_millis" => {
+                    let offset = faults.clock_offset_ms.load(Ordering::SeqCst);
+                    if let Some(Ok(ms)) = as_mut::<_, StoreResult<u64>>(&mut answer) {
+                        *ms = ms.saturating_add_signed(offset);
+                    }
+                }
+                _ => {}
+            }
+            answer
         }
-        answer
     }
 
-    async fn renew(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> StoreResult<Renewal> {
-        lock(&self.renewals).push(Instant::now());
-        self.check()?;
-        if self.faults.renew_hangs.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        let delay = self.faults.renew_delay_ms.load(Ordering::SeqCst);
-        let answer = self.inner.renew(name, holder, token, ttl).await;
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        if self.faults.renew_lost.load(Ordering::SeqCst) {
-            return Ok(Renewal::Lost);
-        }
-        answer
-    }
-
-    async fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> StoreResult<Vec<Renewal>> {
-        lock(&self.batches).push(leases.len());
-        lock(&self.renewals).push(Instant::now());
-        self.check()?;
-        if self.faults.renew_hangs.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        let answer = self.inner.renew_many(holder, leases, ttl).await?;
-        sleep_ms(&self.faults.renew_delay_ms).await;
-        if self.faults.renew_lost.load(Ordering::SeqCst) {
-            return Ok(vec![Renewal::Lost; leases.len()]);
-        }
-        Ok(answer)
-    }
-
-    async fn release(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-    ) -> StoreResult<Release> {
-        self.check()?;
-        sleep_ms(&self.faults.release_delay_ms).await;
-        self.inner.release(name, holder, token).await
-    }
-
-    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
-        self.check()?;
-        self.inner.purge(retention).await
-    }
-
-    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        self.check()?;
-        self.inner.inspect(name).await
-    }
-
-    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
-        self.check()?;
-        sleep_ms(&self.faults.claim_delay_ms).await;
-        self.check()?;
-        self.inner.claim_slot(task, slot).await
-    }
-
-    async fn now_millis(&self) -> StoreResult<u64> {
-        self.check()?;
-        if self.faults.clock_down.load(Ordering::SeqCst) {
-            return Err(StoreError::unavailable("injected clock outage", "no clock"));
-        }
-        let offset = self.faults.clock_offset_ms.load(Ordering::SeqCst);
-        Ok(self.inner.now_millis().await?.saturating_add_signed(offset))
-    }
-
-    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
-        self.check()?;
-        self.inner.last_slot(task).await
-    }
-
-    async fn record_history(
-        &self,
-        task: &LeaseName,
-        key: u64,
-        entry: &str,
-        keep: usize,
-    ) -> StoreResult<()> {
-        self.check()?;
-        self.inner.record_history(task, key, entry, keep).await
-    }
-
-    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
-        self.check()?;
-        self.inner.history(task, limit).await
-    }
-
-    async fn members(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-        ttl: Duration,
-    ) -> StoreResult<Vec<HolderId>> {
-        self.check()?;
-        if self.faults.members_unsupported.load(Ordering::SeqCst) {
-            return Err(StoreError::Unsupported("members"));
-        }
-        self.inner.members(group, member, ttl).await
-    }
-
-    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        self.check()?;
-        self.inner.leave(group, member).await
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.subscribe_releases()
-    }
-
-    fn describe(&self) -> String {
+    fn description(&self) -> String {
         format!("{} (with injected faults)", self.inner.describe())
+    }
+
+    fn capabilities_offered(&self) -> Capabilities {
+        let all = self.inner.capabilities();
+        match self.faults.members_unsupported.load(Ordering::SeqCst) {
+            true => all.without(Capabilities::MEMBERSHIP),
+            false => all,
+        }
     }
 }

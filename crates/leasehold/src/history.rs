@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store_api::{Store, StoreError};
+use crate::store_api::{Slots, StoreError};
 use crate::{FencingToken, LeaseName};
 
 /// Entries kept per task when nothing else is configured.
@@ -255,7 +255,7 @@ mod token_as_string {
 }
 
 /// The newest `limit` records of `task`, newest first.
-pub async fn read<S: Store>(
+pub async fn read<S: Slots>(
     store: &S,
     task: &LeaseName,
     limit: usize,

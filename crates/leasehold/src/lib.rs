@@ -34,19 +34,24 @@ pub use scheduler::{
     StoreDownPolicy, Task, TaskContext, TaskStatus, TickOutcome, Trigger, UnknownPolicy,
 };
 pub use session::{DEFAULT_SESSION_RETENTION, LeaseSession, MAX_RENEW_BATCH};
-pub use store_api::{BoxStore, LeaseState, Release, Store, StoreError};
+pub use store_api::{
+    BoxStore, Capabilities, LeaseState, Membership, Purge, Release, Slots, Store, StoreError,
+};
 
 /// What a [`Store`] implementation works with beyond the items at the crate root: the answers of
 /// its operations, its error helpers and its release notifications; and the wrappers that work
-/// around any store: an operation time limit ([`Timeout`](store::Timeout)) and metrics per call
-/// ([`Metered`](store::Metered)). Applications need these only to call a store's operations
+/// around any store ([`Layer`](store::Layer)s): an operation time limit
+/// ([`Timeout`](store::Timeout)) and metrics per call ([`Metered`](store::Metered)). Applications need these only to call a store's operations
 /// directly or to wrap a store.
 pub mod store {
     pub use crate::config::{ZeroDuration, check_nonzero};
     pub use crate::feed::{FeedLink, ReleaseFeed, ReleaseSource};
     pub use crate::metered::Metered;
     pub use crate::notify::{ReleaseHub, ReleaseSubscription};
-    pub use crate::store_api::{Acquisition, BoxError, Operation, Renewal, SlotClaim, StoreResult};
+    pub use crate::store_api::{
+        Acquisition, Answer, BoxError, Layer, Operation, Renewal, SlotClaim, StoreResult,
+        unsupported,
+    };
     pub use crate::timeout::{Timeout, within};
 }
 pub use token::FencingToken;

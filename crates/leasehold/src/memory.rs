@@ -8,7 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::notify::{ReleaseHub, ReleaseSubscription};
-use crate::store_api::{Acquisition, LeaseState, Release, Renewal, SlotClaim, Store, StoreResult};
+use crate::store_api::{
+    Acquisition, Capabilities, LeaseState, Membership, Purge, Release, Renewal, SlotClaim, Slots,
+    Store, StoreResult,
+};
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// Leases kept in this process's memory: for single-process services, tests and examples.
@@ -125,16 +128,6 @@ impl Store for MemoryStore {
         std::future::ready(Ok(answer))
     }
 
-    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let now = Instant::now();
-        let mut state = self.state();
-        let before = state.leases.len();
-        state
-            .leases
-            .retain(|_, e| e.live_holder(now).is_some() || e.expires_at + retention > now);
-        std::future::ready(Ok((before - state.leases.len()) as u64))
-    }
-
     fn renew(
         &self,
         name: &LeaseName,
@@ -198,6 +191,24 @@ impl Store for MemoryStore {
         std::future::ready(Ok(answer))
     }
 
+    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        std::future::ready(Ok(self.state().now_millis(Instant::now())))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        Some(self.inner.releases.subscribe())
+    }
+
+    fn describe(&self) -> String {
+        "memory".to_owned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+}
+
+impl Slots for MemoryStore {
     fn claim_slot(
         &self,
         task: &LeaseName,
@@ -214,10 +225,6 @@ impl Store for MemoryStore {
         std::future::ready(Ok(answer))
     }
 
-    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
-        std::future::ready(Ok(self.state().now_millis(Instant::now())))
-    }
-
     fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
         std::future::ready(Ok(self.state().slots.get(task).copied()))
     }
@@ -232,7 +239,7 @@ impl Store for MemoryStore {
         let mut state = self.state();
         let entries = state.history.entry(task.clone()).or_default();
         entries.insert(key, entry.to_owned());
-        while entries.len() > keep {
+        while entries.len() > keep.max(1) {
             entries.pop_first();
         }
         std::future::ready(Ok(()))
@@ -249,7 +256,21 @@ impl Store for MemoryStore {
         });
         std::future::ready(Ok(entries))
     }
+}
 
+impl Purge for MemoryStore {
+    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let before = state.leases.len();
+        state
+            .leases
+            .retain(|_, e| e.live_holder(now).is_some() || e.expires_at + retention > now);
+        std::future::ready(Ok((before - state.leases.len()) as u64))
+    }
+}
+
+impl Membership for MemoryStore {
     fn members(
         &self,
         group: &LeaseName,
@@ -275,14 +296,6 @@ impl Store for MemoryStore {
             entries.remove(member);
         }
         std::future::ready(Ok(()))
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        Some(self.inner.releases.subscribe())
-    }
-
-    fn describe(&self) -> String {
-        "memory".to_owned()
     }
 }
 

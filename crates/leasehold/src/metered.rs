@@ -1,13 +1,11 @@
 //! A store wrapper that records every operation as metrics; see [`Metered`].
 
 use std::future::Future;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::ReleaseSubscription;
-use crate::store_api::{Acquisition, LeaseState, Release, Renewal, SlotClaim, StoreResult};
-use crate::{FencingToken, HolderId, LeaseName, Store, StoreError};
+use crate::store_api::{Answer, Layer, StoreResult};
+use crate::{Store, StoreError};
 
 /// A store that records each operation through the [`metrics`] facade, then answers as the store
 /// it wraps: `leasehold_store_operations_total{op, result}` and
@@ -48,55 +46,6 @@ impl<S: Store> Metered<S> {
     }
 }
 
-/// What a successful answer is called in the `result` label.
-trait Outcome {
-    fn label(&self) -> &'static str {
-        "ok"
-    }
-}
-
-impl Outcome for Acquisition {
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Acquired { .. } => "acquired",
-            Self::Busy { .. } => "busy",
-        }
-    }
-}
-
-impl Outcome for Renewal {
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Renewed => "renewed",
-            Self::Lost => "lost",
-        }
-    }
-}
-
-impl Outcome for Release {
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Released => "released",
-            Self::NotHeld => "not-held",
-        }
-    }
-}
-
-impl Outcome for SlotClaim {
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Claimed => "claimed",
-            Self::AlreadyRun { .. } => "already-run",
-        }
-    }
-}
-
-impl Outcome for () {}
-impl Outcome for u64 {}
-impl Outcome for Option<u64> {}
-impl Outcome for Option<LeaseState> {}
-impl<T> Outcome for Vec<T> {}
-
 fn error_kind(error: &StoreError) -> &'static str {
     match error {
         StoreError::Unavailable { .. } => "unavailable",
@@ -107,7 +56,7 @@ fn error_kind(error: &StoreError) -> &'static str {
     }
 }
 
-async fn measure<T: Outcome>(
+async fn measure<T: Answer>(
     op: &'static str,
     call: impl Future<Output = StoreResult<T>>,
 ) -> StoreResult<T> {
@@ -124,108 +73,33 @@ async fn measure<T: Outcome>(
     answer
 }
 
-impl<S: Store> Store for Metered<S> {
-    async fn acquire(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> StoreResult<Acquisition> {
-        measure("acquire", self.inner.acquire(name, holder, ttl)).await
+impl<S: Store> Layer for Metered<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
     }
 
-    async fn renew(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> StoreResult<Renewal> {
-        measure("renew", self.inner.renew(name, holder, token, ttl)).await
-    }
-
-    async fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> StoreResult<Vec<Renewal>> {
-        measure("renew_many", self.inner.renew_many(holder, leases, ttl)).await
-    }
-
-    async fn release(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-    ) -> StoreResult<Release> {
-        measure("release", self.inner.release(name, holder, token)).await
-    }
-
-    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
-        measure("purge", self.inner.purge(retention)).await
-    }
-
-    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        measure("inspect", self.inner.inspect(name)).await
-    }
-
-    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
-        measure("claim_slot", self.inner.claim_slot(task, slot)).await
-    }
-
-    async fn now_millis(&self) -> StoreResult<u64> {
-        measure("now_millis", self.inner.now_millis()).await
-    }
-
-    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
-        measure("last_slot", self.inner.last_slot(task)).await
-    }
-
-    async fn record_history(
-        &self,
-        task: &LeaseName,
-        key: u64,
-        entry: &str,
-        keep: usize,
-    ) -> StoreResult<()> {
-        measure(
-            "record_history",
-            self.inner.record_history(task, key, entry, keep),
-        )
-        .await
-    }
-
-    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
-        measure("history", self.inner.history(task, limit)).await
-    }
-
-    async fn members(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-        ttl: Duration,
-    ) -> StoreResult<Vec<HolderId>> {
-        measure("members", self.inner.members(group, member, ttl)).await
-    }
-
-    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        measure("leave", self.inner.leave(group, member)).await
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.subscribe_releases()
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
+    fn around<'a, T: Answer, F>(
+        &'a self,
+        op: &'static str,
+        call: impl FnOnce() -> F + Send + 'a,
+    ) -> impl Future<Output = StoreResult<T>> + Send + 'a
+    where
+        F: Future<Output = StoreResult<T>> + Send + 'a,
+    {
+        measure(op, call())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::faults::FaultyStore;
+    use crate::store::{Acquisition, Renewal};
+    use crate::{HolderId, LeaseName};
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     /// Every answer is counted under its operation and result, and timed.
@@ -260,6 +134,21 @@ mod tests {
                     store.renew(&name, &b, token, ttl).await.unwrap(),
                     Renewal::Lost
                 );
+                // A batch in which any lease was lost is counted as lost.
+                assert_eq!(
+                    store
+                        .renew_many(
+                            &a,
+                            &[
+                                (name.clone(), token),
+                                (name.clone(), crate::FencingToken(token.get() + 1))
+                            ],
+                            ttl
+                        )
+                        .await
+                        .unwrap(),
+                    vec![Renewal::Renewed, Renewal::Lost]
+                );
                 faulty.set(|f| &f.down, true);
                 assert!(store.renew(&name, &a, token, ttl).await.is_err());
             });
@@ -290,11 +179,12 @@ mod tests {
             ("op=renew,result=renewed", 1),
             ("op=renew,result=lost", 1),
             ("op=renew,result=unavailable", 1),
+            ("op=renew_many,result=lost", 1),
         ]
         .into_iter()
         .map(|(k, n)| (k.to_owned(), n))
         .collect();
         assert_eq!(counts, expected);
-        assert_eq!(timed, 5, "every call is timed");
+        assert_eq!(timed, 6, "every call is timed");
     }
 }

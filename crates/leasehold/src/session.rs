@@ -12,7 +12,7 @@ use crate::config::{ConfigError, LeaseConfig};
 use crate::lease::{
     LeaseError, LeaseGuard, LossReason, Shared, TryAcquire, acquire_once, in_flight_reply,
 };
-use crate::store_api::{Release, Renewal, Store, StoreError};
+use crate::store_api::{Purge, Release, Renewal, StoreError};
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// The most leases a [`LeaseSession`] renews in one [`Store::renew_many`] call.
@@ -93,7 +93,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl<S: Store> LeaseSession<S> {
+impl<S: Purge> LeaseSession<S> {
     /// A session on `store` whose leases all have `config`'s timing, under a generated holder
     /// id. Starts its renewal task (a tokio runtime must be running).
     pub fn new(store: S, config: LeaseConfig) -> Result<Self, ConfigError> {
@@ -217,7 +217,7 @@ type Reply = Result<Renewal, Arc<StoreError>>;
 type InFlight =
     std::pin::Pin<Box<dyn std::future::Future<Output = (Instant, Vec<(u64, Reply)>)> + Send>>;
 
-impl<S: Store> SessionRenewer<S> {
+impl<S: Purge> SessionRenewer<S> {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut in_flight: Option<InFlight> = None;
         let mut next_renewal = Instant::now() + self.config.renew_interval;

@@ -1,4 +1,6 @@
-//! The [`Store`] trait: the atomic operations on one lease that every backend provides.
+//! The [`Store`] trait (the atomic operations on one lease that every backend provides), the
+//! capability traits beside it ([`Slots`], [`Purge`], [`Membership`]), and the two ways to wrap
+//! any store: [`Layer`] (the same thing around every operation) and [`BoxStore`] (type erasure).
 //!
 //! Each operation is one round trip and all timing happens on the store's own clock; the client
 //! clock is never compared with the store's. "Not acquired" is a value ([`Acquisition::Busy`]),
@@ -136,332 +138,489 @@ pub struct LeaseState {
     pub remaining: Duration,
 }
 
-/// A lease store. Every method is atomic and one round trip; timing uses the store's clock.
-///
-/// Implementations are cheap to clone (they share a connection or pool).
-pub trait Store: Send + Sync + Clone + 'static {
-    /// Takes the lease for `ttl` if it is free, expired, or held by `holder` itself; it is busy
-    /// only while another holder's tenure is live.
-    ///
-    /// **Every `Acquired` starts a new tenure with a new token**, strictly above every token
-    /// handed out for this name before; re-acquiring by the current holder replaces its older
-    /// tenure rather than renewing it. This makes a token name exactly one tenure: an old guard's
-    /// renew or release (say, one dropped just before this acquire) can never touch the new one.
-    /// The first token of a name the store has never seen is seeded from the store's clock
-    /// (milliseconds since the epoch × 1000), so a recreated table, file or key space never hands
-    /// out a token below one handed out before.
-    fn acquire(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Acquisition>> + Send;
+/// What a store implements beyond leases: the capability traits whose operations it answers.
+/// Declared by [`Store::capabilities`] and checked where they are needed (a
+/// [`Scheduler`](crate::Scheduler) checks when it starts), so a store that lacks one is named at
+/// start, not met as [`StoreError::Unsupported`] in the middle of a run.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Capabilities(u8);
 
-    /// Extends the lease to `ttl` from now if `holder` holds it with `token` and it has not
-    /// expired.
-    fn renew(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Renewal>> + Send;
+impl Capabilities {
+    /// No capability beyond leases.
+    pub const NONE: Self = Self(0);
+    /// [`Slots`]: slot claims and run history, for a scheduler's gated ticks.
+    pub const SLOTS: Self = Self(1);
+    /// [`Purge`]: deleting the records of leases free for long.
+    pub const PURGE: Self = Self(1 << 1);
+    /// [`Membership`]: the live members of a group, for spreading tasks over instances.
+    pub const MEMBERSHIP: Self = Self(1 << 2);
+    /// Every capability there is.
+    pub const ALL: Self = Self(0b111);
 
-    /// Renews many leases of `holder` at once, answering in the order given: each as
-    /// [`renew`](Self::renew) would. A [`LeaseSession`](crate::LeaseSession) calls it with up to
-    /// [`MAX_RENEW_BATCH`](crate::MAX_RENEW_BATCH) leases; stores override it to do that in one
-    /// round trip. The default renews one after another.
-    fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
-        async move {
-            let mut renewals = Vec::with_capacity(leases.len());
-            for (name, token) in leases {
-                renewals.push(self.renew(name, holder, *token, ttl).await?);
-            }
-            Ok(renewals)
-        }
+    const NAMES: [(Self, &'static str); 3] = [
+        (Self::SLOTS, "slots"),
+        (Self::PURGE, "purge"),
+        (Self::MEMBERSHIP, "membership"),
+    ];
+
+    /// Both sets together.
+    #[must_use]
+    pub const fn union(self, other: Self) -> Self {
+        Self(self.0 | other.0)
     }
 
-    /// Frees the lease if `holder` holds it with `token`. The token counter is kept.
-    fn release(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-    ) -> impl Future<Output = StoreResult<Release>> + Send;
-
-    /// Deletes the records of leases that have been free (released or expired) for at least
-    /// `retention`, so a store that sees many distinct names (a lease per job) does not grow
-    /// without bound; returns how many it deleted. Slot claims and history are kept.
-    ///
-    /// Fencing stays safe: a purged name's next token is seeded from the store's clock
-    /// (ms × 1000) like any new name's, above every token handed out for it before, unless the
-    /// store's clock stepped back by more than `retention` or the name was acquired more than a
-    /// thousand times per millisecond on average.
-    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let _ = retention;
-        std::future::ready(Err(unsupported("purge")))
+    /// Whether every capability of `other` is in this set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
     }
 
-    /// Reads the lease without changing it. `None` when the name was never acquired.
-    fn inspect(
-        &self,
-        name: &LeaseName,
-    ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send;
-
-    /// Records `slot` as run for `task` if it is above every slot claimed so far.
-    fn claim_slot(
-        &self,
-        task: &LeaseName,
-        slot: u64,
-    ) -> impl Future<Output = StoreResult<SlotClaim>> + Send;
-
-    /// The store's clock, in milliseconds since the Unix epoch. Schedules derive slots from it.
-    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send;
-
-    /// The highest slot claimed for `task`, `None` if none was. Catch-up and the run history
-    /// compare it with the slots due.
-    fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
-        let _ = task;
-        std::future::ready(Err(unsupported("last_slot")))
+    /// The capabilities of `needed` that this set lacks.
+    #[must_use]
+    pub const fn missing(self, needed: Self) -> Self {
+        Self(needed.0 & !self.0)
     }
 
-    /// Stores `entry` (opaque text: a [`RunRecord`](crate::history::RunRecord) as JSON) under
-    /// `key` in `task`'s history, replacing an entry with the same key, and keeps only the `keep`
-    /// entries with the highest keys. One round trip.
-    fn record_history(
-        &self,
-        task: &LeaseName,
-        key: u64,
-        entry: &str,
-        keep: usize,
-    ) -> impl Future<Output = StoreResult<()>> + Send {
-        let _ = (task, key, entry, keep);
-        std::future::ready(Err(unsupported("record_history")))
+    /// This set less the capabilities of `other`.
+    #[must_use]
+    pub const fn without(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
     }
 
-    /// Up to `limit` entries of `task`'s history, highest key first.
-    fn history(
-        &self,
-        task: &LeaseName,
-        limit: usize,
-    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
-        let _ = (task, limit);
-        std::future::ready(Err(unsupported("history")))
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
     }
-
-    /// Refreshes `member`'s entry in `group`'s membership, to expire `ttl` from now on the store's
-    /// clock, drops the entries that have expired, and answers the live members, sorted. One round
-    /// trip. A [`Scheduler::spread`](crate::Scheduler::spread) heartbeats through it and places
-    /// its tasks over the answer. Optional: the default answers [`StoreError::Unsupported`].
-    fn members(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
-        let _ = (group, member, ttl);
-        std::future::ready(Err(unsupported("members")))
-    }
-
-    /// Removes `member` from `group`'s membership at once (a graceful shutdown), so the others
-    /// need not wait for its entry to expire. Removing an absent member is not an error.
-    fn leave(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-    ) -> impl Future<Output = StoreResult<()>> + Send {
-        let _ = (group, member);
-        std::future::ready(Err(unsupported("leave")))
-    }
-
-    /// A subscription to release notifications, or `None` if this store has none (then waiters
-    /// poll). Subscribe *before* the acquire attempt whose `Busy` you will wait on.
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        None
-    }
-
-    /// A one-line description for logs and status, with any password removed.
-    fn describe(&self) -> String;
 }
 
-fn unsupported(what: &'static str) -> StoreError {
-    StoreError::Unsupported(what)
+impl std::ops::BitOr for Capabilities {
+    type Output = Self;
+    fn bitor(self, other: Self) -> Self {
+        self.union(other)
+    }
+}
+
+impl fmt::Display for Capabilities {
+    /// `slots, purge, membership`, or `leases only`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("leases only");
+        }
+        let names = Self::NAMES
+            .iter()
+            .filter(|(flag, _)| self.contains(*flag))
+            .map(|(_, name)| *name);
+        for (i, name) in names.enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(name)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Capabilities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Capabilities({self})")
+    }
+}
+
+/// The answer a capability's default method gives: this store does not implement `what`.
+pub fn unsupported<T>(what: &'static str) -> std::future::Ready<StoreResult<T>> {
+    std::future::ready(Err(StoreError::Unsupported(what)))
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The object-safe mirror of [`Store`], so a store chosen at run time (from a URL) fits in a
-/// [`BoxStore`].
-trait DynStore: Send + Sync {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a LeaseName,
-        holder: &'a HolderId,
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquisition>>;
-    fn renew<'a>(
-        &'a self,
-        name: &'a LeaseName,
-        holder: &'a HolderId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Renewal>>;
-    fn renew_many<'a>(
-        &'a self,
-        holder: &'a HolderId,
-        leases: &'a [(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Vec<Renewal>>>;
-    fn release<'a>(
-        &'a self,
-        name: &'a LeaseName,
-        holder: &'a HolderId,
-        token: FencingToken,
-    ) -> BoxFuture<'a, StoreResult<Release>>;
-    fn purge(&self, retention: Duration) -> BoxFuture<'_, StoreResult<u64>>;
-    fn inspect<'a>(&'a self, name: &'a LeaseName)
-    -> BoxFuture<'a, StoreResult<Option<LeaseState>>>;
-    fn claim_slot<'a>(
-        &'a self,
-        task: &'a LeaseName,
-        slot: u64,
-    ) -> BoxFuture<'a, StoreResult<SlotClaim>>;
-    fn now_millis(&self) -> BoxFuture<'_, StoreResult<u64>>;
-    fn last_slot<'a>(&'a self, task: &'a LeaseName) -> BoxFuture<'a, StoreResult<Option<u64>>>;
-    fn record_history<'a>(
-        &'a self,
-        task: &'a LeaseName,
-        key: u64,
-        entry: &'a str,
-        keep: usize,
-    ) -> BoxFuture<'a, StoreResult<()>>;
-    fn history<'a>(
-        &'a self,
-        task: &'a LeaseName,
-        limit: usize,
-    ) -> BoxFuture<'a, StoreResult<Vec<String>>>;
-    fn members<'a>(
-        &'a self,
-        group: &'a LeaseName,
-        member: &'a HolderId,
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Vec<HolderId>>>;
-    fn leave<'a>(
-        &'a self,
-        group: &'a LeaseName,
-        member: &'a HolderId,
-    ) -> BoxFuture<'a, StoreResult<()>>;
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription>;
-    fn describe(&self) -> String;
-}
-
-impl<S: Store> DynStore for S {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a LeaseName,
-        holder: &'a HolderId,
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquisition>> {
-        Box::pin(Store::acquire(self, name, holder, ttl))
-    }
-    fn renew<'a>(
-        &'a self,
-        name: &'a LeaseName,
-        holder: &'a HolderId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Renewal>> {
-        Box::pin(Store::renew(self, name, holder, token, ttl))
-    }
-    fn renew_many<'a>(
-        &'a self,
-        holder: &'a HolderId,
-        leases: &'a [(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Vec<Renewal>>> {
-        Box::pin(Store::renew_many(self, holder, leases, ttl))
-    }
-    fn release<'a>(
-        &'a self,
-        name: &'a LeaseName,
-        holder: &'a HolderId,
-        token: FencingToken,
-    ) -> BoxFuture<'a, StoreResult<Release>> {
-        Box::pin(Store::release(self, name, holder, token))
-    }
-    fn purge(&self, retention: Duration) -> BoxFuture<'_, StoreResult<u64>> {
-        Box::pin(Store::purge(self, retention))
-    }
-    fn inspect<'a>(
-        &'a self,
-        name: &'a LeaseName,
-    ) -> BoxFuture<'a, StoreResult<Option<LeaseState>>> {
-        Box::pin(Store::inspect(self, name))
-    }
-    fn claim_slot<'a>(
-        &'a self,
-        task: &'a LeaseName,
-        slot: u64,
-    ) -> BoxFuture<'a, StoreResult<SlotClaim>> {
-        Box::pin(Store::claim_slot(self, task, slot))
-    }
-    fn now_millis(&self) -> BoxFuture<'_, StoreResult<u64>> {
-        Box::pin(Store::now_millis(self))
-    }
-    fn last_slot<'a>(&'a self, task: &'a LeaseName) -> BoxFuture<'a, StoreResult<Option<u64>>> {
-        Box::pin(Store::last_slot(self, task))
-    }
-    fn record_history<'a>(
-        &'a self,
-        task: &'a LeaseName,
-        key: u64,
-        entry: &'a str,
-        keep: usize,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(Store::record_history(self, task, key, entry, keep))
-    }
-    fn history<'a>(
-        &'a self,
-        task: &'a LeaseName,
-        limit: usize,
-    ) -> BoxFuture<'a, StoreResult<Vec<String>>> {
-        Box::pin(Store::history(self, task, limit))
-    }
-    fn members<'a>(
-        &'a self,
-        group: &'a LeaseName,
-        member: &'a HolderId,
-        ttl: Duration,
-    ) -> BoxFuture<'a, StoreResult<Vec<HolderId>>> {
-        Box::pin(Store::members(self, group, member, ttl))
-    }
-    fn leave<'a>(
-        &'a self,
-        group: &'a LeaseName,
-        member: &'a HolderId,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(Store::leave(self, group, member))
-    }
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        Store::subscribe_releases(self)
-    }
-    fn describe(&self) -> String {
-        Store::describe(self)
+/// A successful answer, as the `result` label of [`Metered`](crate::store::Metered) names it.
+pub trait Answer: Send + 'static {
+    /// `acquired`, `busy`, `renewed`, `lost`, ... where the answer has a meaning; `ok` else.
+    fn label(&self) -> &'static str {
+        "ok"
     }
 }
 
-/// Any [`Store`] behind one type, for stores chosen at run time (the CLI picks one from a URL).
+impl Answer for Acquisition {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Acquired { .. } => "acquired",
+            Self::Busy { .. } => "busy",
+        }
+    }
+}
+
+impl Answer for Renewal {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Renewed => "renewed",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+/// A batch is `lost` when any lease in it was.
+impl Answer for Vec<Renewal> {
+    fn label(&self) -> &'static str {
+        match self.contains(&Renewal::Lost) {
+            true => "lost",
+            false => "renewed",
+        }
+    }
+}
+
+impl Answer for Release {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::NotHeld => "not-held",
+        }
+    }
+}
+
+impl Answer for SlotClaim {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Claimed => "claimed",
+            Self::AlreadyRun { .. } => "already-run",
+        }
+    }
+}
+
+impl Answer for () {}
+impl Answer for u64 {}
+impl Answer for Option<u64> {}
+impl Answer for Option<LeaseState> {}
+impl Answer for Vec<String> {}
+impl Answer for Vec<HolderId> {}
+
+/// A wrapper around any store that does the same thing around each of its operations: a time
+/// limit ([`Timeout`](crate::store::Timeout)), metrics ([`Metered`](crate::store::Metered)),
+/// injected faults. Implement [`around`](Self::around) once; every operation of every
+/// capability the inner store has is forwarded through it.
+pub trait Layer: Send + Sync + Clone + 'static {
+    /// The store inside.
+    type Inner: Store;
+
+    /// The store inside.
+    fn inner(&self) -> &Self::Inner;
+
+    /// Answers in place of the inner store's operation `op` (`acquire`, `claim_slot`, ...),
+    /// which `call` starts. Some stores do their work when the operation is called, not when its
+    /// future is polled, so a layer that must not reach the store (an injected outage) does not
+    /// call `call` at all.
+    fn around<'a, T: Answer, F>(
+        &'a self,
+        op: &'static str,
+        call: impl FnOnce() -> F + Send + 'a,
+    ) -> impl Future<Output = StoreResult<T>> + Send + 'a
+    where
+        F: Future<Output = StoreResult<T>> + Send + 'a;
+
+    /// The one-line description ([`Store::describe`]): the inner store's, unless the layer
+    /// says more.
+    fn description(&self) -> String {
+        Store::describe(self.inner())
+    }
+
+    /// The capabilities ([`Store::capabilities`]): the inner store's, unless the layer takes
+    /// some away.
+    fn capabilities_offered(&self) -> Capabilities {
+        Store::capabilities(self.inner())
+    }
+}
+
+/// Defines the lease trait and each capability trait from one list of operations, and from the
+/// same list forwards every operation through [`Layer`]s and [`BoxStore`]. Adding an operation is
+/// one entry here (plus its implementation in each store).
+macro_rules! store_traits {
+    (
+        $(#[$lease_meta:meta])*
+        lease trait Store [$lease_dyn:ident] { $($lease_ops:tt)* }
+        $(
+            $(#[$cap_meta:meta])*
+            capability trait $cap:ident [$cap_dyn:ident] { $($cap_ops:tt)* }
+        )*
+    ) => {
+        store_traits!(@ops Store [$lease_dyn] [$(#[$lease_meta])*] [Send + Sync + Clone + 'static]
+            [
+                /// A subscription to release notifications, or `None` if this store has none
+                /// (then waiters poll). Subscribe *before* the acquire attempt whose `Busy` you
+                /// will wait on.
+                fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+                    None
+                }
+
+                /// A one-line description for logs and status, with any password removed.
+                fn describe(&self) -> String;
+
+                /// The capability traits whose operations this store implements; the others
+                /// answer [`StoreError::Unsupported`]. Default: none.
+                fn capabilities(&self) -> Capabilities {
+                    Capabilities::NONE
+                }
+            ]
+            [
+                fn subscribe_releases(&self) -> Option<ReleaseSubscription>;
+                fn describe(&self) -> String;
+                fn capabilities(&self) -> Capabilities;
+            ]
+            [
+                fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+                    Store::subscribe_releases(self)
+                }
+                fn describe(&self) -> String {
+                    Store::describe(self)
+                }
+                fn capabilities(&self) -> Capabilities {
+                    Store::capabilities(self)
+                }
+            ]
+            [
+                fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+                    self.0.subscribe_releases()
+                }
+                fn describe(&self) -> String {
+                    self.0.describe()
+                }
+                fn capabilities(&self) -> Capabilities {
+                    self.0.capabilities()
+                }
+            ]
+            [
+                fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+                    Store::subscribe_releases(self.inner())
+                }
+                fn describe(&self) -> String {
+                    Layer::description(self)
+                }
+                fn capabilities(&self) -> Capabilities {
+                    Layer::capabilities_offered(self)
+                }
+            ]
+            $($lease_ops)*
+        );
+        $(
+            store_traits!(@ops $cap [$cap_dyn] [$(#[$cap_meta])*] [Store] [] [] [] [] [] $($cap_ops)*);
+        )*
+
+        /// Every operation of every capability, object-safe, for [`BoxStore`].
+        trait AnyStore: $lease_dyn $(+ $cap_dyn)* {}
+        impl<S: Store $(+ $cap)*> AnyStore for S {}
+    };
+
+    // One trait: its definition, its object-safe mirror and that mirror's blanket impl, and its
+    // impls for `BoxStore` and for every `Layer`. The bracketed groups are the lease trait's
+    // items that are not operations (empty for a capability).
+    (@ops $trait:ident [$dyn:ident] [$($meta:tt)*] [$($super:tt)*]
+        [$($extra:tt)*] [$($extra_dyn:tt)*] [$($extra_blanket:tt)*] [$($extra_box:tt)*] [$($extra_layer:tt)*]
+        $(
+            $(#[$op_meta:meta])*
+            fn $op:ident(&$self:ident $(, $arg:ident : $ty:ty)* $(,)?) -> $out:ty
+                $({ $($default:tt)* })? $(;)?
+        )*
+    ) => {
+        $($meta)*
+        pub trait $trait: $($super)* {
+            $(
+                store_traits!(@decl [$(#[$op_meta])*] $op $self [$($arg : $ty),*] $out [$($($default)*)?]);
+            )*
+            $($extra)*
+        }
+
+        trait $dyn: Send + Sync {
+            $(
+                fn $op<'a>(&'a $self $(, $arg: $ty)*) -> BoxFuture<'a, StoreResult<$out>>;
+            )*
+            $($extra_dyn)*
+        }
+
+        impl<S: $trait> $dyn for S {
+            $(
+                fn $op<'a>(&'a $self $(, $arg: $ty)*) -> BoxFuture<'a, StoreResult<$out>> {
+                    Box::pin(<S as $trait>::$op($self $(, $arg)*))
+                }
+            )*
+            $($extra_blanket)*
+        }
+
+        impl $trait for BoxStore {
+            $(
+                fn $op<'a>(&'a $self $(, $arg: $ty)*)
+                    -> impl Future<Output = StoreResult<$out>> + Send + 'a {
+                    $dyn::$op(&*$self.0 $(, $arg)*)
+                }
+            )*
+            $($extra_box)*
+        }
+
+        impl<L: Layer> $trait for L
+        where
+            L::Inner: $trait,
+        {
+            $(
+                fn $op<'a>(&'a $self $(, $arg: $ty)*)
+                    -> impl Future<Output = StoreResult<$out>> + Send + 'a {
+                    Layer::around($self, stringify!($op), move || <L::Inner as $trait>::$op($self.inner() $(, $arg)*))
+                }
+            )*
+            $($extra_layer)*
+        }
+    };
+
+    (@decl [$($meta:tt)*] $op:ident $self:ident [$($arg:ident : $ty:ty),*] $out:ty []) => {
+        $($meta)*
+        fn $op<'a>(&'a $self $(, $arg: $ty)*) -> impl Future<Output = StoreResult<$out>> + Send + 'a;
+    };
+    (@decl [$($meta:tt)*] $op:ident $self:ident [$($arg:ident : $ty:ty),*] $out:ty [$($default:tt)+]) => {
+        $($meta)*
+        fn $op<'a>(&'a $self $(, $arg: $ty)*) -> impl Future<Output = StoreResult<$out>> + Send + 'a {
+            $($default)+
+        }
+    };
+}
+
+store_traits! {
+    /// A lease store: the atomic operations on one lease. Every method is one round trip and all
+    /// timing uses the store's clock. What a store does beyond leases is in the capability
+    /// traits ([`Slots`], [`Purge`], [`Membership`]); a store implements each (an empty `impl`
+    /// takes the defaults, which answer [`StoreError::Unsupported`]) and declares the ones it
+    /// really answers in [`capabilities`](Self::capabilities).
+    ///
+    /// Implementations are cheap to clone (they share a connection or pool). Implement the
+    /// methods as `async fn` with ordinary (elided) lifetimes.
+    lease trait Store [DynStore] {
+        /// Takes the lease for `ttl` if it is free, expired, or held by `holder` itself; it is
+        /// busy only while another holder's tenure is live.
+        ///
+        /// **Every `Acquired` starts a new tenure with a new token**, strictly above every token
+        /// handed out for this name before; re-acquiring by the current holder replaces its older
+        /// tenure rather than renewing it. This makes a token name exactly one tenure: an old
+        /// guard's renew or release (say, one dropped just before this acquire) can never touch
+        /// the new one. The first token of a name the store has never seen is seeded from the
+        /// store's clock (milliseconds since the epoch × 1000), so a recreated table, file or key
+        /// space never hands out a token below one handed out before.
+        fn acquire(&self, name: &'a LeaseName, holder: &'a HolderId, ttl: Duration) -> Acquisition;
+
+        /// Extends the lease to `ttl` from now if `holder` holds it with `token` and it has not
+        /// expired.
+        fn renew(
+            &self,
+            name: &'a LeaseName,
+            holder: &'a HolderId,
+            token: FencingToken,
+            ttl: Duration,
+        ) -> Renewal;
+
+        /// Renews many leases of `holder` at once, answering in the order given: each as
+        /// [`renew`](Self::renew) would. A [`LeaseSession`](crate::LeaseSession) calls it with
+        /// up to [`MAX_RENEW_BATCH`](crate::MAX_RENEW_BATCH) leases; stores override it to do that
+        /// in one round trip. The default renews one after another.
+        fn renew_many(
+            &self,
+            holder: &'a HolderId,
+            leases: &'a [(LeaseName, FencingToken)],
+            ttl: Duration,
+        ) -> Vec<Renewal> {
+            async move {
+                let mut renewals = Vec::with_capacity(leases.len());
+                for (name, token) in leases {
+                    renewals.push(self.renew(name, holder, *token, ttl).await?);
+                }
+                Ok(renewals)
+            }
+        }
+
+        /// Frees the lease if `holder` holds it with `token`. The token counter is kept.
+        fn release(&self, name: &'a LeaseName, holder: &'a HolderId, token: FencingToken) -> Release;
+
+        /// Reads the lease without changing it. `None` when the name was never acquired.
+        fn inspect(&self, name: &'a LeaseName) -> Option<LeaseState>;
+
+        /// The store's clock, in milliseconds since the Unix epoch. Schedules derive slots from it.
+        fn now_millis(&self) -> u64;
+    }
+
+    /// Slot claims and run history: what a [`Scheduler`](crate::Scheduler) needs so that a
+    /// timer tick runs on one instance only, and what `leasehold history` reads.
+    /// [`Capabilities::SLOTS`].
+    capability trait Slots [DynSlots] {
+        /// Records `slot` as run for `task` if it is above every slot claimed so far.
+        fn claim_slot(&self, task: &'a LeaseName, slot: u64) -> SlotClaim {
+            let _ = (task, slot);
+            unsupported("claim_slot")
+        }
+
+        /// The highest slot claimed for `task`, `None` if none was. Catch-up and the run history
+        /// compare it with the slots due.
+        fn last_slot(&self, task: &'a LeaseName) -> Option<u64> {
+            let _ = task;
+            unsupported("last_slot")
+        }
+
+        /// Stores `entry` (opaque text: a [`RunRecord`](crate::history::RunRecord) as JSON)
+        /// under `key` in `task`'s history, replacing an entry with the same key, and keeps only
+        /// the `keep` entries with the highest keys (at least one: `keep` 0 keeps one). One round
+        /// trip.
+        fn record_history(&self, task: &'a LeaseName, key: u64, entry: &'a str, keep: usize) -> () {
+            let _ = (task, key, entry, keep);
+            unsupported("record_history")
+        }
+
+        /// Up to `limit` entries of `task`'s history, highest key first.
+        fn history(&self, task: &'a LeaseName, limit: usize) -> Vec<String> {
+            let _ = (task, limit);
+            unsupported("history")
+        }
+    }
+
+    /// Deleting long-free lease records: what a [`LeaseSession`](crate::LeaseSession) that sees
+    /// many distinct names (a lease per job) calls so the store does not grow without bound.
+    /// [`Capabilities::PURGE`]. Stores whose records expire by themselves (Redis) leave it out.
+    capability trait Purge [DynPurge] {
+        /// Deletes the records of leases that have been free (released or expired) for at least
+        /// `retention`, so a store that sees many distinct names (a lease per job) does not grow
+        /// without bound; returns how many it deleted. Slot claims and history are kept.
+        ///
+        /// Fencing stays safe: a purged name's next token is seeded from the store's clock
+        /// (ms × 1000) like any new name's, above every token handed out for it before, unless
+        /// the store's clock stepped back by more than `retention` or the name was acquired more
+        /// than a thousand times per millisecond on average.
+        fn purge(&self, retention: Duration) -> u64 {
+            let _ = retention;
+            unsupported("purge")
+        }
+    }
+
+    /// Group membership with a heartbeat: what [`Scheduler::spread`](crate::Scheduler::spread)
+    /// places tasks over. [`Capabilities::MEMBERSHIP`].
+    capability trait Membership [DynMembership] {
+        /// Refreshes `member`'s entry in `group`'s membership, to expire `ttl` from now on the
+        /// store's clock, drops the entries that have expired, and answers the live members,
+        /// sorted. One round trip.
+        fn members(&self, group: &'a LeaseName, member: &'a HolderId, ttl: Duration) -> Vec<HolderId> {
+            let _ = (group, member, ttl);
+            unsupported("members")
+        }
+
+        /// Removes `member` from `group`'s membership at once (a graceful shutdown), so the
+        /// others need not wait for its entry to expire. Removing an absent member is not an
+        /// error.
+        fn leave(&self, group: &'a LeaseName, member: &'a HolderId) -> () {
+            let _ = (group, member);
+            unsupported("leave")
+        }
+    }
+}
+
+/// Any store behind one type, for stores chosen at run time (the CLI picks one from a URL). It
+/// forwards every operation of every capability; [`capabilities`](Store::capabilities) says
+/// which the store inside really answers.
 #[derive(Clone)]
-pub struct BoxStore(Arc<dyn DynStore>);
+pub struct BoxStore(Arc<dyn AnyStore>);
 
 impl BoxStore {
     /// Erases the type of `store`.
-    pub fn new(store: impl Store) -> Self {
+    pub fn new(store: impl Slots + Purge + Membership) -> Self {
         Self(Arc::new(store))
     }
 }
@@ -469,114 +628,6 @@ impl BoxStore {
 impl fmt::Debug for BoxStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("BoxStore").field(&self.0.describe()).finish()
-    }
-}
-
-impl Store for BoxStore {
-    fn acquire(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Acquisition>> + Send {
-        // Owned copies: the boxed future cannot borrow several caller lifetimes at once.
-        let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
-        async move { store.acquire(&name, &holder, ttl).await }
-    }
-    fn renew(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Renewal>> + Send {
-        let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
-        async move { store.renew(&name, &holder, token, ttl).await }
-    }
-    fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<Renewal>>> + Send {
-        let (store, holder, leases) = (self.0.clone(), holder.clone(), leases.to_vec());
-        async move { store.renew_many(&holder, &leases, ttl).await }
-    }
-    fn release(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-    ) -> impl Future<Output = StoreResult<Release>> + Send {
-        let (store, name, holder) = (self.0.clone(), name.clone(), holder.clone());
-        async move { store.release(&name, &holder, token).await }
-    }
-    fn purge(&self, retention: Duration) -> impl Future<Output = StoreResult<u64>> + Send {
-        let store = self.0.clone();
-        async move { store.purge(retention).await }
-    }
-    fn inspect(
-        &self,
-        name: &LeaseName,
-    ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
-        let (store, name) = (self.0.clone(), name.clone());
-        async move { store.inspect(&name).await }
-    }
-    fn claim_slot(
-        &self,
-        task: &LeaseName,
-        slot: u64,
-    ) -> impl Future<Output = StoreResult<SlotClaim>> + Send {
-        let (store, task) = (self.0.clone(), task.clone());
-        async move { store.claim_slot(&task, slot).await }
-    }
-    fn now_millis(&self) -> impl Future<Output = StoreResult<u64>> + Send {
-        self.0.now_millis()
-    }
-    fn last_slot(&self, task: &LeaseName) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
-        let (store, task) = (self.0.clone(), task.clone());
-        async move { store.last_slot(&task).await }
-    }
-    fn record_history(
-        &self,
-        task: &LeaseName,
-        key: u64,
-        entry: &str,
-        keep: usize,
-    ) -> impl Future<Output = StoreResult<()>> + Send {
-        let (store, task, entry) = (self.0.clone(), task.clone(), entry.to_owned());
-        async move { store.record_history(&task, key, &entry, keep).await }
-    }
-    fn history(
-        &self,
-        task: &LeaseName,
-        limit: usize,
-    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
-        let (store, task) = (self.0.clone(), task.clone());
-        async move { store.history(&task, limit).await }
-    }
-    fn members(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<HolderId>>> + Send {
-        let (store, group, member) = (self.0.clone(), group.clone(), member.clone());
-        async move { store.members(&group, &member, ttl).await }
-    }
-    fn leave(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-    ) -> impl Future<Output = StoreResult<()>> + Send {
-        let (store, group, member) = (self.0.clone(), group.clone(), member.clone());
-        async move { store.leave(&group, &member).await }
-    }
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.0.subscribe_releases()
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
     }
 }
 

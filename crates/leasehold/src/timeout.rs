@@ -4,9 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::notify::ReleaseSubscription;
-use crate::store_api::{Acquisition, LeaseState, Release, Renewal, SlotClaim, StoreResult};
-use crate::{FencingToken, HolderId, LeaseName, Store, StoreError};
+use crate::store_api::{Answer, Layer, StoreResult};
+use crate::{Store, StoreError};
 
 /// Runs `op`, answering [`StoreError::Timeout(limit)`](StoreError::Timeout) if it has not
 /// answered within `limit` (the operation is then dropped).
@@ -50,101 +49,22 @@ impl<S: Store> Timeout<S> {
     }
 }
 
-impl<S: Store> Store for Timeout<S> {
-    async fn acquire(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        ttl: Duration,
-    ) -> StoreResult<Acquisition> {
-        within(self.limit, self.inner.acquire(name, holder, ttl)).await
+impl<S: Store> Layer for Timeout<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
     }
 
-    async fn renew(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> StoreResult<Renewal> {
-        within(self.limit, self.inner.renew(name, holder, token, ttl)).await
-    }
-
-    async fn renew_many(
-        &self,
-        holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
-        ttl: Duration,
-    ) -> StoreResult<Vec<Renewal>> {
-        within(self.limit, self.inner.renew_many(holder, leases, ttl)).await
-    }
-
-    async fn release(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-    ) -> StoreResult<Release> {
-        within(self.limit, self.inner.release(name, holder, token)).await
-    }
-
-    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
-        within(self.limit, self.inner.purge(retention)).await
-    }
-
-    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        within(self.limit, self.inner.inspect(name)).await
-    }
-
-    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
-        within(self.limit, self.inner.claim_slot(task, slot)).await
-    }
-
-    async fn now_millis(&self) -> StoreResult<u64> {
-        within(self.limit, self.inner.now_millis()).await
-    }
-
-    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
-        within(self.limit, self.inner.last_slot(task)).await
-    }
-
-    async fn record_history(
-        &self,
-        task: &LeaseName,
-        key: u64,
-        entry: &str,
-        keep: usize,
-    ) -> StoreResult<()> {
-        within(
-            self.limit,
-            self.inner.record_history(task, key, entry, keep),
-        )
-        .await
-    }
-
-    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
-        within(self.limit, self.inner.history(task, limit)).await
-    }
-
-    async fn members(
-        &self,
-        group: &LeaseName,
-        member: &HolderId,
-        ttl: Duration,
-    ) -> StoreResult<Vec<HolderId>> {
-        within(self.limit, self.inner.members(group, member, ttl)).await
-    }
-
-    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        within(self.limit, self.inner.leave(group, member)).await
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.subscribe_releases()
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
+    fn around<'a, T: Answer, F>(
+        &'a self,
+        _op: &'static str,
+        call: impl FnOnce() -> F + Send + 'a,
+    ) -> impl Future<Output = StoreResult<T>> + Send + 'a
+    where
+        F: Future<Output = StoreResult<T>> + Send + 'a,
+    {
+        within(self.limit, call())
     }
 }
 
@@ -154,6 +74,8 @@ mod tests {
 
     use super::*;
     use crate::faults::FaultyStore;
+    use crate::store::{Acquisition, Renewal};
+    use crate::{HolderId, LeaseName, Release};
 
     fn name() -> LeaseName {
         LeaseName::new("bounded").unwrap()

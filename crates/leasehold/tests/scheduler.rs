@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use leasehold::faults::FaultyStore;
 use leasehold::{
-    HolderId, Leader, LeaderEvent, Lease, LeaseConfig, LeaseName, MemoryStore, RevokeReason,
-    RunResult, Schedule, Scheduler, SchedulerHandle, Store, StoreDownPolicy, Task, TaskContext,
-    TickOutcome, Trigger,
+    HolderId, Leader, LeaderEvent, Lease, LeaseConfig, LeaseName, Membership, MemoryStore,
+    RevokeReason, RunResult, Schedule, Scheduler, SchedulerHandle, Slots, Store, StoreDownPolicy,
+    Task, TaskContext, TickOutcome, Trigger,
 };
 use tokio::time::Instant;
 
@@ -44,7 +44,12 @@ fn recording_task(ledger: &Ledger, work: Duration) -> Task {
     )
 }
 
-fn instance<S: Store>(store: &S, name: &str, task: Task, gated: bool) -> SchedulerHandle {
+fn instance<S: Slots + Membership>(
+    store: &S,
+    name: &str,
+    task: Task,
+    gated: bool,
+) -> SchedulerHandle {
     let mut s = Scheduler::new(store.clone())
         .holder(HolderId::new(name).unwrap())
         .lease_config(LeaseConfig::new(SEC * 3))

@@ -8,15 +8,15 @@ use std::time::Duration;
 
 use leasehold::faults::FaultyStore;
 use leasehold::{
-    HolderId, LeaseConfig, LeaseName, MemoryStore, Schedule, Scheduler, SchedulerHandle, Store,
-    StoreDownPolicy, Task, TickOutcome, Trigger,
+    HolderId, LeaseConfig, LeaseName, Membership, MemoryStore, Schedule, Scheduler,
+    SchedulerHandle, Slots, StoreDownPolicy, Task, TickOutcome, Trigger,
 };
 use support::{Ledger, Run, assert_no_slot_twice, recorder};
 use tokio::time::Instant;
 
 const SEC: Duration = Duration::from_secs(1);
 
-fn start<S: Store>(
+fn start<S: Slots + Membership>(
     store: &S,
     holder: &str,
     policy: StoreDownPolicy,

@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 use crate::history::{DEFAULT_HISTORY_LIMIT, RunRecord};
 use crate::leader::{Leader, LeaderState};
 use crate::lease::{Lease, LeaseError};
-use crate::store_api::Store;
 use crate::store_api::StoreError;
+use crate::store_api::{Membership, Slots};
 use crate::{ConfigError, HolderId, LeaseConfig, LeaseName, MemoryStore};
 use placement::Placement;
 use runner::{Common, HistorySink, RunNow, TaskRunner};
@@ -175,7 +175,7 @@ impl Scheduler<MemoryStore> {
     }
 }
 
-impl<S: Store> Scheduler<S> {
+impl<S: Slots + Membership> Scheduler<S> {
     /// A scheduler coordinating through `store`, with default lease timing (ttl 15 s), policy
     /// fail-closed, no leader gate and a 30 s shutdown grace period.
     pub fn new(store: S) -> Self {

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::store_api::{Store, StoreError};
+use crate::store_api::{Membership, StoreError};
 use crate::{HolderId, LeaseName};
 
 /// What this instance knows of the membership.
@@ -146,7 +146,11 @@ impl Placement {
 
     /// Refreshes this instance's entry every interval and keeps the view, until `stop`; then
     /// leaves the group so the others take its tasks over at once.
-    pub(super) async fn heartbeat<S: Store>(self: Arc<Self>, store: S, stop: CancellationToken) {
+    pub(super) async fn heartbeat<S: Membership>(
+        self: Arc<Self>,
+        store: S,
+        stop: CancellationToken,
+    ) {
         let interval = self.interval();
         let mut last_answer = Instant::now();
         loop {

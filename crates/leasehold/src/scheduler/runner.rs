@@ -20,7 +20,7 @@ use crate::history::{MissReason, RecordTrigger, RecordedSchedule, RunOutcome, Ru
 use crate::leader::{LeaderHandle, LeaderState, MAX_REFUSALS};
 use crate::lease::{HeldProbe, Lease, LeaseGuard, TryAcquire};
 use crate::schedule::Schedule;
-use crate::store_api::{SlotClaim, Store, StoreError};
+use crate::store_api::{SlotClaim, Slots, StoreError};
 use crate::{FencingToken, HolderId, LeaseName};
 
 enum HistoryWrite {
@@ -35,7 +35,7 @@ pub(super) struct HistorySink(mpsc::Sender<HistoryWrite>);
 
 impl HistorySink {
     /// Starts the writer. It keeps the newest `keep` entries per task.
-    pub(super) fn spawn<S: Store>(store: S, keep: usize, limit: Duration) -> Self {
+    pub(super) fn spawn<S: Slots>(store: S, keep: usize, limit: Duration) -> Self {
         let (tx, mut rx) = mpsc::channel(1024);
         tokio::spawn(async move {
             let mut warned = false;
@@ -276,7 +276,7 @@ struct Held {
     leader: Option<CancellationToken>,
 }
 
-impl<S: Store> TaskRunner<S> {
+impl<S: Slots> TaskRunner<S> {
     pub(super) fn new(
         task: Task,
         lease: Lease<S>,
@@ -869,7 +869,7 @@ pub(super) trait RunNow: Send + Sync {
     fn history(self: Arc<Self>, limit: usize) -> BoxFuture<Result<Vec<RunRecord>, StoreError>>;
 }
 
-impl<S: Store> RunNow for TaskRunner<S> {
+impl<S: Slots> RunNow for TaskRunner<S> {
     fn start_manual(
         self: Arc<Self>,
         exclusive: bool,
