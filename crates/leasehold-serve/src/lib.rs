@@ -44,7 +44,7 @@
 //! |---|---|---|
 //! | header read timeout (`--header-read-timeout`) | 10 s | has not sent a complete request head this long after it connected, or after the head's first byte |
 //! | body read timeout (`--body-read-timeout`) | 10 s | has not sent the whole body this long after the head |
-//! | idle timeout (`--idle-timeout`) | 60 s | has sent no new request this long after a response (responses carry `Keep-Alive: timeout=N`) |
+//! | idle timeout (`--idle-timeout`) | 60 s | has sent no new request this long after a response (responses carry `Keep-Alive: timeout=N`), or has stopped reading its answers this long |
 //! | connection limit (`--max-connections`) | 1024 | — new connections wait in the listen backlog while this many are open; one log line when the limit is reached, one when it clears |
 //! | shutdown grace (`--shutdown-grace`) | 10 s | — on shutdown, connections waiting on their client close at once, requests being handled get this long (open long-polls answer 410 at once) |
 //!

@@ -45,8 +45,9 @@ pub struct ServeConfig {
     /// How long a request's body may take to arrive, from the end of its head. A connection
     /// past it is closed. Default 10 s.
     pub body_read_timeout: Duration,
-    /// How long a connection may wait for its next request after a response (keep-alive).
-    /// Responses say so (`Keep-Alive: timeout=N`), so clients close it first. Default 60 s.
+    /// How long a connection may wait for its next request after a response (keep-alive), or
+    /// for its client to read the answers it stopped reading. Responses say so
+    /// (`Keep-Alive: timeout=N`), so clients close it first. Default 60 s.
     pub idle_timeout: Duration,
     /// The most connections open at once. At the limit new connections wait in the listen
     /// backlog until one closes, and one log line says so (another when it clears). Keep it

@@ -219,6 +219,29 @@ async fn a_slow_body_is_closed_at_the_body_timeout() {
     between(closed - sent, BODY, BODY * 3, "slow body closed after");
 }
 
+/// A client that sends requests and never reads the answers (they pile up in the socket buffers
+/// until the server's writes stall) is closed too: at the idle timeout after the server handed
+/// over its last answer, instead of holding the connection as long as it likes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answers_is_closed() {
+    let server = Server::quick().await;
+    let mut conn = server.connect().await;
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: h\r\n\r\n".repeat(3000);
+    let start = Instant::now();
+    // Some of it may not be taken once the server stops reading.
+    let _ = tokio::time::timeout(Duration::from_secs(2), conn.write_all(&request)).await;
+    // Not reading, well past the idle timeout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (got, _) = until_closed(&mut conn).await;
+    let answers = got.matches("HTTP/1.1 200").count();
+    println!(
+        "never-reading client: closed; {answers} of 3000 answers read before the reset ({} KiB)",
+        got.len() >> 10
+    );
+    assert!(answers < 3000, "every answer went out: nothing stalled");
+    assert!(start.elapsed() < Duration::from_secs(8));
+}
+
 /// A request being handled has no timeout of the server's: an acquire that waits for a busy
 /// lease answers after its wait, well past every timeout, on the same connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
