@@ -24,10 +24,16 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path, flags: &[&str]) -> Self {
+        Self::start_with(Command::new(BIN), dir, flags)
+    }
+
+    /// `leasehold serve` run by `command` (`BIN` itself, or a wrapper given `BIN` as its
+    /// first argument).
+    fn start_with(mut command: Command, dir: &Path, flags: &[&str]) -> Self {
         let port = free_port();
         let log = std::fs::File::create(dir.join("serve.log")).unwrap();
         let store = format!("sqlite:{}", dir.join("leases.db").display());
-        let child = Command::new(BIN)
+        let child = command
             .args(["serve", "--store", &store])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(flags)
@@ -348,4 +354,39 @@ async fn sigterm_with_half_sent_requests_exits_within_the_grace() {
     };
     println!("exited {code:?} {:?} after SIGTERM", start.elapsed());
     assert_eq!(code, Some(0));
+}
+
+/// Under a descriptor limit of 200 (the case: with 256, 300 connections used to starve
+/// everything) `--max-connections 1024` is lowered to what fits, with a warning; 300 silent
+/// connections then wait their turn instead of exhausting the descriptors, and health checks
+/// are served as soon as the silent ones time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_descriptor_limit_lowers_the_connection_limit() {
+    let dir = temp_dir();
+    let mut prlimit = Command::new("prlimit");
+    prlimit.args(["--nofile=200:200", "--", BIN]);
+    let server = Server::start_with(prlimit, dir.path(), &["--header-read-timeout", "1s"]);
+    let mut conns = Vec::new();
+    for _ in 0..300 {
+        conns.push(server.connect().await);
+    }
+    let start = Instant::now();
+    let (status, _) = server.healthz().await;
+    assert!(status.contains(" 200 "), "{status}");
+    println!(
+        "healthz behind 300 silent connections: {:?}",
+        start.elapsed()
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
+    println!("{log}");
+    assert!(
+        log.contains("does not fit the descriptor limit; serving at most 136 connections"),
+        "{log}"
+    );
+    assert!(log.contains("connection limit reached"), "{log}");
+    assert!(
+        !log.contains("cannot accept"),
+        "ran out of descriptors: {log}"
+    );
 }
