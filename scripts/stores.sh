@@ -62,7 +62,8 @@ ensure_tools() {
   if ! command -v etcdctl >/dev/null; then log "installing etcdctl"; apt_install etcd-client; fi
   # The sidecar's TypeScript client and NestJS example (Node 20 or later).
   if ! command -v npm >/dev/null; then log "installing nodejs and npm"; apt_install nodejs npm; fi
-  # The API fuzzer (schemathesis) is installed from PyPI into a virtualenv.
+  # The API fuzzer (schemathesis) and the cron differential test's oracle (croniter) are
+  # installed from PyPI into virtualenvs.
   if ! python3 -c "import ensurepip, venv" 2>/dev/null; then
     log "installing python3-venv"; apt_install python3 python3-venv
   fi

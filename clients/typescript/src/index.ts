@@ -62,7 +62,13 @@ export interface AcquireOptions {
   holder?: string;
 }
 
-export type Schedule = { everyMs: number } | { cron: string };
+/**
+ * The task's slots: every `everyMs` since the Unix epoch, or the times of a cron expression (five
+ * fields as in crontab, six with seconds first, or a macro such as `@daily`) in `timeZone`, an
+ * IANA name (default UTC). A cron time skipped by a daylight-saving change runs once at the
+ * change; a repeated one runs once, the first time.
+ */
+export type Schedule = { everyMs: number } | { cron: string; timeZone?: string };
 
 export type TickOptions = Schedule & {
   /** Run only on the leader of this group. */
@@ -367,6 +373,7 @@ export class LeaseholdClient {
    */
   async tick(task: string, options: TickOptions): Promise<Run | UngatedRun | NotRun> {
     const body: Json = "everyMs" in options ? { every_ms: options.everyMs } : { cron: options.cron };
+    if ("cron" in options && options.timeZone !== undefined) body.time_zone = options.timeZone;
     if (options.group !== undefined) body.group = options.group;
     if (options.ttlMs !== undefined) body.ttl_ms = options.ttlMs;
     if (options.keepaliveMs !== undefined) body.keepalive_ms = options.keepaliveMs;

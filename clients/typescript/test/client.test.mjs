@@ -114,6 +114,22 @@ test("one run per slot across two sidecars ticking at the same moment, and done 
   for (let i = 1; i < runs.length; i++) assert.ok(BigInt(runs[i].token) > BigInt(runs[i - 1].token));
 });
 
+test("a cron schedule in a time zone: one run per slot, the history carries the zone", async () => {
+  const schedule = { cron: "0 3 * * *", timeZone: "Europe/Berlin" };
+  const results = await Promise.all([ca, cb].map((c) => c.gate("ts-nightly", schedule, async () => sleep(30))));
+  assert.equal(results.filter((r) => r === "ran").length, 1, JSON.stringify(results));
+  assert.ok(results.every((r) => ["ran", "already-run", "busy"].includes(r)), JSON.stringify(results));
+  const [run] = JSON.parse(execFileSync(BIN, ["history", "--store", store, "ts-nightly", "--json"]).toString()).runs;
+  assert.deepEqual(run.schedule, { cron: "CRON_TZ=Europe/Berlin 0 3 * * *" });
+  // The slot is the latest 03:00 in Berlin: `leasehold next` after the day before names it.
+  const next = JSON.parse(
+    execFileSync(BIN, ["next", "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--json", "-n", "2", "--after",
+      new Date(run.slot - 86_400_000 - 1000).toISOString()]).toString(),
+  );
+  assert.ok(next.firings.some((f) => f.slot_ms === run.slot), JSON.stringify({ run, next }));
+  assert.match(next.firings.find((f) => f.slot_ms === run.slot).local, /T03:00:00\+0[12]:00$/);
+});
+
 test("a failed job is recorded failed with its error", async () => {
   const result = await ca.gate("ts-failing", { everyMs: 60_000 }, async () => {
     throw new Error("webhook endpoint answered 500");
@@ -223,6 +239,10 @@ test("with --auth-token-file: the client's bearer token is required", async () =
 test("bad input is a 400 naming the field", async () => {
   await assert.rejects(ca.acquire("x", { ttlMs: 5 }), (e) => e.status === 400 && e.field === "ttl_ms");
   await assert.rejects(ca.tick("t", { cron: "not cron" }), (e) => e.status === 400 && e.field === "cron");
+  await assert.rejects(
+    ca.tick("t", { cron: "0 3 * * *", timeZone: "Europe/Berln" }),
+    (e) => e.status === 400 && e.field === "time_zone" && e.message.includes("Europe/Berln"),
+  );
   await assert.rejects(ca.acquire("bad name", { ttlMs: 1000 }), (e) => e.status === 400 && e.field === "name");
   await assert.rejects(ca.acquire("x", { ttlMs: 1000, waitMs: -1 }), (e) => e.status === 400 && e.field === "wait_ms");
   await assert.rejects(ca.tick("t", { everyMs: 0 }), (e) => {

@@ -924,8 +924,9 @@ impl Harness {
         })
     }
 
-    /// SIGSTOP of the holder and its running command past the ttl; the command resumes first,
-    /// once a newer holder has written, and must be refused by the fence.
+    /// SIGSTOP of the holder and its running command (its supervisor included) past the ttl;
+    /// the command resumes first, alone, once a newer holder has written, and must be refused
+    /// by the fence.
     async fn pause(&mut self, f: &PlannedFault) -> Result<()> {
         let Some(row) = self
             .holder_row((self.s.ttl * 3).max(Duration::from_secs(3)))
@@ -989,14 +990,17 @@ impl Harness {
                 break max;
             }
         };
-        // The command first: it wakes with its work done and writes with its stale token
-        // before its runner can notice the lease is gone and stop it.
+        // The command first, alone: it wakes with its work done and writes with its stale token
+        // before its supervisor (which stops it by the lease's deadline, long past) or its
+        // runner can act. That is the case `leasehold run` leaves to fencing: a freeze of the
+        // supervisor as well as the runner.
         let resumed = epoch_ms();
-        procs::signal_group(group, Signal::SIGCONT);
+        procs::signal(cmd, Signal::SIGCONT);
         let wait_write = Instant::now();
         while wait_write.elapsed() < Duration::from_secs(3) && !procs::finished(cmd) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        procs::signal_group(group, Signal::SIGCONT);
         procs::signal(runner, Signal::SIGCONT);
         self.watchdog.clear_paused();
         let detail = format!(

@@ -3,18 +3,26 @@
 //!
 //! # One owner
 //! [`run`] owns the command's process group from start to end. Every way the command can be
-//! told to stop (the lease starting to expire, shutdown, a cancelled scheduled run) goes through
-//! one timer here: SIGTERM to the whole group at once, SIGKILL to the whole group when the timer
-//! runs out, whichever request came first or asked for the earlier kill. If the future is dropped
-//! instead (the scheduler aborting a job, the runtime shutting down), the group gets SIGKILL at
-//! once. When the command exits by itself, whatever it left running in its group is killed
-//! too: nothing runs on after the lease is released.
+//! told to stop (the lease starting to expire, shutdown, a cancelled scheduled run) ends in one
+//! pair of instants: SIGTERM to the whole group, once, and SIGKILL to the whole group, whichever
+//! request came first or asked for the earlier kill. If the future is dropped instead (the
+//! scheduler aborting a job, the runtime shutting down), the group gets SIGKILL at once. When
+//! the command exits by itself, whatever it left running in its group is killed too: nothing
+//! runs on after the lease is released.
 //!
-//! # Dying with `leasehold`
+//! # The supervisor
 //! The command runs under `leasehold supervise` (src/supervise.rs), a second copy of this binary
 //! that leads the command's process group and holds one end of a socket pair whose other end only
-//! this process holds. If `leasehold` dies for any reason, SIGKILL and the OOM killer included,
-//! the kernel closes its end, and the supervisor kills the whole group.
+//! this process holds. Over it this process hands the supervisor those two instants (src/link.rs):
+//! from the lease's confirmed local deadline at the start and after every renewal (SIGTERM a
+//! grace period before it, SIGKILL a [`kill_margin`] before it), and brought forward at once by
+//! a stop. The supervisor sends SIGTERM and SIGKILL at those instants by its own clock, so the
+//! command is stopped in time even when this process cannot act: frozen (SIGSTOP, a debugger,
+//! a cgroup freeze of this process alone) or busy. This process keeps a SIGKILL timer of its own
+//! for a stop it asked for, for the case where the supervisor is the one frozen.
+//!
+//! If `leasehold` dies for any reason, SIGKILL and the OOM killer included, the kernel closes its
+//! end of the socket, and the supervisor kills the whole group at once.
 //!
 //! The other way, `PR_SET_PDEATHSIG` on the child, is not used because it is not correct here:
 //! - it reaches only the direct child: with `sh -c "…; sleep 30"` the shell dies and `sleep` (and
@@ -38,10 +46,14 @@ use anyhow::{Context, Result, anyhow};
 use leasehold::CancellationToken;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
+
+use crate::link::Orders;
 
 /// The command to run and what it is told about its lease.
 #[derive(Debug, Clone)]
@@ -53,15 +65,18 @@ pub struct ChildSpec {
 }
 
 /// What tells the command to stop, and how long it then has.
-pub struct Stops<'a> {
+pub struct Stops {
     /// The grace period (also the lease's stop margin): the command has this long after SIGTERM
     /// to exit before SIGKILL, less the kill margin.
     pub grace: Duration,
-    /// The lease's `expiring` token and a reader of its local deadline. When the token fires the
-    /// command gets SIGTERM, and SIGKILL [`kill_margin`] before the deadline read then (at most
-    /// `grace − kill margin` after SIGTERM), so it is gone before the store can grant the lease
-    /// to anyone else.
-    pub lease: Option<(CancellationToken, &'a (dyn Fn() -> Instant + Sync))>,
+    /// The lease's confirmed local deadline and its renewals. The supervisor sends the group
+    /// SIGTERM a grace period before the latest deadline it was handed and SIGKILL
+    /// [`kill_margin`] before it, by its own clock, unless a fresher one comes first.
+    pub deadline: Option<watch::Receiver<Instant>>,
+    /// The lease's `expiring` signal: SIGTERM when it fires, SIGKILL [`kill_margin`] before the
+    /// deadline (at most `grace − kill margin` after SIGTERM), so the command is gone before the
+    /// store can grant the lease to anyone else.
+    pub expiring: Option<CancellationToken>,
     /// A requested stop (shutdown, a cancelled scheduled run): SIGTERM when it fires, SIGKILL
     /// `grace − kill margin` later.
     pub requested: Option<CancellationToken>,
@@ -72,8 +87,14 @@ pub struct Stops<'a> {
 pub struct Ended {
     /// The shell convention: the exit code, or 128 + the signal that ended it.
     pub code: i32,
-    /// Whether it died of a signal this process sent it (SIGTERM or SIGKILL on a stop).
+    /// Whether it died of a signal sent to stop it (SIGTERM or SIGKILL, by this process's
+    /// request or the supervisor's deadline).
     pub stopped_by_us: bool,
+    /// Whether the lease ran out while the command ran: the `expiring` signal fired, or the
+    /// supervisor had to stop the command by the lease's deadline without being asked (this
+    /// process was frozen or too slow to renew). Whatever the command then returned, its run
+    /// was cut short.
+    pub lease_ended: bool,
 }
 
 /// How long before the lease's deadline the command's group gets SIGKILL: a quarter of the grace
@@ -83,8 +104,10 @@ pub struct Ended {
 /// on a loaded host, and the kernel still has to tear the group's processes down (unmapping a
 /// large process's memory takes from milliseconds to a few hundred). The margin covers both,
 /// while three quarters of the grace period stay with the command to exit cleanly after SIGTERM;
-/// teardown does not take longer for a longer grace, hence the cap. (The store's own expiry lies
-/// a drift margin beyond the local deadline besides.)
+/// teardown does not take longer for a longer grace, hence the cap. The store's own expiry lies
+/// a drift margin beyond the local deadline besides: the deadline is measured from when the
+/// acquire or renewal was sent, less the drift margin, so even with the client's clock running
+/// fast by that much the store cannot grant the lease before it.
 pub fn kill_margin(grace: Duration) -> Duration {
     (grace / 4).min(Duration::from_millis(500))
 }
@@ -104,17 +127,37 @@ fn supervisor_program() -> PathBuf {
 struct Group {
     supervisor: Child,
     pgid: Pid,
-    link: BufReader<UnixStream>,
+    reports: Lines<BufReader<OwnedReadHalf>>,
     reaped: bool,
 }
 
+/// What the supervisor said: the signals it sent by its orders, and how the command ended.
+struct Report {
+    end: End,
+    term: bool,
+    kill: bool,
+}
+
+enum End {
+    Exit(i32),
+    Signal(i32),
+}
+
 impl Group {
-    fn spawn(spec: &ChildSpec) -> Result<Self> {
+    /// Starts the supervisor with `orders` already waiting on its link (so they hold from its
+    /// first instant), and a task that hands it every change of them.
+    fn spawn(spec: &ChildSpec, mut orders: watch::Receiver<Orders>) -> Result<Self> {
+        use std::io::Write;
         if spec.argv.is_empty() {
             return Err(anyhow!("no command given"));
         }
-        let (ours, theirs) =
+        let (mut ours, theirs) =
             std::os::unix::net::UnixStream::pair().context("cannot create the supervisor link")?;
+        if let Some(line) = orders.borrow_and_update().line() {
+            // An empty socket buffer takes a line at once.
+            ours.write_all(line.as_bytes())
+                .context("cannot write to the supervisor link")?;
+        }
         // Both ends are close-on-exec: only the supervisor (as its stdin) and this process hold
         // them, so end of file on the supervisor's side means this process is done or dead.
         let mut cmd = Command::new(supervisor_program());
@@ -135,11 +178,12 @@ impl Group {
             .map(|id| Pid::from_raw(id as i32))
             .context("the supervisor vanished at start")?;
         ours.set_nonblocking(true)?;
-        let link = BufReader::new(UnixStream::from_std(ours)?);
+        let (reports, orders_link) = UnixStream::from_std(ours)?.into_split();
+        tokio::spawn(hand_over(orders_link, orders));
         Ok(Self {
             supervisor,
             pgid,
-            link,
+            reports: BufReader::new(reports).lines(),
             reaped: false,
         })
     }
@@ -147,8 +191,26 @@ impl Group {
     /// Waits for the command to exit (or the supervisor to die), then kills what is left of the
     /// group, reaps the supervisor and waits (up to 2 s) until no process of the group is left.
     async fn finish(&mut self) -> Result<Report> {
-        let mut line = String::new();
-        let _ = self.link.read_line(&mut line).await;
+        let (mut term, mut kill, mut end) = (false, false, None);
+        while let Ok(Some(line)) = self.reports.next_line().await {
+            let number = |s: &str| s.parse::<i32>().ok();
+            match line.as_str() {
+                "term" => term = true,
+                "kill" => kill = true,
+                line => {
+                    if let Some(code) = line.strip_prefix("exit ").and_then(number) {
+                        end = Some(Ok(End::Exit(code)));
+                    } else if let Some(signal) = line.strip_prefix("signal ").and_then(number) {
+                        end = Some(Ok(End::Signal(signal)));
+                    } else if let Some(error) = line.strip_prefix("error ") {
+                        end = Some(Err(anyhow!("{error}")));
+                    }
+                    if end.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
         // The supervisor is not reaped yet, so the group id cannot have been reused.
         let _ = killpg(self.pgid, Signal::SIGKILL);
         let supervisor = self.supervisor.wait().await;
@@ -157,26 +219,38 @@ impl Group {
         while group_has_live_members(self.pgid) && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let line = line.trim_end();
-        let number = |s: &str| s.parse::<i32>().ok();
-        if let Some(code) = line.strip_prefix("exit ").and_then(number) {
-            return Ok(Report::Exit(code));
-        }
-        if let Some(signal) = line.strip_prefix("signal ").and_then(number) {
-            return Ok(Report::Signal(signal));
-        }
-        if let Some(error) = line.strip_prefix("error ") {
-            return Err(anyhow!("{error}"));
-        }
-        // No report: the supervisor died first (our SIGKILL, or someone else's).
-        use std::os::unix::process::ExitStatusExt;
-        let status = supervisor.context("cannot wait for the command's supervisor")?;
-        match (status.signal(), status.code()) {
-            (Some(signal), _) => Ok(Report::Signal(signal)),
-            (None, Some(code)) => Err(anyhow!(
-                "the command's supervisor exited with status {code} without a report"
-            )),
-            (None, None) => Err(anyhow!("the command's supervisor vanished")),
+        let end = match end {
+            Some(end) => end?,
+            // No report: the supervisor died first (a SIGKILL of the group, its own or ours, or
+            // someone else's).
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                let status = supervisor.context("cannot wait for the command's supervisor")?;
+                match (status.signal(), status.code()) {
+                    (Some(signal), _) => End::Signal(signal),
+                    (None, Some(code)) => {
+                        return Err(anyhow!(
+                            "the command's supervisor exited with status {code} without a report"
+                        ));
+                    }
+                    (None, None) => return Err(anyhow!("the command's supervisor vanished")),
+                }
+            }
+        };
+        Ok(Report { end, term, kill })
+    }
+}
+
+/// Writes every change of the orders to the supervisor. Ends when the orders' sender is dropped
+/// (the run is over) or the link breaks; dropping the link's write half then ends the
+/// supervisor's input.
+async fn hand_over(mut link: OwnedWriteHalf, mut orders: watch::Receiver<Orders>) {
+    while orders.changed().await.is_ok() {
+        let line = orders.borrow_and_update().line();
+        if let Some(line) = line
+            && link.write_all(line.as_bytes()).await.is_err()
+        {
+            return;
         }
     }
 }
@@ -212,11 +286,6 @@ fn group_has_live_members(pgid: Pid) -> bool {
     })
 }
 
-enum Report {
-    Exit(i32),
-    Signal(i32),
-}
-
 async fn fired(token: Option<&CancellationToken>) {
     match token {
         Some(t) => t.cancelled().await,
@@ -224,24 +293,59 @@ async fn fired(token: Option<&CancellationToken>) {
     }
 }
 
+/// The next confirmed deadline; `None` once its guard is gone. Never completes without one.
+async fn next_deadline(updates: &mut Option<watch::Receiver<Instant>>) -> Option<Instant> {
+    match updates {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(*rx.borrow_and_update()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Runs the command in a process group of its own until it exits, stopping it as `stops` say.
-pub async fn run(spec: &ChildSpec, stops: Stops<'_>) -> Result<Ended> {
-    let margin = kill_margin(stops.grace);
-    let term_to_kill = stops.grace - margin;
-    let mut group = Group::spawn(spec)?;
+pub async fn run(spec: &ChildSpec, stops: Stops) -> Result<Ended> {
+    let Stops {
+        grace,
+        deadline: mut updates,
+        expiring,
+        requested,
+    } = stops;
+    let margin = kill_margin(grace);
+    let term_to_kill = grace - margin;
+    // An instant before the clock's start has passed: now.
+    let before = |at: Instant, d: Duration| at.checked_sub(d).unwrap_or_else(Instant::now);
+    let mut deadline = updates.as_mut().map(|rx| *rx.borrow_and_update());
+    // A stop asked for here: when, and the SIGKILL it asked for.
+    let mut stop: Option<(Instant, Instant)> = None;
+    let orders_for = |deadline: Option<Instant>, stop: Option<(Instant, Instant)>| Orders {
+        term: earliest(deadline.map(|d| before(d, grace)), stop.map(|s| s.0)),
+        kill: earliest(deadline.map(|d| before(d, margin)), stop.map(|s| s.1)),
+    };
+    let (orders, orders_rx) = watch::channel(orders_for(deadline, stop));
+    let mut group = Group::spawn(spec, orders_rx)?;
     let pgid = group.pgid;
-    let (lease_token, deadline) = stops.lease.unzip();
-    let mut lease_pending = lease_token.is_some();
-    let mut requested_pending = stops.requested.is_some();
-    let mut kill_at: Option<Instant> = None;
-    let (mut term_sent, mut kill_sent) = (false, false);
+    let mut expiring_pending = expiring.is_some();
+    let mut requested_pending = requested.is_some();
+    let mut lease_stop = false;
+    let mut kill_sent = false;
     let report = {
         let finished = group.finish();
         tokio::pin!(finished);
         loop {
+            // This process's own SIGKILL for a stop it asked for, should the supervisor be
+            // frozen; otherwise the supervisor's comes at the same instant.
             let kill_timer = async {
-                match kill_at {
-                    Some(at) if !kill_sent => sleep_until(at).await,
+                match stop {
+                    Some((_, at)) if !kill_sent => sleep_until(at).await,
                     _ => std::future::pending().await,
                 }
             };
@@ -255,42 +359,60 @@ pub async fn run(spec: &ChildSpec, stops: Stops<'_>) -> Result<Ended> {
                     tracing::warn!("the command did not exit in time: SIGKILL to its process group");
                     continue;
                 }
-                () = fired(lease_token.as_ref()), if lease_pending => {
-                    lease_pending = false;
+                () = fired(expiring.as_ref()), if expiring_pending => {
+                    expiring_pending = false;
+                    lease_stop = true;
                     let now = Instant::now();
-                    let deadline = deadline.map_or(now, |d| d());
-                    let by = deadline.checked_sub(margin).unwrap_or(now).min(now + term_to_kill);
+                    let by = deadline.map_or(now, |d| before(d, margin)).min(now + term_to_kill);
                     ("the lease is expiring", by)
                 }
-                () = fired(stops.requested.as_ref()), if requested_pending => {
+                () = fired(requested.as_ref()), if requested_pending => {
                     requested_pending = false;
                     ("stop requested", Instant::now() + term_to_kill)
                 }
+                renewed = next_deadline(&mut updates) => {
+                    match renewed {
+                        Some(d) => deadline = Some(d),
+                        None => updates = None,
+                    }
+                    orders.send_replace(orders_for(deadline, stop));
+                    continue;
+                }
             };
-            let by = kill_at.map_or(by, |k| k.min(by));
-            kill_at = Some(by);
-            if !std::mem::replace(&mut term_sent, true) {
-                let _ = killpg(pgid, Signal::SIGTERM);
-            }
-            let left = by.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            stop = Some(match stop {
+                Some((asked, kill)) => (asked, kill.min(by)),
+                None => (now, by),
+            });
+            orders.send_replace(orders_for(deadline, stop));
+            let left = by.saturating_duration_since(now);
             tracing::warn!(
                 why,
                 "stopping the command: SIGTERM to its process group, SIGKILL in {left:.1?} if it is still running"
             );
         }
     };
-    let (code, signal) = match report {
-        Report::Exit(code) => (code, None),
-        Report::Signal(signal) => (128 + signal, Some(signal)),
+    let asked = stop.is_some();
+    // The supervisor signalled by the deadline alone: no renewal reached it in time.
+    let by_deadline = (report.term || report.kill) && !asked;
+    if by_deadline {
+        tracing::warn!(
+            "no renewal of the lease reached the command's supervisor in time: it stopped the command by the lease's deadline"
+        );
+    }
+    let (code, signal) = match report.end {
+        End::Exit(code) => (code, None),
+        End::Signal(signal) => (128 + signal, Some(signal)),
     };
     let stopped_by_us = match signal {
-        Some(s) if s == Signal::SIGTERM as i32 => term_sent,
-        Some(s) if s == Signal::SIGKILL as i32 => kill_sent,
+        Some(s) if s == Signal::SIGTERM as i32 => asked || report.term,
+        Some(s) if s == Signal::SIGKILL as i32 => asked || kill_sent || report.kill,
         _ => false,
     };
     Ok(Ended {
         code,
         stopped_by_us,
+        lease_ended: lease_stop || by_deadline,
     })
 }
 

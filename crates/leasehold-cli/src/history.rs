@@ -124,14 +124,13 @@ pub fn outcome(r: &RunRecord) -> String {
     }
 }
 
-/// When the task's next slot is due after `now_ms`, from the schedule its last record carries.
-pub fn next_due(records: &[RunRecord], now_ms: u64) -> Option<u64> {
-    let schedule = match records.iter().find_map(|r| r.schedule.as_ref())? {
-        RecordedSchedule::EveryMs(ms) => Schedule::every(Duration::from_millis(*ms)).ok()?,
-        RecordedSchedule::Cron(expr) => Schedule::cron(expr).ok()?,
-        _ => return None,
-    };
-    schedule.next_after(now_ms)
+/// The schedule the task's last record carries (a cron expression with its `CRON_TZ=` zone).
+pub fn schedule(records: &[RunRecord]) -> Option<Schedule> {
+    match records.iter().find_map(|r| r.schedule.as_ref())? {
+        RecordedSchedule::EveryMs(ms) => Schedule::every(Duration::from_millis(*ms)).ok(),
+        RecordedSchedule::Cron(expr) => Schedule::cron(expr).ok(),
+        _ => None,
+    }
 }
 
 /// The local wall clock, for a store that cannot tell its own.

@@ -3,7 +3,9 @@
 mod child;
 mod demo;
 mod history;
+mod link;
 mod logging;
+mod next;
 mod run;
 mod serve;
 mod status;
@@ -43,6 +45,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots.
     History(history::HistoryArgs),
+    /// Show the next firings of a cron expression (local time and UTC), to check it before
+    /// deploying it.
+    Next(next::NextArgs),
     /// Watch three instances share one SQLite file: one runs each tick, a killed leader is
     /// replaced, a stopped one hands over at once.
     Demo(demo::DemoArgs),
@@ -197,7 +202,7 @@ fn start_runtime(
 ) -> Result<tokio::runtime::Runtime, ExitCode> {
     builder.enable_all().build().map_err(|e| {
         logging::error_line(&format!("cannot start the runtime: {e}"));
-        ExitCode::from(1)
+        exit(1)
     })
 }
 
@@ -214,10 +219,17 @@ fn main() -> ExitCode {
         Err(e) if e.use_stderr() => {
             // clap's first line says what is wrong; the usage block after it is noise here.
             let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
+            let mut lines = rendered.lines();
+            let first = lines.next().unwrap_or("invalid arguments");
+            let mut first = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+            // "the following required arguments were not provided:" lists them below.
+            if first.ends_with(':')
+                && let Some(what) = lines.next()
+            {
+                first = format!("{first} {}", what.trim());
+            }
             logging::error_line(&format!("{first} (see leasehold --help)"));
-            return ExitCode::from(EXIT_USAGE);
+            return exit(EXIT_USAGE);
         }
         Err(e) => {
             // --help and --version.
@@ -240,6 +252,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
             Command::History(args) => history::history(args).await,
+            Command::Next(args) => next::next(args),
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             #[cfg(feature = "chaos")]
@@ -258,12 +271,20 @@ fn main() -> ExitCode {
     });
     // Background renewers and pollers must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_millis(200));
-    match result {
-        Ok(code) => ExitCode::from(code),
+    let code = match result {
+        Ok(code) => code,
         Err(Failure { code, error }) => {
             // One line a person can act on: the error and its causes, joined.
             logging::error_line(&one_line(&error));
-            ExitCode::from(code)
+            code
         }
-    }
+    };
+    exit(code)
+}
+
+/// Exits with `code` once stderr has taken the last lines, or after half a second if it does not
+/// take them (a reader that stopped reading must not keep the process alive).
+fn exit(code: u8) -> ExitCode {
+    logging::drain(Duration::from_millis(500));
+    ExitCode::from(code)
 }

@@ -24,9 +24,15 @@ pub struct RunArgs {
     /// Run once per interval (aligned to the epoch on the store's clock), e.g. 30s.
     #[arg(long, value_parser = crate::interval_arg, conflicts_with = "cron")]
     every: Option<Duration>,
-    /// Run on a cron schedule with a seconds field, in UTC, e.g. "0 */5 * * * *".
+    /// Run on a cron schedule: five fields as in crontab ("0 3 * * *"), six with seconds
+    /// first ("*/10 * * * * *"), or a macro (@daily). Check it with `leasehold next`.
     #[arg(long)]
     cron: Option<String>,
+    /// The IANA time zone of --cron's times, e.g. Europe/Berlin [default: UTC, or the
+    /// expression's CRON_TZ= prefix]. Daylight saving: a time the clock skips runs once at
+    /// the change, a time it repeats runs once, the first time.
+    #[arg(long, requires = "cron")]
+    tz: Option<String>,
     /// Lease ttl: how long a crashed holder blocks others.
     #[arg(long, default_value = "15s", value_parser = crate::duration_arg)]
     ttl: Duration,
@@ -89,7 +95,13 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
     let name = LeaseName::new(&args.lease).map_err(Failure::usage)?;
     let schedule = match (&args.every, &args.cron) {
         (Some(every), _) => Some(Schedule::every(*every).map_err(Failure::usage)?),
-        (None, Some(expr)) => Some(Schedule::cron(expr).map_err(Failure::usage)?),
+        (None, Some(expr)) => Some(
+            match &args.tz {
+                Some(zone) => Schedule::cron_in(expr, zone),
+                None => Schedule::cron(expr),
+            }
+            .map_err(Failure::usage)?,
+        ),
         (None, None) => None,
     };
     let catch_up = match (args.catch_up, &schedule) {
@@ -253,7 +265,8 @@ async fn unleased(args: RunArgs, s: Settings, holder: &str) -> Result<u8, Failur
         &spec,
         Stops {
             grace: s.config.stop_margin,
-            lease: None,
+            deadline: None,
+            expiring: None,
             requested: Some(shutdown),
         },
     )
@@ -308,37 +321,30 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
         env,
     };
     let (shutdown, signals) = shutdown_token();
-    let deadline = || guard.deadline();
     let ended = child::run(
         &spec,
         Stops {
             grace: s.config.stop_margin,
-            lease: Some((guard.expiring_token(), &deadline)),
+            deadline: Some(guard.deadline_updates()),
+            expiring: Some(guard.expiring_token()),
             requested: Some(shutdown),
         },
     )
     .await;
     signals.abort();
-    let lost = guard.loss_reason().or_else(|| {
-        guard
-            .expiring_token()
-            .is_cancelled()
-            .then_some(leasehold::LossReason::Expired)
-    });
+    let reason = guard
+        .loss_reason()
+        .unwrap_or(leasehold::LossReason::Expired);
     let _ = guard.release().await;
     let ended = ended?;
-    if let Some(reason) = lost {
-        tracing::error!(
-            reason = reason.as_str(),
-            "lease lost while the command ran; it was stopped"
-        );
-        if ended.stopped_by_us {
-            return Err(Failure::from(anyhow!(
-                "lease {} lost ({}): the command was stopped",
-                s.name,
-                reason.as_str()
-            )));
-        }
+    // A run cut short by the lease is a failure whatever the command then returned (a
+    // `trap 'exit 0' TERM` must not turn it into a success): the command's own status stands
+    // only when the lease was held until it ended.
+    if ended.lease_ended {
+        return Err(Failure::from(anyhow!(
+            "lease lost while the command ran: {} ({reason}); the command was stopped",
+            s.name
+        )));
     }
     Ok(exit_status(ended))
 }
@@ -376,15 +382,25 @@ async fn scheduled(
             // The run's cancel token fires when the lease starts expiring (a stop margin, the
             // grace, before its deadline) or on shutdown: SIGTERM then, SIGKILL before the
             // deadline. Should the scheduler abort the run instead, dropping it kills the group.
+            // The task lease's deadline goes to the supervisor, which stops the command by it
+            // should this process be frozen.
             let ended = child::run(
                 &spec,
                 Stops {
                     grace,
-                    lease: None,
+                    deadline: ctx.lease_deadline(),
+                    expiring: None,
                     requested: Some(ctx.cancel.clone()),
                 },
             )
             .await?;
+            if ended.lease_ended {
+                // The supervisor stopped the command by the deadline before this process saw the
+                // lease run out (it was frozen): whatever the command returned, not a success.
+                return Err(anyhow!(
+                    "the task lease ran out while the command ran: the command was stopped"
+                ));
+            }
             match ended.code {
                 0 => Ok(()),
                 code => Err(anyhow!("command exited with status {code}")),

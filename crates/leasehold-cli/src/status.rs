@@ -1,7 +1,7 @@
 //! `leasehold status`: who holds which lease.
 
 use clap::Args;
-use leasehold::{LeaseName, Store};
+use leasehold::{LeaseName, Schedule, Store};
 
 use leasehold::history::{RunOutcome, RunRecord};
 
@@ -114,14 +114,26 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             .max()
             .unwrap_or(4)
             .max(4);
+        // The zone column only when a cron task has one (interval slots have no zone).
+        let zoned = tasks.iter().any(|t| t.time_zone().is_some());
+        let zone_head = if zoned {
+            format!("{:<42}  ", "NEXT DUE (TASK'S ZONE)")
+        } else {
+            String::new()
+        };
         println!(
-            "\n{:<width$}  {:<24}  {:<24}  LAST OUTCOME",
+            "\n{:<width$}  {:<24}  {:<24}  {zone_head}LAST OUTCOME",
             "TASK", "LAST RUN (UTC)", "NEXT DUE (UTC)"
         );
         for t in &tasks {
             let dash = || "-".to_owned();
+            let local = match (zoned, t.next_due_local(), t.time_zone()) {
+                (false, ..) => String::new(),
+                (true, Some(local), Some(zone)) => format!("{:<42}  ", format!("{local} {zone}")),
+                (true, ..) => format!("{:<42}  ", "-"),
+            };
             println!(
-                "{:<width$}  {:<24}  {:<24}  {}",
+                "{:<width$}  {:<24}  {:<24}  {local}{}",
                 t.task.as_str(),
                 t.last_run
                     .as_ref()
@@ -139,6 +151,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
 struct TaskSummary {
     task: LeaseName,
     last_run: Option<RunRecord>,
+    schedule: Option<Schedule>,
     next_due: Option<u64>,
 }
 
@@ -149,10 +162,28 @@ impl TaskSummary {
             .filter(|r| !matches!(r.outcome, RunOutcome::Missed { .. }))
             .max_by_key(|r| r.started_ms)
             .cloned();
+        let schedule = history::schedule(records);
         Self {
             task,
             last_run,
-            next_due: history::next_due(records, now_ms),
+            next_due: schedule.as_ref().and_then(|s| s.next_after(now_ms)),
+            schedule,
+        }
+    }
+
+    /// A cron task's zone (UTC unless it names one); none for interval tasks.
+    fn time_zone(&self) -> Option<&str> {
+        match self.schedule.as_ref()? {
+            Schedule::Cron(c) => Some(c.time_zone()),
+            _ => None,
+        }
+    }
+
+    /// The next due slot as the wall-clock time of a cron task's zone.
+    fn next_due_local(&self) -> Option<String> {
+        match self.schedule.as_ref()? {
+            Schedule::Cron(c) => c.local_time(self.next_due?),
+            _ => None,
         }
     }
 
@@ -161,6 +192,8 @@ impl TaskSummary {
             "task": self.task.as_str(),
             "last_run": self.last_run,
             "next_due_ms": self.next_due,
+            "time_zone": self.time_zone(),
+            "next_due_local": self.next_due_local(),
         })
     }
 }

@@ -250,3 +250,156 @@ fn a_permanent_refusal_ends_the_run_with_78() {
         assert!(start.elapsed() < Duration::from_secs(30));
     }
 }
+
+/// Issue 32 case 2: a flock whose command exits by itself on the SIGTERM that follows a lost
+/// lease (`trap 'exit 0' TERM`) is a run cut short, not a success: `leasehold` exits 1 with one
+/// error line, whatever the command returned.
+#[test]
+fn a_lost_lease_fails_the_flock_whatever_the_command_returns() {
+    let dir = temp_dir();
+    let mut redis = OwnRedis::start(&[]);
+    let url = redis.url();
+    let log = dir.path().join("leasehold.log");
+    let started = dir.path().join("started");
+    let script = format!(
+        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.05; done",
+        started.display()
+    );
+    let run = leasehold(
+        &[
+            "--store", &url, "--lease", "trapped", "--ttl", "3s", "--grace", "1s", "--retry",
+            "100ms",
+        ],
+        &["sh".into(), "-c".into(), script],
+    )
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let mut run = KillOnDrop(run);
+    let start = Instant::now();
+    while !started.exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "no start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    redis.kill();
+    let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    println!("exit {code:?} {took:?} after the store died\n{stderr}");
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.to_lowercase().contains("error:") || l.contains("ERROR"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line: {stderr}");
+    assert!(
+        errors[0].starts_with("leasehold: error: lease lost while the command ran: trapped"),
+        "{stderr}"
+    );
+}
+
+/// Issue 32: stderr a pipe whose reader is alive but never reads (`leasehold run … 2>&1 |
+/// (sleep 1000)`). Once the pipe is full every write would block; `leasehold` must still run,
+/// stop and exit (log lines are dropped instead).
+#[test]
+fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
+    use std::io::Write;
+    let dir = temp_dir();
+    let url = sqlite(dir.path());
+    let (reader, writer) = std::io::pipe().unwrap();
+    // Fill the pipe: this thread blocks once it is full (until `reader` is dropped at the end).
+    let mut filler = writer.try_clone().unwrap();
+    std::thread::spawn(move || filler.write_all(&vec![b'x'; 1 << 20]));
+    std::thread::sleep(Duration::from_millis(200));
+    // A scheduled run that logs at every tick, stopped by SIGTERM.
+    let run = leasehold(
+        &[
+            "--store", &url, "--lease", "stalled", "--every", "200ms", "--grace", "1s",
+        ],
+        &stubborn(dir.path()),
+    )
+    .env("LEASEHOLD_LOG", "debug")
+    .stderr(writer.try_clone().unwrap())
+    .spawn()
+    .unwrap();
+    let mut run = KillOnDrop(run);
+    let pids = started(dir.path());
+    std::thread::sleep(Duration::from_secs(1));
+    kill(&run.0, "TERM");
+    let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
+    println!("scheduled: exit {code:?} {took:?} after SIGTERM");
+    assert_eq!(code, Some(0));
+    all_gone(&pids, Duration::from_secs(1));
+    // A flock that ends with an error line (the lease is busy: exit 75 and a line) and one
+    // whose command exits 3, with debug logging.
+    let holder = leasehold(
+        &["--store", &url, "--lease", "stalled-busy"],
+        &["sleep".into(), "30".into()],
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let _holder = KillOnDrop(holder);
+    let busy_since = Instant::now();
+    let held = || {
+        let out = Command::new(BIN)
+            .args(["status", "--store", &url, "stalled-busy", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .is_ok_and(|v| v["leases"][0]["held"] == true)
+    };
+    while !held() {
+        assert!(busy_since.elapsed() < Duration::from_secs(10), "no holder");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (lease, command, expected) in [("stalled-busy", "true", 75), ("stalled-flock", "exit 3", 3)]
+    {
+        let mut run = KillOnDrop(
+            leasehold(
+                &["--store", &url, "--lease", lease],
+                &["sh".into(), "-c".into(), command.into()],
+            )
+            .env("LEASEHOLD_LOG", "debug")
+            .stderr(writer.try_clone().unwrap())
+            .spawn()
+            .unwrap(),
+        );
+        let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
+        println!("{lease}: exit {code:?} after {took:?}");
+        assert_eq!(code, Some(expected), "{lease}");
+    }
+    drop(reader);
+}
+
+/// Issue 32: SIGTERM reaches the command through its supervisor; a frozen supervisor cannot pass
+/// it on, so `leasehold` SIGKILLs the group (the frozen supervisor with it) when the grace runs
+/// out, and shutdown still takes at most the grace period.
+#[test]
+fn a_frozen_supervisor_is_killed_with_its_group_on_shutdown() {
+    let (_dir, run, pids) = run_stubborn(&["--lease", "frozen-supervisor", "--grace", "1s"], false);
+    let mut run = KillOnDrop(run);
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
+    let supervisor: i32 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .unwrap();
+    let cmdline = std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("supervise"),
+        "the command's parent is its supervisor"
+    );
+    Command::new("kill")
+        .args(["-STOP", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    kill(&run.0, "TERM");
+    let (code, took) = wait_exit(&mut run.0, Duration::from_secs(10));
+    println!("exit {code:?} {took:?} after SIGTERM");
+    assert!(
+        [supervisor, pids[0], pids[1]].iter().all(|&p| !alive(p)),
+        "the group outlived leasehold"
+    );
+    assert!(took < Duration::from_millis(1800), "shutdown took {took:?}");
+    assert_eq!(code, Some(143));
+}

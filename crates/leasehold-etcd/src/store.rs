@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::store::Operation as Op;
 use leasehold::{
-    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
-    Store, StoreError,
+    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
+    Release, Slots, Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -827,7 +827,7 @@ impl Store for EtcdStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities::ALL.without(Capabilities::CATALOG)
     }
 
     fn renew_many(
@@ -903,6 +903,9 @@ impl Membership for EtcdStore {
         self.run_repeatable(move || self.leave_once(op, group, member))
     }
 }
+
+// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
+impl Catalog for EtcdStore {}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl EtcdConfig {

@@ -9,8 +9,8 @@ use deadpool_postgres::{
 };
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
-    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
-    Store, StoreError,
+    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
+    Release, Slots, Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -848,7 +848,7 @@ impl Store for PgStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities::ALL.without(Capabilities::CATALOG)
     }
 
     /// One statement for the whole batch.
@@ -1024,6 +1024,9 @@ impl Membership for PgStore {
         Ok(())
     }
 }
+
+// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
+impl Catalog for PgStore {}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl PgConfig {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use leasehold::store::Operation as Op;
 use leasehold::{
-    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
-    Store, StoreError,
+    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
+    Release, Slots, Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -1119,6 +1119,9 @@ impl Membership for RedisStore {
         Ok(())
     }
 }
+
+// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
+impl Catalog for RedisStore {}
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -11,10 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use leasehold::history::{RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
-use leasehold::{
-    BoxStore, CancellationToken, FencingToken, LeaseGuard, LeaseName, LossReason, Release, Slots,
-};
+use leasehold::history::{HistoryWriter, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
+use leasehold::{CancellationToken, FencingToken, LeaseGuard, LeaseName, LossReason, Release};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
@@ -22,9 +20,6 @@ use crate::error::EndReason;
 
 /// How long an ended entry is remembered, so a keepalive after the end gets its reason.
 const TOMBSTONE: Duration = Duration::from_secs(120);
-
-/// Entries kept per task's history by runs recorded here (as the scheduler's default).
-const HISTORY_KEEP: usize = leasehold::history::DEFAULT_HISTORY_LIMIT;
 
 /// A run of a task's slot, granted by a tick.
 #[derive(Debug, Clone)]
@@ -94,6 +89,19 @@ impl Entry {
         Ok(())
     }
 
+    /// Ends the entry for `reason` unless it ended (or its lease was lost) before, answering
+    /// why then: of two calls that race, one wins. [`end`](Self::end) releases the lease after.
+    pub(crate) fn close(&self, reason: EndReason) -> Result<(), EndReason> {
+        self.valid_until()?;
+        match self.ended.set(reason) {
+            Ok(()) => {
+                self.ended_signal.cancel();
+                Ok(())
+            }
+            Err(_) => Err(self.ended.get().copied().unwrap_or(reason)),
+        }
+    }
+
     /// Completes when the entry ends.
     pub(crate) async fn end_signal(&self) {
         self.ended_signal.cancelled().await;
@@ -152,7 +160,7 @@ pub(crate) fn ms(d: Duration) -> u64 {
 
 /// The entries of one sidecar, by lease name and token.
 pub(crate) struct Registry {
-    store: BoxStore,
+    history: HistoryWriter,
     entries: Mutex<HashMap<(LeaseName, u64), Arc<Entry>>>,
     live: AtomicU64,
     stop: CancellationToken,
@@ -171,9 +179,9 @@ pub(crate) struct Grant {
 }
 
 impl Registry {
-    pub(crate) fn new(store: BoxStore, stop: CancellationToken) -> Self {
+    pub(crate) fn new(history: HistoryWriter, stop: CancellationToken) -> Self {
         Self {
-            store,
+            history,
             entries: Mutex::default(),
             live: AtomicU64::new(0),
             stop,
@@ -272,18 +280,7 @@ impl Registry {
 
     /// Writes a run record in the background; a lost record never fails a request.
     pub(crate) fn record(&self, task: &LeaseName, record: RunRecord) {
-        let store = self.store.clone();
-        let task = task.clone();
-        self.tasks.spawn(async move {
-            let json = record.to_json();
-            let limit = Duration::from_secs(5);
-            let write = store.record_history(&task, record.key(), &json, HISTORY_KEEP);
-            match tokio::time::timeout(limit, write).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(task = %task, error = %e, "run history not recorded"),
-                Err(_) => tracing::debug!(task = %task, "run history not recorded: timed out"),
-            }
-        });
+        self.history.record(task, record);
     }
 
     /// Ends every entry (releasing its lease) and waits for the releases, at most `limit`.

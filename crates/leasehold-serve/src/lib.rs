@@ -73,12 +73,20 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use leasehold::gate::Campaigns;
+use leasehold::history::{DEFAULT_HISTORY_LIMIT, HistoryWriter};
 use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
 use serde::Serialize;
 
 use crate::error::{ApiError, MAX_BODY};
 use crate::held::Registry;
-use crate::ticks::TickGroups;
+/// How long a history write may take before it is given up.
+const HISTORY_WRITE_LIMIT: Duration = Duration::from_secs(5);
+
+/// The holder id of a sidecar's campaigns for tick groups.
+fn group_holder(holder: &str) -> HolderId {
+    HolderId::new(format!("{holder}#group")).unwrap_or_else(|_| HolderId::generate())
+}
 
 /// The API's OpenAPI 3 document, as served at `GET /openapi.json`.
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -142,7 +150,10 @@ struct Shared {
     on_store_down: StoreDownPolicy,
     max_wait: Duration,
     registry: Arc<Registry>,
-    groups: TickGroups,
+    /// Leadership of the groups applications tick in.
+    campaigns: Campaigns<BoxStore>,
+    /// Where runs and misses are recorded.
+    history: HistoryWriter,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
     store_state: AtomicU8,
     stop: CancellationToken,
@@ -164,11 +175,6 @@ impl Shared {
         HolderId::new(id).unwrap_or_else(|_| self.fallback_holder(n))
     }
 
-    /// The holder id of this sidecar's campaigns for tick groups.
-    fn group_holder(&self) -> HolderId {
-        HolderId::new(format!("{}#group", self.holder)).unwrap_or_else(|_| self.fallback_holder(0))
-    }
-
     fn fallback_holder(&self, n: u64) -> HolderId {
         HolderId::new(format!("sidecar-{}#{n}", std::process::id()))
             .unwrap_or_else(|_| HolderId::generate())
@@ -185,14 +191,18 @@ impl Sidecar {
     /// A sidecar on `store`.
     pub fn new(store: BoxStore, config: SidecarConfig) -> Self {
         let stop = CancellationToken::new();
+        let history =
+            HistoryWriter::spawn(store.clone(), DEFAULT_HISTORY_LIMIT, HISTORY_WRITE_LIMIT);
+        let group_holder = group_holder(&config.holder);
         Self(Arc::new(Shared {
-            registry: Arc::new(Registry::new(store.clone(), stop.clone())),
+            registry: Arc::new(Registry::new(history.clone(), stop.clone())),
+            campaigns: Campaigns::new(store.clone(), group_holder, stop.clone()),
+            history,
             store,
             holder: config.holder,
             seq: AtomicU64::new(0),
             on_store_down: config.on_store_down,
             max_wait: config.max_wait,
-            groups: TickGroups::default(),
             store_state: AtomicU8::new(STORE_UNKNOWN),
             stop,
         }))
@@ -231,7 +241,7 @@ impl Sidecar {
     pub async fn shut_down(&self, limit: Duration) {
         self.0.stop.cancel();
         let registry = self.0.registry.shut_down(limit);
-        let groups = self.0.groups.shut_down(limit);
+        let groups = self.0.campaigns.shut_down(limit);
         tokio::join!(registry, groups);
     }
 

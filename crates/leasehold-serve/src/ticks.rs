@@ -7,27 +7,23 @@
 //! done (or goes silent). Lease and slot names are the task's own, so `leasehold history` and
 //! `leasehold run` on the same task see the same runs.
 
-use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
+use leasehold::gate::{Decision, Gate, Skip};
 use leasehold::history::{RecordedSchedule, RunOutcome};
-use leasehold::{
-    CancellationToken, Leader, LeaderHandle, LeaderState, Lease, LeaseGuard, LeaseName, Schedule,
-    Slots, Store, StoreDownPolicy, StoreError, TryAcquire, store::SlotClaim,
-};
+use leasehold::{Lease, Schedule, ScheduleError, StoreDownPolicy, Trigger};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::Sidecar;
 use crate::error::{ApiError, EndReason, in_range, not_null, parse};
 use crate::held::{Grant, RunInfo, ms};
 use crate::leases::{keepalive, lease_config, lease_name, token};
-use crate::{Shared, Sidecar};
 
 /// The task lease's ttl when a tick does not say.
 const DEFAULT_TICK_TTL_MS: u64 = 30_000;
@@ -41,6 +37,8 @@ struct TickRequest {
     every_ms: Option<u64>,
     #[serde(default, deserialize_with = "not_null")]
     cron: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    time_zone: Option<String>,
     #[serde(default, deserialize_with = "not_null")]
     group: Option<String>,
     #[serde(default, deserialize_with = "not_null")]
@@ -69,6 +67,12 @@ pub(crate) struct TickResponse {
 }
 
 fn schedule(request: &TickRequest) -> Result<(Schedule, RecordedSchedule), ApiError> {
+    if request.time_zone.is_some() && request.cron.is_none() {
+        return Err(ApiError::field(
+            "time_zone",
+            "time_zone goes with cron (every_ms slots are the same in every zone)",
+        ));
+    }
     match (&request.every_ms, &request.cron) {
         (Some(every), None) => {
             let every = in_range("every_ms", *every, 1..=MAX_EVERY_MS)?;
@@ -80,9 +84,23 @@ fn schedule(request: &TickRequest) -> Result<(Schedule, RecordedSchedule), ApiEr
             if expr.len() > 200 {
                 return Err(ApiError::field("cron", "cron must be at most 200 bytes"));
             }
-            let schedule =
-                Schedule::cron(expr).map_err(|e| ApiError::field("cron", e.to_string()))?;
-            Ok((schedule, RecordedSchedule::Cron(expr.clone())))
+            let schedule = match &request.time_zone {
+                Some(zone) if zone.len() > 64 => {
+                    return Err(ApiError::field(
+                        "time_zone",
+                        "time_zone must be at most 64 bytes",
+                    ));
+                }
+                Some(zone) => Schedule::cron_in(expr, zone),
+                None => Schedule::cron(expr),
+            }
+            .map_err(|e| match e {
+                ScheduleError::UnknownZone { .. } => ApiError::field("time_zone", e.to_string()),
+                e => ApiError::field("cron", e.to_string()),
+            })?;
+            // With its zone (`CRON_TZ=ZONE ...`), so readers of the history find the same slots.
+            let recorded = RecordedSchedule::of(&schedule);
+            Ok((schedule, recorded))
         }
         (Some(_), Some(_)) => Err(ApiError::field(
             "cron",
@@ -143,64 +161,49 @@ pub(crate) async fn tick(
         }
     };
 
-    // The store's clock names the slot.
-    let limit = config.renew_interval;
-    let now = tokio::time::timeout(limit, shared.store.now_millis())
-        .await
-        .unwrap_or(Err(StoreError::Timeout(limit)));
-    shared.saw_store(matches!(&now, Err(e) if e.is_transient()));
-    let now = match now {
-        Ok(now) => now,
+    // The gate decides, as the scheduler's does: the store's clock (with the task's control
+    // record) names the slot, then leadership, pause, task lease, slot claim.
+    let lease = Lease::new(shared.store.clone(), task.clone(), config)
+        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
+        .with_holder(shared.holder_id(None));
+    let mut gate = Gate::new(lease).recording(shared.history.clone());
+    let reading = gate.read_clock().await;
+    shared.saw_store(matches!(&reading, Err(e) if e.is_transient()));
+    let reading = match reading {
+        Ok(reading) => reading,
         Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
         Err(e) => return Err(ApiError::store(&e.into())),
     };
-    let Some(slot) = schedule.latest_at_or_before(now) else {
+    let Some(slot) = schedule.latest_at_or_before(reading.now_ms) else {
         return Ok(Json(answer(false, None, Some("not-due"))));
     };
-
     if let Some(group) = &group {
         let interval = schedule
             .next_after(slot)
             .map_or(Duration::ZERO, |next| Duration::from_millis(next - slot));
-        if !shared.groups.leads(shared, group, config, interval).await? {
-            return Ok(Json(answer(false, Some(slot), Some("not-leader"))));
-        }
+        let campaign = shared
+            .campaigns
+            .campaign(group, config, interval)
+            .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
+        gate = gate.led_by(campaign);
     }
-
-    let lease = Lease::new(shared.store.clone(), task.clone(), config)
-        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
-        .with_holder(shared.holder_id(None));
-    let attempt = lease.try_acquire().await;
-    shared.saw_store(matches!(&attempt, Err(e) if e.is_transient()));
-    let guard = match attempt {
-        Ok(TryAcquire::Acquired(guard)) => guard,
-        Ok(TryAcquire::Busy { .. }) => {
-            // Busy is usually another instance running this very slot; the slot record tells.
-            let ran = tokio::time::timeout(limit, shared.store.last_slot(&task)).await;
-            let reason = match ran {
-                Ok(Ok(Some(last))) if last >= slot => "already-run",
-                _ => "busy",
+    let ticket = match gate.decide(&reading, slot, Trigger::Timer).await {
+        Decision::Run(ticket) => ticket,
+        Decision::Skip(skip) => {
+            shared.saw_store(matches!(skip, Skip::StoreDown(_)));
+            let reason = match skip {
+                Skip::StoreDown(e) => return Ok(Json(store_down(&e))),
+                Skip::Refused(e) => return Err(ApiError::store(&e.into())),
+                // The claim took so long that the lease is expiring: the slot stays claimed
+                // but unrun, rather than run by a holder about to lose it.
+                Skip::Expiring => "store-down",
+                Skip::Overlap => "busy",
+                other => other.as_str(),
             };
             return Ok(Json(answer(false, Some(slot), Some(reason))));
         }
-        Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
-        Err(e) => return Err(ApiError::store(&e)),
     };
-
-    match claim(shared, &task, slot, &guard, limit).await {
-        Ok(SlotClaim::Claimed) => {}
-        Ok(_) => {
-            release_in_background(guard);
-            return Ok(Json(answer(false, Some(slot), Some("already-run"))));
-        }
-        Err(e) => {
-            release_in_background(guard);
-            if e.is_transient() {
-                return Ok(Json(store_down(&e)));
-            }
-            return Err(ApiError::store(&e.into()));
-        }
-    }
+    let guard = ticket.into_guard();
     let token = guard.token();
     let entry = shared.registry.insert(Grant {
         guard,
@@ -209,13 +212,11 @@ pub(crate) async fn tick(
         granted: Instant::now(),
         run: Some(RunInfo {
             slot,
-            started_ms: now,
+            started_ms: reading.now_ms,
             started_at: arrival,
             schedule: recorded,
         }),
     });
-    // The claim took so long that the lease is expiring: the slot stays claimed but unrun,
-    // rather than run by a holder about to lose it (as the scheduler does).
     let Ok(valid_for_ms) = entry.valid_for_ms(arrival) else {
         let _ = entry.end(EndReason::Expired).await;
         return Ok(Json(answer(false, Some(slot), Some("store-down"))));
@@ -227,34 +228,6 @@ pub(crate) async fn tick(
         keepalive_ms: Some(ms(keepalive)),
         ..answer(true, Some(slot), None)
     }))
-}
-
-/// Claims `slot` unless the task lease starts expiring first.
-async fn claim(
-    shared: &Shared,
-    task: &LeaseName,
-    slot: u64,
-    guard: &LeaseGuard,
-    limit: Duration,
-) -> Result<SlotClaim, StoreError> {
-    let expiring = guard.expiring_token();
-    let claimed = tokio::select! {
-        biased;
-        () = expiring.cancelled() => Err(StoreError::Timeout(limit)),
-        claim = tokio::time::timeout(limit, shared.store.claim_slot(task, slot)) => {
-            claim.unwrap_or(Err(StoreError::Timeout(limit)))
-        }
-    };
-    shared.saw_store(matches!(&claimed, Err(e) if e.is_transient()));
-    claimed
-}
-
-fn release_in_background(guard: LeaseGuard) {
-    tokio::spawn(async move {
-        if let Err(e) = guard.release().await {
-            tracing::debug!(error = %e, "task lease release failed; it expires after its ttl");
-        }
-    });
 }
 
 #[derive(Deserialize)]
@@ -294,6 +267,9 @@ pub(crate) async fn done(
     let Some(entry) = shared.registry.get(&task, token) else {
         return Ok(crate::leases::released(false));
     };
+    // Accepted once, and only while the run's lease is held: a run that was lost (and recorded
+    // so) or already reported stays as it is.
+    entry.close(EndReason::Released).map_err(ApiError::lost)?;
     match &entry.run {
         Some(run) if run.slot == slot => {}
         _ => {
@@ -319,132 +295,4 @@ pub(crate) async fn done(
         shared.registry.record(&task, record);
     }
     Ok(crate::leases::released(released))
-}
-
-/// Leadership of groups held on behalf of the applications that tick in them.
-///
-/// The sidecar campaigns for a group from the first tick that names it and keeps campaigning
-/// (and leading) while ticks in the group keep arriving: for twice the longest interval between
-/// slots seen plus the lease's ttl. An application that stops ticking (hung, or shut down) so
-/// lets the group pass to an instance whose application is alive.
-#[derive(Default)]
-pub(crate) struct TickGroups {
-    groups: Mutex<HashMap<LeaseName, Arc<TickGroup>>>,
-}
-
-struct TickGroup {
-    leader: LeaderHandle,
-    started: Instant,
-    /// The last tick and the idle time after which the campaign stops.
-    activity: Mutex<(Instant, Duration)>,
-    stop: CancellationToken,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// How long a new campaign may take to settle before a tick answers not-leader.
-const FIRST_ELECTION: Duration = Duration::from_secs(1);
-
-impl TickGroups {
-    /// Whether this sidecar leads `group` now, campaigning for it if it was not.
-    async fn leads(
-        &self,
-        shared: &Arc<Shared>,
-        group: &LeaseName,
-        config: leasehold::LeaseConfig,
-        interval: Duration,
-    ) -> Result<bool, ApiError> {
-        let idle = interval.saturating_mul(2) + config.ttl;
-        let entry = {
-            let mut groups = lock(&self.groups);
-            match groups.get(group) {
-                Some(g) if !g.stop.is_cancelled() => {
-                    let mut activity = lock(&g.activity);
-                    *activity = (Instant::now(), activity.1.max(idle));
-                    g.clone()
-                }
-                _ => {
-                    let g = Arc::new(self.start(shared, group, config, idle)?);
-                    groups.insert(group.clone(), g.clone());
-                    let watched = g.clone();
-                    tokio::spawn(async move { watched.expire_when_idle().await });
-                    g
-                }
-            }
-        };
-        let mut states = entry.leader.watch();
-        let settle = (entry.started + FIRST_ELECTION).min(entry.started + config.ttl);
-        loop {
-            let state = states.borrow_and_update().clone();
-            match state {
-                LeaderState::Leading { cancel, .. } if !cancel.is_cancelled() => return Ok(true),
-                LeaderState::Campaigning if Instant::now() < settle => {}
-                _ => return Ok(false),
-            }
-            if tokio::time::timeout_at(settle, states.changed())
-                .await
-                .is_err()
-            {
-                return Ok(entry.leader.is_leader());
-            }
-        }
-    }
-
-    fn start(
-        &self,
-        shared: &Arc<Shared>,
-        group: &LeaseName,
-        config: leasehold::LeaseConfig,
-        idle: Duration,
-    ) -> Result<TickGroup, ApiError> {
-        let stop = shared.stop.child_token();
-        let holder = shared.group_holder();
-        let lease = Lease::new(shared.store.clone(), group.clone(), config)
-            .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
-            .with_holder(holder);
-        let shutdown = stop.clone().cancelled_owned();
-        Ok(TickGroup {
-            leader: Leader::new(lease).start(shutdown),
-            started: Instant::now(),
-            activity: Mutex::new((Instant::now(), idle)),
-            stop,
-        })
-    }
-
-    /// Steps down from every group (releasing its lease), waiting at most `limit`.
-    pub(crate) async fn shut_down(&self, limit: Duration) {
-        let groups: Vec<_> = lock(&self.groups).drain().map(|(_, g)| g).collect();
-        for g in &groups {
-            g.stop.cancel();
-        }
-        let stopped = async {
-            for g in &groups {
-                let mut states = g.leader.watch();
-                let _ = states
-                    .wait_for(|s| matches!(s, LeaderState::Stopped | LeaderState::Failed { .. }))
-                    .await;
-            }
-        };
-        let _ = tokio::time::timeout(limit, stopped).await;
-    }
-}
-
-impl TickGroup {
-    async fn expire_when_idle(self: Arc<Self>) {
-        loop {
-            let (last, idle) = *lock(&self.activity);
-            tokio::select! {
-                () = self.stop.cancelled() => return,
-                () = tokio::time::sleep_until(last + idle) => {}
-            }
-            let (last, idle) = *lock(&self.activity);
-            if last + idle <= Instant::now() {
-                tracing::info!(group = %self.leader.group(), "no ticks in the group lately; stepping down");
-                self.stop.cancel();
-                return;
-            }
-        }
-    }
 }

@@ -372,6 +372,33 @@ async fn each_slot_runs_once_across_sidecars_and_feeds_the_history() {
     assert_eq!(ok, n, "every run recorded as ok");
 }
 
+/// A cron tick in a zone: the night Berlin skips 02:00-03:00, a 02:30 job's slot is the change
+/// (01:00 UTC), run once across sidecars; the history records the expression with its zone.
+#[tokio::test(start_paused = true)]
+async fn a_cron_tick_in_a_time_zone_runs_the_skipped_time_at_the_change() {
+    let store = FaultyStore::new();
+    let night = 1_806_195_480_000; // 2027-03-28T00:58:00Z, 01:58 CET
+    let offset = night - store.inner.now_millis().await.unwrap() as i64;
+    store
+        .faults
+        .clock_offset_ms
+        .store(offset, std::sync::atomic::Ordering::SeqCst);
+    let sidecars: Vec<Api> = (0..2).map(|i| Api::on(&store, &format!("s{i}"))).collect();
+    let body = json!({"cron": "30 2 * * *", "time_zone": "Europe/Berlin"});
+    let runs = run_ticks(&sidecars, "nightly", &body, Duration::from_secs(240)).await;
+    let slots: Vec<u64> = runs.iter().map(|r| r.0).collect();
+    // Yesterday's 02:30 CET (the latest slot when ticking starts), then the change.
+    assert_eq!(slots, [1_806_111_000_000, 1_806_195_600_000], "{runs:?}");
+    let history = leasehold::history::read(&store.inner, &LeaseName::new("nightly").unwrap(), 10)
+        .await
+        .unwrap();
+    assert!(!history.is_empty());
+    assert!(history.iter().all(|r| r.schedule
+        == Some(leasehold::history::RecordedSchedule::Cron(
+            "CRON_TZ=Europe/Berlin 30 2 * * *".into()
+        ))));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_run_still_going_makes_the_next_slot_busy_and_a_silent_run_is_taken_back() {
     let store = FaultyStore::new();
@@ -638,6 +665,18 @@ async fn bad_requests_get_a_json_error_naming_the_field() {
             "/v1/tasks/t/ticks",
             json!({"cron": "every day"}),
             "cron",
+        ),
+        (
+            "POST",
+            "/v1/tasks/t/ticks",
+            json!({"cron": "0 3 * * *", "time_zone": "Mars/Base"}),
+            "time_zone",
+        ),
+        (
+            "POST",
+            "/v1/tasks/t/ticks",
+            json!({"every_ms": 1000, "time_zone": "UTC"}),
+            "time_zone",
         ),
         (
             "POST",

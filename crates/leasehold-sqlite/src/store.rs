@@ -12,8 +12,8 @@ use leasehold::store::{
     Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
 use leasehold::{
-    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
-    Store, StoreError,
+    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
+    Release, Slots, Store, StoreError,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 use tokio::sync::Mutex;
@@ -587,7 +587,7 @@ impl Store for SqliteStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities::ALL.without(Capabilities::CATALOG)
     }
 
     /// One transaction for the whole batch.
@@ -765,6 +765,9 @@ impl Membership for SqliteStore {
         })
     }
 }
+
+// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
+impl Catalog for SqliteStore {}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl SqliteConfig {

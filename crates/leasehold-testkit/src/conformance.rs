@@ -5,14 +5,14 @@
 use std::future::Future;
 use std::time::Instant;
 
-use leasehold::{Membership, Purge, Slots};
+use leasehold::{Catalog, Membership, Purge, Slots};
 
 /// Runs every check of `leasehold::conformance`, all at once, each on the store
 /// `store_for(check name)` yields (clones of one store, or a store with a key prefix per
 /// check), printing each outcome and its duration, and panics naming the checks that failed.
 pub async fn run_all<S, F, Fut>(mut store_for: F)
 where
-    S: Slots + Purge + Membership,
+    S: Slots + Purge + Membership + Catalog,
     F: FnMut(&'static str) -> Fut,
     Fut: Future<Output = S>,
 {

@@ -13,8 +13,9 @@
 
 use std::time::Duration;
 
+use crate::catalog::{CATALOG_RETENTION, Registration, TaskRecord, Versioned};
 use crate::store_api::{
-    Acquisition, Capabilities, Membership, Purge, Release, Renewal, SlotClaim, Slots,
+    Acquisition, Capabilities, Catalog, Membership, Purge, Release, Renewal, SlotClaim, Slots,
 };
 use crate::{FencingToken, HolderId, Lease, LeaseConfig, LeaseName, TryAcquire};
 
@@ -32,7 +33,7 @@ fn holder(tag: &str) -> HolderId {
     HolderId::new(format!("{tag}-{:08x}", fastrand::u32(..))).expect("valid holder")
 }
 
-async fn acquired<S: Slots + Purge + Membership>(
+async fn acquired<S: Slots + Purge + Membership + Catalog>(
     store: &S,
     name: &LeaseName,
     who: &HolderId,
@@ -49,7 +50,7 @@ async fn acquired<S: Slots + Purge + Membership>(
 }
 
 /// A free lease is acquired; a second holder is told who holds it and for how long.
-pub async fn acquire_then_busy<S: Slots + Purge + Membership>(store: S) {
+pub async fn acquire_then_busy<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (name, a, b) = (unique_name("busy"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, LONG_TTL).await;
     assert!(token.get() >= 1, "tokens start above zero");
@@ -67,7 +68,9 @@ pub async fn acquire_then_busy<S: Slots + Purge + Membership>(store: S) {
 
 /// Re-acquiring by the current holder starts a new tenure: a higher token, and the older
 /// tenure's renew and release change nothing (a token names exactly one tenure).
-pub async fn reacquire_by_holder_starts_a_new_tenure<S: Slots + Purge + Membership>(store: S) {
+pub async fn reacquire_by_holder_starts_a_new_tenure<S: Slots + Purge + Membership + Catalog>(
+    store: S,
+) {
     let (name, a) = (unique_name("reacquire"), holder("a"));
     let first = acquired(&store, &name, &a, LONG_TTL).await;
     let second = acquired(&store, &name, &a, LONG_TTL).await;
@@ -97,7 +100,9 @@ pub async fn reacquire_by_holder_starts_a_new_tenure<S: Slots + Purge + Membersh
 
 /// The first token of a name the store has never seen is seeded from the store's clock
 /// (ms × 1000), so recreating the store's tables never hands out a lower token than before.
-pub async fn new_names_start_tokens_from_the_clock<S: Slots + Purge + Membership>(store: S) {
+pub async fn new_names_start_tokens_from_the_clock<S: Slots + Purge + Membership + Catalog>(
+    store: S,
+) {
     let (name, a) = (unique_name("seed"), holder("a"));
     let before = store.now_millis().await.unwrap();
     let token = acquired(&store, &name, &a, LONG_TTL).await;
@@ -111,7 +116,9 @@ pub async fn new_names_start_tokens_from_the_clock<S: Slots + Purge + Membership
 
 /// Dropping a guard and at once acquiring again through the same [`Lease`]: the new guard's
 /// tenure survives the dropped guard's background release, and a second instance stays out.
-pub async fn drop_then_reacquire_keeps_the_new_tenure<S: Slots + Purge + Membership>(store: S) {
+pub async fn drop_then_reacquire_keeps_the_new_tenure<S: Slots + Purge + Membership + Catalog>(
+    store: S,
+) {
     let name = unique_name("drop-reacquire");
     let config = LeaseConfig::new(LONG_TTL);
     let lease = Lease::new(store.clone(), name.clone(), config).unwrap();
@@ -144,7 +151,7 @@ pub async fn drop_then_reacquire_keeps_the_new_tenure<S: Slots + Purge + Members
 }
 
 /// Only the holder with the right token renews; renewal extends the remaining time.
-pub async fn renew_only_by_holder_with_token<S: Slots + Purge + Membership>(store: S) {
+pub async fn renew_only_by_holder_with_token<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (name, a, b) = (unique_name("renew"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, SHORT_TTL).await;
     assert_eq!(
@@ -173,7 +180,9 @@ pub async fn renew_only_by_holder_with_token<S: Slots + Purge + Membership>(stor
 /// `renew_many` answers each lease as `renew` would, in order: renewed when `holder` holds it
 /// with that token, lost when released, never acquired, held with another token or by another
 /// holder; renewed leases are extended.
-pub async fn renew_many_answers_each_lease_in_order<S: Slots + Purge + Membership>(store: S) {
+pub async fn renew_many_answers_each_lease_in_order<S: Slots + Purge + Membership + Catalog>(
+    store: S,
+) {
     let (a, b) = (holder("a"), holder("b"));
     let names: Vec<LeaseName> = (0..5).map(|i| unique_name(&format!("many{i}"))).collect();
     let t0 = acquired(&store, &names[0], &a, SHORT_TTL).await;
@@ -217,7 +226,9 @@ pub async fn renew_many_answers_each_lease_in_order<S: Slots + Purge + Membershi
 /// `purge` deletes records free for at least the retention and nothing else; a purged name's
 /// next token is still above every earlier one. (Other checks share the server: the retention
 /// is longer than any of them keeps a free record it still reads.)
-pub async fn purge_removes_only_long_free_records<S: Slots + Purge + Membership>(store: S) {
+pub async fn purge_removes_only_long_free_records<S: Slots + Purge + Membership + Catalog>(
+    store: S,
+) {
     const RETENTION: Duration = Duration::from_secs(3);
     let (old, recent, live, a) = (
         unique_name("purge-old"),
@@ -251,7 +262,7 @@ pub async fn purge_removes_only_long_free_records<S: Slots + Purge + Membership>
 }
 
 /// Only the holder with the right token releases; afterwards another holder gets a new token.
-pub async fn release_only_by_holder_with_token<S: Slots + Purge + Membership>(store: S) {
+pub async fn release_only_by_holder_with_token<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (name, a, b) = (unique_name("release"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, LONG_TTL).await;
     assert_eq!(
@@ -283,7 +294,7 @@ pub async fn release_only_by_holder_with_token<S: Slots + Purge + Membership>(st
 
 /// An expired lease goes to the next holder with a higher token; the old holder can neither
 /// renew nor release it.
-pub async fn expiry_hands_over<S: Slots + Purge + Membership>(store: S) {
+pub async fn expiry_hands_over<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (name, a, b) = (unique_name("expiry"), holder("a"), holder("b"));
     let token = acquired(&store, &name, &a, SHORT_TTL).await;
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(150)).await;
@@ -307,7 +318,7 @@ pub async fn expiry_hands_over<S: Slots + Purge + Membership>(store: S) {
 }
 
 /// An expired lease that nobody took cannot be renewed back to life.
-pub async fn renew_after_expiry_is_lost<S: Slots + Purge + Membership>(store: S) {
+pub async fn renew_after_expiry_is_lost<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (name, a) = (unique_name("late-renew"), holder("a"));
     let token = acquired(&store, &name, &a, SHORT_TTL).await;
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(150)).await;
@@ -321,7 +332,7 @@ pub async fn renew_after_expiry_is_lost<S: Slots + Purge + Membership>(store: S)
 }
 
 /// Tokens strictly increase across releases and expiries, alternating holders.
-pub async fn tokens_strictly_increase<S: Slots + Purge + Membership>(store: S) {
+pub async fn tokens_strictly_increase<S: Slots + Purge + Membership + Catalog>(store: S) {
     let name = unique_name("tokens");
     let holders = [holder("a"), holder("b"), holder("c")];
     let mut last = FencingToken(0);
@@ -344,7 +355,7 @@ pub async fn tokens_strictly_increase<S: Slots + Purge + Membership>(store: S) {
 }
 
 /// Tokens are kept per name: acquiring one name does not move another's counter backwards.
-pub async fn tokens_are_per_name<S: Slots + Purge + Membership>(store: S) {
+pub async fn tokens_are_per_name<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (x, y, a) = (
         unique_name("per-name-x"),
         unique_name("per-name-y"),
@@ -360,7 +371,7 @@ pub async fn tokens_are_per_name<S: Slots + Purge + Membership>(store: S) {
 
 /// Inspect shows nothing for an unknown name, the holder while held, and keeps the token after
 /// release.
-pub async fn inspect_reports_state<S: Slots + Purge + Membership>(store: S) {
+pub async fn inspect_reports_state<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (name, a) = (unique_name("inspect"), holder("a"));
     assert_eq!(store.inspect(&name).await.unwrap(), None);
     let token = acquired(&store, &name, &a, LONG_TTL).await;
@@ -377,7 +388,7 @@ pub async fn inspect_reports_state<S: Slots + Purge + Membership>(store: S) {
 
 /// Slot claims only move forward: the first claim of a slot wins, a repeat or an older slot
 /// does not, and tasks are independent.
-pub async fn slot_claims_move_forward<S: Slots + Purge + Membership>(store: S) {
+pub async fn slot_claims_move_forward<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (task, other) = (unique_name("slots"), unique_name("slots-other"));
     assert_eq!(
         store.claim_slot(&task, 10).await.unwrap(),
@@ -412,7 +423,7 @@ pub async fn slot_claims_move_forward<S: Slots + Purge + Membership>(store: S) {
 }
 
 /// Many racers for one free lease: exactly one wins. Many racers for one slot: exactly one claims.
-pub async fn concurrent_racers_one_winner<S: Slots + Purge + Membership>(store: S) {
+pub async fn concurrent_racers_one_winner<S: Slots + Purge + Membership + Catalog>(store: S) {
     let name = unique_name("race");
     let racers: Vec<_> = (0..16)
         .map(|i| {
@@ -448,7 +459,7 @@ pub async fn concurrent_racers_one_winner<S: Slots + Purge + Membership>(store: 
 }
 
 /// The store's clock is close to wall time and does not go backwards.
-pub async fn clock_is_sane<S: Slots + Purge + Membership>(store: S) {
+pub async fn clock_is_sane<S: Slots + Purge + Membership + Catalog>(store: S) {
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -461,7 +472,7 @@ pub async fn clock_is_sane<S: Slots + Purge + Membership>(store: S) {
 }
 
 /// Every allowed character and the longest allowed name work as lease names.
-pub async fn names_round_trip<S: Slots + Purge + Membership>(store: S) {
+pub async fn names_round_trip<S: Slots + Purge + Membership + Catalog>(store: S) {
     let a = holder("a");
     let odd = LeaseName::new(format!("a-b_c.d:e/F9/{:08x}", fastrand::u32(..))).unwrap();
     let long = LeaseName::new(format!("{:016x}{}", fastrand::u64(..), "x".repeat(112))).unwrap();
@@ -477,7 +488,7 @@ pub async fn names_round_trip<S: Slots + Purge + Membership>(store: S) {
 }
 
 /// Where the store has release notifications, a waiter hears about a release promptly.
-pub async fn release_notifies_waiters<S: Slots + Purge + Membership>(store: S) {
+pub async fn release_notifies_waiters<S: Slots + Purge + Membership + Catalog>(store: S) {
     let Some(mut sub) = store.subscribe_releases() else {
         return;
     };
@@ -496,7 +507,7 @@ pub async fn release_notifies_waiters<S: Slots + Purge + Membership>(store: S) {
 
 /// A [`Lease`] guard on this store keeps its lease across several ttls, then hands it over on
 /// release; a waiting [`Lease::acquire`] takes it.
-pub async fn guard_renews_and_hands_over<S: Slots + Purge + Membership>(store: S) {
+pub async fn guard_renews_and_hands_over<S: Slots + Purge + Membership + Catalog>(store: S) {
     let name = unique_name("guard");
     let config = LeaseConfig::new(SHORT_TTL);
     let first = Lease::new(store.clone(), name.clone(), config).unwrap();
@@ -523,7 +534,7 @@ pub async fn guard_renews_and_hands_over<S: Slots + Purge + Membership>(store: S
 }
 
 /// `last_slot` reads the highest claimed slot; tasks are independent.
-pub async fn last_slot_reads_the_highest_claim<S: Slots + Purge + Membership>(store: S) {
+pub async fn last_slot_reads_the_highest_claim<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (task, other) = (unique_name("last-slot"), unique_name("last-slot-other"));
     assert_eq!(store.last_slot(&task).await.unwrap(), None);
     store.claim_slot(&task, 1_700_000_000_000).await.unwrap();
@@ -537,7 +548,7 @@ pub async fn last_slot_reads_the_highest_claim<S: Slots + Purge + Membership>(st
 
 /// History entries are replaced by key, kept newest-first up to the limit, trimmed to `keep`,
 /// per task, and come back byte for byte (JSON with quotes, backslashes, non-ASCII).
-pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership>(store: S) {
+pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (task, other) = (unique_name("history"), unique_name("history-other"));
     assert!(store.history(&task, 10).await.unwrap().is_empty());
     let odd = r#"{"error":"exit \"3\" — ünïcode\n"}"#;
@@ -576,7 +587,7 @@ pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership>(s
 /// `members` refreshes the caller's entry and answers the live members of that group only,
 /// sorted; an entry not refreshed within its ttl drops out, a refreshed one stays, and `leave`
 /// removes one at once. (A store without membership answers `Unsupported` and is not checked.)
-pub async fn members_expire_refresh_and_leave<S: Slots + Purge + Membership>(store: S) {
+pub async fn members_expire_refresh_and_leave<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (group, other) = (unique_name("members"), unique_name("members-other"));
     let (a, b, c) = (holder("a"), holder("b"), holder("c"));
     // Long enough that a loaded host's scheduling delays (tens of ms) stay well inside the
@@ -624,9 +635,206 @@ pub async fn members_expire_refresh_and_leave<S: Slots + Purge + Membership>(sto
     store.leave(&other, &c).await.unwrap();
 }
 
+/// The tasks of one check, out of every task in the catalog (other checks share the server).
+async fn tasks_named<S: Catalog>(
+    store: &S,
+    names: &[&LeaseName],
+    forget: Duration,
+) -> Vec<TaskRecord> {
+    let all = store.tasks(forget).await.expect("tasks");
+    let sorted = all.windows(2).all(|w| w[0].task < w[1].task);
+    assert!(sorted, "tasks come sorted by name");
+    all.into_iter()
+        .filter(|t| names.contains(&&t.task))
+        .collect()
+}
+
+/// Instances register tasks with a heartbeat: the last definition is kept, expired instances
+/// show zero remaining until they are forgotten, leaving removes at once, and a task nobody ran
+/// for the retention (and without a control record) drops out.
+pub async fn catalog_registers_tasks_with_heartbeats<S: Slots + Purge + Membership + Catalog>(
+    store: S,
+) {
+    if !store.capabilities().contains(Capabilities::CATALOG) {
+        return; // checked by capabilities_are_declared_truly
+    }
+    let (task, other) = (unique_name("cat-task"), unique_name("cat-other"));
+    let (a, b) = (holder("a"), holder("b"));
+    let forget = Duration::from_millis(900);
+    let register = |instance: HolderId, definition: &'static str, ttl: Duration| {
+        let (store, task) = (store.clone(), task.clone());
+        async move {
+            let r = Registration {
+                task: &task,
+                definition,
+                instance: &instance,
+                about: "{\"version\":\"test\"}",
+                ttl,
+                forget_after: forget,
+            };
+            store.register(&r).await.expect("register")
+        }
+    };
+    assert_eq!(
+        register(a.clone(), "{\"v\":1}", LONG_TTL).await,
+        None,
+        "no control record yet"
+    );
+    register(b.clone(), "{\"v\":2}", SHORT_TTL).await;
+    let listed = tasks_named(&store, &[&task, &other], CATALOG_RETENTION).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let t = &listed[0];
+    assert_eq!(
+        t.definition.as_deref(),
+        Some("{\"v\":2}"),
+        "the last writer's definition"
+    );
+    assert_eq!(t.control, None);
+    let names: Vec<&HolderId> = t.instances.iter().map(|i| &i.instance).collect();
+    let mut expected = vec![&a, &b];
+    expected.sort();
+    assert_eq!(names, expected, "live instances sorted");
+    assert_eq!(t.instances[0].about, "{\"version\":\"test\"}");
+    assert!(
+        t.instances
+            .iter()
+            .all(|i| i.remaining > Duration::ZERO && i.remaining <= LONG_TTL)
+    );
+
+    // b's heartbeat expires: it is still listed, with nothing remaining, after the live one.
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(200)).await;
+    let t = tasks_named(&store, &[&task], CATALOG_RETENTION)
+        .await
+        .remove(0);
+    let seen: Vec<(&HolderId, bool)> = t
+        .instances
+        .iter()
+        .map(|i| (&i.instance, i.remaining.is_zero()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(&a, false), (&b, true)],
+        "expired instances come last"
+    );
+
+    // Forgotten once expired for longer than the retention.
+    tokio::time::sleep(forget).await;
+    register(a.clone(), "{\"v\":3}", SHORT_TTL).await;
+    let t = tasks_named(&store, &[&task], forget).await.remove(0);
+    let seen: Vec<&HolderId> = t.instances.iter().map(|i| &i.instance).collect();
+    assert_eq!(seen, vec![&a], "b forgotten");
+
+    store.unregister(&task, &a).await.expect("unregister");
+    store.unregister(&task, &a).await.expect("unregister twice");
+    let gone = tasks_named(&store, &[&task], forget).await;
+    assert!(gone.iter().all(|t| t.instances.is_empty()), "{gone:?}");
+    // Nobody left and no control record: the task drops out.
+    let t = tasks_named(&store, &[&task], forget).await;
+    assert!(t.is_empty(), "a task nobody runs drops out: {t:?}");
+}
+
+/// A task's control record is written by compare-and-set, read with the store's clock in one
+/// answer, returned by registration, and keeps a task listed with no instance.
+pub async fn control_records_are_compare_and_set<S: Slots + Purge + Membership + Catalog>(
+    store: S,
+) {
+    if !store.capabilities().contains(Capabilities::CATALOG) {
+        return; // checked by capabilities_are_declared_truly
+    }
+    let task = unique_name("cat-control");
+    let before = store.now_millis().await.expect("clock");
+    let read = store.control(&task).await.expect("control");
+    assert_eq!(read.control, None);
+    assert!(
+        read.now_ms + 5_000 >= before && read.now_ms <= before + 5_000,
+        "{read:?} vs {before}"
+    );
+    assert_eq!(
+        store.set_control(&task, None, "one").await.unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        store.set_control(&task, None, "lost race").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.set_control(&task, Some(2), "stale").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.set_control(&task, Some(1), "two").await.unwrap(),
+        Some(2)
+    );
+    let read = store.control(&task).await.unwrap();
+    let two = Versioned {
+        version: 2,
+        value: "two".to_owned(),
+    };
+    assert_eq!(read.control.as_ref(), Some(&two));
+    let listed = tasks_named(&store, &[&task], CATALOG_RETENTION).await;
+    assert_eq!(
+        listed.len(),
+        1,
+        "a task with only a control record is listed"
+    );
+    assert_eq!(
+        (listed[0].definition.as_ref(), listed[0].control.as_ref()),
+        (None, Some(&two))
+    );
+    let who = holder("a");
+    let r = Registration {
+        task: &task,
+        definition: "{}",
+        instance: &who,
+        about: "{}",
+        ttl: LONG_TTL,
+        forget_after: CATALOG_RETENTION,
+    };
+    assert_eq!(
+        store.register(&r).await.unwrap(),
+        Some(two),
+        "registration answers the control"
+    );
+    store.unregister(&task, &who).await.unwrap();
+}
+
+/// Every lease record is listed, held or free, with what `inspect` would say.
+pub async fn leases_lists_every_record<S: Slots + Purge + Membership + Catalog>(store: S) {
+    if !store.capabilities().contains(Capabilities::CATALOG) {
+        return; // checked by capabilities_are_declared_truly
+    }
+    let (held, free, who) = (
+        unique_name("list-held"),
+        unique_name("list-free"),
+        holder("a"),
+    );
+    let held_token = acquired(&store, &held, &who, LONG_TTL).await;
+    let free_token = acquired(&store, &free, &who, LONG_TTL).await;
+    store.release(&free, &who, free_token).await.unwrap();
+    let all = store.leases(1_000_000).await.expect("leases");
+    assert!(
+        all.windows(2).all(|w| w[0].name < w[1].name),
+        "sorted by name"
+    );
+    let find = |name: &LeaseName| {
+        all.iter()
+            .find(|l| &l.name == name)
+            .map(|l| l.state.clone())
+    };
+    let held_state = find(&held).expect("the held lease is listed");
+    assert_eq!(
+        (held_state.holder, held_state.token),
+        (Some(who.clone()), held_token)
+    );
+    let free_state = find(&free).expect("the free lease is listed");
+    assert_eq!((free_state.holder, free_state.token), (None, free_token));
+    assert!(store.leases(1).await.unwrap().len() <= 1, "the limit holds");
+    store.release(&held, &who, held_token).await.unwrap();
+}
+
 /// Every store declares the capabilities it answers: a declared one answers (the checks above
 /// exercise each), an undeclared one answers [`StoreError::Unsupported`](crate::StoreError).
-pub async fn capabilities_are_declared_truly<S: Slots + Purge + Membership>(store: S) {
+pub async fn capabilities_are_declared_truly<S: Slots + Purge + Membership + Catalog>(store: S) {
     let caps = store.capabilities();
     let (task, who) = (unique_name("caps"), holder("caps"));
     let unsupported = |e: &crate::StoreError| matches!(e, crate::StoreError::Unsupported(_));
@@ -665,7 +873,9 @@ macro_rules! for_each_conformance_check {
             concurrent_racers_one_winner, clock_is_sane, names_round_trip,
             release_notifies_waiters, guard_renews_and_hands_over,
             last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact,
-            members_expire_refresh_and_leave, capabilities_are_declared_truly}
+            members_expire_refresh_and_leave, catalog_registers_tasks_with_heartbeats,
+            control_records_are_compare_and_set, leases_lists_every_record,
+            capabilities_are_declared_truly}
     };
 }
 

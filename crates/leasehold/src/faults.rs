@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use std::any::Any;
 use std::future::Future;
 
+use crate::catalog::ControlRead;
 use crate::store_api::{Answer, Capabilities, Layer, Renewal, StoreResult};
 use crate::{MemoryStore, Store, StoreError};
 
@@ -30,7 +31,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Faults {
     /// Every operation fails with `Unavailable`.
     pub down: AtomicBool,
-    /// Only `now_millis` fails with `Unavailable` (the other operations answer).
+    /// Only the clock (`now_millis`, and `control` which reads it) fails with `Unavailable`
+    /// (the other operations answer).
     pub clock_down: AtomicBool,
     /// Every operation is refused (`Rejected`), as with a key of the wrong type.
     pub refuse: AtomicBool,
@@ -153,7 +155,8 @@ impl<S: Store> Layer for FaultyStore<S> {
                     sleep_ms(&faults.claim_delay_ms).await;
                     self.check()?;
                 }
-                "now_millis" if faults.clock_down.load(Ordering::SeqCst) => {
+                // A tick reads the clock through `control` where the store keeps a catalog.
+                "now_millis" | "control" if faults.clock_down.load(Ordering::SeqCst) => {
                     return Err(StoreError::unavailable("injected clock outage", "no clock"));
                 }
                 "members" if faults.members_unsupported.load(Ordering::SeqCst) => {
@@ -185,10 +188,13 @@ impl<S: Store> Layer for FaultyStore<S> {
                         }
                     }
                 }
-                "now_millis" => {
+                "now_millis" | "control" => {
                     let offset = faults.clock_offset_ms.load(Ordering::SeqCst);
                     if let Some(Ok(ms)) = as_mut::<_, StoreResult<u64>>(&mut answer) {
                         *ms = ms.saturating_add_signed(offset);
+                    }
+                    if let Some(Ok(read)) = as_mut::<_, StoreResult<ControlRead>>(&mut answer) {
+                        read.now_ms = read.now_ms.saturating_add_signed(offset);
                     }
                 }
                 _ => {}

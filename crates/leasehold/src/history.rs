@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use tokio::sync::{mpsc, oneshot};
+
+use crate::catalog::Pause;
 use crate::store_api::{Slots, StoreError};
 use crate::{FencingToken, LeaseName};
 
@@ -138,8 +141,24 @@ impl RunOutcome {
 pub enum RecordedSchedule {
     /// `Schedule::Every`, in ms.
     EveryMs(u64),
-    /// `Schedule::Cron`, the expression.
+    /// `Schedule::Cron`, the expression as [`CronSchedule::expr`](crate::CronSchedule::expr)
+    /// gives it: `CRON_TZ=ZONE ` before it unless its zone is UTC, so `Schedule::cron` reads
+    /// it back with its zone. The zone travels inside the string, so records stay readable
+    /// by releases from before zones (and theirs, which carry none, are UTC).
     Cron(String),
+}
+
+impl RecordedSchedule {
+    /// How `schedule` is recorded.
+    pub fn of(schedule: &crate::Schedule) -> Self {
+        match schedule {
+            crate::Schedule::Every(d) => {
+                Self::EveryMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            }
+            #[cfg(feature = "cron")]
+            crate::Schedule::Cron(c) => Self::Cron(c.expr().to_owned()),
+        }
+    }
 }
 
 /// One entry of a task's run history.
@@ -173,9 +192,53 @@ pub struct RunRecord {
     /// The task's schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<RecordedSchedule>,
+    /// For a slot that fell while the task was paused: who paused it and why. (Such a slot is
+    /// recorded as missed, not claimed by a run, which releases without this field read.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Pause>,
+    /// For a manual run asked for through the catalog (`leasehold trigger`): the request's id
+    /// and who asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RunRequest>,
+}
+
+/// Who asked for a manual run, as its history record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// The trigger's id ([`TriggerRequest::id`](crate::catalog::TriggerRequest::id)).
+    pub id: String,
+    /// Who asked.
+    pub by: String,
 }
 
 impl RunRecord {
+    /// `count` slots from `first` to `last_slot` that did not run, for `reason`, as `holder`
+    /// saw it.
+    pub fn missed(
+        first: u64,
+        count: u64,
+        last_slot: u64,
+        reason: MissReason,
+        holder: impl fmt::Display,
+    ) -> Self {
+        Self {
+            slot: Some(first),
+            trigger: None,
+            holder: holder.to_string(),
+            token: None,
+            started_ms: None,
+            ended_ms: None,
+            outcome: RunOutcome::Missed {
+                count,
+                last_slot,
+                reason,
+            },
+            schedule: None,
+            paused: None,
+            request: None,
+        }
+    }
+
     /// A run that started at `started_ms` and is still running: of `slot` for timer and
     /// catch-up runs, `None` for manual ones. (For code outside the scheduler that runs gated
     /// work, such as the sidecar, to keep the same history.)
@@ -196,6 +259,8 @@ impl RunRecord {
             ended_ms: None,
             outcome: RunOutcome::Running,
             schedule,
+            paused: None,
+            request: None,
         }
     }
 
@@ -254,6 +319,70 @@ mod token_as_string {
     }
 }
 
+enum Write {
+    Record(LeaseName, Box<RunRecord>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Where runs and misses are recorded: a queue to one writer task, so a record never adds a
+/// round trip to a run's critical path and the records of one task land in order. A record that
+/// cannot be queued (1024 waiting) or written is dropped (counted in
+/// `leasehold_history_dropped_total`, warned about once); it never stops a run.
+#[derive(Clone)]
+pub struct HistoryWriter(mpsc::Sender<Write>);
+
+impl HistoryWriter {
+    /// Starts the writer on `store`, keeping the newest `keep` entries per task and giving each
+    /// write at most `limit`.
+    pub fn spawn<S: Slots>(store: S, keep: usize, limit: Duration) -> Self {
+        let (tx, mut rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            let mut warned = false;
+            while let Some(write) = rx.recv().await {
+                let (task, record) = match write {
+                    Write::Flush(done) => {
+                        let _ = done.send(());
+                        continue;
+                    }
+                    Write::Record(task, record) => (task, record),
+                };
+                let json = record.to_json();
+                let write = store.record_history(&task, record.key(), &json, keep);
+                match crate::store::within(limit, write).await {
+                    Ok(()) => {}
+                    // A store without history: nothing to warn about.
+                    Err(StoreError::Unsupported(_)) => {}
+                    Err(e) if !warned => {
+                        warned = true;
+                        tracing::warn!(task = %task, error = %e, "run history not recorded (further failures at debug level)");
+                    }
+                    Err(e) => tracing::debug!(task = %task, error = %e, "run history not recorded"),
+                }
+            }
+        });
+        Self(tx)
+    }
+
+    /// Queues `record` for `task`.
+    pub fn record(&self, task: &LeaseName, record: RunRecord) {
+        if self
+            .0
+            .try_send(Write::Record(task.clone(), Box::new(record)))
+            .is_err()
+        {
+            metrics::counter!("leasehold_history_dropped_total").increment(1);
+        }
+    }
+
+    /// Waits until every record queued so far was written (or given up), at most `limit`.
+    pub async fn flush(&self, limit: Duration) {
+        let (done, wait) = oneshot::channel();
+        if self.0.send(Write::Flush(done)).await.is_ok() {
+            let _ = tokio::time::timeout(limit, wait).await;
+        }
+    }
+}
+
 /// The newest `limit` records of `task`, newest first.
 pub async fn read<S: Slots>(
     store: &S,
@@ -272,6 +401,32 @@ pub async fn read<S: Slots>(
 mod tests {
     use super::*;
 
+    /// A cron schedule's zone is recorded inside the expression: the record's JSON has the
+    /// shape it always had (old records read as UTC), and reading it back gives the same slots.
+    #[cfg(feature = "cron")]
+    #[test]
+    fn a_zoned_cron_schedule_is_recorded_in_the_old_shape_and_reads_back() {
+        let berlin = crate::Schedule::cron_in("30 2 * * *", "Europe/Berlin").unwrap();
+        let recorded = RecordedSchedule::of(&berlin);
+        assert_eq!(
+            serde_json::to_string(&recorded).unwrap(),
+            r#"{"cron":"CRON_TZ=Europe/Berlin 30 2 * * *"}"#
+        );
+        let RecordedSchedule::Cron(expr) = &recorded else {
+            panic!("{recorded:?}")
+        };
+        let back = crate::Schedule::cron(expr).unwrap();
+        let night = 1_806_184_800_000; // 2027-03-27T22:00:00Z
+        assert_eq!(back.next_after(night), berlin.next_after(night));
+        let old: RecordedSchedule = serde_json::from_str(r#"{"cron":"0 0 3 * * *"}"#).unwrap();
+        assert_eq!(old, RecordedSchedule::Cron("0 0 3 * * *".into()));
+        let every = crate::Schedule::every(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            RecordedSchedule::of(&every),
+            RecordedSchedule::EveryMs(30_000)
+        );
+    }
+
     #[test]
     fn records_round_trip_through_json_with_exact_tokens() {
         let run = RunRecord {
@@ -285,6 +440,8 @@ mod tests {
                 error: "exit status 3".into(),
             },
             schedule: Some(RecordedSchedule::Cron("0 0 3 * * *".into())),
+            paused: None,
+            request: None,
         };
         let json = run.to_json();
         assert!(json.contains("\"token\":\"9007199254740993\""), "{json}");
@@ -306,6 +463,8 @@ mod tests {
                 reason: MissReason::StoreDown,
             },
             schedule: None,
+            paused: None,
+            request: None,
         };
         assert_eq!(RunRecord::from_json(&missed.to_json()).unwrap(), missed);
         assert!(matches!(

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -265,7 +265,7 @@ pub(crate) type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
 /// State the guard, its renewer and its [`Lease`] handle share.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) deadline: Mutex<Instant>,
+    deadline: Mutex<Instant>,
     lost: OnceLock<LossReason>,
     /// Fires on loss, release or drop.
     pub(crate) cancel: CancellationToken,
@@ -274,6 +274,8 @@ pub(crate) struct Shared {
     /// many guards of a session are never asked for it).
     expiring: AtomicBool,
     expiring_token: OnceLock<CancellationToken>,
+    /// The deadline's updates, made (like `expiring_token`) only when someone subscribes.
+    deadline_updates: OnceLock<watch::Sender<Instant>>,
 }
 
 /// A cheap, clonable view of whether a guard still holds its lease, for [`TaskContext`]
@@ -295,6 +297,18 @@ impl HeldProbe {
     }
 }
 
+// Beside the probe whose guard it reads.
+impl crate::TaskContext {
+    /// The task lease's local deadline, updated with every confirmed renewal (see
+    /// [`LeaseGuard::deadline_updates`]); `None` when the run holds no task lease.
+    pub fn lease_deadline(&self) -> Option<watch::Receiver<Instant>> {
+        self.held.iter().find_map(|probe| match probe {
+            HeldProbe::Guard(shared) => Some(shared.deadline_updates()),
+            HeldProbe::Token(_) => None,
+        })
+    }
+}
+
 impl Shared {
     /// Records the loss (the first reason wins) and tells the work. The cancellation comes
     /// before any logging: a log write that fails must never keep the work running.
@@ -305,6 +319,7 @@ impl Shared {
             cancel: CancellationToken::new(),
             expiring: AtomicBool::new(false),
             expiring_token: OnceLock::new(),
+            deadline_updates: OnceLock::new(),
         })
     }
 
@@ -345,6 +360,27 @@ impl Shared {
 
     pub(crate) fn deadline(&self) -> Instant {
         *lock(&self.deadline)
+    }
+
+    /// Records a confirmed renewal's deadline, and tells the subscribers.
+    pub(crate) fn set_deadline(&self, deadline: Instant) {
+        *lock(&self.deadline) = deadline;
+        if let Some(updates) = self.deadline_updates.get() {
+            updates.send_replace(deadline);
+        }
+    }
+
+    /// The deadline and its updates. The current value is read under the watch's lock, so an
+    /// update racing with the first subscription is never lost.
+    pub(crate) fn deadline_updates(&self) -> watch::Receiver<Instant> {
+        let updates = self
+            .deadline_updates
+            .get_or_init(|| watch::Sender::new(self.deadline()));
+        updates.send_if_modified(|seen| {
+            let current = self.deadline();
+            std::mem::replace(seen, current) != current
+        });
+        updates.subscribe()
     }
 }
 
@@ -494,6 +530,13 @@ impl LeaseGuard {
         self.shared.deadline()
     }
 
+    /// The local [`deadline`](Self::deadline), updated with every confirmed renewal: for a
+    /// watchdog that must stop the work by its own clock should this process be frozen (the
+    /// `leasehold run` supervisor). The value only ever moves later while the lease is held.
+    pub fn deadline_updates(&self) -> watch::Receiver<Instant> {
+        self.shared.deadline_updates()
+    }
+
     pub(crate) fn probe(&self) -> HeldProbe {
         HeldProbe::Guard(self.shared.clone())
     }
@@ -624,7 +667,7 @@ impl<S: Store> Renewer<S> {
             Ok(Ok(Renewal::Renewed)) => {
                 self.deadline = sent + self.config.ttl - self.config.drift_margin;
                 self.next_renewal = sent + self.config.renew_interval;
-                *lock(&self.shared.deadline) = self.deadline;
+                self.shared.set_deadline(self.deadline);
             }
             Ok(Ok(Renewal::Lost)) => self.lose(LossReason::TakenOver),
             Ok(Err(e)) => {

@@ -1,7 +1,11 @@
 #![doc = include_str!("../README.md")]
 
+pub mod catalog;
 mod config;
+#[cfg(feature = "cron")]
+mod cron;
 mod feed;
+pub mod gate;
 pub mod history;
 mod leader;
 mod lease;
@@ -22,12 +26,12 @@ pub mod conformance;
 pub mod faults;
 
 pub use config::{ConfigError, LeaseConfig};
+#[cfg(feature = "cron")]
+pub use cron::{CronField, CronProblem, CronSchedule};
 pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
-#[cfg(feature = "cron")]
-pub use schedule::CronSchedule;
 pub use schedule::{Schedule, ScheduleError};
 pub use scheduler::{
     CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,
@@ -35,7 +39,8 @@ pub use scheduler::{
 };
 pub use session::{DEFAULT_SESSION_RETENTION, LeaseSession, MAX_RENEW_BATCH};
 pub use store_api::{
-    BoxStore, Capabilities, LeaseState, Membership, Purge, Release, Slots, Store, StoreError,
+    BoxStore, Capabilities, Catalog, LeaseState, Membership, Purge, Release, Slots, Store,
+    StoreError,
 };
 
 /// What a [`Store`] implementation works with beyond the items at the crate root: the answers of

@@ -7,10 +7,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+use crate::catalog::{
+    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 use crate::notify::{ReleaseHub, ReleaseSubscription};
 use crate::store_api::{
-    Acquisition, Capabilities, LeaseState, Membership, Purge, Release, Renewal, SlotClaim, Slots,
-    Store, StoreResult,
+    Acquisition, Capabilities, Catalog, LeaseState, Membership, Purge, Release, Renewal, SlotClaim,
+    Slots, Store, StoreResult,
 };
 use crate::{FencingToken, HolderId, LeaseName};
 
@@ -36,6 +39,7 @@ struct State {
     history: HashMap<LeaseName, std::collections::BTreeMap<u64, String>>,
     /// Per group: each member's expiry.
     members: HashMap<LeaseName, HashMap<HolderId, Instant>>,
+    catalog: HashMap<LeaseName, CatalogEntry>,
     /// Wall-clock time at `origin`, so `now_millis` advances with tokio's (maybe paused) clock.
     origin: Instant,
     origin_millis: u64,
@@ -48,6 +52,7 @@ impl Default for State {
             slots: HashMap::new(),
             history: HashMap::new(),
             members: HashMap::new(),
+            catalog: HashMap::new(),
             origin: Instant::now(),
             origin_millis: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -62,6 +67,21 @@ impl State {
     }
 }
 
+#[derive(Default)]
+struct CatalogEntry {
+    definition: Option<String>,
+    /// Per instance: what it said about itself, and its heartbeat's expiry.
+    instances: HashMap<HolderId, (String, Instant)>,
+    control: Option<Versioned>,
+}
+
+impl CatalogEntry {
+    fn forget(&mut self, now: Instant, forget_after: Duration) {
+        self.instances
+            .retain(|_, (_, expires)| *expires + forget_after > now);
+    }
+}
+
 struct Entry {
     holder: Option<HolderId>,
     token: FencingToken,
@@ -69,6 +89,18 @@ struct Entry {
 }
 
 impl Entry {
+    fn state(&self, now: Instant) -> LeaseState {
+        let holder = self.live_holder(now).cloned();
+        LeaseState {
+            remaining: match holder {
+                Some(_) => self.expires_at - now,
+                None => Duration::ZERO,
+            },
+            holder,
+            token: self.token,
+        }
+    }
+
     fn live_holder(&self, now: Instant) -> Option<&HolderId> {
         self.holder.as_ref().filter(|_| self.expires_at > now)
     }
@@ -176,18 +208,7 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = StoreResult<Option<LeaseState>>> + Send {
         let now = Instant::now();
         let state = self.state();
-        let answer = state.leases.get(name).map(|e| {
-            let holder = e.live_holder(now).cloned();
-            LeaseState {
-                remaining: if holder.is_some() {
-                    e.expires_at - now
-                } else {
-                    Duration::ZERO
-                },
-                holder,
-                token: e.token,
-            }
-        });
+        let answer = state.leases.get(name).map(|e| e.state(now));
         std::future::ready(Ok(answer))
     }
 
@@ -296,6 +317,116 @@ impl Membership for MemoryStore {
             entries.remove(member);
         }
         std::future::ready(Ok(()))
+    }
+}
+
+impl Catalog for MemoryStore {
+    fn register(
+        &self,
+        r: &Registration<'_>,
+    ) -> impl Future<Output = StoreResult<Option<Versioned>>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let entry = state.catalog.entry(r.task.clone()).or_default();
+        entry.definition = Some(r.definition.to_owned());
+        entry
+            .instances
+            .insert(r.instance.clone(), (r.about.to_owned(), now + r.ttl));
+        entry.forget(now, r.forget_after);
+        std::future::ready(Ok(entry.control.clone()))
+    }
+
+    fn unregister(
+        &self,
+        task: &LeaseName,
+        instance: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        if let Some(entry) = self.state().catalog.get_mut(task) {
+            entry.instances.remove(instance);
+        }
+        std::future::ready(Ok(()))
+    }
+
+    fn tasks(
+        &self,
+        forget_after: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<TaskRecord>>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.catalog.retain(|_, entry| {
+            entry.forget(now, forget_after);
+            entry.control.is_some() || !entry.instances.is_empty()
+        });
+        let mut tasks: Vec<TaskRecord> = state
+            .catalog
+            .iter()
+            .map(|(task, entry)| {
+                let mut instances: Vec<InstanceRecord> = entry
+                    .instances
+                    .iter()
+                    .map(|(instance, (about, expires))| InstanceRecord {
+                        instance: instance.clone(),
+                        about: about.clone(),
+                        remaining: expires.saturating_duration_since(now),
+                    })
+                    .collect();
+                instances.sort_by(|a, b| {
+                    (a.remaining.is_zero(), &a.instance).cmp(&(b.remaining.is_zero(), &b.instance))
+                });
+                TaskRecord {
+                    task: task.clone(),
+                    definition: entry.definition.clone(),
+                    instances,
+                    control: entry.control.clone(),
+                }
+            })
+            .collect();
+        tasks.sort_by(|a, b| a.task.cmp(&b.task));
+        std::future::ready(Ok(tasks))
+    }
+
+    fn control(&self, task: &LeaseName) -> impl Future<Output = StoreResult<ControlRead>> + Send {
+        let state = self.state();
+        std::future::ready(Ok(ControlRead {
+            now_ms: state.now_millis(Instant::now()),
+            control: state.catalog.get(task).and_then(|e| e.control.clone()),
+        }))
+    }
+
+    fn set_control(
+        &self,
+        task: &LeaseName,
+        expected: Option<u64>,
+        value: &str,
+    ) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        let mut state = self.state();
+        let entry = state.catalog.entry(task.clone()).or_default();
+        let current = entry.control.as_ref().map(|c| c.version);
+        let answer = (current == expected).then(|| {
+            let version = current.unwrap_or(0) + 1;
+            entry.control = Some(Versioned {
+                version,
+                value: value.to_owned(),
+            });
+            version
+        });
+        std::future::ready(Ok(answer))
+    }
+
+    fn leases(&self, limit: usize) -> impl Future<Output = StoreResult<Vec<LeaseRecord>>> + Send {
+        let now = Instant::now();
+        let state = self.state();
+        let mut leases: Vec<LeaseRecord> = state
+            .leases
+            .iter()
+            .map(|(name, e)| LeaseRecord {
+                name: name.clone(),
+                state: e.state(now),
+            })
+            .collect();
+        leases.sort_by(|a, b| a.name.cmp(&b.name));
+        leases.truncate(limit);
+        std::future::ready(Ok(leases))
     }
 }
 

@@ -116,7 +116,7 @@ impl HolderId {
             bytes = fastrand::u128(..).to_le_bytes();
         }
         let random: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let host = hostname();
+        let host = host_name();
         Self(format!("{host}:{}:{random}", std::process::id()).into())
     }
 
@@ -150,7 +150,7 @@ impl fmt::Debug for HolderId {
     }
 }
 
-fn hostname() -> String {
+pub(crate) fn host_name() -> String {
     let raw = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())

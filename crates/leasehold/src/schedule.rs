@@ -1,9 +1,10 @@
 //! When a task's timer fires, and which slot each firing is.
 
 use std::fmt;
-#[cfg(feature = "cron")]
-use std::str::FromStr;
 use std::time::Duration;
+
+#[cfg(feature = "cron")]
+use crate::cron::{CronProblem, CronSchedule};
 
 /// A schedule that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -14,17 +15,30 @@ pub enum ScheduleError {
     ZeroInterval,
     /// The cron expression did not parse.
     #[cfg(feature = "cron")]
-    #[error("invalid cron expression {expr:?}: {reason}")]
+    #[error("invalid cron expression {expr:?}: {problem}")]
     BadCron {
         /// The expression.
         expr: String,
-        /// What the parser said.
-        reason: String,
+        /// What is wrong with it.
+        problem: CronProblem,
     },
     /// The cron expression has no future occurrence.
     #[cfg(feature = "cron")]
     #[error("cron expression {0:?} never fires again")]
     NeverFires(String),
+    /// The time zone is not in the IANA database.
+    #[cfg(feature = "cron")]
+    #[error(
+        "unknown time zone {zone:?}{}: give an IANA name such as Europe/Berlin, \
+         America/New_York or UTC",
+        suggestion.as_ref().map(|s| format!(" (did you mean {s}?)")).unwrap_or_default()
+    )]
+    UnknownZone {
+        /// The name given.
+        zone: String,
+        /// A zone whose name differs only in case.
+        suggestion: Option<String>,
+    },
 }
 
 /// When a task's timer fires.
@@ -36,35 +50,19 @@ pub enum ScheduleError {
 /// replicas of two versions disagree during a rolling deploy: a claim only moves forward in time.
 /// - `Every(interval)`: fires at every multiple of `interval` since the Unix epoch, so intervals
 ///   are aligned across instances (every 30 s fires at :00 and :30).
-/// - `Cron(expr)`: fires at each occurrence of the expression (UTC).
+/// - `Cron(expr)`: fires at each wall-clock time the expression names, in its time zone (UTC
+///   unless given); see [`Schedule::cron`] for the syntax and the daylight-saving rules.
 ///
-/// Cron needs the `cron` feature (on by default); without it the crate carries neither `cron`
-/// nor `chrono`.
+/// Cron needs the `cron` feature (on by default); without it the crate carries neither
+/// `croner` nor `chrono`/`chrono-tz`.
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Schedule {
     /// A fixed interval, aligned to the epoch.
     Every(Duration),
-    /// A cron expression with a seconds field (`sec min hour day-of-month month day-of-week
-    /// [year]`), evaluated in UTC.
+    /// A cron expression in a time zone.
     #[cfg(feature = "cron")]
     Cron(Box<CronSchedule>),
-}
-
-/// A parsed cron expression.
-#[cfg(feature = "cron")]
-#[derive(Clone)]
-pub struct CronSchedule {
-    expr: String,
-    parsed: cron::Schedule,
-}
-
-#[cfg(feature = "cron")]
-impl CronSchedule {
-    /// The expression as given.
-    pub fn expr(&self) -> &str {
-        &self.expr
-    }
 }
 
 impl Schedule {
@@ -76,20 +74,90 @@ impl Schedule {
         Ok(Self::Every(interval))
     }
 
-    /// A cron expression, with a seconds field: `"0 */5 * * * *"` fires every five minutes.
+    /// A cron expression, as crontab writes it, in UTC or in the zone of a `CRON_TZ=ZONE`
+    /// prefix (`"CRON_TZ=Europe/Berlin 0 3 * * *"`).
+    ///
+    /// - Five fields: `minute hour day-of-month month day-of-week`; or six, with seconds
+    ///   first: `second minute hour day-of-month month day-of-week` (a seventh, the year, may
+    ///   follow).
+    /// - In a field: `*`, numbers, ranges `1-5`, lists `1,15`, steps `*/15`, `0-30/10` and
+    ///   `5/15` (from 5 to the field's end); months `JAN`-`DEC` and weekdays `SUN`-`SAT`
+    ///   (either case). Day-of-week takes 0-7, 0 and 7 both Sunday. `?` is `*` in the two day
+    ///   fields; `L` in day-of-month is the month's last day; `FRI#2` is the month's second
+    ///   Friday and `FRIL` (or `5L`) its last.
+    /// - Day-of-month and day-of-week: when both are restricted, a day matches if **either**
+    ///   matches, as in crontab: `0 0 1,15 * MON` fires on the 1st, the 15th and every
+    ///   Monday. When one is unrestricted, only the other counts. A day field is unrestricted
+    ///   when it allows every day, however written: `*`, `?`, `1-31`, `MON-SUN`, `0-7`.
+    ///   (`*/2` restricts; Vixie cron treats any field starting with `*` as unrestricted.)
+    /// - Macros: `@yearly` (`@annually`), `@monthly`, `@weekly` (Sunday 00:00), `@daily`
+    ///   (`@midnight`), `@hourly`. `@reboot` is refused: it names no time that replicas
+    ///   share.
+    ///
+    /// **Daylight saving.** The expression names wall-clock times in its zone; each fires at
+    /// most once, at an instant:
+    /// - a wall time skipped by a change forward (02:30 on the night Berlin goes from 02:00 to
+    ///   03:00) fires once, at the change (03:00 new time); several skipped wall times fire
+    ///   once together;
+    /// - a wall time that occurs twice when the clock goes back fires once, at its first
+    ///   occurrence. This holds for every expression: `*/15 * * * *` fires at 02:00, 02:15,
+    ///   02:30 and 02:45 before the change and not again in the repeated hour. A job that must
+    ///   keep real-time spacing through the change belongs in UTC or on [`Schedule::every`],
+    ///   which daylight saving never affects.
+    ///
+    /// Slots stay instants (ms since the epoch), strictly increasing, and the same on every
+    /// replica whatever its host's zone: the zone rules are the IANA database compiled into
+    /// the binary (`chrono-tz`), and the host's zone is never read.
+    ///
+    /// ```
+    /// use leasehold::Schedule;
+    ///
+    /// let nightly = Schedule::cron("CRON_TZ=Europe/Berlin 30 2 * * *")?;
+    /// // 2027-03-28, the night Berlin skips 02:00-03:00: 02:30 fires at the change,
+    /// // 03:00 CEST (01:00 UTC).
+    /// let before = 1_806_184_800_000; // 2027-03-27T22:00:00Z
+    /// assert_eq!(nightly.next_after(before), Some(1_806_195_600_000));
+    /// # Ok::<(), leasehold::ScheduleError>(())
+    /// ```
     #[cfg(feature = "cron")]
     pub fn cron(expr: &str) -> Result<Self, ScheduleError> {
-        let parsed = cron::Schedule::from_str(expr).map_err(|e| ScheduleError::BadCron {
-            expr: expr.to_owned(),
-            reason: e.to_string(),
-        })?;
-        if parsed.upcoming(chrono::Utc).next().is_none() {
-            return Err(ScheduleError::NeverFires(expr.to_owned()));
+        Self::checked(CronSchedule::parse(expr, None)?)
+    }
+
+    /// A cron expression (as [`Schedule::cron`] takes it) in the time zone named `zone`, an
+    /// IANA name such as `Europe/Berlin`. A `CRON_TZ=` prefix in `expr` must name the same
+    /// zone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold::{LeaseName, Schedule, Task, TaskContext};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let schedule = Schedule::cron_in("0 3 * * *", "America/New_York")?; // 03:00 in New York
+    /// let task = Task::new(LeaseName::new("nightly-report")?, schedule, |_ctx: TaskContext| async {
+    ///     Ok::<(), std::io::Error>(())
+    /// });
+    /// # let _ = task;
+    /// assert!(matches!(
+    ///     Schedule::cron_in("0 3 * * *", "Europe/Berln"),
+    ///     Err(leasehold::ScheduleError::UnknownZone { .. })
+    /// ));
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cron")]
+    pub fn cron_in(expr: &str, zone: &str) -> Result<Self, ScheduleError> {
+        Self::checked(CronSchedule::parse(expr, Some(zone))?)
+    }
+
+    #[cfg(feature = "cron")]
+    fn checked(cron: CronSchedule) -> Result<Self, ScheduleError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        if cron.next_after_secs(now).is_none() {
+            return Err(ScheduleError::NeverFires(cron.expr().to_owned()));
         }
-        Ok(Self::Cron(Box::new(CronSchedule {
-            expr: expr.to_owned(),
-            parsed,
-        })))
+        Ok(Self::Cron(Box::new(cron)))
     }
 
     /// The first firing strictly after `now_ms` (store clock), in ms since the epoch: the next
@@ -102,9 +170,9 @@ impl Schedule {
             }
             #[cfg(feature = "cron")]
             Self::Cron(cron) => {
-                let after = chrono::DateTime::from_timestamp_millis(i64::try_from(now_ms).ok()?)?;
-                let at = cron.parsed.after(&after).next()?;
-                u64::try_from(at.timestamp_millis()).ok()
+                // Firings are whole seconds: after `now_ms` means after its second.
+                let at = cron.next_after_secs(i64::try_from(now_ms / 1000).ok()?)?;
+                u64::try_from(at).ok()?.checked_mul(1000)
             }
         }
     }
@@ -121,10 +189,8 @@ impl Schedule {
             #[cfg(feature = "cron")]
             Self::Cron(cron) => {
                 // Firings are whole seconds; the one at `now_ms` itself counts.
-                let bound = i64::try_from(now_ms.checked_add(1)?).ok()?;
-                let after = chrono::DateTime::from_timestamp_millis(bound)?;
-                let at = cron.parsed.after(&after).next_back()?;
-                u64::try_from(at.timestamp_millis()).ok()
+                let at = cron.latest_at_or_before_secs(i64::try_from(now_ms / 1000).ok()?)?;
+                u64::try_from(at).ok()?.checked_mul(1000)
             }
         }
     }
@@ -174,7 +240,7 @@ impl fmt::Display for Schedule {
         match self {
             Self::Every(d) => write!(f, "every {d:?}"),
             #[cfg(feature = "cron")]
-            Self::Cron(c) => write!(f, "cron {:?}", c.expr),
+            Self::Cron(c) => write!(f, "cron {:?}", c.expr()),
         }
     }
 }

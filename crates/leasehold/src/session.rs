@@ -448,7 +448,7 @@ impl<S: Purge> SessionRenewer<S> {
             match reply {
                 Ok(Renewal::Renewed) => {
                     held.deadline = sent + self.config.ttl - self.config.drift_margin;
-                    *crate::lease::lock(&held.member.shared.deadline) = held.deadline;
+                    held.member.shared.set_deadline(held.deadline);
                 }
                 Ok(Renewal::Lost) => {
                     if let Some(held) = self.take(id) {

@@ -1,5 +1,6 @@
 //! The [`Store`] trait (the atomic operations on one lease that every backend provides), the
-//! capability traits beside it ([`Slots`], [`Purge`], [`Membership`]), and the two ways to wrap
+//! capability traits beside it ([`Slots`], [`Purge`], [`Membership`],
+//! [`Catalog`]), and the two ways to wrap
 //! any store: [`Layer`] (the same thing around every operation) and [`BoxStore`] (type erasure).
 //!
 //! Each operation is one round trip and all timing happens on the store's own clock; the client
@@ -12,6 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord, Versioned};
 use crate::notify::ReleaseSubscription;
 use crate::{FencingToken, HolderId, LeaseName};
 
@@ -154,13 +156,16 @@ impl Capabilities {
     pub const PURGE: Self = Self(1 << 1);
     /// [`Membership`]: the live members of a group, for spreading tasks over instances.
     pub const MEMBERSHIP: Self = Self(1 << 2);
+    /// [`Catalog`]: the tasks instances run, and fleet-wide pause and trigger.
+    pub const CATALOG: Self = Self(1 << 3);
     /// Every capability there is.
-    pub const ALL: Self = Self(0b111);
+    pub const ALL: Self = Self(0b1111);
 
-    const NAMES: [(Self, &'static str); 3] = [
+    const NAMES: [(Self, &'static str); 4] = [
         (Self::SLOTS, "slots"),
         (Self::PURGE, "purge"),
         (Self::MEMBERSHIP, "membership"),
+        (Self::CATALOG, "catalog"),
     ];
 
     /// Both sets together.
@@ -200,7 +205,7 @@ impl std::ops::BitOr for Capabilities {
 }
 
 impl fmt::Display for Capabilities {
-    /// `slots, purge, membership`, or `leases only`.
+    /// `slots, purge, membership, catalog`, or `leases only`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_empty() {
             return f.write_str("leases only");
@@ -292,6 +297,10 @@ impl Answer for Option<u64> {}
 impl Answer for Option<LeaseState> {}
 impl Answer for Vec<String> {}
 impl Answer for Vec<HolderId> {}
+impl Answer for Option<Versioned> {}
+impl Answer for Vec<TaskRecord> {}
+impl Answer for Vec<LeaseRecord> {}
+impl Answer for ControlRead {}
 
 /// A wrapper around any store that does the same thing around each of its operations: a time
 /// limit ([`Timeout`](crate::store::Timeout)), metrics ([`Metered`](crate::store::Metered)),
@@ -482,7 +491,7 @@ macro_rules! store_traits {
 store_traits! {
     /// A lease store: the atomic operations on one lease. Every method is one round trip and all
     /// timing uses the store's clock. What a store does beyond leases is in the capability
-    /// traits ([`Slots`], [`Purge`], [`Membership`]); a store implements each (an empty `impl`
+    /// traits ([`Slots`], [`Purge`], [`Membership`], [`Catalog`]); a store implements each (an empty `impl`
     /// takes the defaults, which answer [`StoreError::Unsupported`]) and declares the ones it
     /// really answers in [`capabilities`](Self::capabilities).
     ///
@@ -610,6 +619,58 @@ store_traits! {
             unsupported("leave")
         }
     }
+
+    /// The fleet's view and hand: which tasks run where (each instance registers its tasks with
+    /// a heartbeat), and each task's control record (pause, a pending manual trigger) written
+    /// by compare-and-set. The records are JSON text the store keeps as given (see
+    /// [`catalog`](crate::catalog)). [`Capabilities::CATALOG`].
+    capability trait Catalog [DynCatalog] {
+        /// Writes the task's definition (the last writer's is kept) and refreshes the instance's
+        /// heartbeat to expire `ttl` from now on the store's clock; drops this task's instances
+        /// whose heartbeat expired more than `forget_after` ago; answers the task's control
+        /// record. One round trip.
+        fn register(&self, registration: &'a Registration<'a>) -> Option<Versioned> {
+            let _ = registration;
+            unsupported("register")
+        }
+
+        /// Removes `instance` from `task`'s instances at once (a graceful shutdown). Removing an
+        /// absent one is not an error.
+        fn unregister(&self, task: &'a LeaseName, instance: &'a HolderId) -> () {
+            let _ = (task, instance);
+            unsupported("unregister")
+        }
+
+        /// Every task with a definition or a control record, sorted by name; each with its
+        /// instances seen within `forget_after` (expired heartbeats show zero remaining). A task
+        /// without a control record none of whose instances was seen within `forget_after` is
+        /// left out (and may be deleted).
+        fn tasks(&self, forget_after: Duration) -> Vec<TaskRecord> {
+            let _ = forget_after;
+            unsupported("tasks")
+        }
+
+        /// The store's clock and `task`'s control record, in one round trip (a gated tick reads
+        /// both at once).
+        fn control(&self, task: &'a LeaseName) -> ControlRead {
+            let _ = task;
+            unsupported("control")
+        }
+
+        /// Writes `task`'s control record if its version is `expected` (`None`: if it has none
+        /// yet), answering the new version, or `None` (nothing written) if the version differed.
+        fn set_control(&self, task: &'a LeaseName, expected: Option<u64>, value: &'a str) -> Option<u64> {
+            let _ = (task, expected, value);
+            unsupported("set_control")
+        }
+
+        /// Up to `limit` lease records (held, or free with their last token), sorted by name:
+        /// the leases of tasks, leader groups and applications alike.
+        fn leases(&self, limit: usize) -> Vec<LeaseRecord> {
+            let _ = limit;
+            unsupported("leases")
+        }
+    }
 }
 
 /// Any store behind one type, for stores chosen at run time (the CLI picks one from a URL). It
@@ -620,7 +681,7 @@ pub struct BoxStore(Arc<dyn AnyStore>);
 
 impl BoxStore {
     /// Erases the type of `store`.
-    pub fn new(store: impl Slots + Purge + Membership) -> Self {
+    pub fn new(store: impl Slots + Purge + Membership + Catalog) -> Self {
         Self(Arc::new(store))
     }
 }

@@ -260,3 +260,27 @@ async fn the_expiring_signal_reaches_tokens_asked_for_before_and_after_it() {
         .expect("expiring() returns at once once warned");
     assert!(!late.cancellation_token().is_cancelled());
 }
+
+#[tokio::test(start_paused = true)]
+async fn deadline_updates_follow_each_confirmed_renewal_only() {
+    let store = FaultyStore::new();
+    let start = Instant::now();
+    let guard = held(&lease(&store)).await;
+    let drift = LeaseConfig::new(TTL).drift_margin;
+    let mut updates = guard.deadline_updates();
+    assert_eq!(*updates.borrow_and_update() - start, TTL - drift);
+    updates.changed().await.unwrap();
+    // The first renewal, sent at a third of the ttl.
+    assert_eq!(Instant::now() - start, MS * 1000);
+    assert_eq!(
+        *updates.borrow_and_update() - start,
+        MS * 1000 + TTL - drift
+    );
+    // A subscriber that comes later starts from the current deadline.
+    assert_eq!(*guard.deadline_updates().borrow(), guard.deadline());
+    // Unconfirmed renewals move nothing: the next change is the guard going away.
+    store.set(|f| &f.renew_hangs, true);
+    guard.cancellation_token().cancelled().await;
+    assert!(!updates.has_changed().unwrap());
+    assert_eq!(*updates.borrow() - start, MS * 1000 + TTL - drift);
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use leasehold::faults::FaultyStore;
 use leasehold::{
-    HolderId, Leader, LeaderEvent, Lease, LeaseConfig, LeaseName, Membership, MemoryStore,
+    Catalog, HolderId, Leader, LeaderEvent, Lease, LeaseConfig, LeaseName, Membership, MemoryStore,
     RevokeReason, RunResult, Schedule, Scheduler, SchedulerHandle, Slots, Store, StoreDownPolicy,
     Task, TaskContext, TickOutcome, Trigger,
 };
@@ -44,7 +44,7 @@ fn recording_task(ledger: &Ledger, work: Duration) -> Task {
     )
 }
 
-fn instance<S: Slots + Membership>(
+fn instance<S: Slots + Membership + Catalog>(
     store: &S,
     name: &str,
     task: Task,

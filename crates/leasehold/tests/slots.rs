@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use leasehold::faults::FaultyStore;
 use leasehold::{
-    HolderId, LeaseConfig, Membership, MemoryStore, Schedule, Scheduler, SchedulerHandle, Slots,
-    Store, Task, TickOutcome,
+    Catalog, HolderId, LeaseConfig, Membership, MemoryStore, Schedule, Scheduler, SchedulerHandle,
+    Slots, Store, Task, TickOutcome,
 };
 use support::{Ledger, assert_no_slot_twice, recorder, timer_slots};
 
 const SEC: Duration = Duration::from_secs(1);
 
-fn start<S: Slots + Membership>(store: &S, holder: &str, task: Task) -> SchedulerHandle {
+fn start<S: Slots + Membership + Catalog>(store: &S, holder: &str, task: Task) -> SchedulerHandle {
     Scheduler::new(store.clone())
         .holder(HolderId::new(holder).unwrap())
         .lease_config(LeaseConfig::new(SEC * 3))

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use leasehold::faults::FaultyStore;
 use leasehold::{
-    HolderId, LeaseConfig, LeaseName, Membership, MemoryStore, Schedule, Scheduler,
+    Catalog, HolderId, LeaseConfig, LeaseName, Membership, MemoryStore, Schedule, Scheduler,
     SchedulerHandle, Slots, StoreDownPolicy, Task, TickOutcome, Trigger,
 };
 use support::{Ledger, Run, assert_no_slot_twice, recorder};
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 const SEC: Duration = Duration::from_secs(1);
 
-fn start<S: Slots + Membership>(
+fn start<S: Slots + Membership + Catalog>(
     store: &S,
     holder: &str,
     policy: StoreDownPolicy,

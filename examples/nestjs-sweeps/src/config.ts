@@ -13,6 +13,13 @@ export const config = {
   ledger: process.env.LEDGER ?? "sweeps.ledger",
   /** The sweeps' interval: the app's own timer, and the slots the sidecar gates. */
   intervalMs: num("SWEEP_INTERVAL_MS", 30_000),
+  /**
+   * The repin sweep's slots as a cron expression instead of the interval, e.g. "0 3 * * *" (the
+   * timer still ticks every SWEEP_INTERVAL_MS; each tick belongs to the latest cron time, run once).
+   */
+  repinCron: process.env.REPIN_CRON,
+  /** The IANA time zone of REPIN_CRON's times, e.g. Europe/Berlin (default UTC). */
+  repinTimeZone: process.env.REPIN_TIME_ZONE,
   /** How long one sweep works (a stand-in for the real queries and webhooks). */
   workMs: num("WORK_MS", 100),
   /** The task lease's ttl while a sweep runs: how long a crashed replica's run blocks the task. */

@@ -1,5 +1,5 @@
 import { BeforeApplicationShutdown, Logger, OnApplicationBootstrap } from "@nestjs/common";
-import type { LeaseholdClient, Run, UngatedRun } from "@leasehold/client";
+import type { LeaseholdClient, Run, Schedule, UngatedRun } from "@leasehold/client";
 
 import { config } from "./config.js";
 
@@ -19,6 +19,11 @@ export abstract class SweepWorker implements OnApplicationBootstrap, BeforeAppli
   /** One sweep. `run.signal` aborts if this replica loses the run's lease: stop, do not write. */
   protected abstract runOnce(run: Run | UngatedRun): Promise<void>;
 
+  /** The slots the sidecar gates: by default, every interval. */
+  protected schedule(): Schedule {
+    return { everyMs: config.intervalMs };
+  }
+
   onApplicationBootstrap(): void {
     this.timer = setInterval(() => this.tick(), config.intervalMs);
     this.tick();
@@ -30,7 +35,7 @@ export abstract class SweepWorker implements OnApplicationBootstrap, BeforeAppli
     if (this.busy) return;
     this.busy = true;
     this.running = this.leasehold
-      .gate(this.task, { everyMs: config.intervalMs, ttlMs: config.ttlMs }, (run) => this.runOnce(run))
+      .gate(this.task, { ...this.schedule(), ttlMs: config.ttlMs }, (run) => this.runOnce(run))
       .then((result) => {
         if (result === "failed" || result === "sidecar-down") this.logger.warn(`${this.task}: ${result}`);
         else if (config.logTicks) this.logger.warn(`${this.task}: ${result}`);

@@ -1,5 +1,5 @@
 import { Inject, Injectable } from "@nestjs/common";
-import { LeaseholdClient, type Run, type UngatedRun } from "@leasehold/client";
+import { LeaseholdClient, type Run, type Schedule, type UngatedRun } from "@leasehold/client";
 
 import { config } from "./config.js";
 import { record } from "./ledger.js";
@@ -45,5 +45,10 @@ export class RepinWorkerService extends SweepWorker {
   }
   protected runOnce(run: Run | UngatedRun): Promise<void> {
     return sweep("repin", run);
+  }
+  /** A cron expression in a time zone when REPIN_CRON is set (a nightly re-pin at 03:00 local). */
+  protected schedule(): Schedule {
+    if (config.repinCron === undefined) return super.schedule();
+    return { cron: config.repinCron, timeZone: config.repinTimeZone };
   }
 }

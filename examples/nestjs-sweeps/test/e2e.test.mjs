@@ -30,6 +30,10 @@ function startApp(name, sidecarUrl, ledger, log) {
       LEDGER: ledger,
       REPLICA: name,
       SWEEP_INTERVAL_MS: String(INTERVAL),
+      // repin on a cron schedule in a zone with a 30-minute daylight-saving change: every
+      // second, the same slots as the interval, through the client's cron + timeZone.
+      REPIN_CRON: "* * * * * *",
+      REPIN_TIME_ZONE: "Australia/Lord_Howe",
       WORK_MS: String(WORK),
       LEASE_TTL_MS: String(TTL),
       LOG_TICKS: "1",
@@ -127,6 +131,8 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
 
     // The history, before Redis (which keeps nothing on disk) goes away.
     const histories = Object.fromEntries(WORKERS.map((w) => [w, history(store.url, w)]));
+    // repin's runs are recorded with their cron expression and its zone.
+    assert.deepEqual(histories.repin[0].schedule, { cron: "CRON_TZ=Australia/Lord_Howe * * * * * *" });
     const t3 = Date.now();
 
     // Redis goes away (killed), then comes back on the same port, empty.

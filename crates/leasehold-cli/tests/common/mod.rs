@@ -20,8 +20,21 @@ pub struct Instance {
 impl Instance {
     /// Starts `leasehold run --holder NAME ARGS -- leasehold witness …` (see [`witness`]).
     pub fn start(name: &str, args: &[&str], ledger: &Path, work: &str, log_dir: &Path) -> Self {
+        Self::start_with_env(name, args, ledger, work, log_dir, &[])
+    }
+
+    /// [`Instance::start`] with extra environment variables.
+    pub fn start_with_env(
+        name: &str,
+        args: &[&str],
+        ledger: &Path,
+        work: &str,
+        log_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
         let child = Command::new(BIN)
+            .envs(env.iter().copied())
             .arg("run")
             .args(["--holder", name])
             .args(args)
@@ -171,4 +184,21 @@ pub fn path_str(p: &Path) -> String {
 
 pub fn ledger_in(dir: &Path) -> PathBuf {
     dir.join("ledger.jsonl")
+}
+
+/// A process the test started, resumed (should the test have stopped it) and killed when
+/// dropped, so a failing assertion leaves nothing running.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Only a process not yet reaped: its pid cannot have been reused.
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! The single-active scheduler; its documentation is on [`Scheduler`].
 
-mod placement;
+pub(crate) mod placement;
 mod runner;
 mod task;
 
@@ -18,10 +18,10 @@ use crate::history::{DEFAULT_HISTORY_LIMIT, RunRecord};
 use crate::leader::{Leader, LeaderState};
 use crate::lease::{Lease, LeaseError};
 use crate::store_api::StoreError;
-use crate::store_api::{Membership, Slots};
+use crate::store_api::{Catalog, Membership, Slots};
 use crate::{ConfigError, HolderId, LeaseConfig, LeaseName, MemoryStore};
 use placement::Placement;
-use runner::{Common, HistorySink, RunNow, TaskRunner};
+use runner::{Common, RunNow, TaskRunner};
 
 pub use task::{
     CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
@@ -175,7 +175,7 @@ impl Scheduler<MemoryStore> {
     }
 }
 
-impl<S: Slots + Membership> Scheduler<S> {
+impl<S: Slots + Membership + Catalog> Scheduler<S> {
     /// A scheduler coordinating through `store`, with default lease timing (ttl 15 s), policy
     /// fail-closed, no leader gate and a 30 s shutdown grace period.
     pub fn new(store: S) -> Self {
@@ -299,7 +299,7 @@ impl<S: Slots + Membership> Scheduler<S> {
             ))),
             _ => None,
         };
-        let history = HistorySink::spawn(
+        let history = crate::history::HistoryWriter::spawn(
             self.store.clone(),
             self.history_limit,
             self.lease_config.renew_interval,

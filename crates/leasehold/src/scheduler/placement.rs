@@ -35,7 +35,7 @@ pub(super) enum View {
 }
 
 /// A scheduler's membership in its spread group.
-pub(super) struct Placement {
+pub(crate) struct Placement {
     pub(super) group: LeaseName,
     holder: HolderId,
     /// Entries expire this long after their last heartbeat, on the store's clock.
@@ -77,7 +77,7 @@ impl Placement {
     /// Whether this instance contends for `task`'s ticks: `Some(generation)` when it owns the
     /// task in the current view (or owned it in the previous one, within an interval of the
     /// change), `Some(0)` while everyone contends, `None` when another member owns it.
-    pub(super) fn owns(&self, task: &LeaseName) -> Option<u64> {
+    pub(crate) fn owns(&self, task: &LeaseName) -> Option<u64> {
         match &*self.view.borrow() {
             View::Everyone => Some(0),
             View::Members {

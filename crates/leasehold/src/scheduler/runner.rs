@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use std::future::Future;
 use std::pin::Pin;
 
-use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
@@ -16,76 +15,16 @@ use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use super::placement::{Placement, View};
 use super::task::{CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger};
 use super::{SchedulerError, TaskStatus};
-use crate::history::{MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
+use crate::gate::{Contender, Decision, Gate, Reading, Skip};
+use crate::history::{
+    HistoryWriter, MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord,
+};
 use crate::leader::{LeaderHandle, LeaderState, MAX_REFUSALS};
-use crate::lease::{HeldProbe, Lease, LeaseGuard, TryAcquire};
-use crate::schedule::Schedule;
-use crate::store_api::{SlotClaim, Slots, StoreError};
-use crate::{FencingToken, HolderId, LeaseName};
+use crate::lease::{HeldProbe, Lease, TryAcquire};
 
-enum HistoryWrite {
-    Record(LeaseName, RunRecord),
-    Flush(oneshot::Sender<()>),
-}
-
-/// Where runs are recorded: a queue to one writer task per scheduler, so a record never adds a
-/// round trip to a run's critical path and the records of one task land in order.
-#[derive(Clone)]
-pub(super) struct HistorySink(mpsc::Sender<HistoryWrite>);
-
-impl HistorySink {
-    /// Starts the writer. It keeps the newest `keep` entries per task.
-    pub(super) fn spawn<S: Slots>(store: S, keep: usize, limit: Duration) -> Self {
-        let (tx, mut rx) = mpsc::channel(1024);
-        tokio::spawn(async move {
-            let mut warned = false;
-            while let Some(write) = rx.recv().await {
-                let (task, record) = match write {
-                    HistoryWrite::Flush(done) => {
-                        let _ = done.send(());
-                        continue;
-                    }
-                    HistoryWrite::Record(task, record) => (task, record),
-                };
-                let json = record.to_json();
-                let write = store.record_history(&task, record.key(), &json, keep);
-                let result = tokio::time::timeout(limit, write)
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout(limit)));
-                match result {
-                    Ok(()) => {}
-                    // A store without history: nothing to warn about.
-                    Err(StoreError::Unsupported(_)) => {}
-                    // Losing a history entry never stops a run; say so once.
-                    Err(e) if !warned => {
-                        warned = true;
-                        tracing::warn!(task = %task, error = %e, "run history not recorded (further failures at debug level)");
-                    }
-                    Err(e) => tracing::debug!(task = %task, error = %e, "run history not recorded"),
-                }
-            }
-        });
-        Self(tx)
-    }
-
-    fn record(&self, task: &LeaseName, record: RunRecord) {
-        if self
-            .0
-            .try_send(HistoryWrite::Record(task.clone(), record))
-            .is_err()
-        {
-            metrics::counter!("leasehold_history_dropped_total").increment(1);
-        }
-    }
-
-    /// Waits until every record queued so far was written (or given up), at most `limit`.
-    pub(super) async fn flush(&self, limit: Duration) {
-        let (done, wait) = oneshot::channel();
-        if self.0.send(HistoryWrite::Flush(done)).await.is_ok() {
-            let _ = tokio::time::timeout(limit, wait).await;
-        }
-    }
-}
+use crate::store::within;
+use crate::store_api::{Catalog, Slots, StoreError};
+use crate::{FencingToken, HolderId};
 
 /// What every task of one scheduler shares.
 pub(super) struct Common {
@@ -102,7 +41,7 @@ pub(super) struct Common {
     pub(super) failure: OnceLock<String>,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last tick found it.
     store_state: AtomicU8,
-    pub(super) history: HistorySink,
+    pub(super) history: HistoryWriter,
 }
 
 const STORE_UNKNOWN: u8 = 0;
@@ -117,7 +56,7 @@ impl Common {
         grace: Duration,
         has_store: bool,
         stop: CancellationToken,
-        history: HistorySink,
+        history: HistoryWriter,
     ) -> Self {
         Self {
             history,
@@ -194,17 +133,14 @@ impl Drop for Active<'_> {
 
 pub(super) struct TaskRunner<S> {
     task: Task,
-    /// The task lease: held for the whole of a gated run.
-    lease: Lease<S>,
+    /// The tick decision; its task lease is held for the whole of a gated run.
+    gate: Gate<S>,
     policy: StoreDownPolicy,
     catch_up: CatchUp,
     common: Arc<Common>,
     stats: TaskStats,
     /// Manual runs, owned here so a caller that stops waiting does not detach them.
     manual: TaskTracker,
-    /// Held by a gated run (timer, catch-up, or exclusive manual) of this task in this process,
-    /// so two never use the task lease at once.
-    exclusive: Arc<tokio::sync::Mutex<()>>,
     /// Refusals in a row, for giving up after [`MAX_REFUSALS`].
     refusals: AtomicU32,
     /// The store's clock: its last reading and the local instant of it (the local wall clock
@@ -248,14 +184,6 @@ async fn changed<T>(rx: &mut Option<tokio::sync::watch::Receiver<T>>) {
     }
 }
 
-fn recorded(schedule: &Schedule) -> RecordedSchedule {
-    match schedule {
-        Schedule::Every(d) => RecordedSchedule::EveryMs(millis(*d)),
-        #[cfg(feature = "cron")]
-        Schedule::Cron(c) => RecordedSchedule::Cron(c.expr().to_owned()),
-    }
-}
-
 /// What entitles this instance to contend for a task's ticks; missed slots are looked for once
 /// per term.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,25 +204,33 @@ struct Held {
     leader: Option<CancellationToken>,
 }
 
-impl<S: Slots> TaskRunner<S> {
+impl<S: Slots + Catalog> TaskRunner<S> {
     pub(super) fn new(
         task: Task,
         lease: Lease<S>,
         policy: StoreDownPolicy,
         common: Arc<Common>,
     ) -> Self {
+        let contender = match (&common.leader, &common.placement) {
+            (Some(leader), _) => Contender::Leader(leader.watch()),
+            (None, Some(placement)) => Contender::Owner(placement.clone()),
+            (None, None) => Contender::Anyone,
+        };
+        let gate = Gate::new(lease)
+            .contender(contender)
+            .recording(common.history.clone())
+            .stopping_on(common.stop.clone());
         let catch_up = task
             .catch_up
             .unwrap_or_else(|| CatchUp::default_for(&task.schedule));
         Self {
             task,
-            lease,
+            gate,
             policy,
             catch_up,
             common,
             stats: TaskStats::default(),
             manual: TaskTracker::new(),
-            exclusive: Arc::default(),
             refusals: AtomicU32::new(0),
             clock: Mutex::new((wall_millis(), Instant::now())),
             known_misses: Mutex::default(),
@@ -356,6 +292,7 @@ impl<S: Slots> TaskRunner<S> {
         // Whether the last firing ran the job here: slots that fell due while it ran were not
         // fired at all, and this instance is the one that knows it.
         let mut ran_last = false;
+        let mut early: Option<u64> = None;
         while !self.common.stop.is_cancelled() {
             if self.coordinated()
                 && let Some(term) = self.term()
@@ -378,7 +315,10 @@ impl<S: Slots> TaskRunner<S> {
                 }
             }
             let now = self.store_now();
-            let mut next = self.task.schedule.next_after(now);
+            // A slot the store's clock had not reached when its timer fired is fired again (the
+            // estimate, carried forward from the middle of the round trip, may already be past
+            // it, and the slot would be skipped without a trace).
+            let mut next = early.take().or_else(|| self.task.schedule.next_after(now));
             // A timer that fired a hair early must not pick the slot it just ran again.
             if let (Some(slot), Some(last)) = (next, last)
                 && slot <= last
@@ -450,20 +390,22 @@ impl<S: Slots> TaskRunner<S> {
                                 }
                             }
                         }
-                        if reading.0 < slot {
+                        if reading.now_ms < slot {
                             // Our estimate ran ahead of the store: wait for the store's time.
                             // Slots fired on that estimate (while the store was down) are no
                             // guide to what comes next; the store's slot claim still is.
-                            last = last.filter(|&l| l <= reading.0);
+                            last = last.filter(|&l| l <= reading.now_ms);
+                            early = (self.task.schedule.next_after(reading.now_ms) == Some(slot))
+                                .then_some(slot);
                             continue;
                         }
-                        self.tick(slot, Trigger::Timer).await
+                        self.tick(&reading, slot, Trigger::Timer).await
                     }
                     Err(e) if e.is_transient() => {
                         store_was_down = true;
                         self.store_down(slot, &e).await
                     }
-                    Err(e) => self.refused(&e),
+                    Err(e) => self.refused(slot, &e),
                 }
             };
             last = Some(slot);
@@ -476,17 +418,11 @@ impl<S: Slots> TaskRunner<S> {
         }
     }
 
-    /// The store's time in ms and the local instant it corresponds to (the middle of the round
-    /// trip), within the renew interval. Kept as the clock estimate.
-    async fn read_clock(&self) -> Result<(u64, Instant), StoreError> {
-        let limit = self.lease.config().renew_interval;
-        let sent = Instant::now();
-        let reading = match tokio::time::timeout(limit, self.lease.store().now_millis()).await {
-            Ok(Ok(ms)) => (ms, sent + sent.elapsed() / 2),
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(StoreError::Timeout(limit)),
-        };
-        *lock(&self.clock) = reading;
+    /// The store's clock (with the task's control record where the store keeps a catalog),
+    /// kept as the clock estimate.
+    async fn read_clock(&self) -> Result<Reading, StoreError> {
+        let reading = self.gate.read_clock().await?;
+        *lock(&self.clock) = (reading.now_ms, reading.at);
         Ok(reading)
     }
 
@@ -497,13 +433,12 @@ impl<S: Slots> TaskRunner<S> {
     /// only one of the two run it, and its run record replaces the miss record (same key).
     /// `until` bounds the slots looked at (the one about to fire is not missed).
     async fn look_for_missed_slots(&self, until: Option<u64>) -> Result<Option<u64>, StoreError> {
-        let (now, _) = self.read_clock().await?;
+        let reading = self.read_clock().await?;
+        let now = reading.now_ms;
         let horizon = until.map_or(now, |u| u.min(now));
         self.common.store_answered();
-        let limit = self.lease.config().renew_interval;
-        let last = tokio::time::timeout(limit, self.lease.store().last_slot(&self.task.name))
-            .await
-            .unwrap_or(Err(StoreError::Timeout(limit)));
+        let limit = self.gate.lease().config().renew_interval;
+        let last = within(limit, self.gate.lease().store().last_slot(&self.task.name)).await;
         let last = match last {
             Ok(Some(last)) => last,
             // Never ran anywhere: nothing was missed.
@@ -559,7 +494,7 @@ impl<S: Slots> TaskRunner<S> {
         let mut caught_up = None;
         for slot in to_run {
             tracing::info!(task = %self.task.name, slot, policy = self.catch_up.as_str(), "catching up a missed slot");
-            let outcome = self.tick(slot, Trigger::CatchUp).await;
+            let outcome = self.tick(&reading, slot, Trigger::CatchUp).await;
             if outcome != TickOutcome::Ran {
                 break;
             }
@@ -572,23 +507,9 @@ impl<S: Slots> TaskRunner<S> {
         metrics::counter!("leasehold_slots_missed_total", "task" => self.task.name.as_str().to_owned(), "reason" => reason.as_str())
             .increment(count);
         tracing::info!(task = %self.task.name, first, count, %reason, "slots missed");
-        self.common.history.record(
-            &self.task.name,
-            RunRecord {
-                slot: Some(first),
-                trigger: None,
-                holder: self.common.holder.to_string(),
-                token: None,
-                started_ms: None,
-                ended_ms: None,
-                outcome: RunOutcome::Missed {
-                    count,
-                    last_slot,
-                    reason,
-                },
-                schedule: Some(recorded(&self.task.schedule)),
-            },
-        );
+        let mut record = RunRecord::missed(first, count, last_slot, reason, &self.common.holder);
+        record.schedule = Some(RecordedSchedule::of(&self.task.schedule));
+        self.common.history.record(&self.task.name, record);
     }
 
     /// Remembers why this instance skipped `slot`, for the next look for missed slots.
@@ -599,107 +520,34 @@ impl<S: Slots> TaskRunner<S> {
         }
     }
 
-    fn leader_gate(&self) -> Result<Option<CancellationToken>, TickOutcome> {
-        if let Some(placement) = &self.common.placement
-            && placement.owns(&self.task.name).is_none()
-        {
-            return Err(TickOutcome::SkippedNotOwner);
-        }
-        match &self.common.leader {
-            None => Ok(None),
-            Some(leader) => match leader.state() {
-                LeaderState::Leading { cancel, .. } if !cancel.is_cancelled() => Ok(Some(cancel)),
-                _ => Err(TickOutcome::SkippedNotLeader),
-            },
-        }
-    }
-
-    /// A gated tick (or catch-up), once the store's clock has reached `slot`: leader gate (or
-    /// ownership), task lease, slot claim, run, release.
-    async fn tick(&self, slot: u64, trigger: Trigger) -> TickOutcome {
-        let leader_cancel = match self.leader_gate() {
-            Ok(c) => c,
-            Err(outcome) => return outcome,
-        };
-        // An exclusive manual run of this task is in progress here.
-        let Ok(_exclusive) = self.exclusive.try_lock() else {
-            self.record_miss(slot, 1, slot, MissReason::Overlap);
-            return TickOutcome::SkippedClaimed;
-        };
-        let mut attempt = self.lease.try_acquire().await;
-        if trigger == Trigger::CatchUp
-            && let Ok(TryAcquire::Busy { remaining, .. }) = &attempt
-        {
-            // Typically the run lease of the crashed leader whose slots are being caught up:
-            // it runs out within a ttl. Wait for it once (this instance leads meanwhile; a
-            // timer slot that falls due is caught up too, being the newest).
-            let wait = (*remaining).min(self.lease.config().ttl) + Duration::from_millis(10);
-            tokio::select! {
-                () = self.common.stop.cancelled() => return TickOutcome::SkippedNotLeader,
-                () = fired(leader_cancel.as_ref()) => return TickOutcome::SkippedNotLeader,
-                () = tokio::time::sleep(wait) => {}
-            }
-            attempt = self.lease.try_acquire().await;
-        }
-        let guard = match attempt {
-            Ok(TryAcquire::Acquired(guard)) => guard,
-            Ok(TryAcquire::Busy { .. }) => {
-                // With a leader gate only the leader ticks: someone else holding the task lease
-                // is a run that overlaps this slot (the leader knows at once that this slot will
-                // not run, and says so). Without one it is usually another instance running
-                // this very slot.
-                if self.common.leader.is_some() {
-                    self.record_miss(slot, 1, slot, MissReason::Overlap);
-                }
-                return self.answered(TickOutcome::SkippedClaimed);
-            }
-            Err(e) if e.is_transient() => return self.store_down(slot, &e).await,
-            Err(e) => return self.refused(&e),
-        };
-        let outcome = self
-            .claim_and_run(&guard, slot, trigger, leader_cancel)
-            .await;
-        if let Err(e) = guard.release().await {
-            tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
-        }
-        outcome
-    }
-
-    async fn claim_and_run(
-        &self,
-        guard: &LeaseGuard,
-        slot: u64,
-        trigger: Trigger,
-        leader_cancel: Option<CancellationToken>,
-    ) -> TickOutcome {
-        let expiring = guard.expiring_token();
-        let limit = self.lease.config().renew_interval;
-        let claim = tokio::select! {
-            biased;
-            () = expiring.cancelled() => return TickOutcome::SkippedLeaseLost,
-            claim = tokio::time::timeout(limit, self.lease.store().claim_slot(&self.task.name, slot)) => {
-                claim.unwrap_or(Err(StoreError::Timeout(limit)))
+    /// A gated tick (or catch-up), once the store's clock has reached `slot`: the gate's
+    /// decision, then the run and the task lease's release.
+    async fn tick(&self, reading: &Reading, slot: u64, trigger: Trigger) -> TickOutcome {
+        let ticket = match self.gate.decide(reading, slot, trigger).await {
+            Decision::Run(ticket) => ticket,
+            Decision::Skip(skip) => {
+                return match skip {
+                    Skip::NotLeader => TickOutcome::SkippedNotLeader,
+                    Skip::NotOwner => TickOutcome::SkippedNotOwner,
+                    Skip::Paused(_) => self.answered(TickOutcome::SkippedPaused),
+                    Skip::Expiring => self.answered(TickOutcome::SkippedLeaseLost),
+                    Skip::StoreDown(e) => self.store_down(slot, &e).await,
+                    Skip::Refused(e) => self.refused(slot, &e),
+                    // Overlap (a run here), busy, already run.
+                    _ => self.answered(TickOutcome::SkippedClaimed),
+                };
             }
         };
-        match claim {
-            Ok(SlotClaim::Claimed) => {}
-            Ok(SlotClaim::AlreadyRun { .. }) => return self.answered(TickOutcome::SkippedClaimed),
-            Err(e) if e.is_transient() => return self.store_down(slot, &e).await,
-            Err(e) => return self.refused(&e),
-        }
         self.answered(TickOutcome::Ran);
-        // The claim may have taken long enough for the lease to start expiring: then the slot
-        // stays claimed but unrun rather than run by a holder that may be about to lose it.
-        if expiring.is_cancelled() || !guard.is_held() {
-            tracing::warn!(task = %self.task.name, slot, "task lease expiring before the run could start; slot not run");
-            return TickOutcome::SkippedLeaseLost;
-        }
         let held = Held {
-            token: Some(guard.token()),
-            lease: Some((expiring, guard.probe())),
-            leader: leader_cancel,
+            token: Some(ticket.guard().token()),
+            lease: Some((ticket.guard().expiring_token(), ticket.guard().probe())),
+            leader: ticket.leader_signal().cloned(),
         };
         self.run(trigger, Some(slot), held).await;
+        if let Err(e) = ticket.into_guard().release().await {
+            tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
+        }
         TickOutcome::Ran
     }
 
@@ -709,7 +557,10 @@ impl<S: Slots> TaskRunner<S> {
         outcome
     }
 
-    fn refused(&self, error: &(dyn fmt::Display + Sync)) -> TickOutcome {
+    /// The store refused: a full disk, a permission lost. The slot is missed because the store
+    /// could not serve it, as when it is down.
+    fn refused(&self, slot: u64, error: &(dyn fmt::Display + Sync)) -> TickOutcome {
+        self.skipped(slot, MissReason::StoreDown);
         let refusals = self.refusals.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::warn!(task = %self.task.name, %error, refusals, "the store refused the task lease or slot claim");
         if refusals >= MAX_REFUSALS {
@@ -766,7 +617,9 @@ impl<S: Slots> TaskRunner<S> {
             started_ms: Some(self.store_now()),
             ended_ms: None,
             outcome: RunOutcome::Running,
-            schedule: Some(recorded(&self.task.schedule)),
+            schedule: Some(RecordedSchedule::of(&self.task.schedule)),
+            paused: None,
+            request: None,
         });
         if let Some(r) = &record {
             self.common.history.record(&self.task.name, r.clone());
@@ -792,7 +645,7 @@ impl<S: Slots> TaskRunner<S> {
                 cancel.cancel();
                 stopped = Some(why);
                 tracing::warn!(task = %self.task.name, why, "cancelling run");
-                tokio::time::timeout(self.lease.config().stop_margin, &mut job).await.ok()
+                tokio::time::timeout(self.gate.lease().config().stop_margin, &mut job).await.ok()
             }
         };
         let result = match joined {
@@ -831,12 +684,12 @@ impl<S: Slots> TaskRunner<S> {
         if !exclusive {
             return Ok(self.run(Trigger::Manual, None, Held::default()).await);
         }
-        let Ok(_exclusive) = self.exclusive.clone().try_lock_owned() else {
+        let Ok(_exclusive) = self.gate.exclusive().try_lock_owned() else {
             return Err(SchedulerError::Busy {
                 holder: self.common.holder.clone(),
             });
         };
-        let guard = match self.lease.try_acquire().await? {
+        let guard = match self.gate.lease().try_acquire().await? {
             TryAcquire::Acquired(guard) => guard,
             TryAcquire::Busy { holder, .. } => return Err(SchedulerError::Busy { holder }),
         };
@@ -869,7 +722,7 @@ pub(super) trait RunNow: Send + Sync {
     fn history(self: Arc<Self>, limit: usize) -> BoxFuture<Result<Vec<RunRecord>, StoreError>>;
 }
 
-impl<S: Slots> RunNow for TaskRunner<S> {
+impl<S: Slots + Catalog> RunNow for TaskRunner<S> {
     fn start_manual(
         self: Arc<Self>,
         exclusive: bool,
@@ -900,8 +753,8 @@ impl<S: Slots> RunNow for TaskRunner<S> {
     }
 
     fn history(self: Arc<Self>, limit: usize) -> BoxFuture<Result<Vec<RunRecord>, StoreError>> {
-        Box::pin(
-            async move { crate::history::read(self.lease.store(), &self.task.name, limit).await },
-        )
+        Box::pin(async move {
+            crate::history::read(self.gate.lease().store(), &self.task.name, limit).await
+        })
     }
 }

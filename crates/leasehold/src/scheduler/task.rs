@@ -170,11 +170,14 @@ pub enum TickOutcome {
     SkippedRefused,
     /// The slot was claimed, but the task lease started expiring before the job could start.
     SkippedLeaseLost,
+    /// The task is paused fleet-wide (`leasehold pause`); the slot is recorded as paused.
+    SkippedPaused,
 }
 
 impl TickOutcome {
     /// The metrics label: `ran`, `ran-ungated`, `ran-store-down`, `skipped-not-leader`,
-    /// `skipped-claimed`, `skipped-not-owner`, `skipped-store-down`, `skipped-refused`, `skipped-lease-lost`.
+    /// `skipped-claimed`, `skipped-not-owner`, `skipped-store-down`, `skipped-refused`,
+    /// `skipped-lease-lost`, `skipped-paused`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ran => "ran",
@@ -186,6 +189,7 @@ impl TickOutcome {
             Self::SkippedStoreDown => "skipped-store-down",
             Self::SkippedRefused => "skipped-refused",
             Self::SkippedLeaseLost => "skipped-lease-lost",
+            Self::SkippedPaused => "skipped-paused",
         }
     }
 }

@@ -1,0 +1,235 @@
+//! What a store's [`Catalog`] keeps: the tasks instances run (each instance's registration with a
+//! heartbeat), and each task's control record (pause, a pending manual trigger), written by
+//! compare-and-set so the CLI, the sidecar and the library can all act on it at once.
+//!
+//! Like run history, the records are opaque text to a store: this module defines what the text
+//! is ([`TaskDefinition`], [`InstanceInfo`], [`Control`], as JSON). Fields are only ever added,
+//! and readers ignore fields they do not know, so two releases side by side read each other's
+//! records.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store_api::{LeaseState, StoreError};
+use crate::{HolderId, LeaseName};
+
+/// How long the catalog remembers an instance that stopped heartbeating (and a task none of
+/// whose instances has been seen for that long, unless it has a control record).
+pub const CATALOG_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// A value and the version the store gave it, for compare-and-set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    /// Starts at 1 and goes up by one with every write.
+    pub version: u64,
+    /// The value (JSON text).
+    pub value: String,
+}
+
+/// One instance's registration of a task, as [`Catalog::tasks`](crate::Catalog::tasks) lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRecord {
+    /// The instance (its holder id).
+    pub instance: HolderId,
+    /// What it said about itself ([`InstanceInfo`] as JSON).
+    pub about: String,
+    /// Time left on its heartbeat on the store's clock; zero once it expired.
+    pub remaining: Duration,
+}
+
+/// A task in the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRecord {
+    /// The task's name.
+    pub task: LeaseName,
+    /// Its definition ([`TaskDefinition`] as JSON) as the last instance to register wrote it;
+    /// `None` when only a control record exists (paused before any instance ran it).
+    pub definition: Option<String>,
+    /// The instances that registered it and were seen within the retention, live ones first,
+    /// each group sorted by instance.
+    pub instances: Vec<InstanceRecord>,
+    /// Its control record, if one was ever written.
+    pub control: Option<Versioned>,
+}
+
+/// A lease record, as [`Catalog::leases`](crate::Catalog::leases) lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The lease's name.
+    pub name: LeaseName,
+    /// Its state, as [`Store::inspect`](crate::Store::inspect) would answer.
+    pub state: LeaseState,
+}
+
+/// The store's clock and a task's control record, read in one round trip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlRead {
+    /// The store's clock, ms since the Unix epoch.
+    pub now_ms: u64,
+    /// The task's control record, if any.
+    pub control: Option<Versioned>,
+}
+
+/// What one registration writes: see [`Catalog::register`](crate::Catalog::register).
+#[derive(Debug, Clone, Copy)]
+pub struct Registration<'a> {
+    /// The task.
+    pub task: &'a LeaseName,
+    /// Its definition ([`TaskDefinition`] as JSON); the last writer's is kept.
+    pub definition: &'a str,
+    /// The registering instance.
+    pub instance: &'a HolderId,
+    /// What the instance says about itself ([`InstanceInfo`] as JSON).
+    pub about: &'a str,
+    /// The heartbeat's ttl: the instance is live until this long from now on the store's clock.
+    pub ttl: Duration,
+    /// Instances of this task whose heartbeat expired longer ago than this are dropped.
+    pub forget_after: Duration,
+}
+
+/// Where a task's definition came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum TaskSource {
+    /// A [`Scheduler`](crate::Scheduler) in an application.
+    Scheduler,
+    /// `leasehold run` with a schedule.
+    Run,
+    /// The sidecar's ticks endpoint.
+    Sidecar,
+    /// Something this release does not know (written by a newer one).
+    #[serde(other)]
+    Other,
+}
+
+/// How a task's ticks are gated, as registered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDefinition {
+    /// Where it was registered from.
+    pub source: TaskSource,
+    /// The schedule as written (`every 30s`, a cron expression).
+    pub schedule: String,
+    /// The schedule's time zone (IANA name), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+    /// The store-down policy (`fail-closed`, `fail-open`, `local`).
+    pub on_store_down: String,
+    /// The catch-up policy (`skip`, `latest`, `all`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up: Option<String>,
+    /// Whether timer ticks go through the gate.
+    pub gated: bool,
+    /// The leader group the task's ticks are gated on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_group: Option<String>,
+    /// The spread group the task is placed in, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread_group: Option<String>,
+}
+
+/// What an instance says about itself when it registers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceInfo {
+    /// The leasehold release it runs.
+    pub version: String,
+    /// Its host name.
+    #[serde(default)]
+    pub host: String,
+    /// Its process id.
+    #[serde(default)]
+    pub pid: u32,
+}
+
+impl InstanceInfo {
+    /// This process.
+    pub fn current() -> Self {
+        Self {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            host: crate::name::host_name(),
+            pid: std::process::id(),
+        }
+    }
+}
+
+/// A task's control record: fleet-wide pause, and a pending manual trigger.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Control {
+    /// Set while the task is paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Pause>,
+    /// A manual run asked for and not yet taken by an instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<TriggerRequest>,
+}
+
+/// Who paused a task, when and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// Who asked (free text: a user, a host).
+    pub by: String,
+    /// Why, if they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When, on the store's clock (ms).
+    pub at_ms: u64,
+}
+
+/// A manual run asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggerRequest {
+    /// The run's id: the history record of the run carries it.
+    pub id: String,
+    /// Who asked.
+    pub by: String,
+    /// When, on the store's clock (ms).
+    pub at_ms: u64,
+    /// After this (store clock, ms) no instance takes it any more.
+    pub expires_ms: u64,
+}
+
+macro_rules! json_text {
+    ($($ty:ident: $what:literal),*) => {$(
+        impl $ty {
+            /// The record as the store keeps it.
+            pub fn to_json(&self) -> String {
+                // Strings, numbers and enums always serialize.
+                serde_json::to_string(self).unwrap_or_default()
+            }
+
+            /// Reads a record the store kept.
+            pub fn from_json(text: &str) -> Result<Self, StoreError> {
+                serde_json::from_str(text).map_err(|e| {
+                    StoreError::Corrupt(format!(concat!("unreadable ", $what, ": {}"), e))
+                })
+            }
+        }
+    )*};
+}
+
+json_text!(
+    TaskDefinition: "task definition",
+    InstanceInfo: "instance record",
+    Control: "control record"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fields a later release adds are ignored, and a source it adds reads as `Other`: two
+    /// releases side by side read each other's records.
+    #[test]
+    fn records_from_a_newer_release_still_read() {
+        let def = TaskDefinition::from_json(
+            r#"{"source":"robot","schedule":"every 30s","on_store_down":"fail-closed","gated":true,"colour":"red"}"#,
+        )
+        .unwrap();
+        assert_eq!(def.source, TaskSource::Other);
+        let control =
+            Control::from_json(r#"{"paused":{"by":"ops","at_ms":5,"until_ms":9}}"#).unwrap();
+        assert_eq!(control.paused.unwrap().by, "ops");
+        assert!(Control::from_json("\"paused\"").is_err());
+    }
+}

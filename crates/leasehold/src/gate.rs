@@ -1,0 +1,541 @@
+//! The tick decision, written once: whether a timer firing of a task runs on this instance. The
+//! [`Scheduler`](crate::Scheduler) asks it for every gated tick, and the sidecar for every tick
+//! an application reports; fleet-wide pause (and any rule to come) is honoured here once.
+//!
+//! A decision goes, in order: the store's clock (read with the task's control record in one
+//! round trip where the store keeps a [`Catalog`]) → is this instance entitled (every instance,
+//! the group's leader, or the task's owner under spreading) → is the task paused → is a gated
+//! run of the task already going here → the task lease → the forward-only slot claim → is the
+//! lease still safe to run under. The answer is a [`Ticket`] to run (holding the task lease) or
+//! the reason not to ([`Skip`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedMutexGuard, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::{Control, Pause};
+use crate::history::{HistoryWriter, MissReason, RunRecord};
+use crate::leader::{Leader, LeaderState};
+use crate::lease::{Lease, LeaseGuard, TryAcquire};
+use crate::scheduler::placement::Placement;
+use crate::store_api::{Capabilities, Catalog, SlotClaim, Slots, StoreError};
+use crate::{HolderId, LeaseConfig, LeaseName, Trigger};
+
+/// The store's clock as a tick read it, with the task's control record when the store keeps
+/// one.
+#[derive(Debug, Clone)]
+pub struct Reading {
+    /// The store's clock, ms since the Unix epoch.
+    pub now_ms: u64,
+    /// The local instant the reading corresponds to (the middle of the round trip).
+    pub at: Instant,
+    /// The task's control record (pause, pending trigger), if the store has one for it.
+    pub control: Option<Control>,
+    /// Its version, for compare-and-set.
+    pub control_version: Option<u64>,
+}
+
+/// Why a tick does not run here.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Skip {
+    /// A leader gate is in use and this instance does not lead.
+    NotLeader,
+    /// Tasks are spread over instances and another one owns this task.
+    NotOwner,
+    /// The task is paused fleet-wide; the slot is claimed (so it is never caught up) and
+    /// recorded as paused.
+    Paused(Pause),
+    /// A gated run of this task is already going in this process.
+    Overlap,
+    /// Another holder has the task lease: a run going elsewhere.
+    Busy {
+        /// Who holds it.
+        holder: HolderId,
+    },
+    /// This slot, or a later one, was already claimed.
+    AlreadyRun {
+        /// The highest slot claimed.
+        last: u64,
+    },
+    /// The slot was claimed, but the task lease started expiring before the run could start:
+    /// the slot stays claimed and unrun rather than run by a holder about to lose the lease.
+    Expiring,
+    /// The store could not answer (the task's store-down policy applies).
+    StoreDown(StoreError),
+    /// The store refused (retrying cannot help).
+    Refused(StoreError),
+}
+
+impl Skip {
+    /// A label for logs, metrics and the sidecar's answers: `not-leader`, `not-owner`,
+    /// `paused`, `overlap`, `busy`, `already-run`, `expiring`, `store-down`, `refused`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::NotLeader => "not-leader",
+            Self::NotOwner => "not-owner",
+            Self::Paused(_) => "paused",
+            Self::Overlap => "overlap",
+            Self::Busy { .. } => "busy",
+            Self::AlreadyRun { .. } => "already-run",
+            Self::Expiring => "expiring",
+            Self::StoreDown(_) => "store-down",
+            Self::Refused(_) => "refused",
+        }
+    }
+
+    fn from_store(error: StoreError) -> Self {
+        match error.is_transient() {
+            true => Self::StoreDown(error),
+            false => Self::Refused(error),
+        }
+    }
+}
+
+/// A tick that runs here: the task lease is held and the slot claimed.
+#[derive(Debug)]
+pub struct Ticket {
+    guard: LeaseGuard,
+    slot: u64,
+    trigger: Trigger,
+    leader: Option<CancellationToken>,
+    _exclusive: OwnedMutexGuard<()>,
+}
+
+impl Ticket {
+    /// The slot the run is for.
+    pub fn slot(&self) -> u64 {
+        self.slot
+    }
+
+    /// What started it.
+    pub fn trigger(&self) -> Trigger {
+        self.trigger
+    }
+
+    /// The task lease held for the run (its token fences the run's writes).
+    pub fn guard(&self) -> &LeaseGuard {
+        &self.guard
+    }
+
+    /// Fires when leadership of the task's group starts expiring, for runs gated on a leader.
+    pub fn leader_signal(&self) -> Option<&CancellationToken> {
+        self.leader.as_ref()
+    }
+
+    /// The task lease, to hand over once the run ended (or to keep it past the gate, as the
+    /// sidecar does for the application's run).
+    pub fn into_guard(self) -> LeaseGuard {
+        self.guard
+    }
+}
+
+/// The gate's answer.
+#[derive(Debug)]
+pub enum Decision {
+    /// Run it here.
+    Run(Ticket),
+    /// Do not.
+    Skip(Skip),
+}
+
+/// Which instances may contend for a task's slots.
+#[derive(Clone, Default)]
+pub(crate) enum Contender {
+    /// Every instance: the task lease and the slot claim pick one.
+    #[default]
+    Anyone,
+    /// The leader of a group only.
+    Leader(watch::Receiver<LeaderState>),
+    /// The owner of the task among a spread group's members only.
+    Owner(Arc<Placement>),
+    /// The leader of a group campaigned for on demand ([`Campaigns`]).
+    Campaign(Arc<Campaign>),
+}
+
+/// The gate of one task: see the module documentation.
+pub struct Gate<S> {
+    lease: Lease<S>,
+    contender: Contender,
+    /// Held by a gated run of this task in this process, so two never use the task lease at
+    /// once.
+    exclusive: Arc<tokio::sync::Mutex<()>>,
+    history: Option<HistoryWriter>,
+    /// Ends a catch-up's wait for the task lease.
+    stop: CancellationToken,
+}
+
+impl<S: Slots + Catalog> Gate<S> {
+    /// The gate of the task `lease` names, where every instance contends.
+    pub fn new(lease: Lease<S>) -> Self {
+        Self {
+            lease,
+            contender: Contender::Anyone,
+            exclusive: Arc::default(),
+            history: None,
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Only the instance that leads the group `campaign` stands for contends.
+    pub fn led_by(mut self, campaign: Arc<Campaign>) -> Self {
+        self.contender = Contender::Campaign(campaign);
+        self
+    }
+
+    pub(crate) fn contender(mut self, contender: Contender) -> Self {
+        self.contender = contender;
+        self
+    }
+
+    /// Records the slots the gate knows were missed (paused, or overlapping a run) here.
+    pub fn recording(mut self, history: HistoryWriter) -> Self {
+        self.history = Some(history);
+        self
+    }
+
+    /// A catch-up tick's wait for the task lease ends when `stop` fires.
+    pub fn stopping_on(mut self, stop: CancellationToken) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    /// The task lease.
+    pub fn lease(&self) -> &Lease<S> {
+        &self.lease
+    }
+
+    /// Held by a gated run of the task in this process (a manual exclusive run takes it too).
+    pub(crate) fn exclusive(&self) -> Arc<tokio::sync::Mutex<()>> {
+        self.exclusive.clone()
+    }
+
+    fn task(&self) -> &LeaseName {
+        self.lease.name()
+    }
+
+    fn limit(&self) -> Duration {
+        self.lease.config().renew_interval
+    }
+
+    /// The store's clock (and the task's control record, in the same round trip, when the store
+    /// keeps a catalog), within the renew interval.
+    pub async fn read_clock(&self) -> Result<Reading, StoreError> {
+        let store = self.lease.store();
+        let limit = self.limit();
+        let sent = Instant::now();
+        let (now_ms, control) = if store.capabilities().contains(Capabilities::CATALOG) {
+            let read = crate::store::within(limit, store.control(self.task())).await?;
+            (read.now_ms, read.control)
+        } else {
+            (crate::store::within(limit, store.now_millis()).await?, None)
+        };
+        let (control, control_version) = match control {
+            Some(v) => (Some(Control::from_json(&v.value)?), Some(v.version)),
+            None => (None, None),
+        };
+        Ok(Reading {
+            now_ms,
+            at: sent + sent.elapsed() / 2,
+            control,
+            control_version,
+        })
+    }
+
+    /// Whether this instance may contend for the task's slots now, with the leadership's
+    /// expiring signal when it is a leader's.
+    pub(crate) async fn entitled(&self) -> Result<Option<CancellationToken>, Skip> {
+        match &self.contender {
+            Contender::Anyone => Ok(None),
+            Contender::Leader(state) => leading(&state.borrow()).map(Some).ok_or(Skip::NotLeader),
+            Contender::Owner(placement) => match placement.owns(self.task()) {
+                Some(_) => Ok(None),
+                None => Err(Skip::NotOwner),
+            },
+            Contender::Campaign(campaign) => {
+                campaign.leads().await.map(Some).ok_or(Skip::NotLeader)
+            }
+        }
+    }
+
+    /// Whether `slot` runs here. `reading` is the store's clock read for this tick (the caller
+    /// checked that it reached `slot`). A catch-up tick that finds the task lease busy waits
+    /// once for it (typically the run lease of a crashed leader, running out within a ttl).
+    pub async fn decide(&self, reading: &Reading, slot: u64, trigger: Trigger) -> Decision {
+        match self.try_decide(reading, slot, trigger).await {
+            Ok(ticket) => Decision::Run(ticket),
+            Err(skip) => Decision::Skip(skip),
+        }
+    }
+
+    async fn try_decide(
+        &self,
+        reading: &Reading,
+        slot: u64,
+        trigger: Trigger,
+    ) -> Result<Ticket, Skip> {
+        let leader = self.entitled().await?;
+        if let Some(pause) = reading.control.as_ref().and_then(|c| c.paused.clone()) {
+            self.paused(slot, &pause).await;
+            return Err(Skip::Paused(pause));
+        }
+        let exclusive = self.exclusive.clone().try_lock_owned().map_err(|_| {
+            self.missed(slot, MissReason::Overlap);
+            Skip::Overlap
+        })?;
+        let mut attempt = self.lease.try_acquire().await;
+        if trigger == Trigger::CatchUp
+            && let Ok(TryAcquire::Busy { remaining, .. }) = &attempt
+        {
+            let wait = (*remaining).min(self.lease.config().ttl) + Duration::from_millis(10);
+            tokio::select! {
+                () = self.stop.cancelled() => return Err(Skip::NotLeader),
+                () = fired(leader.as_ref()) => return Err(Skip::NotLeader),
+                () = tokio::time::sleep(wait) => {}
+            }
+            attempt = self.lease.try_acquire().await;
+        }
+        let guard = match attempt {
+            Ok(TryAcquire::Acquired(guard)) => guard,
+            Ok(TryAcquire::Busy { holder, .. }) => return Err(self.busy(slot, holder).await),
+            Err(e) => {
+                return Err(match e {
+                    crate::LeaseError::Store(e) => Skip::from_store(e),
+                    // A grant that came too late, or a timing the store cannot hold.
+                    other => Skip::StoreDown(StoreError::Timeout(match other {
+                        crate::LeaseError::LateReply { elapsed } => elapsed,
+                        _ => self.limit(),
+                    })),
+                });
+            }
+        };
+        let expiring = guard.expiring_token();
+        let claim = tokio::select! {
+            biased;
+            () = expiring.cancelled() => None,
+            claim = crate::store::within(self.limit(), self.lease.store().claim_slot(self.task(), slot)) => Some(claim),
+        };
+        let outcome = match claim {
+            // The lease started expiring while the claim was on its way.
+            None => Err(Skip::Expiring),
+            Some(claim) => match claim {
+                Ok(SlotClaim::Claimed) if expiring.is_cancelled() || !guard.is_held() => {
+                    tracing::warn!(task = %self.task(), slot, "task lease expiring before the run could start; slot not run");
+                    Err(Skip::Expiring)
+                }
+                Ok(SlotClaim::Claimed) => Ok(()),
+                Ok(SlotClaim::AlreadyRun { last }) => Err(Skip::AlreadyRun { last }),
+                Err(e) => Err(Skip::from_store(e)),
+            },
+        };
+        match outcome {
+            Ok(()) => Ok(Ticket {
+                guard,
+                slot,
+                trigger,
+                leader,
+                _exclusive: exclusive,
+            }),
+            Err(skip) => {
+                release_in_background(guard);
+                Err(skip)
+            }
+        }
+    }
+
+    /// Another holder has the task lease. With a leader (or an owner) only this instance ticks,
+    /// so that is a run overlapping this slot, and it is missed; with anyone contending it is
+    /// usually another instance running this very slot, which the slot record tells.
+    async fn busy(&self, slot: u64, holder: HolderId) -> Skip {
+        if !matches!(self.contender, Contender::Anyone) {
+            self.missed(slot, MissReason::Overlap);
+            return Skip::Busy { holder };
+        }
+        let last = crate::store::within(self.limit(), self.lease.store().last_slot(self.task()));
+        match last.await {
+            Ok(Some(last)) if last >= slot => Skip::AlreadyRun { last },
+            _ => Skip::Busy { holder },
+        }
+    }
+
+    /// A paused slot: claimed, so that no instance runs it or catches it up after the resume,
+    /// and recorded once (by whoever claims it).
+    async fn paused(&self, slot: u64, pause: &Pause) {
+        let claim = crate::store::within(
+            self.limit(),
+            self.lease.store().claim_slot(self.task(), slot),
+        );
+        if let Ok(SlotClaim::Claimed) = claim.await
+            && let Some(history) = &self.history
+        {
+            let mut record =
+                RunRecord::missed(slot, 1, slot, MissReason::NotClaimed, self.lease.holder());
+            record.paused = Some(pause.clone());
+            history.record(self.task(), record);
+        }
+    }
+
+    fn missed(&self, slot: u64, reason: MissReason) {
+        if let Some(history) = &self.history {
+            let record = RunRecord::missed(slot, 1, slot, reason, self.lease.holder());
+            history.record(self.task(), record);
+        }
+    }
+}
+
+fn leading(state: &LeaderState) -> Option<CancellationToken> {
+    match state {
+        LeaderState::Leading { cancel, .. } if !cancel.is_cancelled() => Some(cancel.clone()),
+        _ => None,
+    }
+}
+
+async fn fired(token: Option<&CancellationToken>) {
+    match token {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn release_in_background(guard: LeaseGuard) {
+    tokio::spawn(async move {
+        if let Err(e) = guard.release().await {
+            tracing::debug!(error = %e, "task lease release failed; it expires after its ttl");
+        }
+    });
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// How long a new campaign may take to settle before a tick answers not-leader.
+const FIRST_ELECTION: Duration = Duration::from_secs(1);
+
+/// Leadership of groups held on behalf of callers that tick in them (the sidecar's
+/// applications): a group is campaigned for from the first tick that names it and kept while
+/// ticks in it keep arriving, for twice the longest interval between slots seen plus the lease's
+/// ttl. A caller that stops ticking (hung, or shut down) so lets the group pass to an instance
+/// whose caller is alive.
+pub struct Campaigns<S> {
+    store: S,
+    holder: HolderId,
+    stop: CancellationToken,
+    groups: Mutex<HashMap<LeaseName, Arc<Campaign>>>,
+}
+
+/// One group's campaign, kept by [`Campaigns`].
+pub struct Campaign {
+    leader: crate::LeaderHandle,
+    group: LeaseName,
+    started: Instant,
+    settle: Duration,
+    /// The last tick and the idle time after which the campaign stops.
+    activity: Mutex<(Instant, Duration)>,
+    stop: CancellationToken,
+}
+
+impl Campaign {
+    /// Whether this instance leads the group now (a campaign that just started is given up to a
+    /// second, or its ttl, to settle), with the leadership's expiring signal.
+    async fn leads(&self) -> Option<CancellationToken> {
+        let mut states = self.leader.watch();
+        let settle = self.started + self.settle;
+        loop {
+            let state = states.borrow_and_update().clone();
+            match state {
+                LeaderState::Campaigning if Instant::now() < settle => {}
+                state => return leading(&state),
+            }
+            if tokio::time::timeout_at(settle, states.changed())
+                .await
+                .is_err()
+            {
+                return leading(&states.borrow());
+            }
+        }
+    }
+
+    async fn expire_when_idle(self: Arc<Self>) {
+        loop {
+            let (last, idle) = *lock(&self.activity);
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = tokio::time::sleep_until(last + idle) => {}
+            }
+            let (last, idle) = *lock(&self.activity);
+            if last + idle <= Instant::now() {
+                tracing::info!(group = %self.group, "no ticks in the group lately; stepping down");
+                self.stop.cancel();
+                return;
+            }
+        }
+    }
+}
+
+impl<S: crate::Store> Campaigns<S> {
+    /// Campaigns on `store` as `holder`, all ending when `stop` fires.
+    pub fn new(store: S, holder: HolderId, stop: CancellationToken) -> Self {
+        Self {
+            store,
+            holder,
+            stop,
+            groups: Mutex::default(),
+        }
+    }
+
+    /// The campaign for `group`, started (with lease timing `config`) if none is going, and
+    /// kept going for `interval` (the caller's interval between slots) more.
+    pub fn campaign(
+        &self,
+        group: &LeaseName,
+        config: LeaseConfig,
+        interval: Duration,
+    ) -> Result<Arc<Campaign>, crate::ConfigError> {
+        let idle = interval.saturating_mul(2) + config.ttl;
+        let mut groups = lock(&self.groups);
+        if let Some(g) = groups.get(group)
+            && !g.stop.is_cancelled()
+        {
+            let mut activity = lock(&g.activity);
+            *activity = (Instant::now(), activity.1.max(idle));
+            return Ok(g.clone());
+        }
+        let stop = self.stop.child_token();
+        let lease =
+            Lease::new(self.store.clone(), group.clone(), config)?.with_holder(self.holder.clone());
+        let shutdown = stop.clone().cancelled_owned();
+        let campaign = Arc::new(Campaign {
+            leader: Leader::new(lease).start(shutdown),
+            group: group.clone(),
+            started: Instant::now(),
+            settle: FIRST_ELECTION.min(config.ttl),
+            activity: Mutex::new((Instant::now(), idle)),
+            stop,
+        });
+        groups.insert(group.clone(), campaign.clone());
+        tokio::spawn(campaign.clone().expire_when_idle());
+        Ok(campaign)
+    }
+
+    /// Steps down from every group (releasing its lease), waiting at most `limit`.
+    pub async fn shut_down(&self, limit: Duration) {
+        let groups: Vec<_> = lock(&self.groups).drain().map(|(_, g)| g).collect();
+        for g in &groups {
+            g.stop.cancel();
+        }
+        let stopped = async {
+            for g in &groups {
+                let mut states = g.leader.watch();
+                let _ = states
+                    .wait_for(|s| matches!(s, LeaderState::Stopped | LeaderState::Failed { .. }))
+                    .await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, stopped).await;
+    }
+}
