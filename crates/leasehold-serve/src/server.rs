@@ -230,11 +230,14 @@ impl Limits {
 }
 
 /// The connection slots: a semaphore, and whether the limit was reached (logged once, until
-/// the open connections fall to three quarters of it).
+/// the open connections fall to three quarters of it with nobody waiting).
 struct Slots {
     free: Arc<Semaphore>,
     max: usize,
     full: AtomicBool,
+    /// The accept loop waits for a slot: a slot given back goes to it, so the limit has not
+    /// cleared.
+    waiting: AtomicBool,
 }
 
 impl Slots {
@@ -243,6 +246,7 @@ impl Slots {
             free: Arc::new(Semaphore::new(max)),
             max,
             full: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
         }
     }
 
@@ -251,6 +255,7 @@ impl Slots {
         let permit = match self.free.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) => {
+                self.waiting.store(true, Ordering::Relaxed);
                 if !self.full.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         max_connections = self.max,
@@ -258,7 +263,9 @@ impl Slots {
                     );
                 }
                 // The semaphore is never closed.
-                self.free.clone().acquire_owned().await.ok()
+                let permit = self.free.clone().acquire_owned().await.ok();
+                self.waiting.store(false, Ordering::Relaxed);
+                permit
             }
         };
         Slot {
@@ -279,7 +286,10 @@ impl Drop for Slot {
         let slots = &self.slots;
         // This slot's permit is returned right after this function.
         let open = slots.max - slots.free.available_permits() - 1;
-        if open <= slots.max * 3 / 4 && slots.full.swap(false, Ordering::Relaxed) {
+        if open <= slots.max * 3 / 4
+            && !slots.waiting.load(Ordering::Relaxed)
+            && slots.full.swap(false, Ordering::Relaxed)
+        {
             tracing::info!(
                 open,
                 max_connections = slots.max,
