@@ -22,6 +22,7 @@ use crate::report::{Failure, Report, Target};
 
 /// A store `leasehold bench` can measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
 pub enum StoreKind {
     /// The embedded SQLite store (a file in `--sqlite-dir`).
     Sqlite,

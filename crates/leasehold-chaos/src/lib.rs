@@ -27,6 +27,7 @@ pub use svg::{Marker, Span, Timeline};
 
 /// The store a chaos run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
 pub enum StoreKind {
     /// A SQLite file in a temporary directory (no proxy, no restart).
     Sqlite,

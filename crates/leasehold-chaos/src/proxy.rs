@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 
 /// How the proxy treats traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ProxyMode {
     /// Forwards everything at once.
     Pass,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum FaultKind {
     /// SIGKILL of the current holder (and its command), then a replacement replica starts.
     Kill,

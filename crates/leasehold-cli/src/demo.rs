@@ -14,6 +14,7 @@ use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::Failure;
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -113,18 +114,18 @@ impl Demo {
             } else {
                 ""
             };
-            println!(
+            outln!(
                 "{} tick {slot}: ran on {holder} (fencing token {token}){dup}{stale}",
                 stamp(self.started)
-            );
+            )?;
         }
         self.seen.ledger_seen = self.seen.ledger_seen.max(entries.len());
         let state = self.store.inspect(&LeaseName::new(LEASE)?).await?;
         let leader = state.and_then(|s| s.holder).map(|h| h.to_string());
         if leader != self.seen.leader {
             match &leader {
-                Some(l) => println!("{} leader is now {l}", stamp(self.started)),
-                None => println!("{} no leader", stamp(self.started)),
+                Some(l) => outln!("{} leader is now {l}", stamp(self.started))?,
+                None => outln!("{} no leader", stamp(self.started))?,
             }
             self.seen.leader = leader;
         }
@@ -206,14 +207,16 @@ pub async fn demo(args: DemoArgs) -> Result<u8, Failure> {
 async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
     let db = dir.join("demo.db");
     let store = leasehold_connect::open_store(&format!("sqlite:{}", db.display())).await?;
-    println!(
+    outln!(
         "leasehold demo: {} instances of `leasehold run --every {:?} --ttl {:?}` share one SQLite file.",
-        args.instances, args.every, args.ttl
-    );
-    println!(
+        args.instances,
+        args.every,
+        args.ttl
+    )?;
+    outln!(
         "Each tick must run on exactly one instance; the command each runs appends to a ledger."
-    );
-    println!("files: {}\n", dir.display());
+    )?;
+    outln!("files: {}\n", dir.display())?;
     let mut demo = Demo {
         dir: dir.to_owned(),
         instances: Vec::new(),
@@ -250,27 +253,27 @@ async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
     for holder in runs.values().flatten() {
         *per_instance.entry(holder.as_str()).or_default() += 1;
     }
-    println!("\nsummary");
-    println!("  ticks run            {}", runs.len());
-    println!("  executions           {executions}");
-    println!("  duplicate ticks      {duplicates}   (must be 0)");
-    println!(
+    outln!("\nsummary")?;
+    outln!("  ticks run            {}", runs.len())?;
+    outln!("  executions           {executions}")?;
+    outln!("  duplicate ticks      {duplicates}   (must be 0)")?;
+    outln!(
         "  missed ticks         {missed}   (ticks that fell while the killed leader's lease ran out)"
-    );
+    )?;
     for (who, n) in per_instance {
-        println!("  runs on {who:<12} {n}");
+        outln!("  runs on {who:<12} {n}")?;
     }
-    println!(
+    outln!(
         "  takeover after SIGKILL          {:>7.0} ms   (bounded by the ttl, {:?})",
         kill_takeover.as_secs_f64() * 1e3,
         args.ttl
-    );
-    println!(
+    )?;
+    outln!(
         "  handoff after graceful stop     {:>7.0} ms   (release, then notification)",
         handoff.as_secs_f64() * 1e3
-    );
+    )?;
     if duplicates > 0 {
-        println!("\nFAILED: a tick ran more than once");
+        outln!("\nFAILED: a tick ran more than once")?;
         return Ok(1);
     }
     Ok(0)
@@ -282,33 +285,33 @@ async fn phases(args: &DemoArgs, demo: &mut Demo) -> anyhow::Result<(Duration, D
     demo.watch_for(phase).await?;
 
     let leader = demo.seen.leader.clone().unwrap_or(leader);
-    println!(
+    outln!(
         "{} >>> SIGKILL {leader} (the leader): it cannot release; the others wait for its lease to expire",
         stamp(demo.started)
-    );
+    )?;
     demo.signal(&leader, Signal::SIGKILL)?;
     let (next, kill_takeover) = demo.wait_for_leader(Some(&leader), args.ttl * 3).await?;
-    println!(
+    outln!(
         "{} >>> {next} took over {:.0} ms after the kill",
         stamp(demo.started),
         kill_takeover.as_secs_f64() * 1e3
-    );
+    )?;
     demo.watch_for(phase).await?;
 
     let leader = demo.seen.leader.clone().unwrap_or(next);
-    println!(
+    outln!(
         "{} >>> SIGTERM {leader}: it finishes its run, releases the lease and exits",
         stamp(demo.started)
-    );
+    )?;
     let stop_at = Instant::now();
     demo.signal(&leader, Signal::SIGTERM)?;
     let (next, _) = demo.wait_for_leader(Some(&leader), args.ttl * 3).await?;
     let handoff = stop_at.elapsed();
-    println!(
+    outln!(
         "{} >>> {next} took over {:.0} ms after the stop",
         stamp(demo.started),
         handoff.as_secs_f64() * 1e3
-    );
+    )?;
     demo.watch_for(phase).await?;
     Ok((kill_takeover, handoff))
 }

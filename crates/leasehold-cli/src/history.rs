@@ -8,6 +8,7 @@ use leasehold::history::{RecordedSchedule, RunOutcome, RunRecord};
 use leasehold::{BoxStore, LeaseName, Schedule, Store};
 
 use crate::Failure;
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct HistoryArgs {
@@ -76,18 +77,21 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
     };
     if args.json {
         let doc = serde_json::json!({ "task": task.as_str(), "runs": records });
-        println!("{doc}");
+        outln!("{doc}")?;
         return Ok(0);
     }
-    println!("task: {task}   store: {}", store.describe());
+    outln!("task: {task}   store: {}", store.describe())?;
     if records.is_empty() {
-        println!("no runs recorded");
+        outln!("no runs recorded")?;
         return Ok(0);
     }
-    println!(
+    outln!(
         "{:<24}  {:<9}  {:<28}  {:>9}  OUTCOME",
-        "SLOT (UTC)", "TRIGGER", "HOLDER", "DURATION"
-    );
+        "SLOT (UTC)",
+        "TRIGGER",
+        "HOLDER",
+        "DURATION"
+    )?;
     for r in &records {
         let when = r.slot.or(r.started_ms).map_or("-".to_owned(), time);
         let trigger = r.trigger.map_or("-".to_owned(), |t| t.to_string());
@@ -95,11 +99,11 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
             (RunOutcome::Missed { .. } | RunOutcome::Running, _) | (_, None) => "-".to_owned(),
             (_, Some(d)) => format!("{:.1?}", d),
         };
-        println!(
+        outln!(
             "{when:<24}  {trigger:<9}  {:<28}  {duration:>9}  {}",
             r.holder,
             outcome(r)
-        );
+        )?;
     }
     Ok(0)
 }

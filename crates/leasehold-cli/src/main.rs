@@ -6,6 +6,7 @@ mod history;
 mod link;
 mod logging;
 mod next;
+mod output;
 mod run;
 mod serve;
 mod status;
@@ -14,7 +15,7 @@ mod supervise;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Exit status when the lease is held by someone else (`run` without a schedule).
 pub const EXIT_BUSY: u8 = 75;
@@ -213,22 +214,51 @@ fn unreachable_supervise() -> Result<u8, Failure> {
     )))
 }
 
+/// clap's error message on one line: what is wrong, with the lines that name it (the missing
+/// arguments, a tip), without the usage block, and where to read more (`leasehold run --help`).
+fn usage_error(rendered: &str, args: &[String]) -> String {
+    let message = rendered.split("\nUsage: ").next().unwrap_or(rendered);
+    let mut line = String::new();
+    for part in message.lines().map(str::trim) {
+        if part.is_empty() || part.starts_with("For more information") {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(if part.starts_with("tip:") { "; " } else { " " });
+        }
+        line.push_str(part);
+    }
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
+    // No global option takes a value, so the first word that is not an option names the
+    // subcommand, if it is one.
+    let help = match args.iter().skip(1).find(|a| !a.starts_with('-')) {
+        Some(sub) if Cli::command().find_subcommand(sub).is_some() => {
+            format!("leasehold {sub} --help")
+        }
+        _ => "leasehold --help".to_owned(),
+    };
+    format!("{line} (see {help})")
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // `leasehold` alone: clap would print the whole help as the error.
+            let commands: Vec<String> = Cli::command()
+                .get_subcommands()
+                .filter(|c| !c.is_hide_set())
+                .map(|c| c.get_name().to_owned())
+                .collect();
+            logging::error_line(&format!(
+                "a command is required: {} (see leasehold --help)",
+                commands.join(", ")
+            ));
+            return exit(EXIT_USAGE);
+        }
         Err(e) if e.use_stderr() => {
-            // clap's first line says what is wrong; the usage block after it is noise here.
-            let rendered = e.to_string();
-            let mut lines = rendered.lines();
-            let first = lines.next().unwrap_or("invalid arguments");
-            let mut first = first.strip_prefix("error: ").unwrap_or(first).to_owned();
-            // "the following required arguments were not provided:" lists them below.
-            if first.ends_with(':')
-                && let Some(what) = lines.next()
-            {
-                first = format!("{first} {}", what.trim());
-            }
-            logging::error_line(&format!("{first} (see leasehold --help)"));
+            let args: Vec<String> = std::env::args().collect();
+            logging::error_line(&usage_error(&e.to_string(), &args));
             return exit(EXIT_USAGE);
         }
         Err(e) => {
@@ -273,6 +303,8 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_millis(200));
     let code = match result {
         Ok(code) => code,
+        // The reader went away (`| head -1`): nothing to say, and nobody to say it to.
+        Err(Failure { error, .. }) if error.is::<output::StdoutClosed>() => 0,
         Err(Failure { code, error }) => {
             // One line a person can act on: the error and its causes, joined.
             logging::error_line(&one_line(&error));

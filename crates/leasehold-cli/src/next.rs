@@ -6,6 +6,7 @@ use anyhow::anyhow;
 use clap::Args;
 use leasehold::Schedule;
 
+use crate::output::outln;
 use crate::{Failure, history};
 
 #[derive(Args)]
@@ -68,22 +69,22 @@ pub fn next(args: NextArgs) -> Result<u8, Failure> {
         let doc = serde_json::json!({
             "cron": cron.expr(), "time_zone": cron.time_zone(), "firings": firings,
         });
-        println!("{doc}");
+        outln!("{doc}")?;
         return Ok(0);
     }
-    println!(
+    outln!(
         "cron {:?} in {}, after {}",
         cron.expr(),
         cron.time_zone(),
         history::time(start)
-    );
+    )?;
     let zone = format!("LOCAL ({})", cron.time_zone());
-    println!("{zone:<32}  UTC");
+    outln!("{zone:<32}  UTC")?;
     for (_, utc, local) in &firings {
-        println!("{local:<32}  {utc}");
+        outln!("{local:<32}  {utc}")?;
     }
     if firings.len() < usize::from(args.n) {
-        println!("(no firing after these)");
+        outln!("(no firing after these)")?;
     }
     Ok(0)
 }

@@ -326,7 +326,7 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
         Stops {
             grace: s.config.stop_margin,
             deadline: Some(guard.deadline_updates()),
-            expiring: Some(guard.expiring_token()),
+            expiring: Some(guard.cancellation_token()),
             requested: Some(shutdown),
         },
     )

@@ -5,6 +5,7 @@ use leasehold::{LeaseName, Schedule, Store};
 
 use leasehold::history::{RunOutcome, RunRecord};
 
+use crate::output::outln;
 use crate::{Failure, history};
 
 #[derive(Args)]
@@ -66,20 +67,23 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         let tasks: Vec<_> = tasks.iter().map(TaskSummary::json).collect();
         let doc =
             serde_json::json!({ "store": store.describe(), "leases": leases, "tasks": tasks });
-        println!("{doc}");
+        outln!("{doc}")?;
         return Ok(0);
     }
-    println!("store: {}", store.describe());
+    outln!("store: {}", store.describe())?;
     let width = names
         .iter()
         .map(|n| n.as_str().len())
         .max()
         .unwrap_or(4)
         .max(5);
-    println!(
+    outln!(
         "{:<width$}  {:<7}  {:>20}  {:>10}  HOLDER",
-        "LEASE", "STATE", "TOKEN", "REMAINING"
-    );
+        "LEASE",
+        "STATE",
+        "TOKEN",
+        "REMAINING"
+    )?;
     for (name, state) in rows {
         match state {
             Some(s) => {
@@ -87,7 +91,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     Some(h) => ("held", h.as_str().to_owned()),
                     None => ("free", "-".to_owned()),
                 };
-                println!(
+                outln!(
                     "{:<width$}  {st:<7}  {:>20}  {:>10}  {holder}",
                     name.as_str(),
                     s.token.get(),
@@ -96,15 +100,15 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     } else {
                         "-".to_owned()
                     },
-                );
+                )?;
             }
-            None => println!(
+            None => outln!(
                 "{:<width$}  {:<7}  {:>20}  {:>10}  -",
                 name.as_str(),
                 "never",
                 "-",
                 "-"
-            ),
+            )?,
         }
     }
     if !tasks.is_empty() {
@@ -121,10 +125,12 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "\n{:<width$}  {:<24}  {:<24}  {zone_head}LAST OUTCOME",
-            "TASK", "LAST RUN (UTC)", "NEXT DUE (UTC)"
-        );
+            "TASK",
+            "LAST RUN (UTC)",
+            "NEXT DUE (UTC)"
+        )?;
         for t in &tasks {
             let dash = || "-".to_owned();
             let local = match (zoned, t.next_due_local(), t.time_zone()) {
@@ -132,7 +138,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                 (true, Some(local), Some(zone)) => format!("{:<42}  ", format!("{local} {zone}")),
                 (true, ..) => format!("{:<42}  ", "-"),
             };
-            println!(
+            outln!(
                 "{:<width$}  {:<24}  {:<24}  {local}{}",
                 t.task.as_str(),
                 t.last_run
@@ -141,7 +147,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     .map_or_else(dash, history::time),
                 t.next_due.map_or_else(dash, history::time),
                 t.last_run.as_ref().map_or_else(dash, history::outcome),
-            );
+            )?;
         }
     }
     Ok(0)

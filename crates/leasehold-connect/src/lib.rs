@@ -19,7 +19,8 @@ pub const DEFAULT_STORE: &str = "sqlite:leasehold.db";
 
 /// The URL schemes this crate knows, for messages.
 const SCHEMES: &str = "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, \
-                       redis+sentinel://, redis+cluster://, postgres://, etcd://, etcds://";
+                       redis+sentinel://, redis+cluster://, postgres://, etcd://, etcds://, \
+                       or a PostgreSQL key=value connection string";
 
 /// Why a store URL could not be opened. No variant carries the URL's text: each store displays
 /// its own parsed, password-free form, so no password can reach a message. The store's own
@@ -130,15 +131,20 @@ pub enum StoreKind {
     /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, `redis+sentinel://` (a primary
     /// behind Sentinel), `redis+cluster://` (a Redis Cluster).
     Redis,
-    /// `postgres://`, `postgresql://`.
+    /// `postgres://`, `postgresql://`, or a libpq `key=value` connection string
+    /// (`host=/run/postgresql user=app dbname=app`).
     Postgres,
     /// `etcd://`, `etcds://`.
     Etcd,
 }
 
 impl StoreKind {
-    /// The store a URL names, from its scheme alone.
+    /// The store a URL names, from its scheme alone; a string that starts with a `key=` is a
+    /// PostgreSQL `key=value` connection string.
     pub fn of(url: &str) -> Result<Self, OpenError> {
+        if is_conninfo(url) {
+            return Ok(Self::Postgres);
+        }
         let scheme = url
             .split_once(':')
             .map(|(scheme, _)| scheme.to_ascii_lowercase())
@@ -171,6 +177,19 @@ impl StoreKind {
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
         }
+    }
+}
+
+/// Whether `url` is a libpq `key=value` connection string: its first word is a keyword (letters
+/// and `_`) followed by `=`, which no URL (a scheme ends at `:`) or `sqlite:PATH` is.
+fn is_conninfo(url: &str) -> bool {
+    let first = url.trim_start();
+    match first.split_once('=') {
+        Some((key, _)) => {
+            let key = key.trim_end();
+            !key.is_empty() && key.chars().all(|c| c.is_ascii_alphabetic() || c == '_')
+        }
+        None => false,
     }
 }
 
@@ -211,8 +230,9 @@ fn etcd_error(e: leasehold_etcd::Error) -> OpenError {
 
 /// Opens the store a URL names and checks that it answers: `sqlite:PATH`, `redis://…`,
 /// `rediss://…`, `redis+unix://…`, `redis+sentinel://[user:pw@]host:26379[,…]/MASTER[?db=N]`,
-/// `redis+cluster://[user:pw@]host:port[,…]`, `postgres://…` (or `postgresql://…`), `etcd://…`
-/// (or `etcds://…`).
+/// `redis+cluster://[user:pw@]host:port[,…]`, `postgres://…` (or `postgresql://…`, or a libpq
+/// `key=value` connection string such as `host=/run/postgresql user=app dbname=app`),
+/// `etcd://…` (or `etcds://…`).
 pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     match StoreKind::of(url)? {
         #[cfg(feature = "sqlite")]
@@ -253,7 +273,7 @@ pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
     match StoreKind::of(url)? {
         StoreKind::Sqlite => open_store(url).await,
         #[cfg(feature = "redis")]
-        StoreKind::Redis => leasehold_redis::RedisStore::connect_lazy(url)
+        StoreKind::Redis => leasehold_redis::connect_lazy(url)
             .map(BoxStore::new)
             .map_err(redis_error),
         #[cfg(feature = "postgres")]
@@ -373,5 +393,53 @@ mod tests {
             StoreKind::of("postgresql://h/db").unwrap(),
             StoreKind::Postgres
         );
+    }
+
+    /// Issue 31: the PostgreSQL README documents libpq's `key=value` form, which used to be
+    /// refused as `unknown store URL scheme ""`.
+    #[test]
+    fn key_value_connection_strings_are_postgres() {
+        for conninfo in [
+            "host=/run/postgresql user=app dbname=app",
+            "dbname=app",
+            " host = db.internal port=5432 password=a:b@c",
+            "application_name=x host=h",
+        ] {
+            assert_eq!(
+                StoreKind::of(conninfo).unwrap(),
+                StoreKind::Postgres,
+                "{conninfo}"
+            );
+        }
+        for not in [
+            "leases.db",
+            "sqlite:a=b.db",
+            "redis://h/?x=1",
+            "=x",
+            "a-b=c",
+        ] {
+            assert_ne!(StoreKind::of(not).ok(), Some(StoreKind::Postgres), "{not}");
+        }
+    }
+
+    /// A connection string reaches the PostgreSQL store, which shows it without its password.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn key_value_connection_strings_open_without_showing_the_password() {
+        let err = open_store("host=127.0.0.1 port=1 user=app password=SECRET dbname=app")
+            .await
+            .unwrap_err();
+        let message = format!("{} {err:?}", with_causes(&err));
+        assert!(
+            matches!(
+                err,
+                OpenError::Unavailable {
+                    store: "postgres",
+                    ..
+                }
+            ),
+            "{message}"
+        );
+        assert!(!message.contains("SECRET"), "{message}");
     }
 }

@@ -605,11 +605,8 @@ impl EtcdStore {
         let end = prefix_end(&prefix);
         let mut entry_key = prefix.clone();
         entry_key.extend_from_slice(&slot_text(key));
-        if keep == 0 {
-            self.txn(op, txn(vec![], vec![delete_range(&prefix, &end)], vec![]))
-                .await?;
-            return Ok(());
-        }
+        // `keep` 0 counts as 1 (the trait's rule).
+        let keep = keep.max(1);
         // The put, and the `keep` highest keys after it with the total count.
         let answer = self
             .txn(

@@ -76,6 +76,28 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// `Ok` if `program` is an executable file in a directory of `path` (a `PATH` value), else what
+/// is missing and where to get it.
+fn find_program(
+    program: &str,
+    package: &str,
+    path: Option<std::ffi::OsString>,
+) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let found = path.iter().flat_map(std::env::split_paths).any(|dir| {
+        std::fs::metadata(dir.join(program))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    });
+    if found {
+        return Ok(());
+    }
+    Err(format!(
+        "{program} is not on PATH: etcd test clusters need etcd and etcdctl (Debian packages \
+         etcd-server and etcd-client; scripts/stores.sh installs them, or \
+         `apt-get install {package}`)"
+    ))
+}
+
 /// Whether process `pid` runs `etcd` with `dir` on its command line (a recorded pid may have
 /// been reused by another process since).
 fn is_member_of(pid: &str, dir: &Path) -> bool {
@@ -132,6 +154,12 @@ impl EtcdCluster {
     }
 
     fn start_with(size: usize, tls: Option<TlsFiles>) -> Self {
+        // Without etcdctl the health check below could only time out after 30 s.
+        for (program, package) in [("etcd", "etcd-server"), ("etcdctl", "etcd-client")] {
+            if let Err(missing) = find_program(program, package, std::env::var_os("PATH")) {
+                panic!("{missing}");
+            }
+        }
         let base = std::env::temp_dir();
         remove_stale(&base);
         let dir = tempfile::Builder::new()
@@ -430,5 +458,30 @@ impl Drop for EtcdCluster {
             let _ = watchdog.kill();
             let _ = watchdog.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::find_program;
+
+    /// A missing program is named with the package that has it, at once (issue 31: without
+    /// etcdctl a cluster's start timed out after 30 s with "not healthy").
+    #[test]
+    fn a_missing_program_is_named_with_its_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = find_program("etcdctl", "etcd-client", Some(dir.path().into())).unwrap_err();
+        assert!(err.contains("etcdctl is not on PATH"), "{err}");
+        assert!(err.contains("apt-get install etcd-client"), "{err}");
+        assert!(err.contains("scripts/stores.sh"), "{err}");
+        assert!(find_program("etcdctl", "etcd-client", None).is_err());
+        // An executable file of that name is found; a plain file is not.
+        let program = dir.path().join("etcdctl");
+        std::fs::write(&program, "#!/bin/sh\n").unwrap();
+        assert!(find_program("etcdctl", "etcd-client", Some(dir.path().into())).is_err());
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths(["/nonexistent".into(), dir.path().to_owned()]).unwrap();
+        assert_eq!(find_program("etcdctl", "etcd-client", Some(path)), Ok(()));
     }
 }

@@ -19,6 +19,10 @@ pub const DEFAULT_SLOT_TABLE: &str = "slots";
 pub const DEFAULT_HISTORY_TABLE: &str = "history";
 /// Default name of the spread-group membership table.
 pub const DEFAULT_MEMBERS_TABLE: &str = "members";
+/// Default name of the catalog's task table (definitions and control records).
+pub const DEFAULT_TASKS_TABLE: &str = "tasks";
+/// Default name of the catalog's instance table (each instance's registration of a task).
+pub const DEFAULT_INSTANCES_TABLE: &str = "task_instances";
 /// Default name of the fence table (see [`Fence`](crate::Fence)).
 pub const DEFAULT_FENCE_TABLE: &str = "fences";
 /// Default time limit of one store operation.
@@ -54,6 +58,14 @@ pub struct PgConfig {
     /// timestamptz, PRIMARY KEY (group_name, member)`. Default [`DEFAULT_MEMBERS_TABLE`]
     /// (`members`). A plain identifier.
     pub members_table: String,
+    /// The catalog's task table: `task text PRIMARY KEY, definition text, registered_at
+    /// timestamptz, control_version bigint, control text`. Default [`DEFAULT_TASKS_TABLE`]
+    /// (`tasks`). A plain identifier.
+    pub tasks_table: String,
+    /// The catalog's instance table: `task text, instance text, about text, expires_at
+    /// timestamptz, PRIMARY KEY (task, instance)`. Default [`DEFAULT_INSTANCES_TABLE`]
+    /// (`task_instances`). A plain identifier.
+    pub instances_table: String,
     /// The LISTEN/NOTIFY channel releases are announced on. Default `None`: `SCHEMA.LEASE_TABLE`
     /// (`leasehold.leases`), so stores on different tables do not wake each other. At most 63
     /// bytes.
@@ -101,6 +113,8 @@ impl PgConfig {
             slot_table: DEFAULT_SLOT_TABLE.to_owned(),
             history_table: DEFAULT_HISTORY_TABLE.to_owned(),
             members_table: DEFAULT_MEMBERS_TABLE.to_owned(),
+            tasks_table: DEFAULT_TASKS_TABLE.to_owned(),
+            instances_table: DEFAULT_INSTANCES_TABLE.to_owned(),
             channel: None,
             migrate: true,
             pool_size: 4,
@@ -141,6 +155,18 @@ impl PgConfig {
     /// Sets [`members_table`](Self::members_table).
     pub fn members_table(mut self, table: impl Into<String>) -> Self {
         self.members_table = table.into();
+        self
+    }
+
+    /// Sets [`tasks_table`](Self::tasks_table).
+    pub fn tasks_table(mut self, table: impl Into<String>) -> Self {
+        self.tasks_table = table.into();
+        self
+    }
+
+    /// Sets [`instances_table`](Self::instances_table).
+    pub fn instances_table(mut self, table: impl Into<String>) -> Self {
+        self.instances_table = table.into();
         self
     }
 
@@ -209,6 +235,18 @@ impl PgConfig {
             .unwrap_or_else(|| format!("{}.{}", self.schema, self.lease_table))
     }
 
+    /// The store's tables (not the fence's), as configured.
+    pub(crate) fn tables(&self) -> [&str; 6] {
+        [
+            &self.lease_table,
+            &self.slot_table,
+            &self.history_table,
+            &self.members_table,
+            &self.tasks_table,
+            &self.instances_table,
+        ]
+    }
+
     /// Checks the settings (identifiers, durations, pool size); does not parse the URL.
     pub fn validate(&self) -> Result<()> {
         check_identifier("schema", &self.schema)?;
@@ -216,15 +254,14 @@ impl PgConfig {
         check_identifier("slot_table", &self.slot_table)?;
         check_identifier("history_table", &self.history_table)?;
         check_identifier("members_table", &self.members_table)?;
-        let tables = [
-            &self.lease_table,
-            &self.slot_table,
-            &self.history_table,
-            &self.members_table,
-        ];
+        check_identifier("tasks_table", &self.tasks_table)?;
+        check_identifier("instances_table", &self.instances_table)?;
+        let tables = self.tables();
         if (1..tables.len()).any(|i| tables[..i].contains(&tables[i])) {
             return Err(Error::Config(
-                "lease_table, slot_table, history_table and members_table must differ".to_owned(),
+                "lease_table, slot_table, history_table, members_table, tasks_table and \
+                 instances_table must differ"
+                    .to_owned(),
             ));
         }
         let channel = self.channel_name();
@@ -339,6 +376,8 @@ impl fmt::Debug for PgConfig {
             .field("slot_table", &self.slot_table)
             .field("history_table", &self.history_table)
             .field("members_table", &self.members_table)
+            .field("tasks_table", &self.tasks_table)
+            .field("instances_table", &self.instances_table)
             .field("channel", &self.channel)
             .field("migrate", &self.migrate)
             .field("pool_size", &self.pool_size)

@@ -8,8 +8,9 @@ mod listener;
 mod store;
 
 pub use config::{
-    DEFAULT_APPLICATION_NAME, DEFAULT_FENCE_TABLE, DEFAULT_HISTORY_TABLE, DEFAULT_LEASE_TABLE,
-    DEFAULT_MEMBERS_TABLE, DEFAULT_OP_TIMEOUT, DEFAULT_SCHEMA, DEFAULT_SLOT_TABLE, PgConfig,
+    DEFAULT_APPLICATION_NAME, DEFAULT_FENCE_TABLE, DEFAULT_HISTORY_TABLE, DEFAULT_INSTANCES_TABLE,
+    DEFAULT_LEASE_TABLE, DEFAULT_MEMBERS_TABLE, DEFAULT_OP_TIMEOUT, DEFAULT_SCHEMA,
+    DEFAULT_SLOT_TABLE, DEFAULT_TASKS_TABLE, PgConfig,
 };
 pub use error::{Error, Result};
 pub use fence::{Fence, FenceError};
@@ -21,9 +22,8 @@ pub use tokio_postgres;
 /// The connection pool behind [`PgStore::pool`].
 pub use deadpool_postgres;
 
-/// Connects to the PostgreSQL server at `url` with the default [`PgConfig`]: tables
-/// `leasehold.leases`, `leasehold.slots` and `leasehold.history` (created if missing), 2 s per
-/// operation, release notifications on.
+/// Connects to the PostgreSQL server at `url` with the default [`PgConfig`]: tables in the
+/// schema `leasehold` (created if missing), 2 s per operation, release notifications on.
 ///
 /// Accepted forms: `postgres://[user[:password]@]host[:port]/dbname[?param=value&...]`
 /// (`postgresql://` too) or a `key=value` connection string. `sslmode=require`, `verify-ca` or

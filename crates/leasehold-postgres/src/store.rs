@@ -7,6 +7,9 @@ use std::time::Duration;
 use deadpool_postgres::{
     Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
+use leasehold::catalog::{
+    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
@@ -85,7 +88,7 @@ pub struct Statements {
     /// holder text, remaining_us bigint)`; `token` is set when acquired, otherwise `holder` and
     /// `remaining_us` describe the current holder as of the statement's snapshot. If that
     /// snapshot does not show a live holder (a concurrent writer committed in between) the store
-    /// runs the statement again.
+    /// runs the statement again. `remaining_us` is NULL for an infinite `expires_at`.
     pub acquire: String,
     /// Renew: `$1` name, `$2` holder, `$3` token, `$4` ttl in milliseconds. One row when renewed.
     pub renew: String,
@@ -99,7 +102,7 @@ pub struct Statements {
     /// at least that long. One row: `(count bigint)`.
     pub purge: String,
     /// Inspect: `$1` name. `(holder text, token bigint, remaining_us bigint)`, no row when the
-    /// name was never acquired.
+    /// name was never acquired; `remaining_us` is NULL for an infinite `expires_at`.
     pub inspect: String,
     /// Claim a slot: `$1` task, `$2` slot. One row `(claimed bool, last_slot bigint)`.
     pub claim_slot: String,
@@ -119,6 +122,34 @@ pub struct Statements {
     pub members: String,
     /// Leave a spread group: `$1` group, `$2` member.
     pub leave: String,
+    /// Register a task: `$1` task, `$2` definition, `$3` instance, `$4` what the instance says
+    /// about itself, `$5` heartbeat ttl in milliseconds, `$6` forget-after in milliseconds. One
+    /// statement: the instance's heartbeat is upserted to expire `$5` from now, then the task's
+    /// definition (and `registered_at`), the task's other instances expired for longer than `$6`
+    /// are deleted, and one row `(control_version bigint, control text)` answers the control
+    /// record (NULLs when there is none).
+    pub register: String,
+    /// Unregister: `$1` task, `$2` instance.
+    pub unregister: String,
+    /// The catalog: `$1` forget-after in milliseconds. One statement: deletes the instances
+    /// expired for longer than that and the tasks with no control record, no instance left and
+    /// no registration within it; answers `(task text, definition text, control_version bigint,
+    /// control text, instance text, about text, remaining_us bigint)` per instance seen within
+    /// it (instance columns NULL for a task with none), for the tasks with a control record or
+    /// such an instance, sorted by task, live before expired, then instance (bytewise).
+    pub tasks: String,
+    /// A task's control record with the server's clock: `$1` task. One row `(now_ms bigint,
+    /// control_version bigint, control text)`, the last two NULL when there is none.
+    pub control: String,
+    /// Write a task's first control record: `$1` task, `$2` value. `(control_version bigint)`
+    /// (1) when written, no row when the task has one already.
+    pub create_control: String,
+    /// Replace a task's control record by compare-and-set: `$1` task, `$2` expected version,
+    /// `$3` value. `(control_version bigint)` when written, no row when the version differed.
+    pub update_control: String,
+    /// Lease records: `$1` limit. `(name text, holder text, token bigint, remaining_us bigint)`
+    /// per lease, sorted by name (bytewise).
+    pub leases: String,
     /// The names released within the last `$1` milliseconds (at most 1000): the release
     /// listener announces them after it reconnects, since notifications sent while it was away
     /// are lost.
@@ -135,6 +166,8 @@ impl Statements {
         let slots = qualified(schema, &config.slot_table);
         let history = qualified(schema, &config.history_table);
         let members = qualified(schema, &config.members_table);
+        let tasks = qualified(schema, &config.tasks_table);
+        let instances = qualified(schema, &config.instances_table);
         let ms = "* interval '1 millisecond'";
         Self {
             // Every acquisition is a new tenure, the holder's own included: the token goes up.
@@ -162,7 +195,9 @@ impl Statements {
 SELECT acq.token, NULL::text AS holder, NULL::bigint AS remaining_us FROM acq
 UNION ALL
 SELECT NULL::bigint, cur.holder,
-       floor(extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint
+       CASE WHEN isfinite(cur.expires_at)
+            THEN floor(extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint
+       END
   FROM {leases} cur
  WHERE cur.name = $1::text AND NOT EXISTS (SELECT 1 FROM acq)"
             ),
@@ -197,7 +232,9 @@ SELECT count(*) FROM gone"
             ),
             inspect: format!(
                 "SELECT l.holder, l.token,
-       floor(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint
+       CASE WHEN isfinite(l.expires_at)
+            THEN floor(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint
+       END
   FROM {leases} l WHERE l.name = $1::text"
             ),
             claim_slot: format!(
@@ -257,6 +294,88 @@ SELECT member FROM {members}
             leave: format!(
                 "DELETE FROM {members} WHERE group_name = $1::text AND member = $2::text"
             ),
+            // The heartbeat comes first and the definition selects from it, so every statement
+            // that locks both an instance row and its task row locks them in that order. The
+            // deletes skip rows another statement holds: a row being refreshed is not
+            // forgotten, and no statement waits on another's deletion.
+            register: format!(
+                "WITH beat AS (
+  INSERT INTO {instances} AS i (task, instance, about, expires_at)
+  VALUES ($1::text, $3::text, $4::text, clock_timestamp() + $5::bigint {ms})
+  ON CONFLICT (task, instance) DO UPDATE SET about = EXCLUDED.about,
+    expires_at = EXCLUDED.expires_at
+  RETURNING i.task
+), def AS (
+  INSERT INTO {tasks} AS t (task, definition, registered_at)
+  SELECT beat.task, $2::text, clock_timestamp() FROM beat
+  ON CONFLICT (task) DO UPDATE SET definition = EXCLUDED.definition,
+    registered_at = EXCLUDED.registered_at
+  RETURNING t.control_version, t.control
+), forgotten AS (
+  DELETE FROM {instances} WHERE (task, instance) IN (
+    SELECT task, instance FROM {instances}
+     WHERE task = $1::text AND instance <> $3::text
+       AND expires_at <= clock_timestamp() - $6::bigint {ms}
+       FOR UPDATE SKIP LOCKED)
+)
+SELECT control_version, control FROM def"
+            ),
+            unregister: format!(
+                "DELETE FROM {instances} WHERE task = $1::text AND instance = $2::text"
+            ),
+            // The listing reads the statement's snapshot, so it applies the limits the deletes
+            // apply. A registration committed after the snapshot is not in it, but a task row
+            // is re-checked as it is when locked: its fresh `registered_at` keeps it.
+            tasks: format!(
+                "WITH n AS (SELECT clock_timestamp() AS at), forgotten AS (
+  DELETE FROM {instances} WHERE (task, instance) IN (
+    SELECT task, instance FROM {instances}
+     WHERE expires_at <= clock_timestamp() - $1::bigint {ms}
+       FOR UPDATE SKIP LOCKED)
+), dropped AS (
+  DELETE FROM {tasks} WHERE task IN (
+    SELECT t.task FROM {tasks} t
+     WHERE t.control_version IS NULL
+       AND t.registered_at <= clock_timestamp() - $1::bigint {ms}
+       AND NOT EXISTS (SELECT 1 FROM {instances} s WHERE s.task = t.task
+                          AND s.expires_at > clock_timestamp() - $1::bigint {ms})
+       FOR UPDATE OF t SKIP LOCKED)
+)
+SELECT t.task, t.definition, t.control_version, t.control, i.instance, i.about, i.remaining_us
+  FROM {tasks} t
+  LEFT JOIN (
+    SELECT s.task, s.instance, s.about,
+           floor(extract(epoch FROM s.expires_at - n.at) * 1000000)::bigint AS remaining_us
+      FROM {instances} s, n
+     WHERE s.expires_at > n.at - $1::bigint {ms}
+  ) i ON i.task = t.task
+ WHERE t.control_version IS NOT NULL OR i.task IS NOT NULL
+ ORDER BY t.task COLLATE \"C\", i.remaining_us <= 0, i.instance COLLATE \"C\""
+            ),
+            control: format!(
+                "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+       t.control_version, t.control
+  FROM (SELECT 1) AS one LEFT JOIN {tasks} t ON t.task = $1::text"
+            ),
+            create_control: format!(
+                "INSERT INTO {tasks} AS t (task, control_version, control)
+VALUES ($1::text, 1, $2::text)
+ON CONFLICT (task) DO UPDATE SET control_version = 1, control = EXCLUDED.control
+ WHERE t.control_version IS NULL
+RETURNING t.control_version"
+            ),
+            update_control: format!(
+                "UPDATE {tasks} SET control_version = control_version + 1, control = $3::text
+ WHERE task = $1::text AND control_version = $2::bigint
+RETURNING control_version"
+            ),
+            leases: format!(
+                "WITH n AS (SELECT clock_timestamp() AS at)
+SELECT l.name, l.holder, l.token,
+       floor(extract(epoch FROM l.expires_at - n.at) * 1000000)::bigint
+  FROM {leases} l, n
+ ORDER BY l.name COLLATE \"C\" LIMIT $1::bigint"
+            ),
             // A release sets `holder = NULL, expires_at = clock_timestamp()`.
             recent_releases: format!(
                 "SELECT name FROM {leases}
@@ -285,6 +404,20 @@ CREATE TABLE IF NOT EXISTS {members} (
   member text NOT NULL,
   expires_at timestamptz NOT NULL,
   PRIMARY KEY (group_name, member)
+);
+CREATE TABLE IF NOT EXISTS {tasks} (
+  task text PRIMARY KEY,
+  definition text NULL,
+  registered_at timestamptz NULL,
+  control_version bigint NULL,
+  control text NULL
+);
+CREATE TABLE IF NOT EXISTS {instances} (
+  task text NOT NULL,
+  instance text NOT NULL,
+  about text NOT NULL,
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (task, instance)
 );"
             ),
         }
@@ -331,15 +464,6 @@ impl Parts {
             sql,
         })
     }
-
-    fn tables(config: &PgConfig) -> [String; 4] {
-        [
-            config.lease_table.clone(),
-            config.slot_table.clone(),
-            config.history_table.clone(),
-            config.members_table.clone(),
-        ]
-    }
 }
 
 /// Runs the migration on a pooled connection: `Err(Connect)` if no connection could be made,
@@ -363,17 +487,57 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
     if !config.migrate {
         return Ok(());
     }
-    let tables = Parts::tables(config);
-    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
-    migrate(&mut client, &config.schema, &tables, &sql.create_tables)
-        .await
-        .map_err(|e| Error::Migrate {
-            url: url.to_owned(),
-            source: classify(e, Op::new("migration", None), config.op_timeout),
-        })
+    migrate(
+        &mut client,
+        &config.schema,
+        &config.tables(),
+        &sql.create_tables,
+    )
+    .await
+    .map_err(|e| Error::Migrate {
+        url: url.to_owned(),
+        source: classify(e, Op::new("migration", None), config.op_timeout),
+    })
 }
 
 impl PgStore {
+    /// A lease row whose `expires_at` is `infinity` or `-infinity`: leasehold never writes one
+    /// (it would hold or free the lease for ever), so someone edited the row by hand.
+    fn infinite_expiry(&self, name: &LeaseName) -> StoreError {
+        StoreError::Corrupt(format!(
+            "lease {name}: its row in {}.{} has an infinite expires_at, which leasehold never \
+             writes; set it to a time or delete the row",
+            self.inner.schema, self.inner.lease_table
+        ))
+    }
+
+    /// A lease's state from its row: holder, token, and microseconds left (`None` for an
+    /// infinite `expires_at`, which is corrupt).
+    fn lease_state(
+        &self,
+        name: &LeaseName,
+        holder: Option<String>,
+        token: i64,
+        remaining_us: Option<i64>,
+    ) -> StoreResult<LeaseState> {
+        let Some(remaining_us) = remaining_us else {
+            return Err(self.infinite_expiry(name));
+        };
+        let holder = match holder {
+            Some(h) if remaining_us > 0 => Some(holder_of(h)?),
+            _ => None,
+        };
+        Ok(LeaseState {
+            remaining: if holder.is_some() {
+                remaining_of(Some(remaining_us))
+            } else {
+                Duration::ZERO
+            },
+            holder,
+            token: token_of(token)?,
+        })
+    }
+
     fn assemble(
         config: &PgConfig,
         parts: Parts,
@@ -423,15 +587,8 @@ impl PgStore {
         Ok(Self::assemble(&config, parts, releases, ready))
     }
 
-    /// A store that connects in the background: returned at once (the URL and settings are
-    /// checked now), it answers every operation with [`StoreError::Unavailable`] until a
-    /// connection is made and the tables are migrated, retrying with backoff up to
-    /// `max_reconnect_delay`. While the server refuses the connection (wrong password, unknown
-    /// role or database, no CONNECT privilege) operations answer [`StoreError::Rejected`] and
-    /// attempts go on, so a fix on the server is picked up; a migration the server refuses (no
-    /// permission) makes every operation answer [`StoreError::Rejected`] for good. Operations
-    /// wait for the first attempt to end (within their timeout). Needs a Tokio runtime.
-    pub(crate) fn connect_lazy(config: PgConfig) -> Result<Self> {
+    /// [`PgConfig::connect_lazy`].
+    pub(crate) fn open_lazy(config: PgConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::Config(
@@ -726,6 +883,9 @@ impl Store for PgStore {
             }
             let current = get::<Option<String>>(row, 1)?;
             let remaining = get::<Option<i64>>(row, 2)?;
+            if current.is_some() && remaining.is_none() {
+                return Err(self.infinite_expiry(name));
+            }
             match current {
                 Some(current) if remaining.is_some_and(|r| r > 0) && current != holder.as_str() => {
                     return Ok(Acquisition::Busy {
@@ -807,23 +967,12 @@ impl Store for PgStore {
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        let holder = get::<Option<String>>(row, 0)?;
-        let token = token_of(get::<i64>(row, 1)?)?;
-        let remaining = get::<Option<i64>>(row, 2)?;
-        let live = remaining.is_some_and(|r| r > 0);
-        let holder = match holder {
-            Some(h) if live => Some(holder_of(h)?),
-            _ => None,
-        };
-        Ok(Some(LeaseState {
-            remaining: if holder.is_some() {
-                remaining_of(remaining)
-            } else {
-                Duration::ZERO
-            },
-            holder,
-            token,
-        }))
+        Ok(Some(self.lease_state(
+            name,
+            get(row, 0)?,
+            get(row, 1)?,
+            get(row, 2)?,
+        )?))
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
@@ -848,7 +997,7 @@ impl Store for PgStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL.without(Capabilities::CATALOG)
+        Capabilities::ALL
     }
 
     /// One statement for the whole batch.
@@ -1025,8 +1174,164 @@ impl Membership for PgStore {
     }
 }
 
-// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
-impl Catalog for PgStore {}
+/// A task or lease name read back from the table.
+fn name_of(raw: String) -> StoreResult<LeaseName> {
+    LeaseName::new(&raw).map_err(|e| StoreError::Corrupt(format!("name {raw:?}: {e}")))
+}
+
+/// A lease row as [`Store::inspect`] answers it: held only while time remains.
+/// The control record in columns `at` (version) and `at + 1` (value) of `row`.
+fn control_of(row: &Row, at: usize) -> StoreResult<Option<Versioned>> {
+    match (
+        get::<Option<i64>>(row, at)?,
+        get::<Option<String>>(row, at + 1)?,
+    ) {
+        (None, _) => Ok(None),
+        (Some(version), Some(value)) => Ok(Some(Versioned {
+            version: version_of(version)?,
+            value,
+        })),
+        (Some(version), None) => Err(StoreError::Corrupt(format!(
+            "control record version {version} without a value"
+        ))),
+    }
+}
+
+fn version_of(raw: i64) -> StoreResult<u64> {
+    u64::try_from(raw)
+        .map_err(|_| StoreError::Corrupt(format!("negative control record version {raw}")))
+}
+
+fn millis_of(d: Duration) -> i64 {
+    d.as_millis().clamp(0, i64::MAX as u128) as i64
+}
+
+/// Each operation one statement, timed by `clock_timestamp()`.
+impl Catalog for PgStore {
+    async fn register(&self, r: &Registration<'_>) -> StoreResult<Option<Versioned>> {
+        let op = Op::new("register", Some(r.task));
+        let ttl_ms = r.ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
+        let rows = self
+            .query(
+                op,
+                &self.inner.sql.register,
+                &[
+                    &r.task.as_str(),
+                    &r.definition,
+                    &r.instance.as_str(),
+                    &r.about,
+                    &ttl_ms,
+                    &millis_of(r.forget_after),
+                ],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Corrupt(format!("{op} returned no row")))?;
+        control_of(row, 0)
+    }
+
+    async fn unregister(&self, task: &LeaseName, instance: &HolderId) -> StoreResult<()> {
+        let op = Op::new("unregister", Some(task));
+        self.query(
+            op,
+            &self.inner.sql.unregister,
+            &[&task.as_str(), &instance.as_str()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn tasks(&self, forget_after: Duration) -> StoreResult<Vec<TaskRecord>> {
+        let op = Op::new("tasks", None);
+        let rows = self
+            .query(op, &self.inner.sql.tasks, &[&millis_of(forget_after)])
+            .await?;
+        let mut tasks: Vec<TaskRecord> = Vec::new();
+        for row in &rows {
+            let task: String = get(row, 0)?;
+            if tasks.last().is_none_or(|t| t.task.as_str() != task) {
+                tasks.push(TaskRecord {
+                    task: name_of(task)?,
+                    definition: get(row, 1)?,
+                    instances: Vec::new(),
+                    control: control_of(row, 2)?,
+                });
+            }
+            let (Some(record), Some(instance)) = (tasks.last_mut(), get::<Option<String>>(row, 4)?)
+            else {
+                continue;
+            };
+            record.instances.push(InstanceRecord {
+                instance: holder_of(instance)?,
+                about: get(row, 5)?,
+                remaining: remaining_of(get(row, 6)?),
+            });
+        }
+        Ok(tasks)
+    }
+
+    async fn control(&self, task: &LeaseName) -> StoreResult<ControlRead> {
+        let op = Op::new("control", Some(task));
+        let rows = self
+            .query(op, &self.inner.sql.control, &[&task.as_str()])
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Corrupt(format!("{op} returned no row")))?;
+        let now: i64 = get(row, 0)?;
+        Ok(ControlRead {
+            now_ms: u64::try_from(now)
+                .map_err(|_| StoreError::Corrupt(format!("server clock at {now} ms")))?,
+            control: control_of(row, 1)?,
+        })
+    }
+
+    async fn set_control(
+        &self,
+        task: &LeaseName,
+        expected: Option<u64>,
+        value: &str,
+    ) -> StoreResult<Option<u64>> {
+        let op = Op::new("set_control", Some(task));
+        let rows = match expected.map(to_i64) {
+            None => {
+                self.query(
+                    op,
+                    &self.inner.sql.create_control,
+                    &[&task.as_str(), &value],
+                )
+                .await?
+            }
+            Some(Some(expected)) => {
+                self.query(
+                    op,
+                    &self.inner.sql.update_control,
+                    &[&task.as_str(), &expected, &value],
+                )
+                .await?
+            }
+            // No version beyond a bigint was ever written.
+            Some(None) => return Ok(None),
+        };
+        rows.first().map(|row| version_of(get(row, 0)?)).transpose()
+    }
+
+    async fn leases(&self, limit: usize) -> StoreResult<Vec<LeaseRecord>> {
+        let op = Op::new("leases", None);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.query(op, &self.inner.sql.leases, &[&limit]).await?;
+        rows.iter()
+            .map(|row| {
+                let name = name_of(get(row, 0)?)?;
+                Ok(LeaseRecord {
+                    state: self.lease_state(&name, get(row, 1)?, get(row, 2)?, get(row, 3)?)?,
+                    name,
+                })
+            })
+            .collect()
+    }
+}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl PgConfig {
@@ -1036,12 +1341,20 @@ impl PgConfig {
         PgStore::connect(self).await
     }
 
-    /// Returns the store at once and connects in the background (see
-    /// [`PgStore::connect_lazy`](crate::PgStore)): every operation answers
-    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server is
-    /// reached and the tables exist. For a service that must start while its database is down.
-    /// Fails only on settings or a URL that can never work, or outside a Tokio runtime.
+    /// Checks the settings and returns a store at once, without waiting for the server, for a
+    /// service that must start while its database is down: it connects and runs the migration
+    /// in the background, retrying with backoff up to
+    /// [`max_reconnect_delay`](Self::max_reconnect_delay). Until the server is reached and the
+    /// tables exist every operation answers
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable). While the server refuses
+    /// the connection (wrong password, unknown role or database, no CONNECT privilege)
+    /// operations answer [`StoreError::Rejected`](leasehold::StoreError::Rejected) and attempts
+    /// go on, so a fix on the server is picked up; a migration the server refuses (no
+    /// permission) makes every operation answer `Rejected` for good. Operations wait for the
+    /// first attempt to end (within their timeout), so the first answer already tells a refusal
+    /// from an outage. Fails only on settings or a URL that can never work, or outside a Tokio
+    /// runtime; never with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<PgStore> {
-        PgStore::connect_lazy(self)
+        PgStore::open_lazy(self)
     }
 }

@@ -52,11 +52,19 @@ async fn invalid_identifiers_are_typed_one_line_errors_before_any_connection() {
         &"x".repeat(64),
     ];
     for value in bad {
-        for what in ["schema", "lease_table", "slot_table"] {
+        for what in [
+            "schema",
+            "lease_table",
+            "slot_table",
+            "tasks_table",
+            "instances_table",
+        ] {
             let config = PgConfig::new(format!("postgres://u@{DEAD}/db"));
             let config = match what {
                 "schema" => config.schema(value),
                 "lease_table" => config.lease_table(value),
+                "tasks_table" => config.tasks_table(value),
+                "instances_table" => config.instances_table(value),
                 _ => config.slot_table(value),
             };
             let started = Instant::now();
@@ -95,6 +103,8 @@ async fn out_of_range_settings_are_config_errors() {
     let base = || PgConfig::new(format!("postgres://u@{DEAD}/db"));
     let cases = [
         base().lease_table("same").slot_table("same"),
+        base().tasks_table("members"),
+        base().instances_table("tasks"),
         base().pool_size(0),
         base().op_timeout(Duration::ZERO),
         base().connect_timeout(Duration::ZERO),

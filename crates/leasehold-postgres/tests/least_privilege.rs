@@ -1,14 +1,16 @@
-//! The grants the README lists are enough: a role with USAGE on the schema and SELECT, INSERT,
-//! UPDATE on the tables (no CREATE anywhere) runs every operation, the release listener and the
-//! fence, with the migration left on. Without the tables it gets a typed migration error.
+//! The grants the README lists are enough: a role with USAGE on the schema and row privileges on
+//! the tables (no CREATE anywhere) runs every operation of every capability, the release
+//! listener and the fence, with the migration left on. Without the tables it gets a typed
+//! migration error.
 
 mod common;
 
-use leasehold::Slots;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use leasehold::catalog::{CATALOG_RETENTION, Registration};
 use leasehold::{
-    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Store,
+    Capabilities, Catalog, FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Membership,
+    Purge, Release, Slots, Store,
     store::{Acquisition, Renewal, SlotClaim},
 };
 use leasehold_postgres::tokio_postgres::{self, NoTls};
@@ -79,9 +81,11 @@ async fn least_privileged_role_runs_everything_with_migration_on() {
         .batch_execute(&format!(
             "CREATE ROLE \"{role}\" LOGIN PASSWORD '{PASSWORD}';
              GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\";
-             GRANT SELECT, INSERT, UPDATE ON \"{schema}\".leases, \"{schema}\".slots,
-                   \"{schema}\".fences TO \"{role}\";
-             GRANT SELECT, INSERT, UPDATE, DELETE ON \"{schema}\".history TO \"{role}\";"
+             GRANT SELECT, INSERT, UPDATE ON \"{schema}\".slots, \"{schema}\".fences
+                   TO \"{role}\";
+             GRANT SELECT, INSERT, UPDATE, DELETE ON \"{schema}\".leases,
+                   \"{schema}\".history, \"{schema}\".members, \"{schema}\".tasks,
+                   \"{schema}\".task_instances TO \"{role}\";"
         ))
         .await
         .unwrap();
@@ -149,6 +153,49 @@ async fn exercise(role: &str, schema: &str) {
         SlotClaim::Claimed
     );
     assert!(store.now_millis().await.unwrap() > 0);
+    assert_eq!(store.capabilities(), Capabilities::ALL);
+    store
+        .record_history(&name, 7, "{}", 1)
+        .await
+        .expect("record_history");
+    store.history(&name, 1).await.expect("history");
+    store.purge(ttl).await.expect("purge");
+    store.members(&name, &a, ttl).await.expect("members");
+    store.leave(&name, &a).await.expect("leave");
+    let registration = Registration {
+        task: &name,
+        definition: "{}",
+        instance: &a,
+        about: "{}",
+        ttl,
+        forget_after: CATALOG_RETENTION,
+    };
+    store.register(&registration).await.expect("register");
+    assert_eq!(
+        store
+            .set_control(&name, None, "{}")
+            .await
+            .expect("create control"),
+        Some(1)
+    );
+    assert_eq!(
+        store
+            .set_control(&name, Some(1), "{}")
+            .await
+            .expect("update control"),
+        Some(2)
+    );
+    store.control(&name).await.expect("control");
+    assert_eq!(
+        store.tasks(CATALOG_RETENTION).await.expect("tasks").len(),
+        1
+    );
+    store
+        .tasks(Duration::ZERO)
+        .await
+        .expect("tasks, forgetting");
+    store.unregister(&name, &a).await.expect("unregister");
+    assert_eq!(store.leases(10).await.expect("leases").len(), 1);
 
     // LISTEN and pg_notify need no grant: a waiter wakes on the release.
     let waiter = Lease::new(store.clone(), name.clone(), LeaseConfig::new(ttl)).unwrap();

@@ -9,8 +9,9 @@ mod common;
 
 use std::time::Duration;
 
+use leasehold::catalog::CATALOG_RETENTION;
 use leasehold::{
-    FencingToken, HolderId, LeaseName, Release, Store,
+    Catalog, FencingToken, HolderId, LeaseName, Release, Store,
     store::{Acquisition, Renewal},
 };
 use leasehold_postgres::PgStore;
@@ -322,4 +323,62 @@ async fn expired_lease_goes_to_the_next_holder_with_the_next_token() {
         store.renew(&name, &b, t_b, ttl).await.unwrap(),
         Renewal::Renewed
     );
+}
+
+/// The catalog's statements run from an old transaction: a heartbeat lasts its full ttl from
+/// the moment it is written, and the clock `control` answers is the statement's. The same
+/// registration on `now()` is born expired.
+#[tokio::test]
+async fn catalog_statements_in_an_old_transaction_use_the_clock() {
+    let store = common::store().await;
+    let (task, on_now_task) = (lease_name("catalog"), lease_name("catalog-now"));
+    let me = holder("a");
+    let on_now = store.sql().register.replace("clock_timestamp()", "now()");
+    assert_ne!(on_now, store.sql().register);
+
+    let mut client = common::raw().await;
+    let tx = client.transaction().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(staleness(&tx).await > 1.0, "now() should be stale by now");
+    for (sql, task) in [(&store.sql().register, &task), (&on_now, &on_now_task)] {
+        tx.query(
+            sql,
+            &[
+                &task.as_str(),
+                &"{}",
+                &me.as_str(),
+                &"{}",
+                &1000_i64,
+                &60_000_i64,
+            ],
+        )
+        .await
+        .expect("register statement runs");
+    }
+    let clock: i64 = tx
+        .query_one(&store.sql().control, &[&task.as_str()])
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+
+    let after = store.now_millis().await.unwrap() as i64;
+    assert!(
+        (after - clock).abs() < 500,
+        "control's clock {clock} vs {after}: the transaction's start was 1.3 s before"
+    );
+    let listed = store.tasks(CATALOG_RETENTION).await.unwrap();
+    let remaining = |name: &LeaseName| {
+        let task = listed.iter().find(|t| &t.task == name).expect("listed");
+        task.instances[0].remaining
+    };
+    assert!(remaining(&task) > Duration::from_millis(500), "{listed:?}");
+    assert_eq!(
+        remaining(&on_now_task),
+        Duration::ZERO,
+        "on now() the heartbeat is born expired"
+    );
+    for name in [&task, &on_now_task] {
+        store.unregister(name, &me).await.unwrap();
+    }
 }

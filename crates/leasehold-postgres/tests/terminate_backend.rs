@@ -89,7 +89,7 @@ async fn guard_renews_on_new_connections_or_reports_the_loss() {
         busy => panic!("fresh lease is busy: {busy:?}"),
     };
     let acquired_at = Instant::now();
-    let cancelled = guard.cancellation_token();
+    let cancelled = guard.lost_token();
 
     let stop = leasehold::CancellationToken::new();
     let killer = async {

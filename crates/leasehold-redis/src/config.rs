@@ -18,7 +18,8 @@ pub(crate) enum Target {
 /// `leasehold:{TASK}:slot`, and releases are announced on `leasehold:released`.
 pub const DEFAULT_PREFIX: &str = "leasehold";
 
-/// Default time limit of one store operation.
+/// Time limit of a store operation without a ttl, and the most one with a ttl gets, unless
+/// [`RedisConfig::op_timeout`] is set.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Settings of a Redis store. Build with [`RedisConfig::new`], adjust the fields, then
@@ -34,8 +35,15 @@ pub struct RedisConfig {
     pub prefix: String,
     /// Time limit of each store operation, end to end (retries and the driver's response timeout,
     /// which is set to it, included), after which it fails with
-    /// [`StoreError::Timeout`](leasehold::StoreError::Timeout). Default [`DEFAULT_OP_TIMEOUT`] (2 s).
-    pub op_timeout: Duration,
+    /// [`StoreError::Timeout`](leasehold::StoreError::Timeout).
+    ///
+    /// Default `None`: derived from the lease's ttl. An operation that carries one (acquire,
+    /// renew, a batch renewal, a membership refresh) gets a third of it, the default renew
+    /// interval, and at most [`DEFAULT_OP_TIMEOUT`] (2 s), so a renewal sent into a dead
+    /// connection is given up and retried while the lease can still be kept (with a 1 s ttl, a
+    /// fixed 2 s limit outlived the lease); the others (release, inspect, slots, history, the
+    /// clock) get [`DEFAULT_OP_TIMEOUT`]. `Some(limit)`: that limit for every operation.
+    pub op_timeout: Option<Duration>,
     /// Time limit of establishing a connection (TCP, TLS, AUTH), at start and on each reconnect.
     /// Default 2 s.
     pub connect_timeout: Duration,
@@ -66,7 +74,7 @@ impl RedisConfig {
         Self {
             url: url.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
-            op_timeout: DEFAULT_OP_TIMEOUT,
+            op_timeout: None,
             connect_timeout: Duration::from_secs(2),
             notifications: true,
             max_reconnect_delay: Duration::from_secs(5),
@@ -82,9 +90,9 @@ impl RedisConfig {
         self
     }
 
-    /// Sets [`op_timeout`](Self::op_timeout).
+    /// Sets [`op_timeout`](Self::op_timeout): one limit for every operation, whatever the ttl.
     pub fn op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
+        self.op_timeout = Some(timeout);
         self
     }
 
@@ -110,6 +118,11 @@ impl RedisConfig {
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_ca_pem = Some(pem.into());
         self
+    }
+
+    /// The limit of an operation that takes longest: the driver's response timeout.
+    pub(crate) fn max_op_timeout(&self) -> Duration {
+        self.op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT)
     }
 
     /// The deployment the URL names, parsed by the parser of its form.
@@ -190,7 +203,7 @@ impl RedisConfig {
             )));
         }
         leasehold::store::check_nonzero(&[
-            ("op_timeout", self.op_timeout),
+            ("op_timeout", self.op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT)),
             ("connect_timeout", self.connect_timeout),
             ("max_reconnect_delay", self.max_reconnect_delay),
             ("keepalive", self.keepalive),

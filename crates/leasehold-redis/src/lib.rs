@@ -28,3 +28,12 @@ pub use redis;
 pub async fn connect(url: &str) -> Result<RedisStore> {
     RedisConfig::new(url).connect().await
 }
+
+/// Like [`connect`], but returns at once and connects in the background, so a service starts
+/// while Redis is down: every operation answers
+/// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server answers (see
+/// [`RedisConfig::connect_lazy`]). Fails only on a URL or settings that can never work, or
+/// outside a Tokio runtime.
+pub fn connect_lazy(url: &str) -> Result<RedisStore> {
+    RedisConfig::new(url).connect_lazy()
+}

@@ -56,7 +56,10 @@ struct Inner {
     conn: RwLock<Conn>,
     prefix: String,
     channel: String,
+    /// The limit of an operation without a ttl, and the most one with a ttl gets.
     op_timeout: Duration,
+    /// Whether an operation with a ttl gets a third of it ([`RedisConfig::op_timeout`] unset).
+    op_timeout_from_ttl: bool,
     retention: Duration,
     /// The URL without its password.
     url: String,
@@ -136,7 +139,7 @@ impl Setup {
                     sentinel,
                     AsyncConnectionConfig::new()
                         .set_connection_timeout(Some(config.connect_timeout))
-                        .set_response_timeout(Some(config.op_timeout)),
+                        .set_response_timeout(Some(config.max_op_timeout())),
                 ));
                 return Ok(Self {
                     backend: Backend::Sentinel(link.clone()),
@@ -163,7 +166,7 @@ impl Setup {
                         client,
                         config: ClusterConfig::new()
                             .set_connection_timeout(config.connect_timeout)
-                            .set_response_timeout(config.op_timeout),
+                            .set_response_timeout(config.max_op_timeout()),
                     },
                     source: Source::Nodes(pubsub_nodes),
                     url,
@@ -182,7 +185,7 @@ impl Setup {
         // bound on an operation is op_timeout, end to end, reported as Timeout.
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.op_timeout))
+            .set_response_timeout(Some(config.max_op_timeout()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         Ok(Self {
@@ -214,41 +217,34 @@ impl Setup {
         }
     }
 
-    /// A connection, once it is established.
+    /// A connection, once it is established and the server has accepted its credentials.
     async fn connect(&self) -> redis::RedisResult<Conn> {
-        match &self.backend {
+        let conn = match &self.backend {
             Backend::Single {
                 client,
                 manager_config,
             } => ConnectionManager::new_with_config(client.clone(), manager_config.clone())
                 .await
-                .map(Conn::Single),
+                .map(Conn::Single)?,
             Backend::Sentinel(link) => {
                 link.connection().await?;
-                Ok(Conn::Sentinel(link.clone()))
+                Conn::Sentinel(link.clone())
             }
             Backend::Cluster { client, config } => client
                 .get_async_connection_with_config(config.clone())
                 .await
-                .map(Conn::Cluster),
-        }
+                .map(Conn::Cluster)?,
+        };
+        // The driver authenticates only when the URL carries credentials, so a server that
+        // wants them answers NOAUTH only to the first command: ask now, so that is a connect
+        // error rather than a release listener's warning followed by the first operation's
+        // error.
+        ping(&mut RedisConnection(conn.clone())).await?;
+        Ok(conn)
     }
 }
 
 impl RedisStore {
-    /// A store for the server at `url` (default settings), returned at once without waiting for
-    /// the server: it connects in the background, retrying with backoff until the server
-    /// answers, and reconnects after the connection drops. Until then every operation fails
-    /// with [`StoreError::Unavailable`] (or [`StoreError::Timeout`] if the server does not
-    /// answer at all), so a scheduler or a waiter can start while its store is down.
-    ///
-    /// Fails only on a URL or setting that can never work ([`Error::InvalidUrl`],
-    /// [`Error::Config`]), or when called outside a Tokio runtime ([`Error::Config`]); never
-    /// with [`Error::Connect`]. See [`RedisConfig::connect_lazy`] for other settings.
-    pub fn connect_lazy(url: &str) -> Result<Self> {
-        Self::open_lazy(RedisConfig::new(url))
-    }
-
     pub(crate) fn open_lazy(config: RedisConfig) -> Result<Self> {
         let setup = Setup::new(&config)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -258,6 +254,7 @@ impl RedisStore {
         }
         let conn = setup.lazy_conn()?;
         let channel = format!("{}:released", config.prefix);
+        let op_timeout = config.max_op_timeout();
         let releases = config
             .notifications
             .then(|| listener::feed(setup.source.clone(), channel.clone(), &config, &setup.url));
@@ -268,7 +265,8 @@ impl RedisStore {
                 conn: RwLock::new(conn),
                 prefix: config.prefix,
                 channel,
-                op_timeout: config.op_timeout,
+                op_timeout,
+                op_timeout_from_ttl: config.op_timeout.is_none(),
                 retention: config.retention,
                 url: setup.url.clone(),
                 releases,
@@ -297,16 +295,9 @@ impl RedisStore {
             .await
             .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
             .map_err(|e| connect_err(classify(e, op, &config.prefix, &url)))?;
-        // A connection is made without a password the server requires (only commands are
-        // refused then): one PING tells.
-        let mut probe = RedisConnection(conn.clone());
-        match tokio::time::timeout(config.op_timeout, ping(&mut probe)).await {
-            Err(_) => return Err(connect_err(StoreError::Timeout(config.op_timeout))),
-            Ok(Err(e)) => return Err(connect_err(classify(e, op, &config.prefix, &url))),
-            Ok(Ok(())) => {}
-        }
 
         let channel = format!("{}:released", config.prefix);
+        let op_timeout = config.max_op_timeout();
         let releases = config
             .notifications
             .then(|| listener::feed(setup.source, channel.clone(), &config, &url));
@@ -320,7 +311,8 @@ impl RedisStore {
                 conn: RwLock::new(conn),
                 prefix: config.prefix,
                 channel,
-                op_timeout: config.op_timeout,
+                op_timeout,
+                op_timeout_from_ttl: config.op_timeout.is_none(),
                 retention: config.retention,
                 url,
                 releases,
@@ -380,16 +372,28 @@ impl RedisStore {
 
     /// A handle on the shared connection, for commands of your own: to the server, to the
     /// current primary behind Sentinel, or, on a Redis Cluster, routed to the node owning each
-    /// command's keys. (For a store from [`connect_lazy`](Self::connect_lazy) that has not
+    /// command's keys. (For a store from [`connect_lazy`](crate::connect_lazy) that has not
     /// connected yet, its commands fail until the server answers.)
     pub fn connection(&self) -> RedisConnection {
         self.inner.conn()
     }
 
-    /// Runs `script` (EVALSHA, then EVAL if the server does not have it) within the operation
-    /// timeout. An `idempotent` operation is retried once on a fresh connection if the connection
-    /// broke under it; the others (release, claim_slot) are not, since a lost reply would turn a
-    /// success into a misleading `NotHeld`/`AlreadyRun`.
+    /// The time limit of an operation on a lease of `ttl` (`None`: no ttl); see
+    /// [`RedisConfig::op_timeout`].
+    fn limit(&self, ttl: Option<Duration>) -> Duration {
+        match ttl {
+            Some(ttl) if self.inner.op_timeout_from_ttl => {
+                (ttl / 3).clamp(Duration::from_millis(1), self.inner.op_timeout)
+            }
+            _ => self.inner.op_timeout,
+        }
+    }
+
+    /// Runs `script` (EVALSHA, then EVAL if the server does not have it) within the time limit
+    /// of an operation on a lease of `ttl` ([`limit`](Self::limit)). An `idempotent` operation is
+    /// retried once on a fresh connection if the connection broke under it; the others (release,
+    /// claim_slot) are not, since a lost reply would turn a success into a misleading
+    /// `NotHeld`/`AlreadyRun`.
     async fn eval(
         &self,
         script: &LuaScript,
@@ -397,6 +401,7 @@ impl RedisStore {
         args: &[Arg<'_>],
         op: Op<'_>,
         idempotent: bool,
+        ttl: Option<Duration>,
     ) -> StoreResult<Value> {
         let attempt = async {
             let mut retried = false;
@@ -410,7 +415,7 @@ impl RedisStore {
                 }
             }
         };
-        within(self.inner.op_timeout, attempt).await
+        within(self.limit(ttl), attempt).await
     }
 
     async fn eval_once(
@@ -494,7 +499,6 @@ async fn warm_up(
                 // A pending cluster connection answers "no connections" whatever kept it from
                 // the nodes; a connection of its own reports why (refused credentials, say).
                 let fresh = setup.connect().await?;
-                ping(&mut RedisConnection(fresh.clone())).await?;
                 if let Some(store) = inner.upgrade() {
                     *store.conn.write().unwrap_or_else(PoisonError::into_inner) = fresh;
                 }
@@ -783,6 +787,7 @@ impl Store for RedisStore {
                 ],
                 op,
                 true,
+                Some(ttl),
             )
             .await?;
         let reply = items(op, reply)?;
@@ -812,6 +817,7 @@ impl Store for RedisStore {
                 &[Arg::Tenure(token, holder_id), ttl_millis(ttl)],
                 op,
                 true,
+                Some(ttl),
             )
             .await?;
         Ok(match int(op, Some(&reply))? {
@@ -838,6 +844,7 @@ impl Store for RedisStore {
                 ],
                 op,
                 false,
+                None,
             )
             .await?;
         Ok(match int(op, Some(&reply))? {
@@ -855,6 +862,7 @@ impl Store for RedisStore {
                 &[],
                 op,
                 true,
+                None,
             )
             .await?;
         if reply == Value::Nil {
@@ -930,7 +938,7 @@ impl Store for RedisStore {
                 .collect();
         }
         let op = Op::new("renew_many", None);
-        let ttl = ttl_millis(ttl);
+        let ttl_arg = ttl_millis(ttl);
         let pipeline = |by_hash: bool| {
             let mut pipe = redis::Pipeline::with_capacity(leases.len());
             for (name, token) in leases {
@@ -938,7 +946,7 @@ impl Store for RedisStore {
                     &RENEW,
                     by_hash,
                     &[self.key(name, LEASE)],
-                    &[Arg::Tenure(*token, holder_id), ttl],
+                    &[Arg::Tenure(*token, holder_id), ttl_arg],
                 ));
             }
             pipe
@@ -969,7 +977,7 @@ impl Store for RedisStore {
                 })
                 .collect()
         };
-        within(self.inner.op_timeout, attempt).await
+        within(self.limit(Some(ttl)), attempt).await
     }
 }
 
@@ -983,6 +991,7 @@ impl Slots for RedisStore {
                 &[Arg::Int(slot)],
                 op,
                 false,
+                None,
             )
             .await?;
         let reply = items(op, reply)?;
@@ -1001,7 +1010,7 @@ impl Slots for RedisStore {
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
         let op = Op::new("last_slot", Some(task));
         let reply = self
-            .eval(&LAST_SLOT, &[self.key(task, SLOT)], &[], op, true)
+            .eval(&LAST_SLOT, &[self.key(task, SLOT)], &[], op, true, None)
             .await?;
         if reply == Value::Nil {
             return Ok(None);
@@ -1027,10 +1036,12 @@ impl Slots for RedisStore {
             &[
                 Arg::Str(&format!("{key:0width$}", width = HISTORY_KEY_DIGITS)),
                 Arg::Str(entry),
-                Arg::Int(keep as u64),
+                // `keep` 0 counts as 1 (the trait's rule).
+                Arg::Int(keep.max(1) as u64),
             ],
             op,
             true,
+            None,
         )
         .await?;
         Ok(())
@@ -1050,6 +1061,7 @@ impl Slots for RedisStore {
                 &[Arg::Int(last_rank as u64)],
                 op,
                 true,
+                None,
             )
             .await?;
         items(op, reply)?
@@ -1096,6 +1108,7 @@ impl Membership for RedisStore {
                 &[Arg::Str(member.as_str()), ttl_millis(ttl)],
                 op,
                 true,
+                Some(ttl),
             )
             .await?;
         let mut members = items(op, reply)?
@@ -1114,6 +1127,7 @@ impl Membership for RedisStore {
             &[Arg::Str(member.as_str())],
             op,
             true,
+            None,
         )
         .await?;
         Ok(())
@@ -1142,9 +1156,16 @@ impl RedisConfig {
         RedisStore::connect(self).await
     }
 
-    /// Checks the settings and returns a store at once, which connects (and, with
-    /// [`notifications`](Self::notifications), subscribes) in the background; see
-    /// [`RedisStore::connect_lazy`]. Must be called within a Tokio runtime.
+    /// Checks the settings and returns a store at once, without waiting for the server: it
+    /// connects (and, with [`notifications`](Self::notifications), subscribes) in the
+    /// background, retrying with backoff until the server answers, and reconnects after the
+    /// connection drops. Until then every operation fails with
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) (or `Timeout` if the server
+    /// does not answer at all), so a scheduler or a waiter can start while its store is down.
+    ///
+    /// Fails only on a URL or setting that can never work ([`Error::InvalidUrl`],
+    /// [`Error::Config`]), or when called outside a Tokio runtime ([`Error::Config`]); never
+    /// with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<RedisStore> {
         RedisStore::open_lazy(self)
     }

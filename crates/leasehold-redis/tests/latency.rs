@@ -175,6 +175,115 @@ async fn a_3s_round_trip_times_out_after_op_timeout() {
     }
 }
 
+/// Issue 31: without an `op_timeout` set, an operation on a lease is limited by a third of its
+/// ttl (at most 2 s), so a renewal sent into a connection that answers nothing is given up while
+/// the lease can still be kept and renewed again; with a 900 ms ttl a fixed 2 s limit outlived
+/// the lease. Operations without a ttl keep 2 s; a set `op_timeout` applies to all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_op_timeout_a_lease_operation_gets_a_third_of_its_ttl() {
+    let proxy = SlowProxy::start(Duration::ZERO).await;
+    let store = RedisConfig::new(proxy.url())
+        .prefix(common::test_prefix())
+        .notifications(false)
+        .connect()
+        .await
+        .unwrap();
+    let (lease, who) = (name("derived"), HolderId::new("derived-holder").unwrap());
+    let ttl = Duration::from_millis(900);
+    let token = match store.acquire(&lease, &who, ttl).await.unwrap() {
+        Acquisition::Acquired { token } => token,
+        other => panic!("{other:?}"),
+    };
+    proxy.set_delay(Duration::from_secs(5));
+    let started = Instant::now();
+    let err = store
+        .renew(&lease, &who, token, ttl)
+        .await
+        .expect_err("no answer within a third of the ttl");
+    let took = started.elapsed();
+    assert!(
+        matches!(err, StoreError::Timeout(d) if d == ttl / 3),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_millis(800), "gave up after {took:?}");
+    let started = Instant::now();
+    let err = store.now_millis().await.expect_err("still blackholed");
+    assert!(
+        matches!(err, StoreError::Timeout(d) if d == leasehold_redis::DEFAULT_OP_TIMEOUT),
+        "{err:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1_900));
+}
+
+/// What the README documents for fail-open under a store that answers nothing (a blackhole,
+/// not a refused connection): each tick waits for the store's clock until its limit, the renew
+/// interval (ttl/3), then runs ungated, so it runs one renew interval after its slot. Before the
+/// outage, gated runs start within a few ms of their slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_open_tick_under_a_silent_redis_runs_one_renew_interval_late() {
+    use leasehold::{LeaseConfig, Schedule, Scheduler, StoreDownPolicy, Task, TaskContext};
+    use std::sync::Mutex;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let proxy = SlowProxy::start(Duration::ZERO).await;
+    let store = RedisConfig::new(proxy.url())
+        .prefix(common::test_prefix())
+        .notifications(false)
+        .connect()
+        .await
+        .unwrap();
+    // (slot, how late it started in ms, gated)
+    let runs: Arc<Mutex<Vec<(u64, u64, bool)>>> = Arc::default();
+    let seen = runs.clone();
+    let task = Task::new(
+        name("fail-open-late"),
+        Schedule::every(Duration::from_secs(1)).unwrap(),
+        move |ctx: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+                let slot = ctx.slot.unwrap();
+                let late = (now.as_millis() as u64).saturating_sub(slot);
+                seen.lock().unwrap().push((slot, late, ctx.token.is_some()));
+                Ok::<(), std::io::Error>(())
+            }
+        },
+    );
+    let ttl = Duration::from_millis(1500);
+    let renew_interval = ttl / 3;
+    let scheduler = Scheduler::new(store)
+        .lease_config(LeaseConfig::new(ttl))
+        .on_store_down(StoreDownPolicy::FailOpen)
+        .task(task)
+        .start(std::future::pending())
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let before = runs.lock().unwrap().len();
+    proxy.set_delay(Duration::from_secs(3600));
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
+    let runs = runs.lock().unwrap().clone();
+    drop(scheduler);
+    let (gated, rest) = runs.split_at(before);
+    assert!(gated.len() >= 2, "{runs:?}");
+    for &(slot, late, is_gated) in gated {
+        assert!(
+            is_gated && late < 200,
+            "gated run of {slot}: {late} ms late"
+        );
+    }
+    // The first tick of the outage may still be gated (its clock read answered): the ungated
+    // ones are the ones that waited.
+    let ungated: Vec<_> = rest.iter().filter(|r| !r.2).collect();
+    assert!(ungated.len() >= 3, "{runs:?}");
+    for &&(slot, late, _) in &ungated {
+        let interval = renew_interval.as_millis() as u64;
+        assert!(
+            late >= interval - 20 && late < interval + 300,
+            "fail-open run of {slot}: {late} ms late, the renew interval is {interval} ms"
+        );
+    }
+}
+
 /// Issue 18's latency bar: with ttl 15 s, a guard keeps its lease through round trips of
 /// 300 ms, 1 s and 3 s (op_timeout 5 s, above the slowest), renewing every second, and is never
 /// told it is expiring or lost.
@@ -198,7 +307,7 @@ async fn a_guard_keeps_its_lease_through_slow_round_trips() {
         tokio::time::sleep(Duration::from_millis(3 * (delay + 1000))).await;
         assert!(guard.is_held(), "lost at a {delay} ms round trip");
         assert!(
-            !guard.expiring_token().is_cancelled(),
+            !guard.cancellation_token().is_cancelled(),
             "told to stop at a {delay} ms round trip"
         );
         let state = store.inspect(lease.name()).await.unwrap().unwrap();

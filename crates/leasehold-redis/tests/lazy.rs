@@ -32,7 +32,7 @@ async fn acquire_within(store: &RedisStore, lease: &LeaseName, within: Duration)
 async fn a_store_created_while_the_server_is_down_works_once_it_is_up() {
     let port = leasehold_testkit::free_port();
     let started = Instant::now();
-    let store = RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
+    let store = leasehold_redis::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
     assert!(
         started.elapsed() < Duration::from_millis(100),
         "connect_lazy returned after {:?}",
@@ -100,7 +100,7 @@ async fn a_refused_first_connection_is_retried_until_accepted() {
 
 #[tokio::test]
 async fn bad_urls_and_settings_fail_at_once() {
-    let err = RedisStore::connect_lazy("http://127.0.0.1:6379").unwrap_err();
+    let err = leasehold_redis::connect_lazy("http://127.0.0.1:6379").unwrap_err();
     assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
     let err = RedisConfig::new(common::redis_url())
         .prefix("")
@@ -111,6 +111,6 @@ async fn bad_urls_and_settings_fail_at_once() {
 
 #[test]
 fn outside_a_runtime_is_a_config_error_not_a_panic() {
-    let err = RedisStore::connect_lazy(&common::redis_url()).unwrap_err();
+    let err = leasehold_redis::connect_lazy(&common::redis_url()).unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err:?}");
 }

@@ -209,7 +209,7 @@ impl Registry {
             granted,
             run,
         } = grant;
-        let expiring = guard.expiring_token();
+        let expiring = guard.cancellation_token();
         let entry = Arc::new(Entry {
             name: guard.name().clone(),
             token: guard.token(),

@@ -61,6 +61,36 @@ CREATE TABLE IF NOT EXISTS releases (
 );
 ";
 
+/// The catalog (issue 25), added within version 4: release 0.1.0 refuses a file whose
+/// `user_version` is above 4 and migrates only when it differs from 4, so it opens a file with
+/// these tables as it is and never reads them. They are created whenever they are missing,
+/// whatever the version.
+///
+/// `tasks` holds a task's definition (the last registration's) and its control record
+/// (`control_version` counts its writes from 1; both NULL until the first). `task_instances`
+/// holds each instance's registration; `expires_at_ms` is on the host's boot-time clock like
+/// the leases', and `meta.catalog_boot_id` names the boot it belongs to (kept apart from
+/// `boot_id`, which release 0.1.0 updates without knowing these tables).
+pub(crate) const CATALOG_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tasks (
+    task            TEXT PRIMARY KEY NOT NULL,
+    definition      TEXT NULL,
+    control_version INTEGER NULL,
+    control         TEXT NULL
+);
+CREATE TABLE IF NOT EXISTS task_instances (
+    task          TEXT NOT NULL,
+    instance      TEXT NOT NULL,
+    about         TEXT NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (task, instance)
+) WITHOUT ROWID;
+";
+
+/// How many of the catalog's tables exist.
+pub(crate) const CATALOG_TABLES: &str = "SELECT count(*) FROM sqlite_master \
+     WHERE type = 'table' AND name IN ('tasks', 'task_instances')";
+
 /// Release rows older than this are pruned.
 pub(crate) const RELEASE_RETENTION_MS: i64 = 60_000;
 /// Pruning runs in the release transaction whose log sequence number is a multiple of this.
@@ -80,6 +110,15 @@ pub(crate) const SET_BOOT_ID: &str =
 /// After a reboot the host clock starts again near zero: every lease and membership of the old
 /// boot is over.
 pub(crate) const EXPIRE_ALL: &str = "UPDATE leases SET expires_at_ms = 0; DELETE FROM members;";
+
+pub(crate) const CATALOG_BOOT_ID: &str = "SELECT value FROM meta WHERE key = 'catalog_boot_id'";
+
+pub(crate) const SET_CATALOG_BOOT_ID: &str =
+    "INSERT OR REPLACE INTO meta (key, value) VALUES ('catalog_boot_id', ?1)";
+
+/// After a reboot the instances of the old boot stopped at the latest at the reboot: expired at
+/// (about) zero on the new boot's clock, forgotten `forget_after` into it.
+pub(crate) const EXPIRE_INSTANCES: &str = "UPDATE task_instances SET expires_at_ms = 0";
 
 /// `?2` (host now) and the lease row (all NULL when there is none).
 pub(crate) const READ_FOR_ACQUIRE: &str = "SELECT n.now, l.holder, l.token, l.expires_at_ms \
@@ -152,6 +191,62 @@ pub(crate) const DROP_EXPIRED_MEMBERS: &str =
 pub(crate) const MEMBERS: &str = "SELECT member FROM members WHERE group_name = ?1 ORDER BY member";
 
 pub(crate) const LEAVE: &str = "DELETE FROM members WHERE group_name = ?1 AND member = ?2";
+
+/// The definition of `?1`, the last writer's.
+pub(crate) const PUT_DEFINITION: &str = "INSERT INTO tasks (task, definition) VALUES (?1, ?2) \
+     ON CONFLICT (task) DO UPDATE SET definition = excluded.definition";
+
+/// `?4`: host now, `?5`: ttl ms.
+pub(crate) const HEARTBEAT: &str = "INSERT INTO task_instances \
+     (task, instance, about, expires_at_ms) VALUES (?1, ?2, ?3, ?4 + ?5) \
+     ON CONFLICT (task, instance) DO UPDATE SET about = excluded.about, \
+     expires_at_ms = excluded.expires_at_ms";
+
+/// `?1`'s instances expired more than `?3` ms before `?2` (host now).
+pub(crate) const FORGET_TASK_INSTANCES: &str =
+    "DELETE FROM task_instances WHERE task = ?1 AND expires_at_ms <= ?2 - ?3";
+
+/// Every task's instances expired more than `?2` ms before `?1` (host now).
+pub(crate) const FORGET_INSTANCES: &str =
+    "DELETE FROM task_instances WHERE expires_at_ms <= ?1 - ?2";
+
+/// Tasks with neither a control record nor an instance left (run after the instances are
+/// forgotten).
+pub(crate) const FORGET_TASKS: &str = "DELETE FROM tasks WHERE control_version IS NULL \
+     AND NOT EXISTS (SELECT 1 FROM task_instances AS i WHERE i.task = tasks.task)";
+
+/// `(control_version, control)` of `?1`, no row when the task is unknown.
+pub(crate) const TASK_CONTROL: &str = "SELECT control_version, control FROM tasks WHERE task = ?1";
+
+pub(crate) const UNREGISTER: &str = "DELETE FROM task_instances WHERE task = ?1 AND instance = ?2";
+
+/// Every task and its instances, one row per instance (instance columns NULL for a task with
+/// none): by task, then live before expired (`?1`: host now), then by instance. Run after the
+/// forgetting statements, so every row left is listed.
+pub(crate) const TASKS: &str = "SELECT t.task, t.definition, t.control_version, t.control, \
+     i.instance, i.about, i.expires_at_ms \
+     FROM tasks AS t LEFT JOIN task_instances AS i ON i.task = t.task \
+     ORDER BY t.task, i.expires_at_ms <= ?1, i.instance";
+
+/// The wall clock (ms) and `?1`'s control record (NULLs when it has none).
+pub(crate) const CONTROL: &str = concat!(
+    "SELECT ",
+    now_ms!(),
+    ", t.control_version, t.control FROM (SELECT 1) LEFT JOIN tasks AS t ON t.task = ?1"
+);
+
+/// Writes `?1`'s first control record `?2`, if it has none.
+pub(crate) const CREATE_CONTROL: &str = "INSERT INTO tasks (task, control_version, control) \
+     VALUES (?1, 1, ?2) ON CONFLICT (task) DO UPDATE SET control_version = 1, \
+     control = excluded.control WHERE tasks.control_version IS NULL RETURNING control_version";
+
+/// Replaces `?1`'s control record with `?3` if its version is `?2`.
+pub(crate) const UPDATE_CONTROL: &str = "UPDATE tasks SET control_version = control_version + 1, \
+     control = ?3 WHERE task = ?1 AND control_version = ?2 RETURNING control_version";
+
+/// Up to `?1` lease records, by name.
+pub(crate) const LEASES: &str =
+    "SELECT name, holder, token, expires_at_ms FROM leases ORDER BY name LIMIT ?1";
 
 /// Opens a connection with the settings every connection of the store uses.
 pub(crate) fn open_connection(path: &Path, config: &SqliteConfig) -> rusqlite::Result<Connection> {

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use leasehold::catalog::{
+    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 use leasehold::store::{
     Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
@@ -202,6 +205,7 @@ fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<P
             .map_err(open_err)?;
         tx.commit().map_err(open_err)?;
     }
+    add_catalog(&mut conn).map_err(open_err)?;
     check_boot(&mut conn).map_err(open_err)?;
     let poller = if config.notifications {
         Some(Poller::open(path, config).map_err(open_err)?)
@@ -211,25 +215,50 @@ fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<P
     Ok((conn, poller))
 }
 
+/// Creates the catalog's tables if they are missing, whatever `user_version` says: a file that
+/// release 0.1.0 created or migrated is at version 4 without them (see
+/// [`schema::CATALOG_SCHEMA`]).
+fn add_catalog(conn: &mut Connection) -> rusqlite::Result<()> {
+    let present = |conn: &Connection| -> rusqlite::Result<bool> {
+        conn.query_row(schema::CATALOG_TABLES, [], |r| r.get::<_, i64>(0))
+            .map(|n| n == 2)
+    };
+    if present(conn)? {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(schema::CATALOG_SCHEMA)?;
+    tx.commit()
+}
+
 /// Leases of an earlier boot of this host are over: their expiries are on a clock that restarted.
-/// Checked on open (every process using the file on this host started after the boot).
+/// Checked on open (every process using the file on this host started after the boot). The
+/// catalog's instances have a boot id of their own, since a release without the catalog may
+/// have been first to see the new boot.
 fn check_boot(conn: &mut Connection) -> rusqlite::Result<()> {
     let Some(boot) = host_clock::boot_id() else {
         return Ok(());
     };
-    let recorded: Option<String> = conn
-        .query_row(schema::BOOT_ID, [], |r| r.get(0))
-        .optional()?;
-    if recorded.as_deref() == Some(boot.as_str()) {
+    let recorded = |conn: &Connection, sql: &str| -> rusqlite::Result<Option<String>> {
+        conn.query_row(sql, [], |r| r.get(0)).optional()
+    };
+    let current = |id: &Option<String>| id.as_deref() == Some(boot.as_str());
+    if current(&recorded(conn, schema::BOOT_ID)?)
+        && current(&recorded(conn, schema::CATALOG_BOOT_ID)?)
+    {
         return Ok(());
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let recorded: Option<String> = tx.query_row(schema::BOOT_ID, [], |r| r.get(0)).optional()?;
-    if recorded.as_deref() != Some(boot.as_str()) {
-        if recorded.is_some() {
+    let leases_boot = recorded(&tx, schema::BOOT_ID)?;
+    if !current(&leases_boot) {
+        if leases_boot.is_some() {
             tx.execute_batch(schema::EXPIRE_ALL)?;
         }
         tx.execute(schema::SET_BOOT_ID, [&boot])?;
+    }
+    if !current(&recorded(&tx, schema::CATALOG_BOOT_ID)?) {
+        tx.execute(schema::EXPIRE_INSTANCES, [])?;
+        tx.execute(schema::SET_CATALOG_BOOT_ID, [&boot])?;
     }
     tx.commit()
 }
@@ -366,6 +395,28 @@ fn holder_from_sql(raw: String) -> std::result::Result<HolderId, StoreError> {
 
 fn remaining(expires_at_ms: i64, now_ms: i64) -> Duration {
     Duration::from_millis(expires_at_ms.saturating_sub(now_ms).max(0) as u64)
+}
+
+/// A lease row as [`Store::inspect`] answers it: held only until it expires.
+fn lease_state(
+    holder: Option<String>,
+    token: i64,
+    expires_at_ms: i64,
+    now_ms: i64,
+) -> std::result::Result<LeaseState, StoreError> {
+    let holder = match holder {
+        Some(h) if expires_at_ms > now_ms => Some(holder_from_sql(h)?),
+        _ => None,
+    };
+    Ok(LeaseState {
+        remaining: if holder.is_some() {
+            remaining(expires_at_ms, now_ms)
+        } else {
+            Duration::ZERO
+        },
+        holder,
+        token: token_from_sql(token)?,
+    })
 }
 
 fn acquire_tx(
@@ -552,19 +603,7 @@ impl Store for SqliteStore {
             let Some((holder, token, expires, now)) = row else {
                 return Ok(None);
             };
-            let holder = match holder {
-                Some(h) if expires > now => Some(holder_from_sql(h)?),
-                _ => None,
-            };
-            Ok(Some(LeaseState {
-                remaining: if holder.is_some() {
-                    remaining(expires, now)
-                } else {
-                    Duration::ZERO
-                },
-                holder,
-                token: token_from_sql(token)?,
-            }))
+            Ok(Some(lease_state(holder, token, expires, now)?))
         })
     }
 
@@ -587,7 +626,7 @@ impl Store for SqliteStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL.without(Capabilities::CATALOG)
+        Capabilities::ALL
     }
 
     /// One transaction for the whole batch.
@@ -766,8 +805,177 @@ impl Membership for SqliteStore {
     }
 }
 
-// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
-impl Catalog for SqliteStore {}
+/// A task or lease name read back from the file.
+fn name_from_sql(raw: String) -> std::result::Result<LeaseName, StoreError> {
+    LeaseName::new(&raw).map_err(|e| StoreError::Corrupt(format!("name {raw:?}: {e}")))
+}
+
+/// A control record's columns: both NULL when there is none.
+fn control_from_sql(
+    version: Option<i64>,
+    value: Option<String>,
+) -> std::result::Result<Option<Versioned>, StoreError> {
+    match (version, value) {
+        (None, _) => Ok(None),
+        (Some(version), Some(value)) => Ok(Some(Versioned {
+            version: u64::try_from(version).map_err(|_| {
+                StoreError::Corrupt(format!("negative control record version {version}"))
+            })?,
+            value,
+        })),
+        (Some(version), None) => Err(StoreError::Corrupt(format!(
+            "control record version {version} without a value"
+        ))),
+    }
+}
+
+/// Each operation one transaction (or one statement); heartbeats on the host's boot-time clock
+/// like leases and memberships, the clock `control` answers on SQLite's wall clock like
+/// `now_millis`.
+impl Catalog for SqliteStore {
+    fn register(
+        &self,
+        r: &Registration<'_>,
+    ) -> impl Future<Output = StoreResult<Option<Versioned>>> + Send {
+        let (task, definition) = (r.task.as_str().to_owned(), r.definition.to_owned());
+        let (instance, about) = (r.instance.as_str().to_owned(), r.about.to_owned());
+        let (ttl, forget_after) = (ttl_ms(r.ttl), ttl_ms(r.forget_after));
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
+            tx.prepare_cached(schema::PUT_DEFINITION)?
+                .execute([&task, &definition])?;
+            tx.prepare_cached(schema::HEARTBEAT)?
+                .execute(rusqlite::params![task, instance, about, now, ttl])?;
+            tx.prepare_cached(schema::FORGET_TASK_INSTANCES)?
+                .execute(rusqlite::params![task, now, forget_after])?;
+            let (version, value) = tx
+                .prepare_cached(schema::TASK_CONTROL)?
+                .query_row([&task], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            tx.commit()?;
+            Ok(control_from_sql(version, value)?)
+        })
+    }
+
+    fn unregister(
+        &self,
+        task: &LeaseName,
+        instance: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let (task, instance) = (task.as_str().to_owned(), instance.as_str().to_owned());
+        self.run(move |conn| {
+            conn.prepare_cached(schema::UNREGISTER)?
+                .execute([&task, &instance])?;
+            Ok(())
+        })
+    }
+
+    /// Forgets what is due first (in the same transaction), so everything left is listed.
+    fn tasks(
+        &self,
+        forget_after: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<TaskRecord>>> + Send {
+        let forget_after = ttl_ms(forget_after);
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
+            tx.prepare_cached(schema::FORGET_INSTANCES)?
+                .execute([now, forget_after])?;
+            tx.prepare_cached(schema::FORGET_TASKS)?.execute([])?;
+            let mut tasks: Vec<TaskRecord> = Vec::new();
+            {
+                let mut statement = tx.prepare_cached(schema::TASKS)?;
+                let mut rows = statement.query([now])?;
+                while let Some(row) = rows.next()? {
+                    let task: String = row.get(0)?;
+                    if tasks.last().is_none_or(|t| t.task.as_str() != task) {
+                        tasks.push(TaskRecord {
+                            task: name_from_sql(task)?,
+                            definition: row.get(1)?,
+                            instances: Vec::new(),
+                            control: control_from_sql(row.get(2)?, row.get(3)?)?,
+                        });
+                    }
+                    let (Some(record), Some(instance)) =
+                        (tasks.last_mut(), row.get::<_, Option<String>>(4)?)
+                    else {
+                        continue;
+                    };
+                    record.instances.push(InstanceRecord {
+                        instance: holder_from_sql(instance)?,
+                        about: row.get(5)?,
+                        remaining: remaining(row.get(6)?, now),
+                    });
+                }
+            }
+            tx.commit()?;
+            Ok(tasks)
+        })
+    }
+
+    fn control(&self, task: &LeaseName) -> impl Future<Output = StoreResult<ControlRead>> + Send {
+        let task = task.as_str().to_owned();
+        self.run(move |conn| {
+            let (now, version, value): (i64, _, _) = conn
+                .prepare_cached(schema::CONTROL)?
+                .query_row([&task], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            Ok(ControlRead {
+                now_ms: u64::try_from(now)
+                    .map_err(|_| StoreError::Corrupt(format!("store clock {now}")))?,
+                control: control_from_sql(version, value)?,
+            })
+        })
+    }
+
+    fn set_control(
+        &self,
+        task: &LeaseName,
+        expected: Option<u64>,
+        value: &str,
+    ) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        let (task, value) = (task.as_str().to_owned(), value.to_owned());
+        self.run(move |conn| {
+            let written: Option<i64> = match expected.map(i64::try_from) {
+                None => conn
+                    .prepare_cached(schema::CREATE_CONTROL)?
+                    .query_row([&task, &value], |r| r.get(0))
+                    .optional()?,
+                Some(Ok(expected)) => conn
+                    .prepare_cached(schema::UPDATE_CONTROL)?
+                    .query_row(rusqlite::params![task, expected, value], |r| r.get(0))
+                    .optional()?,
+                // No version above i64::MAX was ever written.
+                Some(Err(_)) => None,
+            };
+            written
+                .map(|v| {
+                    u64::try_from(v).map_err(|_| {
+                        Fail::Store(StoreError::Corrupt(format!(
+                            "negative control record version {v}"
+                        )))
+                    })
+                })
+                .transpose()
+        })
+    }
+
+    fn leases(&self, limit: usize) -> impl Future<Output = StoreResult<Vec<LeaseRecord>>> + Send {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |conn| {
+            let now = host_clock::now_ms()?;
+            let mut statement = conn.prepare_cached(schema::LEASES)?;
+            let mut rows = statement.query([limit])?;
+            let mut leases = Vec::new();
+            while let Some(row) = rows.next()? {
+                leases.push(LeaseRecord {
+                    name: name_from_sql(row.get(0)?)?,
+                    state: lease_state(row.get(1)?, row.get(2)?, row.get(3)?, now)?,
+                });
+            }
+            Ok(leases)
+        })
+    }
+}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl SqliteConfig {

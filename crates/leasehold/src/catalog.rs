@@ -1,4 +1,4 @@
-//! What a store's [`Catalog`] keeps: the tasks instances run (each instance's registration with a
+//! What a store's [`Catalog`](crate::Catalog) keeps: the tasks instances run (each instance's registration with a
 //! heartbeat), and each task's control record (pause, a pending manual trigger), written by
 //! compare-and-set so the CLI, the sidecar and the library can all act on it at once.
 //!

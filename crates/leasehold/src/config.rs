@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// The longest lease ttl: a year.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// A timing setting that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -12,6 +15,10 @@ pub enum ConfigError {
     /// `ttl` was below the 10 ms the local deadline and the drift margin need.
     #[error("ttl of {0:?} is too short; use at least 10ms")]
     TtlTooShort(Duration),
+    /// `ttl` was above [`MAX_TTL`]: deadlines that far out do not fit every store's (or the
+    /// monotonic clock's) arithmetic.
+    #[error("ttl of {0:?} is too long; use at most {MAX_TTL:?} (a year)")]
+    TtlTooLong(Duration),
     /// `renew_interval` was zero or not below `ttl`: the lease would expire before renewal.
     #[error("renew interval ({renew:?}) must be greater than zero and less than the ttl ({ttl:?})")]
     RenewNotBelowTtl {
@@ -127,6 +134,9 @@ impl LeaseConfig {
         if self.ttl < Duration::from_millis(10) {
             return Err(ConfigError::TtlTooShort(self.ttl));
         }
+        if self.ttl > MAX_TTL {
+            return Err(ConfigError::TtlTooLong(self.ttl));
+        }
         if self.renew_interval.is_zero() || self.renew_interval >= self.ttl {
             return Err(ConfigError::RenewNotBelowTtl {
                 renew: self.renew_interval,
@@ -201,6 +211,10 @@ mod tests {
         assert_eq!(
             LeaseConfig::new(MS * 5).validate(),
             Err(ConfigError::TtlTooShort(MS * 5))
+        );
+        assert_eq!(
+            LeaseConfig::new(Duration::MAX).validate(),
+            Err(ConfigError::TtlTooLong(Duration::MAX))
         );
         let ttl = Duration::from_secs(1);
         assert!(matches!(

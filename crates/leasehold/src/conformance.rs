@@ -1,4 +1,4 @@
-//! The store conformance suite: one set of checks, written once, that every [`Store`] must pass
+//! The store conformance suite: one set of checks, written once, that every [`Store`](crate::Store) must pass
 //! against its real server.
 //!
 //! A store crate runs it from an integration test with [`conformance_tests!`](crate::conformance_tests):
@@ -584,6 +584,25 @@ pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership + 
     );
 }
 
+/// `keep` 0 counts as 1 (the rule of `Slots::record_history`): a write never empties a
+/// history, and keeps the highest key.
+pub async fn history_keep_zero_keeps_one<S: Slots + Purge + Membership + Catalog>(store: S) {
+    let task = unique_name("history-keep-zero");
+    store.record_history(&task, 5, "five", 3).await.unwrap();
+    store.record_history(&task, 7, "seven", 0).await.unwrap();
+    assert_eq!(
+        store.history(&task, 10).await.unwrap(),
+        vec!["seven".to_owned()],
+        "keep 0 kept the newest entry only"
+    );
+    store.record_history(&task, 6, "six", 0).await.unwrap();
+    assert_eq!(
+        store.history(&task, 10).await.unwrap(),
+        vec!["seven".to_owned()],
+        "an older key than the one kept is not kept"
+    );
+}
+
 /// `members` refreshes the caller's entry and answers the live members of that group only,
 /// sorted; an entry not refreshed within its ttl drops out, a refreshed one stays, and `leave`
 /// removes one at once. (A store without membership answers `Unsupported` and is not checked.)
@@ -873,7 +892,8 @@ macro_rules! for_each_conformance_check {
             concurrent_racers_one_winner, clock_is_sane, names_round_trip,
             release_notifies_waiters, guard_renews_and_hands_over,
             last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact,
-            members_expire_refresh_and_leave, catalog_registers_tasks_with_heartbeats,
+            history_keep_zero_keeps_one, members_expire_refresh_and_leave,
+            catalog_registers_tasks_with_heartbeats,
             control_records_are_compare_and_set, leases_lists_every_record,
             capabilities_are_declared_truly}
     };

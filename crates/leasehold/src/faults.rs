@@ -47,6 +47,9 @@ pub struct Faults {
     /// that crawled): the paused tokio clock jumps by that much. Only for tests on a paused
     /// clock (`#[tokio::test(start_paused = true)]`); tokio panics otherwise.
     pub acquire_delay_ms: AtomicU64,
+    /// Milliseconds by which acquires reach the store (a sleep before the inner call), so that
+    /// concurrent acquires overlap in flight.
+    pub acquire_wait_ms: AtomicU64,
     /// Milliseconds by which renewal replies are delayed (a sleep, so timers still fire).
     pub renew_delay_ms: AtomicU64,
     /// Milliseconds by which releases reach the store (a sleep before the inner call): a
@@ -150,6 +153,7 @@ impl<S: Store> Layer for FaultyStore<S> {
                 _ if renewal && faults.renew_hangs.load(Ordering::SeqCst) => {
                     std::future::pending::<()>().await;
                 }
+                "acquire" => sleep_ms(&faults.acquire_wait_ms).await,
                 "release" => sleep_ms(&faults.release_delay_ms).await,
                 "claim_slot" => {
                     sleep_ms(&faults.claim_delay_ms).await;

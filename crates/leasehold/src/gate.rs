@@ -313,7 +313,7 @@ impl<S: Slots + Catalog> Gate<S> {
                 });
             }
         };
-        let expiring = guard.expiring_token();
+        let expiring = guard.cancellation_token();
         let claim = tokio::select! {
             biased;
             () = expiring.cancelled() => None,

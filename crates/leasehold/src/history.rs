@@ -2,7 +2,7 @@
 //! (bounded per task) so every instance and `leasehold history` see the same record.
 //!
 //! A store keeps entries as opaque text under a numeric key per task (see
-//! [`Store::record_history`]); this module defines what the text
+//! [`Slots::record_history`]); this module defines what the text
 //! is: one [`RunRecord`] as JSON. Timer and catch-up runs are keyed by their slot, so a record
 //! written when a run starts is replaced by the one written when it ends; manual runs by their
 //! start time; a gap of missed slots by its first slot.

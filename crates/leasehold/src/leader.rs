@@ -14,7 +14,22 @@ use crate::store_api::Store;
 use crate::{FencingToken, HolderId, LeaseName};
 
 /// Where this instance stands in its group.
+///
+/// States may be added (`Failed` was), so a `match` outside this crate needs a `_` arm; one
+/// without it does not compile:
+///
+/// ```compile_fail,E0004
+/// use leasehold::LeaderState;
+///
+/// fn leading(state: &LeaderState) -> bool {
+///     match state {
+///         LeaderState::Leading { .. } => true,
+///         LeaderState::Campaigning | LeaderState::Stopped | LeaderState::Failed { .. } => false,
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum LeaderState {
     /// Waiting to be elected.
     Campaigning,
@@ -186,12 +201,12 @@ impl<S: Store> Leader<S> {
             // lease can expire in the store and another instance be elected.
             tx.send_replace(LeaderState::Leading {
                 token,
-                cancel: guard.expiring_token(),
+                cancel: guard.cancellation_token(),
             });
             self.emit(LeaderEvent::Elected { token });
             let stepping_down = tokio::select! {
                 () = stop.cancelled() => true,
-                () = guard.expiring() => false,
+                () = guard.cancelled() => false,
             };
             gauge.set(0.0);
             if stepping_down {

@@ -111,6 +111,9 @@ pub struct Lease<S> {
     config: LeaseConfig,
     /// The tenure of the last guard this handle made, to end it before a new acquisition.
     current: Arc<Mutex<Option<Arc<Shared>>>>,
+    /// Held across one acquisition, so that acquisitions through clones of the handle take
+    /// turns: each ends the guard of the one before, and never two guards both hold.
+    acquiring: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<S: Store> Lease<S> {
@@ -123,6 +126,7 @@ impl<S: Store> Lease<S> {
             holder: HolderId::generate(),
             config,
             current: Arc::default(),
+            acquiring: Arc::default(),
         })
     }
 
@@ -157,6 +161,7 @@ impl<S: Store> Lease<S> {
     /// A guard this handle made before, if still held, is ended first ([`LossReason::Superseded`]):
     /// every acquisition is a new tenure with a new token.
     pub async fn try_acquire(&self) -> Result<TryAcquire, LeaseError> {
+        let _turn = self.acquiring.lock().await;
         if let Some(previous) = lock(&self.current).take() {
             previous.end(LossReason::Superseded);
         }
@@ -298,17 +303,6 @@ impl HeldProbe {
 }
 
 // Beside the probe whose guard it reads.
-impl crate::TaskContext {
-    /// The task lease's local deadline, updated with every confirmed renewal (see
-    /// [`LeaseGuard::deadline_updates`]); `None` when the run holds no task lease.
-    pub fn lease_deadline(&self) -> Option<watch::Receiver<Instant>> {
-        self.held.iter().find_map(|probe| match probe {
-            HeldProbe::Guard(shared) => Some(shared.deadline_updates()),
-            HeldProbe::Token(_) => None,
-        })
-    }
-}
-
 impl Shared {
     /// Records the loss (the first reason wins) and tells the work. The cancellation comes
     /// before any logging: a log write that fails must never keep the work running.
@@ -329,7 +323,7 @@ impl Shared {
         first
     }
 
-    /// Tells the work to stop (see [`LeaseGuard::expiring_token`]).
+    /// Tells the work to stop (see [`LeaseGuard::cancellation_token`]).
     pub(crate) fn warn_expiring(&self) {
         self.expiring.store(true, Ordering::SeqCst);
         if let Some(token) = self.expiring_token.get() {
@@ -389,8 +383,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A held lease. A background task renews it; [`cancellation_token`](Self::cancellation_token)
-/// fires the moment it is lost. Call [`release`](Self::release) to hand over on shutdown;
+/// A held lease. A background task renews it; work under it stops on
+/// [`cancellation_token`](Self::cancellation_token), which fires in time for the work to end
+/// before anyone else can hold the lease ([`lost_token`](Self::lost_token) fires at the loss). Call [`release`](Self::release) to hand over on shutdown;
 /// dropping the guard releases it best-effort.
 pub struct LeaseGuard {
     name: LeaseName,
@@ -487,24 +482,25 @@ impl LeaseGuard {
         self.token
     }
 
-    /// A token cancelled when the lease is lost, released or dropped. Cancelling the returned
-    /// token yourself does not affect the guard.
+    /// The token the protected work stops on. It fires `stop_margin` before the local deadline
+    /// while renewal is overdue (the store is slow or unreachable, or this process was paused),
+    /// and in any case when the lease is lost, released or dropped; it does not fire while
+    /// renewals succeed. Stopping on it ends the work *before* the store can grant the lease to
+    /// anyone else. Cancelling the returned token yourself does not affect the guard.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.shared.cancel.child_token()
-    }
-
-    /// A token cancelled when the work this lease protects should stop: `stop_margin` before the
-    /// local deadline while renewal is overdue (the store is slow or unreachable), and in any
-    /// case when the lease is lost, released or dropped. Stopping on this token, rather than on
-    /// [`cancellation_token`](Self::cancellation_token), ends the work before the store can
-    /// grant the lease to anyone else. It does not fire while renewals succeed.
-    pub fn expiring_token(&self) -> CancellationToken {
         self.shared.expiring_token().child_token()
     }
 
-    /// Waits until the work should stop (see [`expiring_token`](Self::expiring_token)).
-    pub async fn expiring(&self) {
+    /// Waits until the work should stop (see [`cancellation_token`](Self::cancellation_token)).
+    pub async fn cancelled(&self) {
         self.shared.expiring_token().cancelled().await;
+    }
+
+    /// A token cancelled the moment the lease is lost (or released, or dropped): later than
+    /// [`cancellation_token`](Self::cancellation_token), for observing the loss itself (metrics,
+    /// logs), not for stopping work.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.shared.cancel.child_token()
     }
 
     /// Waits until the lease is lost (or released), returning the reason if it was lost.

@@ -25,7 +25,7 @@ pub mod conformance;
 #[cfg(any(test, feature = "faults"))]
 pub mod faults;
 
-pub use config::{ConfigError, LeaseConfig};
+pub use config::{ConfigError, LeaseConfig, MAX_TTL};
 #[cfg(feature = "cron")]
 pub use cron::{CronField, CronProblem, CronSchedule};
 pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};

@@ -102,7 +102,7 @@ impl AsRef<str> for LeaseName {
 /// Who holds a lease. Defaults to `host:pid:random-128-bit`, so two processes on one host, or two
 /// [`Lease`](crate::Lease) handles in one process, never share an identity.
 ///
-/// Ordered by its text, byte by byte (so [`Store::members`](crate::Store::members) answers
+/// Ordered by its text, byte by byte (so [`Membership::members`](crate::Membership::members) answers
 /// sorted).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HolderId(Arc<str>);

@@ -15,7 +15,7 @@ use crate::lease::{
 use crate::store_api::{Purge, Release, Renewal, StoreError};
 use crate::{FencingToken, HolderId, LeaseName};
 
-/// The most leases a [`LeaseSession`] renews in one [`Store::renew_many`] call.
+/// The most leases a [`LeaseSession`] renews in one [`Store::renew_many`](crate::Store::renew_many) call.
 pub const MAX_RENEW_BATCH: usize = 1000;
 
 /// How long a free lease record is kept before a [`LeaseSession`] purges it, unless told
@@ -54,13 +54,13 @@ struct Held {
 ///
 /// A service that holds a lease per job (a worker claiming rows, each with its own lease) would
 /// otherwise run a renewer task and a round trip per lease per interval. A session holds every
-/// lease it grants on one timer and renews them with [`Store::renew_many`] (one script,
+/// lease it grants on one timer and renews them with [`Store::renew_many`](crate::Store::renew_many) (one script,
 /// statement or transaction per [`MAX_RENEW_BATCH`] leases); each guard keeps its own token,
 /// deadline, stop signal and loss reason, exactly as a guard of a [`Lease`](crate::Lease).
 ///
 /// Names that come and go (a lease per job) would leave a record each behind: a session also
 /// purges the records free for longer than a retention ([`DEFAULT_SESSION_RETENTION`], hourly;
-/// see [`Store::purge`] for why fencing tokens stay safe).
+/// see [`Purge::purge`](crate::Purge::purge) for why fencing tokens stay safe).
 ///
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -70,7 +70,7 @@ struct Held {
 /// let session = LeaseSession::new(MemoryStore::new(), LeaseConfig::new(Duration::from_secs(60)))?;
 /// for job in 0..100 {
 ///     if let TryAcquire::Acquired(guard) = session.try_acquire(LeaseName::new(format!("job:{job}"))?).await? {
-///         // hand `guard` to the job: guard.cancellation_token() fires if this lease is lost
+///         // hand `guard` to the job: guard.cancellation_token() fires when the job must stop
 ///         # drop(guard);
 ///     }
 /// }
@@ -134,6 +134,25 @@ impl<S: Purge> LeaseSession<S> {
     /// The holder id of every lease of this session.
     pub fn holder(&self) -> &HolderId {
         &self.holder
+    }
+
+    /// The store this session's leases are kept in, for calls of your own (`inspect`, say).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use leasehold::{LeaseConfig, LeaseName, LeaseSession, MemoryStore, Store, TryAcquire};
+    ///
+    /// let session = LeaseSession::new(MemoryStore::new(), LeaseConfig::default())?;
+    /// let job = LeaseName::new("job:7")?;
+    /// if let TryAcquire::Acquired(guard) = session.try_acquire(job.clone()).await? {
+    ///     let state = session.store().inspect(&job).await?.expect("just acquired");
+    ///     assert_eq!(state.token, guard.token());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn store(&self) -> &S {
+        &self.store
     }
 
     /// Sets how long free lease records are kept before this session purges them (hourly);

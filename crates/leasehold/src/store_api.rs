@@ -117,7 +117,7 @@ pub enum Release {
     NotHeld,
 }
 
-/// Answer to [`Store::claim_slot`].
+/// Answer to [`Slots::claim_slot`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotClaim {
     /// First claim of this slot anywhere: run it.

@@ -53,7 +53,7 @@ async fn unconfirmed_renewals_cancel_at_the_local_deadline() {
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     store.set(|f| &f.renew_hangs, true);
-    let token = guard.cancellation_token();
+    let token = guard.lost_token();
     token.cancelled().await;
     let drift = LeaseConfig::new(TTL).drift_margin;
     // Measured from when the acquire was sent, minus the drift margin: before the store's expiry.
@@ -196,7 +196,7 @@ async fn dropping_the_guard_releases_best_effort() {
     let store = FaultyStore::new();
     let l = lease(&store);
     let guard = held(&l).await;
-    let token = guard.cancellation_token();
+    let token = guard.lost_token();
     drop(guard);
     token.cancelled().await;
     tokio::time::sleep(MS).await;
@@ -208,7 +208,7 @@ async fn dropping_the_guard_releases_best_effort() {
 async fn cancelling_the_callers_token_does_not_touch_the_guard() {
     let store = FaultyStore::new();
     let guard = held(&lease(&store)).await;
-    guard.cancellation_token().cancel();
+    guard.lost_token().cancel();
     tokio::time::sleep(MS * 5_000).await;
     assert!(guard.is_held());
 }
@@ -219,7 +219,7 @@ async fn a_hanging_renewal_still_tells_the_work_to_stop_at_the_stop_margin() {
     let start = Instant::now();
     let guard = held(&lease(&store)).await;
     store.set(|f| &f.renew_hangs, true);
-    guard.expiring().await;
+    guard.cancelled().await;
     let config = LeaseConfig::new(TTL);
     // The renewal sent at 1 s never answers: the work is told to stop a stop margin before the
     // local deadline, not at it.
@@ -244,7 +244,7 @@ async fn the_expiring_signal_reaches_tokens_asked_for_before_and_after_it() {
     let early = held(&lease(&store)).await;
     let late = Lease::new(store.clone(), LeaseName::new("other").unwrap(), config).unwrap();
     let late = held(&late).await;
-    let asked_early = early.expiring_token();
+    let asked_early = early.cancellation_token();
     store.set(|f| &f.renew_hangs, true);
     asked_early.cancelled().await;
     assert_eq!(
@@ -254,11 +254,11 @@ async fn the_expiring_signal_reaches_tokens_asked_for_before_and_after_it() {
     // Let the other guard's renewer pass the same instant.
     tokio::time::sleep(MS).await;
     assert!(late.loss_reason().is_none() && early.loss_reason().is_none());
-    assert!(late.expiring_token().is_cancelled());
-    tokio::time::timeout(MS, late.expiring())
+    assert!(late.cancellation_token().is_cancelled());
+    tokio::time::timeout(MS, late.cancelled())
         .await
         .expect("expiring() returns at once once warned");
-    assert!(!late.cancellation_token().is_cancelled());
+    assert!(!late.lost_token().is_cancelled());
 }
 
 #[tokio::test(start_paused = true)]
@@ -280,7 +280,45 @@ async fn deadline_updates_follow_each_confirmed_renewal_only() {
     assert_eq!(*guard.deadline_updates().borrow(), guard.deadline());
     // Unconfirmed renewals move nothing: the next change is the guard going away.
     store.set(|f| &f.renew_hangs, true);
-    guard.cancellation_token().cancelled().await;
+    guard.lost_token().cancelled().await;
     assert!(!updates.has_changed().unwrap());
     assert_eq!(*updates.borrow() - start, MS * 1000 + TTL - drift);
+}
+
+/// The README's pattern, renewals hanging: a job that stops on `cancellation_token()` and takes
+/// a little while to wind down has ended before the lease expires in the store, so before any
+/// other instance can acquire it. (On the loss signal, `lost_token()`, it would still be running
+/// when the other instance gets the lease.)
+#[tokio::test(start_paused = true)]
+async fn a_job_stopping_on_the_cancellation_token_ends_before_the_store_frees_the_lease() {
+    let store = FaultyStore::new();
+    let config = LeaseConfig::new(TTL);
+    let guard = held(&lease(&store)).await;
+    let acquired_at = Instant::now();
+    store.set(|f| &f.renew_hangs, true);
+    let stop = guard.cancellation_token();
+    let wind_down = config.stop_margin / 2;
+    let job = tokio::spawn(async move {
+        stop.cancelled().await;
+        tokio::time::sleep(wind_down).await; // flushing, closing files
+        Instant::now()
+    });
+    // Another instance tries every 10 ms until the store lets it in.
+    let other = Lease::new(store.inner.clone(), LeaseName::new("job").unwrap(), config)
+        .unwrap()
+        .with_holder(HolderId::new("other").unwrap());
+    let taken_at = loop {
+        if let TryAcquire::Acquired(_) = other.try_acquire().await.unwrap() {
+            break Instant::now();
+        }
+        tokio::time::sleep(MS * 10).await;
+    };
+    let ended_at = job.await.unwrap();
+    assert!(
+        ended_at < taken_at,
+        "the job ended {:?} after acquisition, the other instance got the lease at {:?}",
+        ended_at - acquired_at,
+        taken_at - acquired_at
+    );
+    assert_eq!(guard.loss_reason(), Some(LossReason::Expired));
 }

@@ -81,7 +81,7 @@ async fn a_hanging_store_stops_every_lease_at_its_stop_margin_then_its_deadline(
     let b = take(&s, "b").await;
     store.set(|f| &f.renew_hangs, true);
     let config = LeaseConfig::new(TTL);
-    a.expiring().await;
+    a.cancelled().await;
     assert_eq!(
         Instant::now() - start,
         TTL - config.drift_margin - config.stop_margin

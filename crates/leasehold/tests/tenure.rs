@@ -69,7 +69,7 @@ async fn acquiring_again_ends_the_previous_guard_of_the_handle() {
     let second = acquired(&ours).await;
     assert_eq!(first.loss_reason(), Some(LossReason::Superseded));
     assert!(!first.is_held());
-    assert!(first.cancellation_token().is_cancelled());
+    assert!(first.lost_token().is_cancelled());
     assert!(second.token() > first.token());
     // The superseded guard's release cannot free the new tenure.
     assert_eq!(first.release().await.unwrap(), Release::NotHeld);
@@ -141,4 +141,52 @@ async fn repeated_refusals_end_the_election_with_a_reason() {
     .expect("the election gave up");
     assert!(failed.contains("refused"), "{failed}");
     assert!(a.elected().await.is_none());
+}
+
+/// Two tasks acquire through clones of one handle at the same moment: they take turns, the
+/// second ends the first's tenure, and never do two guards both report held.
+#[tokio::test(start_paused = true)]
+async fn concurrent_acquires_through_clones_leave_one_guard_held() {
+    let store = FaultyStore::new();
+    // Every acquire takes a while to reach the store, so the two overlap in flight.
+    store.faults.acquire_wait_ms.store(50, Ordering::SeqCst);
+    let lease = Lease::new(
+        store.clone(),
+        LeaseName::new("clones").unwrap(),
+        LeaseConfig::new(Duration::from_secs(10)),
+    )
+    .unwrap();
+    for _ in 0..20 {
+        let (a, b) = (lease.clone(), lease.clone());
+        let (x, y) = tokio::join!(
+            tokio::spawn(async move { a.try_acquire().await }),
+            tokio::spawn(async move { b.try_acquire().await })
+        );
+        let guards: Vec<_> = [x.unwrap().unwrap(), y.unwrap().unwrap()]
+            .into_iter()
+            .filter_map(|t| match t {
+                TryAcquire::Acquired(g) => Some(g),
+                TryAcquire::Busy { .. } => None,
+            })
+            .collect();
+        let held = guards.iter().filter(|g| g.is_held()).count();
+        assert_eq!(held, 1, "{guards:?}");
+        let newest = guards.iter().map(|g| g.token()).max().unwrap();
+        let live = guards.iter().find(|g| g.is_held()).unwrap();
+        assert_eq!(live.token(), newest, "the newer tenure is the one held");
+        let state = store.inspect(lease.name()).await.unwrap().unwrap();
+        assert_eq!(state.token, newest, "the store agrees");
+    }
+}
+
+/// A ttl no clock can hold is refused when the lease is made, not a panic later.
+#[test]
+fn a_ttl_beyond_a_year_is_a_config_error() {
+    let err = Lease::new(
+        leasehold::MemoryStore::new(),
+        LeaseName::new("forever").unwrap(),
+        LeaseConfig::new(Duration::MAX),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("too long"), "{err}");
 }

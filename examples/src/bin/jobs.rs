@@ -138,7 +138,7 @@ async fn work_loop(
                 let _ = guard.release().await;
                 continue;
             }
-            let cancel = guard.expiring_token();
+            let cancel = guard.cancellation_token();
             // The work; a lost lease cancels it.
             tokio::select! {
                 biased;

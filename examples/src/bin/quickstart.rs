@@ -5,7 +5,10 @@ use std::time::Duration;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store = leasehold_sqlite::connect("sqlite:leases.db").await?; // or leasehold_redis / _postgres
+    // The embedded store: one file, nothing to wait for. A server store returns at once and
+    // connects in the background, so the service starts while its store is down:
+    // leasehold_redis::connect_lazy("redis://cache:6379")? (or leasehold_postgres, _etcd).
+    let store = leasehold_sqlite::connect("sqlite:leases.db").await?;
     let expire = Task::new(
         LeaseName::new("expire-gigs")?,
         Schedule::every(Duration::from_secs(30))?,

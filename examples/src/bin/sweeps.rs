@@ -134,7 +134,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let o = <Options as clap::Parser>::parse();
-    let store = leasehold_connect::open_store(&leasehold_connect::store_url(o.store)).await?;
+    // Connects in the background: the service starts while its store is down.
+    let store = leasehold_connect::open_store_lazy(&leasehold_connect::store_url(o.store)).await?;
     let ledger = o.ledger.map(Arc::new);
     let mut scheduler = Scheduler::new(store)
         .leader_group(LeaseName::new("sweepers")?)

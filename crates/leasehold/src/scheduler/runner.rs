@@ -541,7 +541,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         self.answered(TickOutcome::Ran);
         let held = Held {
             token: Some(ticket.guard().token()),
-            lease: Some((ticket.guard().expiring_token(), ticket.guard().probe())),
+            lease: Some((ticket.guard().cancellation_token(), ticket.guard().probe())),
             leader: ticket.leader_signal().cloned(),
         };
         self.run(trigger, Some(slot), held).await;
@@ -695,7 +695,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         };
         let held = Held {
             token: Some(guard.token()),
-            lease: Some((guard.expiring_token(), guard.probe())),
+            lease: Some((guard.cancellation_token(), guard.probe())),
             leader: None,
         };
         let result = self.run(Trigger::Manual, None, held).await;

@@ -7,6 +7,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::HeldProbe;
@@ -134,6 +136,17 @@ pub struct TaskContext {
     pub cancel: CancellationToken,
     /// The leases the run holds (task lease, leadership), for [`is_held`](Self::is_held).
     pub(crate) held: Vec<HeldProbe>,
+}
+
+impl TaskContext {
+    /// The task lease's local deadline, updated with every confirmed renewal (see
+    /// [`LeaseGuard::deadline_updates`](crate::LeaseGuard::deadline_updates)); `None` when the run holds no task lease.
+    pub fn lease_deadline(&self) -> Option<watch::Receiver<Instant>> {
+        self.held.iter().find_map(|probe| match probe {
+            HeldProbe::Guard(shared) => Some(shared.deadline_updates()),
+            HeldProbe::Token(_) => None,
+        })
+    }
 }
 
 impl TaskContext {
