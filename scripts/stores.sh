@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Makes sure the stores the tests need answer on loopback: Redis on 6379 and PostgreSQL on 5432
-# (trust auth, database `test`). Starts them if they are installed but stopped; installs them
-# from Debian's packages on a bare machine. Idempotent.
+# Makes sure the stores the tests need answer on loopback: Redis on 6379, PostgreSQL on 5432
+# (trust auth, database `test`) and MariaDB on 3306 (root without a password from 127.0.0.1,
+# database `test`). Starts them if they are installed but stopped; installs them from Debian's
+# packages on a bare machine. Idempotent.
 set -euo pipefail
 
 log() { printf 'stores: %s\n' "$*" >&2; }
@@ -50,6 +51,42 @@ ensure_postgres() {
   fi
 }
 
+mysql_up() { mariadb --protocol=tcp -h 127.0.0.1 -P 3306 -u root -e "select 1" >/dev/null 2>&1; }
+mysql_socket() { as_root mariadb --protocol=socket -u root "$@"; }
+start_mariadb() {
+  as_root mkdir -p /run/mysqld
+  as_root chown mysql:mysql /run/mysqld
+  if [ ! -d /var/lib/mysql/mysql ]; then
+    log "creating the MariaDB data directory"
+    as_root mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+  fi
+  log "starting mariadbd on 127.0.0.1:3306"
+  as_root setsid mariadbd --user=mysql --datadir=/var/lib/mysql --bind-address=127.0.0.1 \
+    --port=3306 --skip-name-resolve --socket=/run/mysqld/mysqld.sock \
+    --pid-file=/run/mysqld/mysqld.pid --log-error=/tmp/leasehold-mariadb.log \
+    </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 150); do
+    as_root mariadb-admin --protocol=socket ping >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  log "MariaDB did not come up (see /tmp/leasehold-mariadb.log)"; exit 1
+}
+ensure_mysql() {
+  # The chaos harness runs mariadbd and mariadb-install-db of its own; the tests use the client.
+  if ! command -v mariadbd >/dev/null || ! command -v mariadb >/dev/null; then
+    log "installing mariadb-server"; apt_install mariadb-server mariadb-client
+  fi
+  if ! mysql_up; then
+    if ! as_root mariadb-admin --protocol=socket ping >/dev/null 2>&1; then start_mariadb; fi
+    # Debian's root logs in through the Unix socket only; the tests connect over TCP.
+    log "allowing root without a password from 127.0.0.1"
+    mysql_socket -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY ''; \
+      GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
+    mysql_up || { log "cannot log in as root over TCP to 127.0.0.1:3306 (skip-name-resolve off?)"; exit 1; }
+  fi
+  mariadb --protocol=tcp -h 127.0.0.1 -P 3306 -u root -e "CREATE DATABASE IF NOT EXISTS test"
+}
+
 # The Redis TLS test makes its certificates with the openssl tool; the bundled SQLite is C.
 ensure_tools() {
   if ! command -v openssl >/dev/null; then log "installing openssl"; apt_install openssl; fi
@@ -76,5 +113,6 @@ ensure_tools() {
 
 ensure_redis
 ensure_postgres
+ensure_mysql
 ensure_tools
-log "redis and postgres are up"
+log "redis, postgres and mariadb are up"

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/stores.sh
 export LEASEHOLD_TEST_REDIS_URL="${LEASEHOLD_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export LEASEHOLD_TEST_POSTGRES_URL="${LEASEHOLD_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export LEASEHOLD_TEST_MYSQL_URL="${LEASEHOLD_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
@@ -23,7 +24,8 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   # Without nextest's test groups (.config/nextest.toml), run the chaos runs one at a time.
   cargo test --workspace --all-features --locked --no-fail-fast --lib --bins --tests -- \
-    --skip chaos_sqlite --skip chaos_redis --skip chaos_postgres --skip chaos_etcd
+    --skip chaos_sqlite --skip chaos_redis --skip chaos_postgres --skip chaos_etcd \
+    --skip chaos_mysql
   cargo test -p leasehold-cli --all-features --locked --test chaos -- --test-threads=1
 fi
 echo "== doc tests"

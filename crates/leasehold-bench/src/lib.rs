@@ -4,6 +4,7 @@ mod common;
 mod error;
 mod etcd;
 mod memory;
+mod mysql;
 mod postgres;
 mod redis;
 mod report;
@@ -34,6 +35,8 @@ pub enum StoreKind {
     Memory,
     /// The etcd cluster at `--etcd-url`.
     Etcd,
+    /// The MySQL or MariaDB database at `--mysql-url`.
+    Mysql,
 }
 
 impl StoreKind {
@@ -44,6 +47,7 @@ impl StoreKind {
             Self::Postgres => "postgres",
             Self::Memory => "memory",
             Self::Etcd => "etcd",
+            Self::Mysql => "mysql",
         }
     }
 }
@@ -52,7 +56,7 @@ impl StoreKind {
 /// next to the store's own floor measured in the same run.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory, etcd).
+    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory, etcd, mysql).
     #[arg(long, value_delimiter = ',', default_value = "sqlite,redis,postgres")]
     pub stores: Vec<StoreKind>,
     /// The Redis server to measure (keys use a per-run prefix and are deleted afterwards).
@@ -66,6 +70,10 @@ pub struct BenchArgs {
     /// floors need a plain `etcd://` URL without a user.
     #[arg(long, default_value = "etcd://127.0.0.1:2379")]
     pub etcd_url: String,
+    /// The MySQL or MariaDB database to measure (the store's tables get a per-run prefix and
+    /// are dropped afterwards; the user must be allowed to create tables).
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306/test")]
+    pub mysql_url: String,
     /// Directory for the SQLite database file, created per run and deleted afterwards
     /// [default: the system temporary directory].
     #[arg(long, value_name = "DIR")]
@@ -95,6 +103,7 @@ pub(crate) struct Plan {
     pub(crate) redis_url: String,
     pub(crate) postgres_url: String,
     pub(crate) etcd_url: String,
+    pub(crate) mysql_url: String,
     pub(crate) sqlite_dir: PathBuf,
     pub(crate) rounds: usize,
     pub(crate) ops: usize,
@@ -122,6 +131,7 @@ impl Plan {
             redis_url: args.redis_url.clone(),
             postgres_url: args.postgres_url.clone(),
             etcd_url: args.etcd_url.clone(),
+            mysql_url: args.mysql_url.clone(),
             sqlite_dir: args.sqlite_dir.clone().unwrap_or_else(std::env::temp_dir),
             rounds: args.rounds.unwrap_or(if q { 2 } else { 5 }),
             ops: args.ops.unwrap_or(if q { 200 } else { 2000 }),
@@ -248,6 +258,7 @@ pub(crate) async fn bench(plan: &Plan) -> Result<Report> {
             StoreKind::Redis => redis::bench(plan, &mut report).await,
             StoreKind::Postgres => postgres::bench(plan, &mut report).await,
             StoreKind::Etcd => etcd::bench(plan, &mut report).await,
+            StoreKind::Mysql => mysql::bench(plan, &mut report).await,
         };
         if let Err(e) = result {
             report.failures.push(Failure {
@@ -269,6 +280,7 @@ mod tests {
             redis_url: String::new(),
             postgres_url: String::new(),
             etcd_url: String::new(),
+            mysql_url: String::new(),
             sqlite_dir: None,
             rounds: None,
             ops: Some(50),
@@ -485,6 +497,64 @@ mod tests {
                 .unwrap();
             assert!(keys.is_empty(), "left on {port}: {keys:?}");
         }
+    }
+
+    /// A quick run on the local MariaDB (`LEASEHOLD_TEST_MYSQL_URL`): the floors and the lease
+    /// rows, the held-lease and takeover rows, and nothing of the run left in the database.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_store_smoke_run() {
+        use leasehold_mysql::mysql_async::prelude::Queryable;
+        use report::Kind::{self, Floor, Lease};
+
+        let url = std::env::var("LEASEHOLD_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let mut plan = quick_plan(vec![StoreKind::Mysql]);
+        plan.mysql_url = url.clone();
+        plan.held = 50;
+        plan.held_ttl = Duration::from_millis(1500);
+        let report = bench(&plan).await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let ops: Vec<(&str, Kind)> = report
+            .operations
+            .iter()
+            .map(|r| (r.op.as_str(), r.kind))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                ("UPDATE", Floor),
+                ("SELECT 1", Floor),
+                ("acquire", Lease),
+                ("renew", Lease),
+                ("release", Lease),
+                ("acquire+release", Lease)
+            ]
+        );
+        assert!(report.operations.iter().all(|r| r.store == "mysql"));
+        let targets: Vec<String> = report.targets().into_iter().map(|(f, _)| f).collect();
+        assert!(targets.contains(&"mysql acquire".to_owned()), "{targets:?}");
+        assert_eq!(report.held_renewal[0].held, 50);
+        let paths: Vec<&str> = report.takeover.iter().map(|r| r.path).collect();
+        assert_eq!(paths, ["graceful", "expiry"]);
+        assert!(report.takeover.iter().all(|r| r.max_ms < 1000.0));
+        let note = report
+            .notes
+            .iter()
+            .find(|n| n.starts_with("mysql: "))
+            .unwrap();
+        assert!(note.contains("innodb_flush_log_at_trx_commit="), "{note}");
+        // Nothing of the run is left in the database.
+        let opts = leasehold_mysql::mysql_async::Opts::from_url(&url).unwrap();
+        let mut conn = leasehold_mysql::mysql_async::Conn::new(opts).await.unwrap();
+        let left: Vec<String> = conn
+            .exec(
+                "SELECT TABLE_NAME FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE CONCAT(?, '%')",
+                (format!("lhbench\\_{}", plan.run_id),),
+            )
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "tables left: {left:?}");
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@ pub enum ChaosError {
     /// answered what the run cannot go on from, or cannot be run on this machine.
     #[error("{server}: {problem}")]
     Server {
-        /// Which server: `redis-server`, `redis-cluster`, `postgres`, `etcd`.
+        /// Which server: `redis-server`, `redis-cluster`, `postgres`, `etcd`, `mariadb`.
         server: &'static str,
         /// What went wrong, with where its log is if it has one.
         problem: String,

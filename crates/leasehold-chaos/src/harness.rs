@@ -14,6 +14,7 @@ use crate::error::{ChaosError, Result};
 use crate::etcd_members::EtcdMembers;
 use crate::fence;
 use crate::ledger::{self, Fenced, LedgerEntry};
+use crate::mysql_server::MySqlServer;
 use crate::pg_server::{self, PgServer};
 use crate::pg_url::PgTarget;
 use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
@@ -241,6 +242,7 @@ struct Harness {
     sentinel: Option<SentinelGroup>,
     cluster: Option<ClusterGroup>,
     postgres: Option<PgServer>,
+    mysql: Option<MySqlServer>,
     etcd: Option<EtcdMembers>,
     watchdog: Watchdog,
     /// The store, opened directly (not through the proxy), for the restart checks; closed at
@@ -359,7 +361,7 @@ impl Harness {
         let mut notes = Vec::new();
         let (mut redis, mut postgres, mut proxy, mut sqlite_dir, mut etcd) =
             (None, None, None, None, None);
-        let (mut sentinel, mut cluster) = (None, None);
+        let (mut sentinel, mut cluster, mut mysql) = (None, None, None);
         let (replica_url, poll_url) = match args.store {
             StoreKind::Sqlite => {
                 let dir = tempfile::Builder::new()
@@ -438,6 +440,23 @@ impl Harness {
                     urls
                 }
             },
+            StoreKind::Mysql => {
+                // Each replica (and a replacement overlapping it) holds a pool of 4 and a
+                // poller; so does the harness's own view of the lease.
+                let max_connections = ((args.replicas * 2 + 2) * 5 + 20).max(50);
+                let server =
+                    MySqlServer::start(&logs.join("mariadb.log"), &watchdog, max_connections)
+                        .await?;
+                let p = start_proxy(server.addr()).await?;
+                let urls = (
+                    MySqlServer::url_at(p.addr()),
+                    MySqlServer::url_at(server.addr()),
+                );
+                mysql = Some(server);
+                proxy = Some(p);
+                notes.push("mysql: the harness's own MariaDB server (mariadbd, InnoDB with innodb_flush_log_at_trx_commit=1 and the doublewrite buffer, no binary log), through the proxy; a store restart is a crash (SIGKILL: no shutdown, no checkpoint) and a start that runs InnoDB's crash recovery; a durable store forgets nothing, so nothing is excused: overlaps and duplicate slots must stay 0 across restarts, and both leases' tokens must survive each one".into());
+                urls
+            }
             StoreKind::Etcd => {
                 let members = EtcdMembers::start().await?;
                 let url = members.url();
@@ -471,6 +490,7 @@ impl Harness {
             sentinel,
             cluster,
             postgres,
+            mysql,
             etcd,
             watchdog,
             direct: Some(store),
@@ -861,6 +881,20 @@ impl Harness {
                         ready - stopped
                     );
                     (stopped, ready, detail)
+                } else if let Some(server) = self.mysql.as_mut() {
+                    // As for PostgreSQL: every other restart keeps the server down past the ttl.
+                    let down = if self.restarts.len().is_multiple_of(2) {
+                        self.s.ttl * 2
+                    } else {
+                        Duration::ZERO
+                    };
+                    let (stopped, ready) = server.restart(down).await?;
+                    let detail = format!(
+                        "mariadbd SIGKILLed, kept down {} ms, restarted with InnoDB crash recovery (down {} ms in all)",
+                        down.as_millis(),
+                        ready - stopped
+                    );
+                    (stopped, ready, detail)
                 } else if let Some(etcd) = self.etcd.as_mut() {
                     etcd.restart(self.restarts.len(), self.s.ttl * 2).await?
                 } else {
@@ -1063,6 +1097,9 @@ impl Harness {
         }
         if let Some(mut postgres) = self.postgres.take() {
             postgres.stop().await;
+        }
+        if let Some(mut server) = self.mysql.take() {
+            server.stop().await;
         }
         if let Some(etcd) = self.etcd.take() {
             etcd.stop(&self.logs);

@@ -4,6 +4,7 @@ mod check;
 mod error;
 mod etcd_members;
 mod harness;
+mod mysql_server;
 mod pg_server;
 mod pg_url;
 mod procs;
@@ -46,6 +47,9 @@ pub enum StoreKind {
     /// A 3-member etcd cluster the harness starts itself (no proxy: three endpoints); members,
     /// the Raft leader among them, are SIGKILLed and restarted as the store-restart fault.
     Etcd,
+    /// A MariaDB server the harness starts itself (`mariadbd`, InnoDB with a durable commit),
+    /// behind the fault proxy, SIGKILLed and restarted (crash recovery) as a fault.
+    Mysql,
 }
 
 impl StoreKind {
@@ -58,6 +62,7 @@ impl StoreKind {
             Self::RedisCluster => "redis-cluster",
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
+            Self::Mysql => "mysql",
         }
     }
 
@@ -69,7 +74,7 @@ impl StoreKind {
             Self::Sqlite => &[Kill, Pause, Terminate],
             Self::Etcd => &[Kill, Pause, Terminate, StoreRestart],
             Self::RedisSentinel | Self::RedisCluster => &[Kill, Pause, Terminate, StoreRestart],
-            Self::Redis | Self::Postgres => &FaultKind::ALL,
+            Self::Redis | Self::Postgres | Self::Mysql => &FaultKind::ALL,
         }
     }
 }

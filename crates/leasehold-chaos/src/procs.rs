@@ -39,9 +39,10 @@ pub fn free_port() -> Result<u16> {
 
 /// The watchdog: a shell that leads the process group of every replica and server the harness
 /// starts. Should the harness die without cleaning up (SIGKILL), it kills that group, and the
-/// process groups of paused commands listed in its file; it first stops a PostgreSQL server
-/// listed in its servers file (SIGQUIT: the postmaster ends its children, which lead sessions of
-/// their own and would otherwise outlive the group) and removes that server's directory.
+/// process groups of paused commands listed in its file; it first stops a PostgreSQL or MariaDB
+/// server listed in its servers file (SIGQUIT: the postmaster ends its children, which lead
+/// sessions of their own and would otherwise outlive the group; then SIGKILL) and removes that
+/// server's directory.
 #[derive(Debug)]
 pub struct Watchdog {
     child: Child,
@@ -62,7 +63,7 @@ if [ -s "$s" ]; then
   sleep 2
   while read -r p d; do
     case $p in ''|*[!0-9]*) ;; *) kill -KILL "$p";; esac
-    case $d in */leasehold-chaos-pg-*) rm -rf "$d";; esac
+    case $d in */leasehold-chaos-pg-*|*/leasehold-chaos-mariadb-*) rm -rf "$d";; esac
   done <"$s" 2>/dev/null
 fi
 kill -KILL 0"#;

@@ -14,7 +14,7 @@ use crate::{EXIT_BUSY, Failure};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Store URL: sqlite:PATH, redis://…, rediss://…, postgres://…, etcd://…
+    /// Store URL: sqlite:PATH, redis://…, rediss://…, postgres://…, etcd://…, mysql://…
     /// [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
     #[arg(long)]
     store: Option<String>,

@@ -104,7 +104,7 @@ fn unknown_url_scheme() {
             "--lease",
             "a",
             "--store",
-            "mysql://root:hunter2@localhost/db",
+            "mssql://root:hunter2@localhost/db",
         ],
         "unknown store URL scheme",
     );
@@ -114,11 +114,45 @@ fn unknown_url_scheme() {
             "--lease",
             "a",
             "--store",
-            "mysql://root:hunter2@localhost/db",
+            "mssql://root:hunter2@localhost/db",
         ]))
         .output()
         .unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+}
+
+/// MySQL refusals through the CLI (a flock opens its store at once): a wrong password, a
+/// missing database and a bad `ssl-mode` are each one line naming the cause, without the
+/// password.
+#[test]
+fn mysql_refusals() {
+    let url = std::env::var("LEASEHOLD_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let host = url
+        .strip_prefix("mysql://")
+        .and_then(|rest| rest.split_once('@').map_or(Some(rest), |(_, h)| Some(h)))
+        .and_then(|h| h.split_once('/').map(|(h, _)| h))
+        .expect("a mysql://[user@]host/db test URL")
+        .to_owned();
+    for (store, expect) in [
+        (
+            format!("mysql://lh_nobody:s3cretpw@{host}/test"),
+            "Access denied",
+        ),
+        (
+            format!("{}/lh_no_such_database", url.rsplit_once('/').unwrap().0),
+            "Unknown database",
+        ),
+        (
+            format!("mysql://root:s3cretpw@{host}/test?ssl-mode=preferred"),
+            "ssl-mode=preferred",
+        ),
+    ] {
+        let args = ["run", "--lease", "a", "--store", &store, "--", "true"];
+        fails_in_one_line(&args, expect);
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cretpw"));
+    }
 }
 
 #[test]

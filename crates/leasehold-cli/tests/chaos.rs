@@ -1,8 +1,9 @@
 //! The short fault-injection run against every store: kills, pauses past the ttl, graceful
 //! stops, and (Redis, PostgreSQL) dropped, blackholed and delayed connections and a restart of a
 //! store server the harness started itself (Redis without persistence; PostgreSQL crashed and
-//! recovered from its WAL, with nothing excused; etcd members, the Raft leader first, SIGKILLed
-//! and restarted, with nothing excused). The harness exits non-zero if any guarantee broke.
+//! recovered from its WAL, with nothing excused; MariaDB SIGKILLed and recovered by InnoDB, with
+//! nothing excused; etcd members, the Raft leader first, SIGKILLed and restarted, with nothing
+//! excused). The harness exits non-zero if any guarantee broke.
 
 use std::process::Command;
 
@@ -82,6 +83,19 @@ fn chaos_postgres() {
     let report = short_run("postgres");
     assert_store_restarted(&report);
     assert_nothing_lost(&report);
+}
+
+/// MariaDB crash-restarted under the replicas (SIGKILL, InnoDB crash recovery with a durable
+/// commit): nothing excused, no overlap, no duplicate slot, no stale write accepted.
+#[test]
+fn chaos_mysql() {
+    let report = short_run("mysql");
+    assert_store_restarted(&report);
+    assert_nothing_lost(&report);
+    let check = &report["check"];
+    for zero in ["overlapping_accepted", "duplicate_slots", "stale_accepted"] {
+        assert_eq!(check[zero], 0, "{zero}: {report}");
+    }
 }
 
 #[test]

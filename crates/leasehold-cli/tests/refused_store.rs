@@ -4,7 +4,8 @@
 //! with 78 without ever running its command (before, a wrong PostgreSQL or Redis Cluster
 //! password was an outage retried forever, and fail-open ran every tick uncoordinated).
 //!
-//! The PostgreSQL server of the tests trusts loopback (any password is accepted), so the
+//! The MySQL case is a user MariaDB does not let in (access denied). The PostgreSQL
+//! server of the tests trusts loopback (any password is accepted), so the
 //! PostgreSQL cases are a role that does not exist on it (`28000`) and a stand-in that refuses
 //! the password (`28P01`). The SQLite case is a file the process may not write (read-only,
 //! run as `nobody` when the tests run as root, whom file modes do not stop).
@@ -207,6 +208,21 @@ fn postgres_wrong_password_and_unknown_role() {
         "postgres, unknown role",
         &format!("postgres://lh_no_such_role:{WRONG}@{host}"),
         "28000",
+        false,
+    );
+}
+
+/// A user MariaDB does not let in (access denied: 1045 for a wrong password, 1698 here for a
+/// user it does not know).
+#[test]
+fn mysql_wrong_password() {
+    let url = std::env::var("LEASEHOLD_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let host = url.split_once('@').expect("a url with a user").1;
+    refused(
+        "mysql, wrong password",
+        &format!("mysql://lh_no_such_user:{WRONG}@{host}"),
+        "Access denied",
         false,
     );
 }

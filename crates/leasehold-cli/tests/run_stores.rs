@@ -172,6 +172,25 @@ async fn postgres_graceful_stop_hands_over() {
     graceful_stop_hands_over(&postgres_url()).await;
 }
 
+fn mysql_url() -> String {
+    std::env::var("LEASEHOLD_TEST_MYSQL_URL").unwrap_or("mysql://root@127.0.0.1:3306/test".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_five_instances_each_tick_once() {
+    each_tick_exactly_once(&mysql_url(), 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_killed_leader_is_replaced() {
+    killed_leader_is_replaced(&mysql_url(), 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_graceful_stop_hands_over() {
+    graceful_stop_hands_over(&mysql_url()).await;
+}
+
 /// A 3-member etcd cluster of the test's own (members killed and data removed on drop).
 async fn etcd_cluster() -> leasehold_etcd::testing::EtcdCluster {
     tokio::task::spawn_blocking(|| leasehold_etcd::testing::EtcdCluster::start(3))

@@ -7,8 +7,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`, `etcd`; all
-//! on by default); a URL for a store whose feature is off is reported as such.
+//! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`, `etcd`,
+//! `mysql`; all on by default); a URL for a store whose feature is off is reported as such.
 
 use leasehold::BoxStore;
 use leasehold::store::BoxError;
@@ -20,7 +20,7 @@ pub const DEFAULT_STORE: &str = "sqlite:leasehold.db";
 /// The URL schemes this crate knows, for messages.
 const SCHEMES: &str = "sqlite:PATH, redis://, rediss://, redis+unix://, unix://, \
                        redis+sentinel://, redis+cluster://, postgres://, etcd://, etcds://, \
-                       or a PostgreSQL key=value connection string";
+                       mysql://, mariadb://, or a PostgreSQL key=value connection string";
 
 /// Why a store URL could not be opened. No variant carries the URL's text: each store displays
 /// its own parsed, password-free form, so no password can reach a message. The store's own
@@ -43,7 +43,7 @@ pub enum OpenError {
     /// The store rejected the URL or a setting in it: only a different URL can work.
     #[error("cannot open the {store} store")]
     Invalid {
-        /// Which store: `sqlite`, `redis`, `postgres`, `etcd`.
+        /// Which store: `sqlite`, `redis`, `postgres`, `etcd`, `mysql`.
         store: &'static str,
         /// The store crate's error.
         #[source]
@@ -91,7 +91,8 @@ impl OpenError {
         feature = "sqlite",
         feature = "redis",
         feature = "postgres",
-        feature = "etcd"
+        feature = "etcd",
+        feature = "mysql"
     ))]
     fn of(
         store: StoreKind,
@@ -136,6 +137,8 @@ pub enum StoreKind {
     Postgres,
     /// `etcd://`, `etcds://`.
     Etcd,
+    /// `mysql://`, `mariadb://` (MySQL or MariaDB).
+    Mysql,
 }
 
 impl StoreKind {
@@ -156,6 +159,7 @@ impl StoreKind {
             | "rediss+sentinel" | "rediss+cluster" => Ok(Self::Redis),
             "postgres" | "postgresql" => Ok(Self::Postgres),
             "etcd" | "etcds" => Ok(Self::Etcd),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
             // A scheme is letters, digits, `+ - .`; anything else is not one, so not shown.
             _ if scheme
                 .chars()
@@ -176,6 +180,7 @@ impl StoreKind {
             Self::Redis => "redis",
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
+            Self::Mysql => "mysql",
         }
     }
 }
@@ -220,6 +225,17 @@ fn postgres_error(e: leasehold_postgres::Error) -> OpenError {
     OpenError::of(StoreKind::Postgres, e, invalid, transient)
 }
 
+#[cfg(feature = "mysql")]
+fn mysql_error(e: leasehold_mysql::Error) -> OpenError {
+    use leasehold_mysql::Error as E;
+    let invalid = matches!(
+        e,
+        E::InvalidUrl { .. } | E::InvalidPrefix(_) | E::Config(_) | E::Tls(_)
+    );
+    let transient = e.is_transient();
+    OpenError::of(StoreKind::Mysql, e, invalid, transient)
+}
+
 #[cfg(feature = "etcd")]
 fn etcd_error(e: leasehold_etcd::Error) -> OpenError {
     use leasehold_etcd::Error as E;
@@ -232,7 +248,7 @@ fn etcd_error(e: leasehold_etcd::Error) -> OpenError {
 /// `rediss://…`, `redis+unix://…`, `redis+sentinel://[user:pw@]host:26379[,…]/MASTER[?db=N]`,
 /// `redis+cluster://[user:pw@]host:port[,…]`, `postgres://…` (or `postgresql://…`, or a libpq
 /// `key=value` connection string such as `host=/run/postgresql user=app dbname=app`),
-/// `etcd://…` (or `etcds://…`).
+/// `etcd://…` (or `etcds://…`), `mysql://…` (or `mariadb://…`).
 pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     match StoreKind::of(url)? {
         #[cfg(feature = "sqlite")]
@@ -255,6 +271,11 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
             .await
             .map(BoxStore::new)
             .map_err(etcd_error),
+        #[cfg(feature = "mysql")]
+        StoreKind::Mysql => leasehold_mysql::connect(url)
+            .await
+            .map(BoxStore::new)
+            .map_err(mysql_error),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -263,7 +284,7 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
     }
 }
 
-/// Opens the store a URL names without waiting for its server: a Redis, PostgreSQL or etcd store is
+/// Opens the store a URL names without waiting for its server: a Redis, PostgreSQL, etcd or MySQL store is
 /// returned at once and connects (and reconnects) in the background, answering every operation
 /// with [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until its server answers,
 /// so a scheduler can start during an outage and apply its store-down policy. A SQLite file is
@@ -284,6 +305,10 @@ pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
         StoreKind::Etcd => leasehold_etcd::connect_lazy(url)
             .map(BoxStore::new)
             .map_err(etcd_error),
+        #[cfg(feature = "mysql")]
+        StoreKind::Mysql => leasehold_mysql::connect_lazy(url)
+            .map(BoxStore::new)
+            .map_err(mysql_error),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -310,7 +335,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_schemes_are_named_without_the_rest_of_the_url() {
         for (url, scheme) in [
-            ("mysql://root:pw@localhost/db", "mysql"),
+            ("mssql://root:pw@localhost/db", "mssql"),
             ("http://x/?pass=SECRET", "http"),
             ("leases.db", ""),
             ("pw SECRET:x", ""),
@@ -393,6 +418,33 @@ mod tests {
             StoreKind::of("postgresql://h/db").unwrap(),
             StoreKind::Postgres
         );
+        assert_eq!(StoreKind::of("mysql://h/db").unwrap(), StoreKind::Mysql);
+        assert_eq!(StoreKind::of("MariaDB://h/db").unwrap(), StoreKind::Mysql);
+    }
+
+    /// MySQL URLs reach leasehold-mysql: an unreachable server is a connect error that shows
+    /// the parsed URL, never its password; a lazy store opens at once.
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn mysql_urls_open_without_showing_the_password() {
+        let err = open_store("mariadb://app:SECRET@127.0.0.1:1/db")
+            .await
+            .unwrap_err();
+        let message = format!("{} {err:?}", with_causes(&err));
+        assert!(
+            matches!(err, OpenError::Unavailable { store: "mysql", .. }),
+            "{message}"
+        );
+        assert!(message.contains("mysql://app@127.0.0.1:1/db"), "{message}");
+        assert!(!message.contains("SECRET"), "{message}");
+        let lazy = open_store_lazy("mysql://app:SECRET@127.0.0.1:1/db")
+            .await
+            .unwrap();
+        assert!(!format!("{lazy:?}").contains("SECRET"));
+        let err = open_store("mysql://app:SECRET@127.0.0.1:1/db?ssl-mode=preferred")
+            .await
+            .unwrap_err();
+        assert!(with_causes(&err).contains("plain text"), "{err:?}");
     }
 
     /// Issue 31: the PostgreSQL README documents libpq's `key=value` form, which used to be

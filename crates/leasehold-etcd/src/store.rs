@@ -1,10 +1,14 @@
 //! [`EtcdStore`]: the [`Store`] implementation.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use leasehold::catalog::{
+    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 use leasehold::store::Operation as Op;
 use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
@@ -22,8 +26,8 @@ use crate::observed::Observations;
 use crate::record::Record;
 use crate::watch;
 use crate::wire::{
-    KeyValue, RangeResponse, TxnResponse, absent, delete, delete_range, get, modified_at, nested,
-    prefix_end, put, txn, value_is,
+    KeyValue, RangeResponse, TxnResponse, absent, delete, delete_range, get, get_prefixed,
+    modified_at, nested, prefix_end, put, txn, value_is, version_is,
 };
 
 /// How often an acquire re-reads a record that changed under it before giving up.
@@ -258,14 +262,7 @@ impl EtcdStore {
                     token: FencingToken(token),
                 });
             }
-            current = answer
-                .range(0)
-                .and_then(|r| r.kvs.first())
-                .map(|kv| KeyValue {
-                    key: kv.key.clone(),
-                    value: kv.value.clone(),
-                    mod_revision: kv.mod_revision,
-                });
+            current = answer.range(0).and_then(|r| r.kvs.first()).cloned();
         }
         Err(StoreError::Unavailable {
             message: format!(
@@ -413,7 +410,7 @@ impl EtcdStore {
                     vec![],
                     vec![
                         put(&self.member_key(group, member.as_str()), &expiry),
-                        json!({ "request_range": { "key": b64(&prefix), "range_end": b64(prefix_end(&prefix)) } }),
+                        get_prefixed(&prefix),
                     ],
                     vec![],
                 ),
@@ -520,25 +517,7 @@ impl EtcdStore {
         let Some(kv) = answer.kvs.first() else {
             return Ok(None);
         };
-        let record = decode_kv(kv)?;
-        let token = FencingToken(record.token());
-        let state =
-            match record {
-                Record::Held { holder, ttl, token } => {
-                    match self.inner.remaining(&key, kv.mod_revision, token, ttl) {
-                        Some(remaining) => LeaseState {
-                            holder: Some(HolderId::new(&holder).map_err(|e| {
-                                StoreError::Corrupt(format!("holder of {name}: {e}"))
-                            })?),
-                            token: FencingToken(token),
-                            remaining,
-                        },
-                        None => free_state(FencingToken(token)),
-                    }
-                }
-                Record::Free { .. } => free_state(token),
-            };
-        Ok(Some(state))
+        self.inner.lease_state(name, &key, kv).map(Some)
     }
 
     async fn claim_slot_once(
@@ -713,6 +692,312 @@ impl EtcdStore {
     }
 }
 
+/// Ms of a duration, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A catalog key's name part (after its kind's prefix) as a task name.
+fn task_of(op: Op<'_>, text: &[u8]) -> StoreResult<LeaseName> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| LeaseName::new(t).ok())
+        .ok_or_else(|| StoreError::Corrupt(format!("{op}: a catalog key names no task")))
+}
+
+fn utf8(op: Op<'_>, what: &str, value: &str) -> StoreResult<String> {
+    let bytes = unb64(value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    String::from_utf8(bytes).map_err(|_| StoreError::Corrupt(format!("{op}: {what} is not UTF-8")))
+}
+
+/// A control key's record: its value, and the key's etcd version as the record's.
+fn versioned(op: Op<'_>, kv: &KeyValue) -> StoreResult<Versioned> {
+    Ok(Versioned {
+        version: kv.version,
+        value: utf8(op, "a control record", &kv.value)?,
+    })
+}
+
+/// An instance entry's value: the heartbeat's expiry (20 digits, wall-clock ms) and the
+/// instance's about.
+fn instance_value(expiry_ms: u64, about: &str) -> Vec<u8> {
+    format!("{expiry_ms:020} {about}").into_bytes()
+}
+
+fn parse_instance(op: Op<'_>, kv: &KeyValue) -> StoreResult<(u64, String)> {
+    let text = utf8(op, "an instance entry", &kv.value)?;
+    text.split_once(' ')
+        .filter(|(expiry, _)| expiry.len() == 20)
+        .and_then(|(expiry, about)| Some((expiry.parse().ok()?, about.to_owned())))
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!("{op}: an instance entry is not \"EXPIRY ABOUT\""))
+        })
+}
+
+/// One task's records as `tasks` gathers them.
+#[derive(Default)]
+struct Gathered {
+    /// The definition, with its key and revision (deleted when the task is left out).
+    definition: Option<(String, Vec<u8>, u64)>,
+    control: Option<Versioned>,
+    instances: Vec<InstanceRecord>,
+}
+
+impl EtcdStore {
+    /// The key of a task's definition in the catalog: `PREFIX` `task/` `TASK`.
+    pub fn task_key(&self, task: &LeaseName) -> Vec<u8> {
+        format!("{}task/{task}", self.inner.prefix).into_bytes()
+    }
+
+    /// The key of a task's control record: `PREFIX` `control/` `TASK`. The record's version is
+    /// the key's etcd version (1 when created, +1 with every write).
+    pub fn control_key(&self, task: &LeaseName) -> Vec<u8> {
+        format!("{}control/{task}", self.inner.prefix).into_bytes()
+    }
+
+    /// The key of an instance's registration of a task: `PREFIX` `instance/` `TASK` `\0`
+    /// `INSTANCE`, holding the heartbeat's expiry (20 digits of ms on the writer's wall clock),
+    /// a space, and what the instance said about itself.
+    pub fn instance_key(&self, task: &LeaseName, instance: &HolderId) -> Vec<u8> {
+        let mut key = self.instances_prefix(task);
+        key.extend_from_slice(instance.as_str().as_bytes());
+        key
+    }
+
+    fn instances_prefix(&self, task: &LeaseName) -> Vec<u8> {
+        format!("{}instance/{task}\0", self.inner.prefix).into_bytes()
+    }
+
+    fn kind_prefix(&self, kind: &str) -> Vec<u8> {
+        format!("{}{kind}/", self.inner.prefix).into_bytes()
+    }
+
+    /// One transaction: the definition and the heartbeat written, the control record and the
+    /// task's instances read; a second only to delete instances forgotten (each under a compare
+    /// on the revision read).
+    async fn register_once(
+        &self,
+        op: Op<'_>,
+        r: &Registration<'_>,
+    ) -> StoreResult<Option<Versioned>> {
+        let now = wall_ms();
+        let instance_key = self.instance_key(r.task, r.instance);
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    vec![],
+                    vec![
+                        put(&self.task_key(r.task), r.definition.as_bytes()),
+                        put(
+                            &instance_key,
+                            &instance_value(now.saturating_add(millis(r.ttl)), r.about),
+                        ),
+                        get(&self.control_key(r.task)),
+                        get_prefixed(&self.instances_prefix(r.task)),
+                    ],
+                    vec![],
+                ),
+            )
+            .await?;
+        let control = answer
+            .range(2)
+            .and_then(|range| range.kvs.first())
+            .map(|kv| versioned(op, kv))
+            .transpose()?;
+        let instances = answer
+            .range(3)
+            .ok_or_else(|| StoreError::Corrupt(format!("{op}: no range answer")))?;
+        let forget = millis(r.forget_after);
+        let mut forgotten = Vec::new();
+        for kv in &instances.kvs {
+            let key = unb64(&kv.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let (expiry, _) = parse_instance(op, kv)?;
+            if key != instance_key && expiry.saturating_add(forget) <= now {
+                forgotten.push((key, kv.mod_revision));
+            }
+        }
+        self.delete_unchanged(op, &forgotten).await?;
+        Ok(control)
+    }
+
+    async fn unregister_once(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        instance: &HolderId,
+    ) -> StoreResult<()> {
+        let key = self.instance_key(task, instance);
+        self.txn(op, txn(vec![], vec![delete(&key)], vec![]))
+            .await?;
+        Ok(())
+    }
+
+    /// One transaction reads the three kinds of catalog keys; a second, only when there is
+    /// any, deletes the instances forgotten and the definitions of the tasks left out (each
+    /// under a compare on the revision read, so a registration in between keeps its records).
+    async fn tasks_once(&self, op: Op<'_>, forget_after: Duration) -> StoreResult<Vec<TaskRecord>> {
+        let now = wall_ms();
+        let forget = millis(forget_after);
+        let kinds = [
+            self.kind_prefix("task"),
+            self.kind_prefix("control"),
+            self.kind_prefix("instance"),
+        ];
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    vec![],
+                    kinds.iter().map(|k| get_prefixed(k)).collect(),
+                    vec![],
+                ),
+            )
+            .await?;
+        let range = |i: usize| {
+            answer
+                .range(i)
+                .ok_or_else(|| StoreError::Corrupt(format!("{op}: no range answer")))
+        };
+        let mut tasks: BTreeMap<LeaseName, Gathered> = BTreeMap::new();
+        let mut doomed: Vec<(Vec<u8>, u64)> = Vec::new();
+        for kv in &range(0)?.kvs {
+            let key = unb64(&kv.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let task = task_of(op, &key[kinds[0].len().min(key.len())..])?;
+            let definition = utf8(op, "a task definition", &kv.value)?;
+            tasks.entry(task).or_default().definition = Some((definition, key, kv.mod_revision));
+        }
+        for kv in &range(1)?.kvs {
+            let key = unb64(&kv.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let task = task_of(op, &key[kinds[1].len().min(key.len())..])?;
+            tasks.entry(task).or_default().control = Some(versioned(op, kv)?);
+        }
+        for kv in &range(2)?.kvs {
+            let key = unb64(&kv.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let rest = &key[kinds[2].len().min(key.len())..];
+            let split = rest.iter().position(|b| *b == 0).ok_or_else(|| {
+                StoreError::Corrupt(format!("{op}: an instance key names no instance"))
+            })?;
+            let task = task_of(op, &rest[..split])?;
+            let instance = std::str::from_utf8(&rest[split + 1..])
+                .ok()
+                .and_then(|i| HolderId::new(i).ok())
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "{op}: an instance key of {task} names no holder id"
+                    ))
+                })?;
+            let (expiry, about) = parse_instance(op, kv)?;
+            if expiry.saturating_add(forget) <= now {
+                doomed.push((key, kv.mod_revision));
+                continue;
+            }
+            tasks
+                .entry(task)
+                .or_default()
+                .instances
+                .push(InstanceRecord {
+                    instance,
+                    about,
+                    remaining: Duration::from_millis(expiry.saturating_sub(now)),
+                });
+        }
+        let mut listed = Vec::with_capacity(tasks.len());
+        for (task, mut gathered) in tasks {
+            if gathered.control.is_none() && gathered.instances.is_empty() {
+                doomed.extend(
+                    gathered
+                        .definition
+                        .map(|(_, key, revision)| (key, revision)),
+                );
+                continue;
+            }
+            gathered.instances.sort_by(|a, b| {
+                (a.remaining.is_zero(), &a.instance).cmp(&(b.remaining.is_zero(), &b.instance))
+            });
+            listed.push(TaskRecord {
+                task,
+                definition: gathered.definition.map(|(definition, _, _)| definition),
+                instances: gathered.instances,
+                control: gathered.control,
+            });
+        }
+        self.delete_unchanged(op, &doomed).await?;
+        Ok(listed)
+    }
+
+    async fn control_once(&self, op: Op<'_>, task: &LeaseName) -> StoreResult<ControlRead> {
+        let answer = self
+            .range(op, json!({ "key": b64(self.control_key(task)) }))
+            .await?;
+        Ok(ControlRead {
+            now_ms: wall_ms(),
+            control: answer.kvs.first().map(|kv| versioned(op, kv)).transpose()?,
+        })
+    }
+
+    /// One transaction: the put under a compare on the key's version (0: absent).
+    async fn set_control_once(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        expected: Option<u64>,
+        value: &str,
+    ) -> StoreResult<Option<u64>> {
+        let expected = match expected {
+            // No record has version 0: etcd's version 0 is "absent", which `None` asks for.
+            Some(0) => return Ok(None),
+            other => other.unwrap_or(0),
+        };
+        let key = self.control_key(task);
+        let answer = self
+            .txn(
+                op,
+                txn(
+                    vec![version_is(&key, expected)],
+                    vec![put(&key, value.as_bytes())],
+                    vec![],
+                ),
+            )
+            .await?;
+        Ok(answer.succeeded.then(|| expected.saturating_add(1)))
+    }
+
+    /// One range read of the lease records, in key (so name) order, at most `limit`.
+    async fn leases_once(&self, op: Op<'_>, limit: usize) -> StoreResult<Vec<LeaseRecord>> {
+        // etcd reads a limit of 0 as none.
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let prefix = self.inner.lease_key_prefix();
+        let limit = limit.min(i64::MAX as usize);
+        let answer = self
+            .range(
+                op,
+                json!({
+                    "key": b64(&prefix), "range_end": b64(prefix_end(&prefix)),
+                    "limit": limit.to_string(),
+                }),
+            )
+            .await?;
+        answer
+            .kvs
+            .iter()
+            .map(|kv| {
+                let key = unb64(&kv.key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let name = std::str::from_utf8(&key[prefix.len().min(key.len())..])
+                    .ok()
+                    .and_then(|n| LeaseName::new(n).ok())
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!("{op}: a lease key names no lease"))
+                    })?;
+                let state = self.inner.lease_state(&name, &key, kv)?;
+                Ok(LeaseRecord { name, state })
+            })
+            .collect()
+    }
+}
+
 /// The compares "the value of `key` belongs to the tenure `(token, holder)`".
 fn in_tenure(key: &[u8], token: FencingToken, holder: &HolderId) -> Vec<serde_json::Value> {
     let tenure = Record::tenure(token.get(), holder.as_str());
@@ -746,6 +1031,27 @@ impl Inner {
             described: config.describe(),
             releases: None,
             observed: Arc::default(),
+        })
+    }
+
+    /// What `inspect` answers for the lease record `kv` of `name` at `key`.
+    fn lease_state(&self, name: &LeaseName, key: &[u8], kv: &KeyValue) -> StoreResult<LeaseState> {
+        Ok(match decode_kv(kv)? {
+            Record::Held { holder, ttl, token } => {
+                match self.remaining(key, kv.mod_revision, token, ttl) {
+                    Some(remaining) => {
+                        LeaseState {
+                            holder: Some(HolderId::new(&holder).map_err(|e| {
+                                StoreError::Corrupt(format!("holder of {name}: {e}"))
+                            })?),
+                            token: FencingToken(token),
+                            remaining,
+                        }
+                    }
+                    None => free_state(FencingToken(token)),
+                }
+            }
+            Record::Free { token, .. } => free_state(FencingToken(token)),
         })
     }
 
@@ -824,7 +1130,7 @@ impl Store for EtcdStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL.without(Capabilities::CATALOG)
+        Capabilities::ALL
     }
 
     fn renew_many(
@@ -901,8 +1207,54 @@ impl Membership for EtcdStore {
     }
 }
 
-// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
-impl Catalog for EtcdStore {}
+impl Catalog for EtcdStore {
+    fn register(
+        &self,
+        registration: &Registration<'_>,
+    ) -> impl Future<Output = StoreResult<Option<Versioned>>> + Send {
+        let op = Op::new("register", Some(registration.task));
+        // Rewriting the definition and the heartbeat is idempotent: repeatable.
+        self.run_repeatable(move || self.register_once(op, registration))
+    }
+
+    fn unregister(
+        &self,
+        task: &LeaseName,
+        instance: &HolderId,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let op = Op::new("unregister", Some(task));
+        self.run_repeatable(move || self.unregister_once(op, task, instance))
+    }
+
+    fn tasks(
+        &self,
+        forget_after: Duration,
+    ) -> impl Future<Output = StoreResult<Vec<TaskRecord>>> + Send {
+        let op = Op::new("tasks", None);
+        self.run_repeatable(move || self.tasks_once(op, forget_after))
+    }
+
+    fn control(&self, task: &LeaseName) -> impl Future<Output = StoreResult<ControlRead>> + Send {
+        let op = Op::new("control", Some(task));
+        self.run_repeatable(move || self.control_once(op, task))
+    }
+
+    fn set_control(
+        &self,
+        task: &LeaseName,
+        expected: Option<u64>,
+        value: &str,
+    ) -> impl Future<Output = StoreResult<Option<u64>>> + Send {
+        let op = Op::new("set_control", Some(task));
+        // One attempt: after a lost answer a second would find the version moved.
+        self.run(self.set_control_once(op, task, expected, value))
+    }
+
+    fn leases(&self, limit: usize) -> impl Future<Output = StoreResult<Vec<LeaseRecord>>> + Send {
+        let op = Op::new("leases", None);
+        self.run_repeatable(move || self.leases_once(op, limit))
+    }
+}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl EtcdConfig {

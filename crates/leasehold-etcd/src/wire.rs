@@ -26,7 +26,7 @@ pub(crate) struct Header {
     pub revision: u64,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 pub(crate) struct KeyValue {
     /// Base64.
     #[serde(default)]
@@ -36,6 +36,9 @@ pub(crate) struct KeyValue {
     pub value: String,
     #[serde(default, deserialize_with = "u64_text")]
     pub mod_revision: u64,
+    /// Writes since the key was created: 1 for its first.
+    #[serde(default, deserialize_with = "u64_text")]
+    pub version: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -141,6 +144,11 @@ pub(crate) fn modified_at(key: &[u8], revision: u64) -> Value {
     json!({ "target": "MOD", "key": b64(key), "result": "EQUAL", "mod_revision": revision.to_string() })
 }
 
+/// The key has been written `version` times since it was created (0: it does not exist).
+pub(crate) fn version_is(key: &[u8], version: u64) -> Value {
+    json!({ "target": "VERSION", "key": b64(key), "result": "EQUAL", "version": version.to_string() })
+}
+
 /// The key's value compares to `value` byte-wise as `result` (`GREATER`, `LESS`, `EQUAL`).
 pub(crate) fn value_is(key: &[u8], result: &str, value: &[u8]) -> Value {
     json!({ "target": "VALUE", "key": b64(key), "result": result, "value": b64(value) })
@@ -152,6 +160,11 @@ pub(crate) fn put(key: &[u8], value: &[u8]) -> Value {
 
 pub(crate) fn get(key: &[u8]) -> Value {
     json!({ "request_range": { "key": b64(key) } })
+}
+
+/// Every key that starts with `prefix`, as an operation of a transaction.
+pub(crate) fn get_prefixed(prefix: &[u8]) -> Value {
+    json!({ "request_range": { "key": b64(prefix), "range_end": b64(prefix_end(prefix)) } })
 }
 
 pub(crate) fn delete(key: &[u8]) -> Value {

@@ -19,6 +19,15 @@ pub(crate) const SLOT: &str = "slot";
 pub(crate) const HISTORY: &str = "history";
 /// Suffix of a membership key.
 pub(crate) const MEMBERS: &str = "members";
+/// Suffix of a task's catalog record (definition and control record).
+pub(crate) const TASK: &str = "task";
+/// Suffix of a task's instances (heartbeats).
+pub(crate) const INSTANCES: &str = "instances";
+/// The hash tag of the catalog's index of task names: not a lease name (`#` is not allowed in
+/// one), so it never meets a name's keys.
+pub(crate) const CATALOG: &str = "#catalog";
+/// Suffix of the catalog's index of task names.
+pub(crate) const TASKS: &str = "tasks";
 
 /// The pieces of `<prefix>:{<name>}:<kind>`: the braces are a hash tag, so a name's keys share a
 /// Redis Cluster slot.

@@ -244,3 +244,156 @@ return 1
 "#,
     )
 });
+
+/// The server's clock in ms, as `now`. Scripts that write after reading it replicate their
+/// effects (Redis < 5 replicates scripts verbatim unless told otherwise, which forbids TIME
+/// before a write).
+const CLOCK: &str = r#"
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"#;
+
+/// The catalog's index of task names (a sorted set scored by when the task's records lapse, ms
+/// on the server's clock; `inf` once the task has a control record, which never lapses).
+/// `index(k, name, keep)` keeps `name` at least `keep` ms from now (`'inf'`: for good) and drops
+/// the entries that lapsed. Scores are written as `%.0f` text: every number the catalog writes is
+/// an integer below 2^53 (ttls are capped), exact as a Lua number.
+const INDEX_FN: &str = r#"
+local function index(k, name, keep)
+  local cur = redis.pcall('ZSCORE', k, name)
+  if type(cur) == 'table' then return fail(k) end
+  if cur ~= 'inf' then
+    if keep == 'inf' then
+      redis.call('ZADD', k, 'inf', name)
+    else
+      local score = now + tonumber(keep)
+      if not cur or tonumber(cur) < score then
+        redis.call('ZADD', k, string.format('%.0f', score), name)
+      end
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', string.format('%.0f', now))
+end
+"#;
+
+fn catalog_script(body: &str) -> LuaScript {
+    LuaScript::new(&format!("{CLOCK}{INDEX_FN}{body}"))
+}
+
+/// KEYS: task (a hash: `definition`, and `version` + `control` once a control record was
+/// written), instances (a hash: instance → `"<expiry ms> <about>"`), and on a single server the
+/// index. ARGV: definition, instance, about, ttl ms, forget ms, task name. Writes the definition
+/// and the heartbeat, drops this task's instances expired for `forget` ms or more, keeps both
+/// keys (and the index entry) for at least `ttl + forget` ms (the task hash for good once it has
+/// a control record), and returns `{version, control}` or nil.
+pub(crate) static REGISTER: LazyLock<LuaScript> = LazyLock::new(|| {
+    catalog_script(
+        r#"
+local ttl, forget = tonumber(ARGV[4]), tonumber(ARGV[5])
+-- Both keys are read and checked before anything is written.
+local control = redis.pcall('HMGET', KEYS[1], 'version', 'control')
+if control.err then return fail(KEYS[1]) end
+local all = redis.pcall('HGETALL', KEYS[2])
+if all.err then return fail(KEYS[2]) end
+for i = 1, #all, 2 do
+  if not string.match(all[i + 1], '^%d+ ') then
+    return fail(KEYS[2], 'holds an entry that is not "<expiry> <about>"')
+  end
+end
+for i = 1, #all, 2 do
+  if tonumber(string.match(all[i + 1], '^%d+')) + forget <= now then
+    redis.call('HDEL', KEYS[2], all[i])
+  end
+end
+redis.call('HSET', KEYS[1], 'definition', ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[2], string.format('%.0f', now + ttl) .. ' ' .. ARGV[3])
+local keep = ttl + forget
+if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], string.format('%.0f', keep)) end
+if not control[1] and redis.call('PTTL', KEYS[1]) < keep then
+  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep))
+end
+if KEYS[3] then index(KEYS[3], ARGV[6], control[1] and 'inf' or keep) end
+if control[1] then return control end
+return false
+"#,
+    )
+});
+
+/// KEYS: index. ARGV: task name, ms to keep it listed for (or `inf`). The index half of
+/// `register` and `set_control` on a Redis Cluster, where the index is on another node. Returns 1.
+pub(crate) static INDEX_TASK: LazyLock<LuaScript> = LazyLock::new(|| {
+    catalog_script(
+        r#"
+index(KEYS[1], ARGV[1], ARGV[2])
+return 1
+"#,
+    )
+});
+
+/// KEYS: instances. ARGV: instance. Removes the instance's heartbeat. Returns 1.
+pub(crate) static UNREGISTER: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local removed = redis.pcall('HDEL', KEYS[1], ARGV[1])
+if type(removed) == 'table' then return fail(KEYS[1]) end
+return 1
+"#,
+    )
+});
+
+/// KEYS: index. Drops the lapsed entries and returns the task names.
+pub(crate) static LIST_TASKS: LazyLock<LuaScript> = LazyLock::new(|| {
+    catalog_script(
+        r#"
+local lapsed = redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))
+if type(lapsed) == 'table' then return fail(KEYS[1]) end
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"#,
+    )
+});
+
+/// KEYS: task, instances. Returns `{now ms, {definition, version, control}, {instance, entry, …}}`.
+pub(crate) static READ_TASK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(&format!(
+        "{CLOCK}{}",
+        r#"
+local task = redis.pcall('HMGET', KEYS[1], 'definition', 'version', 'control')
+if task.err then return fail(KEYS[1]) end
+local instances = redis.pcall('HGETALL', KEYS[2])
+if instances.err then return fail(KEYS[2]) end
+return {now, task, instances}
+"#
+    ))
+});
+
+/// KEYS: task. Returns `{now ms, version, control}` (nil for both without a control record).
+pub(crate) static CONTROL: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(&format!(
+        "{CLOCK}{}",
+        r#"
+local control = redis.pcall('HMGET', KEYS[1], 'version', 'control')
+if control.err then return fail(KEYS[1]) end
+return {now, control[1], control[2]}
+"#
+    ))
+});
+
+/// KEYS: task, and on a single server the index. ARGV: expected version (`''`: none yet),
+/// value, task name. Writes the control record if its version is the expected one, keeps the
+/// task's hash for good and lists the task for good. Returns the new version, or nil.
+pub(crate) static SET_CONTROL: LazyLock<LuaScript> = LazyLock::new(|| {
+    catalog_script(
+        r#"
+local current = redis.pcall('HGET', KEYS[1], 'version')
+if type(current) == 'table' then return fail(KEYS[1]) end
+if (current or '') ~= ARGV[1] then return false end
+local version = redis.pcall('HINCRBY', KEYS[1], 'version', 1)
+if type(version) == 'table' then return fail(KEYS[1], 'holds a control version that is not a number') end
+redis.call('HSET', KEYS[1], 'control', ARGV[2])
+redis.call('PERSIST', KEYS[1])
+if KEYS[2] then index(KEYS[2], ARGV[3], 'inf') end
+return version
+"#,
+    )
+});

@@ -1,9 +1,13 @@
 //! [`RedisStore`]: the [`Store`] implementation.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
+use leasehold::catalog::{
+    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 use leasehold::store::Operation as Op;
 use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
@@ -14,21 +18,23 @@ use leasehold::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::watch;
 
 use crate::call::{
-    Arg, FENCE, HISTORY as HISTORY_KIND, LEASE, MEMBERS as MEMBERS_KIND, SLOT, key_parts,
-    script_cmd,
+    Arg, CATALOG, FENCE, HISTORY as HISTORY_KIND, INSTANCES, LEASE, MEMBERS as MEMBERS_KIND, SLOT,
+    TASK as TASK_KIND, TASKS, key_parts, script_cmd,
 };
 use crate::config::{DEFAULT_PREFIX, RedisConfig, Target};
 use crate::conn::{Conn, RedisConnection, SentinelLink};
 use crate::error::{Error, Result};
 use crate::listener::{self, Source};
 use crate::scripts::{
-    ACQUIRE, CLAIM_SLOT, HISTORY, HISTORY_KEY_DIGITS, INSPECT, LAST_SLOT, LEAVE, LuaScript,
-    MEMBERS, RECORD_HISTORY, RELEASE, RENEW,
+    ACQUIRE, CLAIM_SLOT, CONTROL, HISTORY, HISTORY_KEY_DIGITS, INDEX_TASK, INSPECT, LAST_SLOT,
+    LEAVE, LIST_TASKS, LuaScript, MEMBERS, READ_TASK, RECORD_HISTORY, REGISTER, RELEASE, RENEW,
+    SET_CONTROL, UNREGISTER,
 };
 
 /// Leases in Redis: each operation is one Lua script (EVALSHA, falling back to EVAL), atomic on
@@ -38,9 +44,11 @@ use crate::scripts::{
 /// the lease's expiry), `leasehold:{NAME}:fence` (the fencing counter, expiring a
 /// [`retention`](crate::RedisConfig::retention) after the name's last acquisition) and
 /// `leasehold:{TASK}:slot` (the last claimed slot) and `leasehold:{TASK}:history` (the run
-/// history, a sorted set; see [`history_key`](Self::history_key)), and `leasehold:{GROUP}:members`
-/// (a spread group's membership: holder ids scored by expiry). The braces are a hash tag, so a lease's keys
-/// live in one Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
+/// history, a sorted set; see [`history_key`](Self::history_key)), `leasehold:{GROUP}:members`
+/// (a spread group's membership: holder ids scored by expiry), and for the catalog
+/// `leasehold:{TASK}:task`, `leasehold:{TASK}:instances` and the index `leasehold:{#catalog}:tasks`
+/// (see [`task_key`](Self::task_key)). The braces are a hash tag, so a lease's keys live in one
+/// Redis Cluster slot. Releases are announced on the channel `leasehold:released`.
 ///
 /// Cheap to clone: clones share one multiplexed connection (reconnected automatically after it
 /// drops; behind Sentinel, to the primary the sentinels name; on a Redis Cluster, one per node)
@@ -438,6 +446,60 @@ impl RedisStore {
         }
     }
 
+    /// Runs `script` once per call, answering in the calls' order: one pipeline (one round trip)
+    /// on a single server or behind Sentinel; on a Redis Cluster, which refuses a pipeline whose
+    /// keys span slots, one script per call, all at once. For operations that may be repeated
+    /// (renewals, reads): on a cluster each call is retried as [`eval`](Self::eval) retries.
+    async fn eval_each(
+        &self,
+        script: &LuaScript,
+        calls: &[ScriptCall<'_>],
+        op: Op<'_>,
+        ttl: Option<Duration>,
+    ) -> StoreResult<Vec<Value>> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.is_cluster() {
+            let each = calls
+                .iter()
+                .map(|call| self.eval(script, &call.keys, &call.args, call.op, true, ttl));
+            return futures_util::future::join_all(each)
+                .await
+                .into_iter()
+                .collect();
+        }
+        let pipeline = |by_hash: bool| {
+            let mut pipe = redis::Pipeline::with_capacity(calls.len());
+            for call in calls {
+                pipe.add_command(script_cmd(script, by_hash, &call.keys, &call.args));
+            }
+            pipe
+        };
+        let attempt = async {
+            let mut conn = self.inner.ready_conn().await;
+            let replies: Vec<Value> = match pipeline(true).query_async(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    pipeline(false).query_async(&mut conn).await
+                }
+                result => result,
+            }
+            .map_err(|e| self.classify(e, op))?;
+            if replies.len() != calls.len() {
+                return Err(corrupt(
+                    op,
+                    format_args!("{} replies for {} scripts", replies.len(), calls.len()),
+                ));
+            }
+            Ok(replies)
+        };
+        within(self.limit(ttl), attempt).await
+    }
+
+    fn is_cluster(&self) -> bool {
+        self.inner.conn().0.is_cluster()
+    }
+
     fn classify(&self, e: RedisError, op: Op<'_>) -> StoreError {
         let error = if e.is_timeout() {
             // The driver's response timeout, which is op_timeout.
@@ -616,8 +678,9 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
         ErrorKind::Server(ServerErrorKind::NoPerm) => StoreError::rejected(
             format!(
                 "{op}: the redis user lacks a permission ({detail}); it needs the scripting \
-                 commands (+eval +evalsha, or +@scripting), +time, read/write on keys \
-                 '{prefix}:*' and publish/subscribe on channel '{prefix}:released'"
+                 commands (+eval +evalsha, or +@scripting), +time, +scan (to list leases), \
+                 read/write on keys '{prefix}:*' and publish/subscribe on channel \
+                 '{prefix}:released'"
             ),
             e,
         ),
@@ -768,6 +831,27 @@ fn remaining(op: Op<'_>, v: Option<&Value>) -> StoreResult<Duration> {
     }
 }
 
+/// An [`INSPECT`] reply.
+fn lease_state(op: Op<'_>, reply: Value) -> StoreResult<Option<LeaseState>> {
+    if reply == Value::Nil {
+        return Ok(None);
+    }
+    let reply = items(op, reply)?;
+    let state = match int(op, reply.first())? {
+        1 => LeaseState {
+            token: token(op, reply.get(1))?,
+            holder: Some(holder(op, reply.get(2))?),
+            remaining: remaining(op, reply.get(3))?,
+        },
+        _ => LeaseState {
+            token: token(op, reply.get(1))?,
+            holder: None,
+            remaining: Duration::ZERO,
+        },
+    };
+    Ok(Some(state))
+}
+
 impl Store for RedisStore {
     async fn acquire(
         &self,
@@ -865,23 +949,7 @@ impl Store for RedisStore {
                 None,
             )
             .await?;
-        if reply == Value::Nil {
-            return Ok(None);
-        }
-        let reply = items(op, reply)?;
-        let state = match int(op, reply.first())? {
-            1 => LeaseState {
-                token: token(op, reply.get(1))?,
-                holder: Some(holder(op, reply.get(2))?),
-                remaining: remaining(op, reply.get(3))?,
-            },
-            _ => LeaseState {
-                token: token(op, reply.get(1))?,
-                holder: None,
-                remaining: Duration::ZERO,
-            },
-        };
-        Ok(Some(state))
+        lease_state(op, reply)
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
@@ -912,7 +980,7 @@ impl Store for RedisStore {
     fn capabilities(&self) -> Capabilities {
         // No purge: every record expires by itself on the server (a lease when its ttl runs
         // out, its fencing counter a retention later).
-        Capabilities::SLOTS.union(Capabilities::MEMBERSHIP)
+        Capabilities::SLOTS | Capabilities::MEMBERSHIP | Capabilities::CATALOG
     }
 
     /// One pipeline of renew scripts: one round trip for the batch (on a Redis Cluster, one
@@ -923,61 +991,26 @@ impl Store for RedisStore {
         leases: &[(LeaseName, FencingToken)],
         ttl: Duration,
     ) -> StoreResult<Vec<Renewal>> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        if self.inner.conn().0.is_cluster() {
-            // A cluster refuses a pipeline whose keys span slots (and each lease has a slot of
-            // its own): the renewals go out at once, each to its lease's node.
-            let renewals = leases
-                .iter()
-                .map(|(name, token)| self.renew(name, holder_id, *token, ttl));
-            return futures_util::future::join_all(renewals)
-                .await
-                .into_iter()
-                .collect();
-        }
-        let op = Op::new("renew_many", None);
         let ttl_arg = ttl_millis(ttl);
-        let pipeline = |by_hash: bool| {
-            let mut pipe = redis::Pipeline::with_capacity(leases.len());
-            for (name, token) in leases {
-                pipe.add_command(script_cmd(
-                    &RENEW,
-                    by_hash,
-                    &[self.key(name, LEASE)],
-                    &[Arg::Tenure(*token, holder_id), ttl_arg],
-                ));
-            }
-            pipe
-        };
-        let attempt = async {
-            let mut conn = self.inner.ready_conn().await;
-            let replies: Vec<Value> = match pipeline(true).query_async(&mut conn).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    pipeline(false).query_async(&mut conn).await
-                }
-                result => result,
-            }
-            .map_err(|e| self.classify(e, op))?;
-            if replies.len() != leases.len() {
-                return Err(StoreError::Corrupt(format!(
-                    "{op}: {} replies for {} renewals",
-                    replies.len(),
-                    leases.len()
-                )));
-            }
-            replies
-                .iter()
-                .map(|reply| {
-                    Ok(match int(op, Some(reply))? {
-                        1 => Renewal::Renewed,
-                        _ => Renewal::Lost,
-                    })
+        let calls: Vec<ScriptCall<'_>> = leases
+            .iter()
+            .map(|(name, token)| ScriptCall {
+                keys: vec![self.key(name, LEASE)],
+                args: vec![Arg::Tenure(*token, holder_id), ttl_arg],
+                op: Op::new("renew", Some(name)),
+            })
+            .collect();
+        let op = Op::new("renew_many", None);
+        self.eval_each(&RENEW, &calls, op, Some(ttl))
+            .await?
+            .iter()
+            .map(|reply| {
+                Ok(match int(op, Some(reply))? {
+                    1 => Renewal::Renewed,
+                    _ => Renewal::Lost,
                 })
-                .collect()
-        };
-        within(self.limit(Some(ttl)), attempt).await
+            })
+            .collect()
     }
 }
 
@@ -1134,8 +1167,444 @@ impl Membership for RedisStore {
     }
 }
 
-// The catalog is not kept in this store yet: every catalog operation answers Unsupported.
-impl Catalog for RedisStore {}
+/// Caps a catalog ttl or retention (about 31 years): the scripts add them to the server's clock
+/// in Lua numbers (doubles), which stay exact integers below 2^53.
+const MAX_CATALOG_MS: u64 = 1_000_000_000_000;
+
+fn catalog_millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).map_or(MAX_CATALOG_MS, |ms| ms.min(MAX_CATALOG_MS))
+}
+
+/// Keys a `SCAN` step asks for: each step is one round trip that walks about this many keys of
+/// the database.
+const SCAN_COUNT: u64 = 1000;
+
+/// Leases inspected per round trip by [`Catalog::leases`].
+const LEASES_PER_BATCH: usize = 500;
+
+/// `text` with the glob characters of `SCAN … MATCH` escaped.
+fn glob_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The lease of a lease or fencing counter key under `prefix`, if `key` is one.
+fn lease_of_key(prefix: &str, key: &str) -> Option<LeaseName> {
+    let name = key.strip_prefix(prefix)?.strip_prefix(":{")?;
+    let name = name
+        .strip_suffix(&format!("}}:{LEASE}"))
+        .or_else(|| name.strip_suffix(&format!("}}:{FENCE}")))?;
+    LeaseName::new(name).ok()
+}
+
+/// One page of a `SCAN` reply: its keys go to `keys`; answers the next cursor (`"0"`: done).
+fn scan_page(op: Op<'_>, reply: Value, keys: &mut Vec<String>) -> StoreResult<String> {
+    let mut reply = items(op, reply)?.into_iter();
+    let cursor = text(op, reply.next().as_ref())?;
+    for key in items(op, reply.next().unwrap_or(Value::Nil))? {
+        // Keys that are not UTF-8 are not leasehold's.
+        if let Value::BulkString(bytes) = key
+            && let Ok(key) = String::from_utf8(bytes)
+        {
+            keys.push(key);
+        }
+    }
+    Ok(cursor)
+}
+
+fn optional_text(op: Op<'_>, v: Option<&Value>) -> StoreResult<Option<String>> {
+    match v {
+        None | Some(Value::Nil) => Ok(None),
+        some => text(op, some).map(Some),
+    }
+}
+
+fn version(op: Op<'_>, v: Option<&Value>) -> StoreResult<Option<u64>> {
+    optional_text(op, v)?
+        .map(|v| {
+            v.parse()
+                .map_err(|_| corrupt(op, format_args!("control version {v:?} is not a u64")))
+        })
+        .transpose()
+}
+
+/// A control record from its version and value (both or neither).
+fn control_record(
+    op: Op<'_>,
+    version_v: Option<&Value>,
+    value: Option<&Value>,
+) -> StoreResult<Option<Versioned>> {
+    let Some(version) = version(op, version_v)? else {
+        return Ok(None);
+    };
+    let value = optional_text(op, value)?
+        .ok_or_else(|| corrupt(op, "a control version without a control record"))?;
+    Ok(Some(Versioned { version, value }))
+}
+
+/// A [`READ_TASK`] reply as [`Catalog::tasks`] lists it: `None` for a task without a control
+/// record none of whose instances was seen within `forget_ms`.
+fn task_record(
+    op: Op<'_>,
+    task: &LeaseName,
+    reply: Value,
+    forget_ms: u64,
+) -> StoreResult<Option<TaskRecord>> {
+    let mut reply = items(op, reply)?.into_iter();
+    let now = u64::try_from(int(op, reply.next().as_ref())?).unwrap_or(0);
+    let fields = items(op, reply.next().unwrap_or(Value::Nil))?;
+    let control = control_record(op, fields.get(1), fields.get(2))?;
+    let mut instances = Vec::new();
+    let entries = items(op, reply.next().unwrap_or(Value::Nil))?;
+    for pair in entries.chunks(2) {
+        let instance = holder(op, pair.first())?;
+        let entry = text(op, pair.get(1))?;
+        let (expiry, about) = entry
+            .split_once(' ')
+            .and_then(|(expiry, about)| Some((expiry.parse::<u64>().ok()?, about)))
+            .ok_or_else(|| {
+                corrupt(
+                    op,
+                    format_args!("the entry of instance {instance} is not \"<expiry> <about>\""),
+                )
+            })?;
+        if expiry.saturating_add(forget_ms) > now {
+            instances.push(InstanceRecord {
+                instance,
+                about: about.to_owned(),
+                remaining: Duration::from_millis(expiry.saturating_sub(now)),
+            });
+        }
+    }
+    if control.is_none() && instances.is_empty() {
+        return Ok(None);
+    }
+    instances.sort_by(|a, b| {
+        (a.remaining.is_zero(), &a.instance).cmp(&(b.remaining.is_zero(), &b.instance))
+    });
+    Ok(Some(TaskRecord {
+        task: task.clone(),
+        definition: optional_text(op, fields.first())?,
+        instances,
+        control,
+    }))
+}
+
+impl RedisStore {
+    /// The key holding `task`'s catalog record: a hash with the `definition` the last instance
+    /// to register wrote, and once a control record was written its `version` and `control`.
+    pub fn task_key(&self, task: &LeaseName) -> String {
+        key_parts(&self.inner.prefix, task.as_str(), TASK_KIND).concat()
+    }
+
+    /// The key holding the instances that registered `task`: a hash of instance id →
+    /// `"<heartbeat expiry, ms on the server's clock> <about>"`.
+    pub fn instances_key(&self, task: &LeaseName) -> String {
+        key_parts(&self.inner.prefix, task.as_str(), INSTANCES).concat()
+    }
+
+    /// The key of the catalog's index of task names: a sorted set scored by when each task's
+    /// records lapse (ms on the server's clock; `inf` once it has a control record).
+    pub fn catalog_index_key(&self) -> String {
+        key_parts(&self.inner.prefix, CATALOG, TASKS).concat()
+    }
+
+    fn index_key(&self) -> Arg<'_> {
+        Arg::Key {
+            prefix: &self.inner.prefix,
+            name: CATALOG,
+            kind: TASKS,
+        }
+    }
+
+    /// Every key matching `pattern`: `SCAN` to the end on the server, or on a Redis Cluster on
+    /// every primary (each has its own slots' keys and its own cursor). One round trip per step,
+    /// each within the operation timeout.
+    async fn scan(&self, pattern: &str, op: Op<'_>) -> StoreResult<Vec<String>> {
+        let scan = |cursor: &str| {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            cmd
+        };
+        let step = |reply: redis::RedisResult<Value>| match reply {
+            Ok(Value::ServerError(e)) => Err(self.classify(e.into(), op)),
+            reply => reply.map_err(|e| self.classify(e, op)),
+        };
+        let timeout = self.inner.op_timeout;
+        let mut keys = Vec::new();
+        let mut conn = within(timeout, async { Ok(self.inner.ready_conn().await) }).await?;
+        if let Conn::Cluster(cluster) = &mut conn.0 {
+            let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let first = step(
+                within(timeout, async {
+                    Ok(cluster.route_command(scan("0"), all).await)
+                })
+                .await?,
+            )?;
+            let Value::Map(per_node) = first else {
+                return Err(corrupt(op, format_args!("unexpected SCAN reply {first:?}")));
+            };
+            for (node, reply) in per_node {
+                let node = text(op, Some(&node))?;
+                let (host, port) = node
+                    .rsplit_once(':')
+                    .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+                    .ok_or_else(|| corrupt(op, format_args!("node address {node:?}")))?;
+                let mut cursor = scan_page(op, step(Ok(reply))?, &mut keys)?;
+                while cursor != "0" {
+                    let there = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port,
+                    });
+                    let reply = within(timeout, async {
+                        Ok(cluster.route_command(scan(&cursor), there).await)
+                    })
+                    .await?;
+                    cursor = scan_page(op, step(reply)?, &mut keys)?;
+                }
+            }
+            return Ok(keys);
+        }
+        let mut cursor = "0".to_owned();
+        loop {
+            let reply = within(timeout, async {
+                Ok(scan(&cursor).query_async(&mut conn).await)
+            })
+            .await?;
+            cursor = scan_page(op, step(reply)?, &mut keys)?;
+            if cursor == "0" {
+                return Ok(keys);
+            }
+        }
+    }
+}
+
+/// The catalog: per task, two keys under its name's hash tag (`{TASK}:task`, `{TASK}:instances`),
+/// and an index of task names under a fixed tag (`{#catalog}:tasks`). On a single server or
+/// behind Sentinel every operation is one script (listing: two round trips); on a Redis Cluster,
+/// where the index is on another node than the task, `register` sends the index's refresh beside
+/// the task's script, `set_control` marks the index first, and listing reads each task on its
+/// node, all at once.
+impl Catalog for RedisStore {
+    async fn register(&self, r: &Registration<'_>) -> StoreResult<Option<Versioned>> {
+        let op = Op::new("register", Some(r.task));
+        let (ttl, forget) = (catalog_millis(r.ttl), catalog_millis(r.forget_after));
+        let args = [
+            Arg::Str(r.definition),
+            Arg::Str(r.instance.as_str()),
+            Arg::Str(r.about),
+            Arg::Int(ttl),
+            Arg::Int(forget),
+            Arg::Str(r.task.as_str()),
+        ];
+        let (task, instances) = (self.key(r.task, TASK_KIND), self.key(r.task, INSTANCES));
+        // Rewriting the definition and the heartbeat is idempotent: retried after a lost reply.
+        let reply = if self.is_cluster() {
+            let (task_keys, index_keys) = ([task, instances], [self.index_key()]);
+            let index_args = [Arg::Str(r.task.as_str()), Arg::Int(ttl + forget)];
+            let (reply, indexed) = tokio::join!(
+                self.eval(&REGISTER, &task_keys, &args, op, true, None),
+                self.eval(&INDEX_TASK, &index_keys, &index_args, op, true, None),
+            );
+            indexed?;
+            reply?
+        } else {
+            self.eval(
+                &REGISTER,
+                &[task, instances, self.index_key()],
+                &args,
+                op,
+                true,
+                None,
+            )
+            .await?
+        };
+        if reply == Value::Nil {
+            return Ok(None);
+        }
+        let reply = items(op, reply)?;
+        control_record(op, reply.first(), reply.get(1))
+    }
+
+    async fn unregister(&self, task: &LeaseName, instance: &HolderId) -> StoreResult<()> {
+        let op = Op::new("unregister", Some(task));
+        self.eval(
+            &UNREGISTER,
+            &[self.key(task, INSTANCES)],
+            &[Arg::Str(instance.as_str())],
+            op,
+            true,
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn tasks(&self, forget_after: Duration) -> StoreResult<Vec<TaskRecord>> {
+        let op = Op::new("tasks", None);
+        let listed = self
+            .eval(&LIST_TASKS, &[self.index_key()], &[], op, true, None)
+            .await?;
+        let mut names = items(op, listed)?
+            .iter()
+            .map(|name| {
+                let name = text(op, Some(name))?;
+                LeaseName::new(&name).map_err(|_| {
+                    corrupt(
+                        op,
+                        format_args!("the catalog index lists {name:?}, not a task name"),
+                    )
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        names.sort();
+        let calls: Vec<ScriptCall<'_>> = names
+            .iter()
+            .map(|name| ScriptCall {
+                keys: vec![self.key(name, TASK_KIND), self.key(name, INSTANCES)],
+                args: Vec::new(),
+                op: Op::new("tasks", Some(name)),
+            })
+            .collect();
+        let forget_ms = u64::try_from(forget_after.as_millis()).unwrap_or(u64::MAX);
+        let replies = self.eval_each(&READ_TASK, &calls, op, None).await?;
+        let mut tasks = Vec::with_capacity(names.len());
+        for (name, reply) in names.iter().zip(replies) {
+            tasks.extend(task_record(
+                Op::new("tasks", Some(name)),
+                name,
+                reply,
+                forget_ms,
+            )?);
+        }
+        Ok(tasks)
+    }
+
+    async fn control(&self, task: &LeaseName) -> StoreResult<ControlRead> {
+        let op = Op::new("control", Some(task));
+        let reply = self
+            .eval(&CONTROL, &[self.key(task, TASK_KIND)], &[], op, true, None)
+            .await?;
+        let reply = items(op, reply)?;
+        Ok(ControlRead {
+            now_ms: u64::try_from(int(op, reply.first())?).unwrap_or(0),
+            control: control_record(op, reply.get(1), reply.get(2))?,
+        })
+    }
+
+    async fn set_control(
+        &self,
+        task: &LeaseName,
+        expected: Option<u64>,
+        value: &str,
+    ) -> StoreResult<Option<u64>> {
+        let op = Op::new("set_control", Some(task));
+        let expected = expected.map(|v| v.to_string()).unwrap_or_default();
+        let args = [
+            Arg::Str(&expected),
+            Arg::Str(value),
+            Arg::Str(task.as_str()),
+        ];
+        // Not retried: after a lost reply a second attempt would answer that the version moved.
+        let reply = if self.is_cluster() {
+            // Listed first, so a record that is written is listed, whatever happens next.
+            self.eval(
+                &INDEX_TASK,
+                &[self.index_key()],
+                &[Arg::Str(task.as_str()), Arg::Str("inf")],
+                op,
+                true,
+                None,
+            )
+            .await?;
+            self.eval(
+                &SET_CONTROL,
+                &[self.key(task, TASK_KIND)],
+                &args,
+                op,
+                false,
+                None,
+            )
+            .await?
+        } else {
+            self.eval(
+                &SET_CONTROL,
+                &[self.key(task, TASK_KIND), self.index_key()],
+                &args,
+                op,
+                false,
+                None,
+            )
+            .await?
+        };
+        match reply {
+            Value::Nil => Ok(None),
+            reply => Ok(Some(
+                u64::try_from(int(op, Some(&reply))?)
+                    .map_err(|_| corrupt(op, "a negative control version"))?,
+            )),
+        }
+    }
+
+    /// `SCAN`s the database (every primary of a cluster) for lease and fencing counter keys
+    /// under the prefix, then inspects the names in order, 500 per round trip, until `limit`
+    /// are found. Lease records have no index: one would cost every acquisition a second key
+    /// (on a cluster a second round trip), and v0.1.0 binaries would not keep it.
+    async fn leases(&self, limit: usize) -> StoreResult<Vec<LeaseRecord>> {
+        let op = Op::new("leases", None);
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let prefix = &self.inner.prefix;
+        let pattern = format!("{}:{{*}}:[lf]e[an][sc]e", glob_literal(prefix));
+        let names: BTreeSet<LeaseName> = self
+            .scan(&pattern, op)
+            .await?
+            .iter()
+            .filter_map(|key| lease_of_key(prefix, key))
+            .collect();
+        let mut leases = Vec::new();
+        let mut rest = names.iter();
+        while leases.len() < limit {
+            let batch: Vec<&LeaseName> = rest
+                .by_ref()
+                .take((limit - leases.len()).min(LEASES_PER_BATCH))
+                .collect();
+            if batch.is_empty() {
+                break;
+            }
+            let calls: Vec<ScriptCall<'_>> = batch
+                .iter()
+                .map(|name| ScriptCall {
+                    keys: vec![self.key(name, LEASE), self.key(name, FENCE)],
+                    args: Vec::new(),
+                    op: Op::new("inspect", Some(name)),
+                })
+                .collect();
+            let replies = self.eval_each(&INSPECT, &calls, op, None).await?;
+            for (name, reply) in batch.into_iter().zip(replies) {
+                // Gone since the scan (expired): not listed.
+                if let Some(state) = lease_state(Op::new("leases", Some(name)), reply)? {
+                    leases.push(LeaseRecord {
+                        name: name.clone(),
+                        state,
+                    });
+                }
+            }
+        }
+        Ok(leases)
+    }
+}
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1146,6 +1615,14 @@ impl fmt::Debug for RedisStore {
             .field("notifications", &self.inner.releases.is_some())
             .finish()
     }
+}
+
+/// One script call of a batch ([`RedisStore::eval_each`]).
+struct ScriptCall<'a> {
+    keys: Vec<Arg<'a>>,
+    args: Vec<Arg<'a>>,
+    /// What the call is about, for its errors where it is sent on its own (a Redis Cluster).
+    op: Op<'a>,
 }
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.

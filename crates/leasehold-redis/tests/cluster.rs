@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use leasehold::{
-    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire,
+    Catalog, FencingToken, HolderId, Lease, LeaseConfig, LeaseName, Release, Store, TryAcquire,
     store::{Acquisition, Renewal},
 };
 use leasehold_redis::{RedisConfig, RedisStore};
@@ -33,6 +33,7 @@ async fn a_cluster_passes_the_suite_and_keeps_each_lease_on_its_slot() {
     common::lazy_store_connects(&cluster.url()).await;
     keys_of_a_lease_share_its_slot(&cluster, &store).await;
     renewals_and_releases_span_nodes(&cluster, &store).await;
+    catalog_spans_nodes(&cluster, &store).await;
 }
 
 /// Every key a script touches carries the name as its hash tag, so all of a lease's keys are in
@@ -44,6 +45,8 @@ async fn keys_of_a_lease_share_its_slot(cluster: &Cluster, store: &RedisStore) {
         store.fence_key(&name),
         store.slot_key(&name),
         store.history_key(&name),
+        store.task_key(&name),
+        store.instances_key(&name),
     ] {
         assert_eq!(cluster.slot(&key), slot, "{key}");
     }
@@ -63,8 +66,8 @@ async fn keys_of_a_lease_share_its_slot(cluster: &Cluster, store: &RedisStore) {
     store.release(&name, &who, token).await.unwrap();
 }
 
-/// Leases on every primary: renewed in one `renew_many`, and each release heard by a listener
-/// subscribed on one seed node.
+/// Leases on every primary: listed together, renewed in one `renew_many`, and each release
+/// heard by a listener subscribed on one seed node.
 async fn renewals_and_releases_span_nodes(cluster: &Cluster, store: &RedisStore) {
     let who = HolderId::new("spread").unwrap();
     let mut leases = Vec::new();
@@ -76,6 +79,18 @@ async fn renewals_and_releases_span_nodes(cluster: &Cluster, store: &RedisStore)
         leases.push((name, token));
     }
     assert_eq!(owners.len(), 3, "leases on all three primaries: {owners:?}");
+    // Listed from every primary's keys, in name order.
+    let listed: Vec<LeaseName> = store
+        .leases(usize::MAX)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.name)
+        .filter(|name| name.as_str().starts_with("spread/"))
+        .collect();
+    let mut expected: Vec<LeaseName> = leases.iter().map(|(name, _)| name.clone()).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
     let mut stale = leases.clone();
     stale[5].1 = FencingToken(stale[5].1.get() - 1);
     let renewals = store
@@ -101,6 +116,49 @@ async fn renewals_and_releases_span_nodes(cluster: &Cluster, store: &RedisStore)
         tokio::time::timeout(Duration::from_secs(2), released.released(name))
             .await
             .unwrap_or_else(|_| panic!("release of {name} heard"));
+    }
+}
+
+/// Tasks on every primary, with the index of their names on one: all listed, in name order,
+/// with a control record written through the index's node and the task's.
+async fn catalog_spans_nodes(cluster: &Cluster, store: &RedisStore) {
+    let who = HolderId::new("catalog").unwrap();
+    let mut tasks = Vec::new();
+    let mut owners = BTreeSet::new();
+    for i in 0..12 {
+        let task = LeaseName::new(format!("spread-task/{i:02}")).unwrap();
+        let registration = leasehold::catalog::Registration {
+            task: &task,
+            definition: "{}",
+            instance: &who,
+            about: "{}",
+            ttl: Duration::from_secs(30),
+            forget_after: Duration::from_secs(60),
+        };
+        assert_eq!(store.register(&registration).await.unwrap(), None);
+        owners.extend(cluster.nodes_holding(&store.task_key(&task)));
+        tasks.push(task);
+    }
+    assert_eq!(owners.len(), 3, "tasks on all three primaries: {owners:?}");
+    assert_eq!(cluster.nodes_holding(&store.catalog_index_key()).len(), 1);
+    assert_eq!(
+        store.set_control(&tasks[3], None, "{}").await.unwrap(),
+        Some(1)
+    );
+    let listed = store.tasks(Duration::from_secs(60)).await.unwrap();
+    let listed: Vec<(&LeaseName, usize, bool)> = listed
+        .iter()
+        .filter(|t| t.task.as_str().starts_with("spread-task/"))
+        .map(|t| (&t.task, t.instances.len(), t.control.is_some()))
+        .collect();
+    let expected: Vec<(&LeaseName, usize, bool)> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t, 1, i == 3))
+        .collect();
+    assert_eq!(listed, expected);
+    for task in &tasks {
+        store.unregister(task, &who).await.unwrap();
     }
 }
 

@@ -2,7 +2,7 @@
 
 mod common;
 
-use leasehold::Slots;
+use leasehold::{Catalog, Membership, Slots};
 use std::time::Duration;
 
 use leasehold::{
@@ -326,6 +326,28 @@ async fn the_documented_least_privilege_acl_user_works() {
     store.record_history(&lease, 1, "run", 3).await.unwrap();
     assert_eq!(store.history(&lease, 3).await.unwrap(), ["run"]);
     store.now_millis().await.unwrap();
+    store
+        .members(&lease, &who, Duration::from_secs(5))
+        .await
+        .unwrap();
+    store.leave(&lease, &who).await.unwrap();
+    let registration = leasehold::catalog::Registration {
+        task: &lease,
+        definition: "{}",
+        instance: &who,
+        about: "{}",
+        ttl: Duration::from_secs(5),
+        forget_after: Duration::from_secs(5),
+    };
+    store.register(&registration).await.unwrap();
+    assert_eq!(
+        store.set_control(&lease, None, "{}").await.unwrap(),
+        Some(1)
+    );
+    assert!(store.control(&lease).await.unwrap().control.is_some());
+    assert_eq!(store.tasks(Duration::from_secs(5)).await.unwrap().len(), 1);
+    store.unregister(&lease, &who).await.unwrap();
+    assert_eq!(store.leases(10).await.unwrap().len(), 1);
     store.release(&lease, &who, token).await.unwrap();
     tokio::time::timeout(Duration::from_secs(2), sub.released(&lease))
         .await

@@ -228,11 +228,23 @@ impl<S: Slots + Catalog> Gate<S> {
         let store = self.lease.store();
         let limit = self.limit();
         let sent = Instant::now();
-        let (now_ms, control) = if store.capabilities().contains(Capabilities::CATALOG) {
-            let read = crate::store::within(limit, store.control(self.task())).await?;
-            (read.now_ms, read.control)
-        } else {
-            (crate::store::within(limit, store.now_millis()).await?, None)
+        let mut control_read = None;
+        if store.capabilities().contains(Capabilities::CATALOG) {
+            match crate::store::within(limit, store.control(self.task())).await {
+                Ok(read) => control_read = Some(read),
+                // A user not allowed the catalog (an ACL from before it existed): ticks go on
+                // without pause and trigger.
+                Err(e @ (StoreError::Rejected { .. } | StoreError::Unsupported(_))) => {
+                    if !CATALOG_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!(task = %self.task(), error = %e, "the store refuses the catalog: pause and trigger are not honoured until it allows it");
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (now_ms, control) = match control_read {
+            Some(read) => (read.now_ms, read.control),
+            None => (crate::store::within(limit, store.now_millis()).await?, None),
         };
         let (control, control_version) = match control {
             Some(v) => (Some(Control::from_json(&v.value)?), Some(v.version)),
@@ -412,6 +424,9 @@ fn release_in_background(guard: LeaseGuard) {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Whether a refused catalog was warned about (once per process).
+static CATALOG_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// How long a new campaign may take to settle before a tick answers not-leader.
 const FIRST_ELECTION: Duration = Duration::from_secs(1);

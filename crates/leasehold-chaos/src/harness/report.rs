@@ -285,7 +285,10 @@ impl Harness {
         }
         // A durable store keeps the lease through a crash; Redis without persistence forgets it,
         // and a failover keeps it only if it was replicated.
-        let durable = matches!(self.s.store, StoreKind::Postgres | StoreKind::Etcd);
+        let durable = matches!(
+            self.s.store,
+            StoreKind::Postgres | StoreKind::Etcd | StoreKind::Mysql
+        );
         let kept = self.restarts.iter().filter(|r| r.kept()).count();
         if !self.restarts.is_empty() {
             if durable {

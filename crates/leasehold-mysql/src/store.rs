@@ -1,0 +1,977 @@
+//! [`MySqlStore`]: the [`Store`] implementation.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use leasehold::store::{
+    Acquisition, Operation as Op, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
+};
+use leasehold::{
+    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
+    Release, Slots, Store, StoreError,
+};
+use mysql_async::prelude::{FromValue, Queryable};
+use mysql_async::{Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts};
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::config::{MySqlConfig, ServerUrl, SslMode};
+use crate::error::{Error, Result};
+use crate::poller::{self, Feed, LocalReleases};
+use crate::schema::{self, MigrateError, Statements};
+
+/// How often a statement is run again after the server chose it as a deadlock victim (it was
+/// rolled back whole), and how often an acquire re-reads a lease that changed between its
+/// write and its read.
+const MAX_ATTEMPTS: usize = 4;
+
+/// The longest ttl or retention passed to the server: about 35 years, so `now + ttl` stays far
+/// inside DATETIME's range.
+const MAX_MICROS: u128 = 1 << 50;
+
+/// Leases in MySQL or MariaDB: each operation one conditional statement on a pooled connection,
+/// timed by the server's `SYSDATE(6)` in UTC.
+///
+/// Cheap to clone: clones share one connection pool and one release poller.
+#[derive(Clone)]
+pub struct MySqlStore {
+    inner: Arc<Inner>,
+}
+
+/// How far a lazily connecting store has got. Operations wait while the first attempt is
+/// under way, so their first answer already tells a refusal (credentials, an unknown database)
+/// from an outage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Readiness {
+    /// The first connection attempt has not ended.
+    Connecting,
+    /// The last attempt could not reach the server: operations are `Unavailable`.
+    Unreachable,
+    /// The last attempt was refused (credentials, no such database, no privilege): operations
+    /// are `Rejected` with this reason while attempts go on.
+    Refused(String),
+    /// The tables cannot be used, or their migration was refused: every operation is
+    /// `Rejected`, for good.
+    Unusable(String),
+    /// Connected, and the tables checked.
+    Ready,
+}
+
+struct Inner {
+    pool: Pool,
+    sql: Statements,
+    op_timeout: Duration,
+    /// The server as parsed, without its password ([`MySqlConfig::describe`]).
+    url: String,
+    prefix: String,
+    /// Present when notifications are on.
+    releases: Option<Feed>,
+    /// Releases this handle made that its poller has not seen yet.
+    local: LocalReleases,
+    /// Whether the tables are known to be usable; until they are, operations answer as
+    /// [`Readiness`] says (a store from [`MySqlConfig::connect_lazy`]).
+    ready: watch::Receiver<Readiness>,
+    /// The background connect of a lazy store.
+    connecting: OnceLock<AbortOnDropHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closes the idle connections politely (COM_QUIT) instead of leaving the server to
+        // notice dropped sockets.
+        let pool = self.pool.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = pool.disconnect().await;
+            });
+        }
+    }
+}
+
+/// What a write statement reported.
+struct Written {
+    /// Rows matched (the connections set `CLIENT_FOUND_ROWS`).
+    rows: u64,
+    /// The statement's `LAST_INSERT_ID(expr)`, 0 when it set none.
+    insert_id: u64,
+}
+
+/// The driver's settings: the parsed URL, TLS, the pool, and the session every connection
+/// starts (UTC, a fixed SQL mode, READ COMMITTED, the server-side limits).
+fn driver_opts(config: &MySqlConfig, server: &ServerUrl) -> Opts {
+    let lock_wait = config.op_timeout.as_secs_f64().ceil().max(1.0) as u64;
+    let statement_time = config.op_timeout.as_secs_f64();
+    let setup = vec![
+        // `/*M! … */` runs on MariaDB only (MySQL's max_execution_time covers SELECT alone).
+        format!(
+            "SET time_zone = '+00:00', sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION', \
+             innodb_lock_wait_timeout = {lock_wait} /*M!100108 , max_statement_time = {statement_time:.3} */"
+        ),
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
+    ];
+    let pool = PoolOpts::default()
+        .with_constraints(PoolConstraints::new(0, config.pool_size).unwrap_or_default())
+        // The statements leave no session state behind; a reset would cost a round trip and
+        // the prepared-statement cache.
+        .with_reset_connection(false);
+    let mut opts = OptsBuilder::default()
+        .ip_or_hostname(server.host.clone())
+        .tcp_port(server.port)
+        .user(server.user.clone())
+        .pass(server.password.clone())
+        .db_name(Some(server.database.clone()))
+        // Matched rows, not changed rows: a renewal writing the expiry it already had is not a
+        // loss.
+        .client_found_rows(true)
+        // The driver would otherwise switch a loopback TCP connection to the server's Unix
+        // socket, around any proxy in between.
+        .prefer_socket(false)
+        .tcp_keepalive(Some(Duration::from_secs(30)))
+        .pool_opts(pool)
+        .setup(setup);
+    let tls = match server.ssl_mode {
+        SslMode::Disabled => None,
+        mode => {
+            let mut tls = SslOpts::default();
+            if let Some(pem) = &server.ca_pem {
+                tls = tls
+                    .with_root_certs(vec![pem.clone().into()])
+                    .with_disable_built_in_roots(true);
+            }
+            // `required` encrypts without checking the certificate unless a CA was given (as
+            // MySQL's client does); `verify-ca` and `verify-identity` check the chain and the
+            // host name: the driver's switch to leave the name out does not work with the
+            // rustls it uses, so `verify-ca` is stricter than MySQL's.
+            let check = mode != SslMode::Required || server.ca_pem.is_some();
+            tls = tls.with_danger_accept_invalid_certs(!check);
+            Some(tls)
+        }
+    };
+    opts = opts.ssl_opts(tls);
+    Opts::from(opts)
+}
+
+/// Maps a driver error to a [`StoreError`]: lost connections, shutdowns, read-only servers,
+/// deadlocks and resource shortages are transient ([`StoreError::Unavailable`]), a statement
+/// stopped by a server-side limit is a [`StoreError::Timeout`], anything else the server
+/// refused (credentials, privileges, an unknown database or table) is [`StoreError::Rejected`].
+pub(crate) fn classify(e: mysql_async::Error, op: Op<'_>, limit: Duration) -> StoreError {
+    let mysql_async::Error::Server(server) = &e else {
+        // A certificate the client refused, or a server without the TLS the URL asks for, will
+        // not change by retrying.
+        let rejected = match &e {
+            mysql_async::Error::Url(_)
+            | mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => {
+                true
+            }
+            mysql_async::Error::Io(mysql_async::IoError::Io(io)) => {
+                io.kind() == std::io::ErrorKind::InvalidData
+            }
+            _ => false,
+        };
+        let message = format!("{op} failed: {}", with_causes(&e));
+        return if rejected {
+            StoreError::rejected(message, e)
+        } else {
+            StoreError::unavailable(message, e)
+        };
+    };
+    let code = server.code;
+    let message = format!("{op} failed: {} ({code})", server.message);
+    match code {
+        // Lock wait timeout; MariaDB's max_statement_time; MySQL's max_execution_time.
+        1205 | 1969 | 3024 => StoreError::Timeout(limit),
+        // Too many connections, shutdown, network trouble, deadlock victim, read-only server
+        // (a replica not promoted yet), query or connection killed, commit failed, a Galera
+        // node not ready, disk full, a statement to prepare again, idle disconnect.
+        1021
+        | 1040
+        | 1047
+        | 1053
+        | 1077..=1080
+        | 1114
+        | 1152..=1161
+        | 1180
+        | 1184
+        | 1203
+        | 1213
+        | 1290
+        | 1317
+        | 1615
+        | 1836
+        | 1927
+        | 4031 => StoreError::unavailable(message, e),
+        _ => StoreError::rejected(message, e),
+    }
+}
+
+/// An error followed by its causes (the driver's `Display`, or this crate's messages, alone
+/// leave out why); a cause already quoted is not repeated.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// Whether the server rolled the statement back as a deadlock victim (safe to run again: in
+/// autocommit nothing of it stayed).
+fn is_deadlock(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == 1213)
+}
+
+fn micros(d: Duration) -> i64 {
+    d.as_micros().min(MAX_MICROS) as i64
+}
+
+/// A token as stored; tokens past `i64::MAX` are never handed out, so such a token matches
+/// nothing.
+fn token_sql(token: FencingToken) -> Option<i64> {
+    i64::try_from(token.get()).ok()
+}
+
+fn token_of(raw: i64) -> StoreResult<FencingToken> {
+    u64::try_from(raw)
+        .map(FencingToken)
+        .map_err(|_| StoreError::Corrupt(format!("negative fencing token {raw}")))
+}
+
+fn holder_of(raw: String) -> StoreResult<HolderId> {
+    HolderId::new(&raw).map_err(|e| StoreError::Corrupt(format!("holder {raw:?}: {e}")))
+}
+
+fn remaining_of(micros: Option<i64>) -> Duration {
+    Duration::from_micros(micros.unwrap_or(0).max(0) as u64)
+}
+
+/// Column `i` of `row`, converted; a value of another type is a corrupt record, not a panic.
+fn col<T: FromValue>(row: &Row, i: usize) -> StoreResult<T> {
+    match row.get_opt::<T, usize>(i) {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(e)) => Err(StoreError::Corrupt(format!("unexpected column {i}: {e}"))),
+        None => Err(StoreError::Corrupt(format!("missing column {i}"))),
+    }
+}
+
+/// A batch as the JSON array `renew_many` reads: `[["name",token],...]`. Lease names hold only
+/// `A-Z a-z 0-9 - _ . : /`, nothing JSON would escape.
+fn batch_json(leases: &[(&str, i64)]) -> String {
+    let mut out = String::with_capacity(leases.len() * 48 + 2);
+    out.push('[');
+    for (i, (name, token)) in leases.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!("[\"{name}\",{token}]"));
+    }
+    out.push(']');
+    out
+}
+
+/// What connecting needs, parsed and built before any network traffic.
+struct Parts {
+    opts: Opts,
+    pool: Pool,
+    url: String,
+    sql: Statements,
+}
+
+impl Parts {
+    fn new(config: &MySqlConfig) -> Result<Self> {
+        config.validate()?;
+        let server = config.server()?;
+        let opts = driver_opts(config, &server);
+        Ok(Self {
+            pool: Pool::new(opts.clone()),
+            opts,
+            url: server.shown(),
+            sql: Statements::new(&config.table_prefix),
+        })
+    }
+}
+
+impl MySqlStore {
+    fn assemble(config: &MySqlConfig, parts: Parts, ready: watch::Receiver<Readiness>) -> Self {
+        let local = LocalReleases::default();
+        let releases = config.notifications.then(|| {
+            poller::start(
+                parts.opts,
+                parts.sql.releases_since.clone(),
+                config,
+                &parts.url,
+                local.clone(),
+            )
+        });
+        Self {
+            inner: Arc::new(Inner {
+                pool: parts.pool,
+                sql: parts.sql,
+                op_timeout: config.op_timeout,
+                url: parts.url,
+                prefix: config.table_prefix.clone(),
+                releases,
+                local,
+                ready,
+                connecting: OnceLock::new(),
+            }),
+        }
+    }
+
+    pub(crate) async fn connect(config: MySqlConfig) -> Result<Self> {
+        let parts = Parts::new(&config)?;
+        set_up(&parts.pool, &config, &parts.url, &parts.sql).await?;
+        let store = Self::assemble(&config, parts, watch::channel(Readiness::Ready).1);
+        if let Some(releases) = &store.inner.releases {
+            // So a subscription taken right after `connect` hears every later release.
+            releases.first_attempt(config.connect_timeout).await;
+        }
+        tracing::debug!(url = %store.inner.url, prefix = %config.table_prefix, "connected to mysql");
+        Ok(store)
+    }
+
+    /// A store that connects in the background: returned at once (the URL and settings are
+    /// checked now), it answers every operation with [`StoreError::Unavailable`] until a
+    /// connection is made and the tables are checked, retrying with backoff up to
+    /// `max_reconnect_delay`. While the server refuses the connection (credentials, an unknown
+    /// database) operations answer [`StoreError::Rejected`] and attempts go on; tables the
+    /// store cannot use, or a refused migration, make every operation answer
+    /// [`StoreError::Rejected`] for good. Operations wait for the first attempt to end (within
+    /// their timeout). Needs a Tokio runtime.
+    pub(crate) fn connect_lazy(config: MySqlConfig) -> Result<Self> {
+        let parts = Parts::new(&config)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::Config(
+                "connect_lazy must be called within a Tokio runtime".to_owned(),
+            ));
+        }
+        let (ready_tx, ready) = watch::channel(Readiness::Connecting);
+        let store = Self::assemble(&config, parts, ready);
+        let weak = Arc::downgrade(&store.inner);
+        let task = tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            let mut warned = false;
+            loop {
+                let Some((pool, url, sql)) = weak
+                    .upgrade()
+                    .map(|i| (i.pool.clone(), i.url.clone(), i.sql.clone()))
+                else {
+                    return;
+                };
+                let outcome = set_up(&pool, &config, &url, &sql).await;
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                match outcome {
+                    Ok(()) => {
+                        tracing::info!(url = %url, "connected to mysql");
+                        ready_tx.send_replace(Readiness::Ready);
+                        return;
+                    }
+                    Err(Error::Connect { source, .. }) if !source.is_transient() => {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(url = %url, error = %source, "mysql refuses the connection; operations are refused until it accepts it; retrying in the background");
+                        }
+                        let reason = match &source {
+                            StoreError::Rejected { message, .. } => message.clone(),
+                            other => other.to_string(),
+                        };
+                        ready_tx.send_replace(Readiness::Refused(format!(
+                            "mysql refused the connection: {reason}"
+                        )));
+                    }
+                    Err(e) if !e.is_transient() => {
+                        let reason = with_causes(&e);
+                        tracing::error!(url = %url, error = %reason, "mysql store unusable; every operation will be refused");
+                        ready_tx.send_replace(Readiness::Unusable(reason));
+                        return;
+                    }
+                    Err(e) => {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(url = %url, error = %with_causes(&e), "mysql not reachable yet; retrying in the background");
+                        }
+                        ready_tx.send_replace(Readiness::Unreachable);
+                    }
+                }
+                let jitter = Duration::from_millis(fastrand::u64(0..100));
+                tokio::time::sleep(delay + jitter).await;
+                delay = (delay * 2).min(config.max_reconnect_delay);
+            }
+        });
+        let _ = store.inner.connecting.set(AbortOnDropHandle::new(task));
+        Ok(store)
+    }
+
+    /// The SQL statements this store runs.
+    pub fn sql(&self) -> &Statements {
+        &self.inner.sql
+    }
+
+    /// The prefix of the store's table names.
+    pub fn table_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The store's connection pool (connections in UTC, READ COMMITTED, with
+    /// `CLIENT_FOUND_ROWS`).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Fails unless the store is connected and its tables checked.
+    async fn check_ready(&self, op: Op<'_>) -> StoreResult<()> {
+        let mut ready = self.inner.ready.clone();
+        // An error means the connecting task is gone (its store is being dropped).
+        let _ = ready.wait_for(|r| *r != Readiness::Connecting).await;
+        let readiness = ready.borrow().clone();
+        match readiness {
+            Readiness::Ready => Ok(()),
+            Readiness::Refused(refusal) | Readiness::Unusable(refusal) => {
+                Err(StoreError::Rejected {
+                    message: format!("{op}: {refusal}"),
+                    source: None,
+                })
+            }
+            Readiness::Connecting | Readiness::Unreachable => Err(StoreError::Unavailable {
+                message: format!("{op}: not connected to {} yet", self.inner.url),
+                source: None,
+            }),
+        }
+    }
+
+    /// A pooled connection, or why none.
+    async fn conn(&self, op: Op<'_>) -> StoreResult<Conn> {
+        self.inner
+            .pool
+            .get_conn()
+            .await
+            .map_err(|e| classify(e, op, self.inner.op_timeout))
+    }
+
+    /// Runs a write (a cached prepared statement, one round trip), again if the server picked
+    /// it as a deadlock victim, all within the operation timeout.
+    async fn write(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Written> {
+        let limit = self.inner.op_timeout;
+        within(limit, async {
+            self.check_ready(op).await?;
+            let mut conn = self.conn(op).await?;
+            let mut attempt = 1;
+            loop {
+                match conn.exec_drop(sql, params.clone()).await {
+                    Ok(()) => {
+                        return Ok(Written {
+                            rows: conn.affected_rows(),
+                            insert_id: conn.last_insert_id().unwrap_or(0),
+                        });
+                    }
+                    Err(e) if is_deadlock(&e) && attempt < MAX_ATTEMPTS => attempt += 1,
+                    Err(e) => return Err(classify(e, op, limit)),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Runs a read (a cached prepared statement, one round trip) within the operation timeout.
+    async fn read(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Vec<Row>> {
+        let limit = self.inner.op_timeout;
+        within(limit, async {
+            self.check_ready(op).await?;
+            let mut conn = self.conn(op).await?;
+            conn.exec(sql, params)
+                .await
+                .map_err(|e| classify(e, op, limit))
+        })
+        .await
+    }
+
+    /// The current holder, token and remaining time of `name` (as `inspect` answers).
+    async fn state(
+        &self,
+        op: Op<'_>,
+        name: &LeaseName,
+    ) -> StoreResult<Option<(Option<String>, i64, Option<i64>)>> {
+        let rows = self
+            .read(op, &self.inner.sql.inspect, Params::from((name.as_str(),)))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        Ok(Some((col(row, 0)?, col(row, 1)?, col(row, 2)?)))
+    }
+}
+
+/// Connects once, checks (and with `migrate` creates) the tables, checks that this user may
+/// write them, and notes a binary log that would replicate `SYSDATE()` by re-running it.
+async fn set_up(pool: &Pool, config: &MySqlConfig, url: &str, sql: &Statements) -> Result<()> {
+    let op = Op::new("connect", None);
+    let limit = config.connect_timeout;
+    let connect_err = |source| Error::Connect {
+        url: url.to_owned(),
+        source,
+    };
+    let mut conn = match tokio::time::timeout(limit, pool.get_conn()).await {
+        Err(_) => return Err(connect_err(StoreError::Timeout(limit))),
+        Ok(Err(e)) => return Err(connect_err(classify(e, op, config.op_timeout))),
+        Ok(Ok(conn)) => conn,
+    };
+    let checks = async {
+        match schema::migrate(&mut conn, &config.table_prefix, sql, config.migrate).await {
+            Ok(()) => {}
+            Err(MigrateError::Shape(problem)) => {
+                return Err(Error::Schema {
+                    url: url.to_owned(),
+                    problem,
+                });
+            }
+            Err(MigrateError::Sql(e)) => {
+                return Err(Error::Migrate {
+                    url: url.to_owned(),
+                    source: classify(e, Op::new("migration", None), config.op_timeout),
+                });
+            }
+        }
+        schema::check_writable(&mut conn, &config.table_prefix)
+            .await
+            .map_err(|e| Error::NotWritable {
+                url: url.to_owned(),
+                source: classify(e, Op::new("write check", None), config.op_timeout),
+            })?;
+        warn_on_statement_binlog(&mut conn, url).await;
+        Ok(())
+    };
+    // A handful of catalog reads and, once, the DDL: bounded like a connect.
+    tokio::time::timeout(limit * 2, checks)
+        .await
+        .unwrap_or_else(|_| Err(connect_err(StoreError::Timeout(limit * 2))))
+}
+
+/// Logs a warning when the server writes a statement-based binary log: a replica would run
+/// `SYSDATE()` again at its own time (MIXED and ROW log the rows the primary wrote).
+async fn warn_on_statement_binlog(conn: &mut Conn, url: &str) {
+    let row: Option<Row> = conn
+        .query_first("SELECT @@log_bin, @@binlog_format")
+        .await
+        .ok()
+        .flatten();
+    let Some(row) = row else { return };
+    let log_bin = row
+        .get_opt::<i64, usize>(0)
+        .and_then(Result::ok)
+        .unwrap_or(0);
+    let format = row
+        .get_opt::<String, usize>(1)
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    if log_bin != 0 && format.eq_ignore_ascii_case("STATEMENT") {
+        tracing::warn!(url = %url, "binlog_format is STATEMENT: replicas re-run SYSDATE() at their own time and keep other expiries and tokens than the primary; use ROW or MIXED");
+    }
+}
+
+impl fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("url", &self.inner.url)
+            .field("table_prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+impl Store for MySqlStore {
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Acquisition> {
+        let op = Op::new("acquire", Some(name));
+        let ttl = micros(ttl).max(1);
+        let params = Params::from((name.as_str(), holder.as_str(), ttl, ttl, ttl, ttl, ttl));
+        for _ in 0..MAX_ATTEMPTS {
+            let written = self
+                .write(op, &self.inner.sql.acquire, params.clone())
+                .await?;
+            if written.insert_id > 0 {
+                let token = i64::try_from(written.insert_id).map_err(|_| {
+                    StoreError::Corrupt(format!("token {} beyond i64", written.insert_id))
+                })?;
+                return Ok(Acquisition::Acquired {
+                    token: token_of(token)?,
+                });
+            }
+            // Busy: who holds it, for how long. A release or expiry between the two statements
+            // shows a free lease here: try again.
+            match self.state(op, name).await? {
+                Some((Some(current), _, remaining))
+                    if remaining.is_some_and(|r| r > 0) && current != holder.as_str() =>
+                {
+                    return Ok(Acquisition::Busy {
+                        holder: holder_of(current)?,
+                        remaining: remaining_of(remaining),
+                    });
+                }
+                _ => continue,
+            }
+        }
+        Err(StoreError::Unavailable {
+            message: format!("{op}: the lease kept changing under concurrent acquirers"),
+            source: None,
+        })
+    }
+
+    async fn renew(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> StoreResult<Renewal> {
+        let Some(token) = token_sql(token) else {
+            return Ok(Renewal::Lost);
+        };
+        let op = Op::new("renew", Some(name));
+        let params = Params::from((micros(ttl).max(1), name.as_str(), holder.as_str(), token));
+        let written = self.write(op, &self.inner.sql.renew, params).await?;
+        Ok(if written.rows == 0 {
+            Renewal::Lost
+        } else {
+            Renewal::Renewed
+        })
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: FencingToken,
+    ) -> StoreResult<Release> {
+        let Some(token) = token_sql(token) else {
+            return Ok(Release::NotHeld);
+        };
+        let op = Op::new("release", Some(name));
+        let params = Params::from((name.as_str(), holder.as_str(), token));
+        let written = self.write(op, &self.inner.sql.release, params).await?;
+        if written.rows == 0 {
+            return Ok(Release::NotHeld);
+        }
+        if let Some(feed) = &self.inner.releases {
+            // Waiters in this process hear of it now; the poller skips it when it reads it.
+            self.inner.local.note(name.as_str());
+            feed.hub.publish(name.as_str());
+        }
+        Ok(Release::Released)
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
+        let op = Op::new("inspect", Some(name));
+        let Some((holder, token, remaining)) = self.state(op, name).await? else {
+            return Ok(None);
+        };
+        let live = remaining.is_some_and(|r| r > 0);
+        let holder = match holder {
+            Some(h) if live => Some(holder_of(h)?),
+            _ => None,
+        };
+        Ok(Some(LeaseState {
+            remaining: if holder.is_some() {
+                remaining_of(remaining)
+            } else {
+                Duration::ZERO
+            },
+            holder,
+            token: token_of(token)?,
+        }))
+    }
+
+    async fn now_millis(&self) -> StoreResult<u64> {
+        let op = Op::new("clock", None);
+        let rows = self
+            .read(op, &self.inner.sql.now_millis, Params::Empty)
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
+        let ms: i64 = col(row, 0)?;
+        u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.inner
+            .releases
+            .as_ref()
+            .map(|feed| feed.hub.subscribe())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "mysql {} (table {}leases)",
+            self.inner.url, self.inner.prefix
+        )
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL.without(Capabilities::CATALOG)
+    }
+
+    /// One statement for the whole batch; when it renewed fewer leases than were asked for, one
+    /// read finds which.
+    async fn renew_many(
+        &self,
+        holder: &HolderId,
+        leases: &[(LeaseName, FencingToken)],
+        ttl: Duration,
+    ) -> StoreResult<Vec<Renewal>> {
+        // A token beyond i64 was never handed out here: it stays out of the batch (Lost).
+        let batch: Vec<(&str, i64)> = leases
+            .iter()
+            .filter_map(|(name, token)| Some((name.as_str(), token_sql(*token)?)))
+            .collect();
+        if batch.is_empty() {
+            return Ok(vec![Renewal::Lost; leases.len()]);
+        }
+        let op = Op::new("renew_many", None);
+        let json = batch_json(&batch);
+        let params = Params::from((json.as_str(), micros(ttl).max(1), holder.as_str()));
+        let written = self.write(op, &self.inner.sql.renew_many, params).await?;
+        if written.rows == leases.len() as u64 {
+            // Every lease matched a row of its own: each was renewed.
+            return Ok(vec![Renewal::Renewed; leases.len()]);
+        }
+        // Which ones. A lease the update did not renew had expired, been released or been
+        // taken: none of those comes back with the same holder and token, so this read cannot
+        // call it renewed. (A renewed lease that a concurrent release of the same holder ended
+        // since reads as lost: the safe side.)
+        let params = Params::from((json.as_str(), holder.as_str()));
+        let rows = self.read(op, &self.inner.sql.held_of_many, params).await?;
+        let mut held = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            held.insert((col::<String>(row, 0)?, col::<i64>(row, 1)?));
+        }
+        Ok(leases
+            .iter()
+            .map(|(name, token)| {
+                let key = token_sql(*token).map(|t| (name.as_str().to_owned(), t));
+                if key.is_some_and(|k| held.contains(&k)) {
+                    Renewal::Renewed
+                } else {
+                    Renewal::Lost
+                }
+            })
+            .collect())
+    }
+}
+
+impl Slots for MySqlStore {
+    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
+        let op = Op::new("claim_slot", Some(task));
+        // The refusal answers `last + 1`, so the highest slot must stay below i64::MAX.
+        let Some(slot_i) = i64::try_from(slot).ok().filter(|s| *s < i64::MAX) else {
+            return Err(StoreError::Rejected {
+                message: format!("{op}: slot {slot} does not fit a BIGINT"),
+                source: None,
+            });
+        };
+        let params = Params::from((task.as_str(), slot_i));
+        let written = self.write(op, &self.inner.sql.claim_slot, params).await?;
+        Ok(match written.insert_id {
+            0 => SlotClaim::Claimed,
+            above => SlotClaim::AlreadyRun { last: above - 1 },
+        })
+    }
+
+    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
+        let op = Op::new("last_slot", Some(task));
+        let rows = self
+            .read(
+                op,
+                &self.inner.sql.last_slot,
+                Params::from((task.as_str(),)),
+            )
+            .await?;
+        rows.first()
+            .map(|row| {
+                let last: i64 = col(row, 0)?;
+                u64::try_from(last)
+                    .map_err(|_| StoreError::Corrupt(format!("negative slot {last}")))
+            })
+            .transpose()
+    }
+
+    /// Two statements: the entry, then the trim to the `keep` newest (which also removes the
+    /// entry again when its key is older than those).
+    async fn record_history(
+        &self,
+        task: &LeaseName,
+        key: u64,
+        entry: &str,
+        keep: usize,
+    ) -> StoreResult<()> {
+        let op = Op::new("record_history", Some(task));
+        let Ok(key) = i64::try_from(key) else {
+            return Err(StoreError::Rejected {
+                message: format!("{op}: history key {key} does not fit a BIGINT"),
+                source: None,
+            });
+        };
+        let offset = i64::try_from(keep.max(1) - 1).unwrap_or(i64::MAX);
+        let put = Params::from((task.as_str(), key, entry));
+        self.write(op, &self.inner.sql.record_history, put).await?;
+        let trim = Params::from((task.as_str(), task.as_str(), offset));
+        self.write(op, &self.inner.sql.trim_history, trim).await?;
+        Ok(())
+    }
+
+    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
+        let op = Op::new("history", Some(task));
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .read(
+                op,
+                &self.inner.sql.history,
+                Params::from((task.as_str(), limit)),
+            )
+            .await?;
+        rows.iter().map(|row| col::<String>(row, 0)).collect()
+    }
+}
+
+impl Purge for MySqlStore {
+    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
+        let op = Op::new("purge", None);
+        let params = Params::from((micros(retention),));
+        Ok(self.write(op, &self.inner.sql.purge, params).await?.rows)
+    }
+}
+
+impl Membership for MySqlStore {
+    /// An upsert of the caller's entry and a read of the group; a delete of the expired entries
+    /// when the read saw any.
+    async fn members(
+        &self,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<HolderId>> {
+        let op = Op::new("members", Some(group));
+        let join = Params::from((group.as_str(), member.as_str(), micros(ttl).max(1)));
+        self.write(op, &self.inner.sql.join, join).await?;
+        let rows = self
+            .read(op, &self.inner.sql.members, Params::from((group.as_str(),)))
+            .await?;
+        let mut members = Vec::with_capacity(rows.len());
+        let mut expired = false;
+        for row in &rows {
+            let m: String = col(row, 0)?;
+            if col::<i64>(row, 1)? == 0 {
+                expired = true;
+                continue;
+            }
+            members
+                .push(HolderId::new(&m).map_err(|_| {
+                    StoreError::Corrupt(format!("member {m:?} is not a holder id"))
+                })?);
+        }
+        if expired {
+            let params = Params::from((group.as_str(),));
+            self.write(op, &self.inner.sql.drop_expired_members, params)
+                .await?;
+        }
+        members.sort();
+        Ok(members)
+    }
+
+    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
+        let op = Op::new("leave", Some(group));
+        let params = Params::from((group.as_str(), member.as_str()));
+        self.write(op, &self.inner.sql.leave, params).await?;
+        Ok(())
+    }
+}
+
+// The fleet catalog is not kept in this store yet: every catalog operation answers Unsupported.
+// A later schema version adds its tables.
+impl Catalog for MySqlStore {}
+
+/// Opening a store from its settings: here rather than in `config`, which is plain data.
+impl MySqlConfig {
+    /// Checks the settings, connects, checks the tables (creating the missing ones with
+    /// [`migrate`](Self::migrate)), checks that the user may write them and (with
+    /// [`notifications`](Self::notifications)) starts the release poller.
+    pub async fn connect(self) -> Result<MySqlStore> {
+        MySqlStore::connect(self).await
+    }
+
+    /// Returns the store at once and connects in the background (see
+    /// [`connect`](Self::connect)): every operation answers
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until the server is
+    /// reached and the tables are checked. For a service that must start while its database is
+    /// down. Fails only on settings or a URL that can never work, or outside a Tokio runtime.
+    pub fn connect_lazy(self) -> Result<MySqlStore> {
+        MySqlStore::connect_lazy(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_json_arrays() {
+        assert_eq!(batch_json(&[]), "[]");
+        assert_eq!(
+            batch_json(&[("a/b:c", 1), ("d", 1_796_000_000_000_001)]),
+            r#"[["a/b:c",1],["d",1796000000000001]]"#
+        );
+    }
+
+    #[test]
+    fn server_errors_are_classified() {
+        let server = |code: u16| {
+            mysql_async::Error::Server(mysql_async::ServerError {
+                code,
+                message: format!("code {code}"),
+                state: "HY000".to_owned(),
+            })
+        };
+        let op = Op::new("renew", None);
+        let limit = Duration::from_secs(2);
+        // Credentials, privileges, a missing database or table: refused, not retried.
+        for code in [1044, 1045, 1049, 1142, 1146] {
+            let e = classify(server(code), op, limit);
+            assert!(matches!(e, StoreError::Rejected { .. }), "{code}: {e:?}");
+            assert!(e.to_string().contains(&format!("({code})")), "{e}");
+        }
+        // Shutdown, deadlock, read-only replica, killed connection: try again later.
+        for code in [1053, 1213, 1290, 1927] {
+            let e = classify(server(code), op, limit);
+            assert!(e.is_transient(), "{code}: {e:?}");
+        }
+        assert!(matches!(
+            classify(server(1205), op, limit),
+            StoreError::Timeout(_)
+        ));
+        // TLS the client cannot accept: refused; a lost connection: transient.
+        let no_tls =
+            mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer);
+        assert!(matches!(
+            classify(no_tls, op, limit),
+            StoreError::Rejected { .. }
+        ));
+        let io =
+            |kind| mysql_async::Error::Io(mysql_async::IoError::Io(std::io::Error::new(kind, "x")));
+        let bad_cert = classify(io(std::io::ErrorKind::InvalidData), op, limit);
+        assert!(
+            matches!(bad_cert, StoreError::Rejected { .. }),
+            "{bad_cert:?}"
+        );
+        assert!(classify(io(std::io::ErrorKind::ConnectionReset), op, limit).is_transient());
+    }
+}
