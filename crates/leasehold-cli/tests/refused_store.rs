@@ -112,8 +112,10 @@ fn refused(what: &str, url: &str, says: &str, unprivileged: bool) {
             &lease,
             "--every",
             "200ms",
+            // The store's first answer must come within the renew interval (a third of the
+            // ttl) to be told from an outage; etcd checks a password with bcrypt, slowly.
             "--ttl",
-            "1s",
+            "3s",
             "--on-store-down",
             "fail-open",
         ],

@@ -120,7 +120,10 @@ impl EtcdStore {
     /// (each fails with [`StoreError::Unavailable`] while no member answers) and the release
     /// watch is established in the background. Must be called within a tokio runtime.
     pub(crate) fn open(config: EtcdConfig) -> Result<Self> {
-        Ok(Self::watching(Inner::new(&config)?, &config))
+        let inner = Inner::new(&config)?;
+        // So the first operation finds a token, or the refusal, already.
+        inner.gateway.authenticate_soon();
+        Ok(Self::watching(inner, &config))
     }
 
     /// The store, with its release watch started if notifications are on.
