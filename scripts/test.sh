@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/stores.sh
+# A clean build gains nothing from incremental compilation, which only costs disk and time.
+export CARGO_INCREMENTAL=0
 export LEASEHOLD_TEST_REDIS_URL="${LEASEHOLD_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export LEASEHOLD_TEST_POSTGRES_URL="${LEASEHOLD_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export LEASEHOLD_TEST_MYSQL_URL="${LEASEHOLD_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"

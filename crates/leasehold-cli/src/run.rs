@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
+use leasehold::catalog::TaskSource;
 use leasehold::{
     BoxStore, CancellationToken, CatchUp, Lease, LeaseConfig, LeaseError, LeaseName, Schedule,
     Scheduler, Store, StoreDownPolicy, Task, TaskContext, TryAcquire,
@@ -416,6 +417,7 @@ async fn scheduled(
         .leader_group(s.name.clone())
         .grace_period(Duration::ZERO)
         .on_store_down(args.on_store_down)
+        .registered_as(TaskSource::Run)
         .task(task);
     if let Some(h) = s.holder {
         sched = sched.holder(h);

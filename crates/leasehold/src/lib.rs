@@ -5,6 +5,7 @@ mod config;
 #[cfg(feature = "cron")]
 mod cron;
 mod feed;
+pub mod fleet;
 pub mod gate;
 pub mod history;
 mod leader;
