@@ -14,6 +14,7 @@ use leasehold::{
 };
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts};
+use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{MySqlConfig, ServerUrl, SslMode};
@@ -39,6 +40,25 @@ pub struct MySqlStore {
     inner: Arc<Inner>,
 }
 
+/// How far a lazily connecting store has got. Operations wait while the first attempt is
+/// under way, so their first answer already tells a refusal (credentials, an unknown database)
+/// from an outage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Readiness {
+    /// The first connection attempt has not ended.
+    Connecting,
+    /// The last attempt could not reach the server: operations are `Unavailable`.
+    Unreachable,
+    /// The last attempt was refused (credentials, no such database, no privilege): operations
+    /// are `Rejected` with this reason while attempts go on.
+    Refused(String),
+    /// The tables cannot be used, or their migration was refused: every operation is
+    /// `Rejected`, for good.
+    Unusable(String),
+    /// Connected, and the tables checked.
+    Ready,
+}
+
 struct Inner {
     pool: Pool,
     sql: Statements,
@@ -50,10 +70,9 @@ struct Inner {
     releases: Option<Feed>,
     /// Releases this handle made that its poller has not seen yet.
     local: LocalReleases,
-    /// Set once the tables are known to be usable; until then every operation answers
-    /// `Unavailable` (a store from [`MySqlConfig::connect_lazy`]), or `Rejected` with the reason
-    /// they never will be.
-    ready: OnceLock<std::result::Result<(), String>>,
+    /// Whether the tables are known to be usable; until they are, operations answer as
+    /// [`Readiness`] says (a store from [`MySqlConfig::connect_lazy`]).
+    ready: watch::Receiver<Readiness>,
     /// The background connect of a lazy store.
     connecting: OnceLock<AbortOnDropHandle<()>>,
 }
@@ -188,10 +207,11 @@ pub(crate) fn classify(e: mysql_async::Error, op: Op<'_>, limit: Duration) -> St
     }
 }
 
-/// The driver's message followed by its causes: its `Display` alone leaves out why.
-fn with_causes(e: &mysql_async::Error) -> String {
+/// An error followed by its causes (the driver's `Display`, or this crate's messages, alone
+/// leave out why); a cause already quoted is not repeated.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
-    let mut cause = std::error::Error::source(e);
+    let mut cause = e.source();
     while let Some(c) = cause {
         let text = c.to_string();
         if !out.contains(&text) {
@@ -280,7 +300,7 @@ impl Parts {
 }
 
 impl MySqlStore {
-    fn assemble(config: &MySqlConfig, parts: Parts) -> Self {
+    fn assemble(config: &MySqlConfig, parts: Parts, ready: watch::Receiver<Readiness>) -> Self {
         let local = LocalReleases::default();
         let releases = config.notifications.then(|| {
             poller::start(
@@ -300,7 +320,7 @@ impl MySqlStore {
                 prefix: config.table_prefix.clone(),
                 releases,
                 local,
-                ready: OnceLock::new(),
+                ready,
                 connecting: OnceLock::new(),
             }),
         }
@@ -309,12 +329,11 @@ impl MySqlStore {
     pub(crate) async fn connect(config: MySqlConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         set_up(&parts.pool, &config, &parts.url, &parts.sql).await?;
-        let store = Self::assemble(&config, parts);
+        let store = Self::assemble(&config, parts, watch::channel(Readiness::Ready).1);
         if let Some(releases) = &store.inner.releases {
             // So a subscription taken right after `connect` hears every later release.
             releases.first_attempt(config.connect_timeout).await;
         }
-        let _ = store.inner.ready.set(Ok(()));
         tracing::debug!(url = %store.inner.url, prefix = %config.table_prefix, "connected to mysql");
         Ok(store)
     }
@@ -322,8 +341,11 @@ impl MySqlStore {
     /// A store that connects in the background: returned at once (the URL and settings are
     /// checked now), it answers every operation with [`StoreError::Unavailable`] until a
     /// connection is made and the tables are checked, retrying with backoff up to
-    /// `max_reconnect_delay`. Tables the store cannot use, or a refused migration, make every
-    /// operation answer [`StoreError::Rejected`]. Needs a Tokio runtime.
+    /// `max_reconnect_delay`. While the server refuses the connection (credentials, an unknown
+    /// database) operations answer [`StoreError::Rejected`] and attempts go on; tables the
+    /// store cannot use, or a refused migration, make every operation answer
+    /// [`StoreError::Rejected`] for good. Operations wait for the first attempt to end (within
+    /// their timeout). Needs a Tokio runtime.
     pub(crate) fn connect_lazy(config: MySqlConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -331,7 +353,8 @@ impl MySqlStore {
                 "connect_lazy must be called within a Tokio runtime".to_owned(),
             ));
         }
-        let store = Self::assemble(&config, parts);
+        let (ready_tx, ready) = watch::channel(Readiness::Connecting);
+        let store = Self::assemble(&config, parts, ready);
         let weak = Arc::downgrade(&store.inner);
         let task = tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
@@ -344,27 +367,40 @@ impl MySqlStore {
                     return;
                 };
                 let outcome = set_up(&pool, &config, &url, &sql).await;
-                let Some(inner) = weak.upgrade() else {
+                if weak.strong_count() == 0 {
                     return;
-                };
+                }
                 match outcome {
                     Ok(()) => {
                         tracing::info!(url = %url, "connected to mysql");
-                        let _ = inner.ready.set(Ok(()));
+                        ready_tx.send_replace(Readiness::Ready);
                         return;
                     }
+                    Err(Error::Connect { source, .. }) if !source.is_transient() => {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(url = %url, error = %source, "mysql refuses the connection; operations are refused until it accepts it; retrying in the background");
+                        }
+                        let reason = match &source {
+                            StoreError::Rejected { message, .. } => message.clone(),
+                            other => other.to_string(),
+                        };
+                        ready_tx.send_replace(Readiness::Refused(format!(
+                            "mysql refused the connection: {reason}"
+                        )));
+                    }
                     Err(e) if !e.is_transient() => {
-                        tracing::error!(url = %url, error = %e, "mysql store unusable; every operation will be refused");
-                        let _ = inner.ready.set(Err(e.to_string()));
+                        let reason = with_causes(&e);
+                        tracing::error!(url = %url, error = %reason, "mysql store unusable; every operation will be refused");
+                        ready_tx.send_replace(Readiness::Unusable(reason));
                         return;
                     }
                     Err(e) => {
                         if !std::mem::replace(&mut warned, true) {
-                            tracing::warn!(url = %url, error = %e, "mysql not reachable yet; retrying in the background");
+                            tracing::warn!(url = %url, error = %with_causes(&e), "mysql not reachable yet; retrying in the background");
                         }
+                        ready_tx.send_replace(Readiness::Unreachable);
                     }
                 }
-                drop(inner);
                 let jitter = Duration::from_millis(fastrand::u64(0..100));
                 tokio::time::sleep(delay + jitter).await;
                 delay = (delay * 2).min(config.max_reconnect_delay);
@@ -391,14 +427,20 @@ impl MySqlStore {
     }
 
     /// Fails unless the store is connected and its tables checked.
-    fn check_ready(&self, op: Op<'_>) -> StoreResult<()> {
-        match self.inner.ready.get() {
-            Some(Ok(())) => Ok(()),
-            Some(Err(refusal)) => Err(StoreError::Rejected {
-                message: format!("{op}: {refusal}"),
-                source: None,
-            }),
-            None => Err(StoreError::Unavailable {
+    async fn check_ready(&self, op: Op<'_>) -> StoreResult<()> {
+        let mut ready = self.inner.ready.clone();
+        // An error means the connecting task is gone (its store is being dropped).
+        let _ = ready.wait_for(|r| *r != Readiness::Connecting).await;
+        let readiness = ready.borrow().clone();
+        match readiness {
+            Readiness::Ready => Ok(()),
+            Readiness::Refused(refusal) | Readiness::Unusable(refusal) => {
+                Err(StoreError::Rejected {
+                    message: format!("{op}: {refusal}"),
+                    source: None,
+                })
+            }
+            Readiness::Connecting | Readiness::Unreachable => Err(StoreError::Unavailable {
                 message: format!("{op}: not connected to {} yet", self.inner.url),
                 source: None,
             }),
@@ -417,9 +459,9 @@ impl MySqlStore {
     /// Runs a write (a cached prepared statement, one round trip), again if the server picked
     /// it as a deadlock victim, all within the operation timeout.
     async fn write(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Written> {
-        self.check_ready(op)?;
         let limit = self.inner.op_timeout;
         within(limit, async {
+            self.check_ready(op).await?;
             let mut conn = self.conn(op).await?;
             let mut attempt = 1;
             loop {
@@ -440,9 +482,9 @@ impl MySqlStore {
 
     /// Runs a read (a cached prepared statement, one round trip) within the operation timeout.
     async fn read(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Vec<Row>> {
-        self.check_ready(op)?;
         let limit = self.inner.op_timeout;
         within(limit, async {
+            self.check_ready(op).await?;
             let mut conn = self.conn(op).await?;
             conn.exec(sql, params)
                 .await

@@ -24,9 +24,18 @@ fn everything_about(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// One line, no password anywhere in it or its sources; returns the line.
+/// One line, no password anywhere in it or its sources; returns the line as the `leasehold`
+/// command prints it: the message, then each cause not already quoted.
 fn one_clear_line(e: &Error) -> String {
-    let line = e.to_string();
+    let mut line = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(&format!(": {text}"));
+        }
+        cause = c.source();
+    }
     assert!(!line.contains('\n') && !line.is_empty(), "{line:?}");
     let all = everything_about(e);
     assert!(!all.contains(SECRET), "{all}");
@@ -118,6 +127,25 @@ async fn a_wrong_password_is_refused_in_one_line() {
         "{line}"
     );
     assert!(!line.contains("not-the-password"), "{line}");
+
+    // A store that connects in the background is refused by every operation from the first
+    // on (issue 32): a refusal a scheduler gives up on, never an outage it may fail open on.
+    let lazy = MySqlConfig::new(url_as(&user, "not-the-password-s3kr1t-pw"))
+        .connect_lazy()
+        .unwrap();
+    let (name, who) = (
+        leasehold::LeaseName::new("wrong-password").unwrap(),
+        leasehold::HolderId::new("h").unwrap(),
+    );
+    for _ in 0..3 {
+        let err = leasehold::Store::acquire(&lazy, &name, &who, std::time::Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Rejected { .. }), "{err:?}");
+        assert!(!format!("{err} {err:?}").contains("s3kr1t"), "{err:?}");
+        let clock = leasehold::Store::now_millis(&lazy).await.unwrap_err();
+        assert!(!clock.is_transient(), "{clock:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
