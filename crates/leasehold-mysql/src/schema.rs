@@ -193,8 +193,9 @@ pub struct Statements {
     /// The catalog, last: forget-after in microseconds. `(task, definition, control_version,
     /// control, instance, about, remaining microseconds)` per instance seen within it (the
     /// instance columns NULL for a task with none), for the tasks with a control record or
-    /// such an instance; by task (bytes), live instances first, then by instance. One reading
-    /// of the clock for all rows.
+    /// such an instance, in no order (the store sorts them: an `ORDER BY` over both tables
+    /// would need an on-disk temporary table for their text columns). One reading of the clock
+    /// for all rows.
     pub tasks: String,
     /// A task's control record with the server's clock: task. One row `(now ms,
     /// control_version, control)`, the last two NULL when there is none.
@@ -330,7 +331,7 @@ ON DUPLICATE KEY UPDATE about = VALUES(about), expires_at = VALUES(expires_at)"
                 "DELETE FROM {instances} WHERE expires_at <= {NOW} - INTERVAL ? MICROSECOND"
             ),
             // The derived table is materialized (it has a LIMIT): one reading of the clock for
-            // the filter, the order and every remaining time.
+            // the filter and every remaining time.
             tasks: format!(
                 "SELECT t.task, t.definition, t.control_version, t.control, i.instance, i.about,
        TIMESTAMPDIFF(MICROSECOND, n.at, i.expires_at)
@@ -338,8 +339,7 @@ ON DUPLICATE KEY UPDATE about = VALUES(about), expires_at = VALUES(expires_at)"
   CROSS JOIN {tasks} t
   LEFT JOIN {instances} i
     ON i.task = t.task AND i.expires_at > n.at - INTERVAL ? MICROSECOND
- WHERE t.control_version IS NOT NULL OR i.task IS NOT NULL
- ORDER BY t.task, i.expires_at <= n.at, i.instance"
+ WHERE t.control_version IS NOT NULL OR i.task IS NOT NULL"
             ),
             control: format!(
                 "SELECT {NOW_US} DIV 1000, t.control_version, t.control

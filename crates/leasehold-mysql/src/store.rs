@@ -1,6 +1,7 @@
 //! [`MySqlStore`]: the [`Store`] implementation.
 
-use std::collections::HashSet;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -981,28 +982,41 @@ impl Catalog for MySqlStore {
                 Ok(rows)
             })
             .await?;
-        let mut tasks: Vec<TaskRecord> = Vec::new();
+        // Sorted here rather than by the server: an ORDER BY over both tables, with their text
+        // columns, would need an on-disk temporary table. A String orders by its bytes, as
+        // the VARBINARY names do.
+        let mut tasks: BTreeMap<String, TaskRecord> = BTreeMap::new();
         for row in &rows {
             let task: String = col(row, 0)?;
-            if tasks.last().is_none_or(|t| t.task.as_str() != task) {
-                tasks.push(TaskRecord {
-                    task: name_of(task)?,
-                    definition: col(row, 1)?,
-                    instances: Vec::new(),
-                    control: control_of(col(row, 2)?, col(row, 3)?)?,
+            let record = match tasks.entry(task) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => {
+                    let task = name_of(entry.key().clone())?;
+                    entry.insert(TaskRecord {
+                        task,
+                        definition: col(row, 1)?,
+                        instances: Vec::new(),
+                        control: control_of(col(row, 2)?, col(row, 3)?)?,
+                    })
+                }
+            };
+            if let Some(instance) = col::<Option<String>>(row, 4)? {
+                record.instances.push(InstanceRecord {
+                    instance: holder_of(instance)?,
+                    about: col(row, 5)?,
+                    remaining: remaining_of(col(row, 6)?),
                 });
             }
-            let (Some(record), Some(instance)) = (tasks.last_mut(), col::<Option<String>>(row, 4)?)
-            else {
-                continue;
-            };
-            record.instances.push(InstanceRecord {
-                instance: holder_of(instance)?,
-                about: col(row, 5)?,
-                remaining: remaining_of(col(row, 6)?),
-            });
         }
-        Ok(tasks)
+        Ok(tasks
+            .into_values()
+            .map(|mut record| {
+                record.instances.sort_by(|a, b| {
+                    (a.remaining.is_zero(), &a.instance).cmp(&(b.remaining.is_zero(), &b.instance))
+                });
+                record
+            })
+            .collect())
     }
 
     async fn control(&self, task: &LeaseName) -> StoreResult<ControlRead> {
