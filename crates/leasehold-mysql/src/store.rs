@@ -923,7 +923,7 @@ impl Membership for MySqlStore {
 /// registration skips the instance rows others hold, so the catalog's writers wait on each
 /// other only in one order.
 impl Catalog for MySqlStore {
-    async fn register<'a>(&'a self, r: &'a Registration<'a>) -> StoreResult<Option<Versioned>> {
+    async fn register(&self, r: &Registration<'_>) -> StoreResult<Option<Versioned>> {
         let op = Op::new("register", Some(r.task));
         let sql = &self.inner.sql;
         let (task, ttl, forget) = (

@@ -107,7 +107,8 @@ async fn store_on(prefix: &str) -> MySqlStore {
         .unwrap()
 }
 
-/// Tables of schema version 1, with rows: connecting adds the catalog's two tables and nothing
+/// Tables of schema version 1, with rows: with the migration off, connecting names the missing
+/// catalog tables and creates nothing; with it on, it adds the catalog's two tables and nothing
 /// else, the old tables and rows stay as they were, row 1 of the schema table still says 1 (so
 /// a version 1 build, which reads only that row, keeps working beside this one) and row 2 says
 /// 2; the catalog works; connecting again, even with the migration off, writes nothing.
@@ -129,6 +130,22 @@ async fn version_1_tables_gain_the_catalog_and_nothing_else() {
         .await
         .unwrap();
     let before = columns(&mut admin, &prefix).await;
+
+    // With the migration off, the missing catalog is named and nothing is created.
+    let err = MySqlConfig::new(common::url())
+        .table_prefix(&prefix)
+        .notifications(false)
+        .migrate(false)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "missing {prefix}tasks, {prefix}task_instances, and migrate is off"
+        )),
+        "{err}"
+    );
+    assert_eq!(columns(&mut admin, &prefix).await, before);
 
     let store = store_on(&prefix).await;
     let after = columns(&mut admin, &prefix).await;
