@@ -414,6 +414,40 @@ pub async fn read<S: Slots>(
     Ok(records)
 }
 
+/// The slots of `task` that fell between the newest one its history accounts for (run, or
+/// recorded missed) and `slot`, as a missed record for `holder` to write, or `None` when there
+/// are none or the history says nothing yet. For code that runs gated work without the
+/// scheduler's timer (the sidecar): it learns of a gap only when the next slot is granted.
+pub async fn gap_before<S: Slots>(
+    store: &S,
+    task: &LeaseName,
+    schedule: &crate::Schedule,
+    slot: u64,
+    holder: &str,
+) -> Result<Option<RunRecord>, StoreError> {
+    let newest = read(store, task, 20)
+        .await?
+        .iter()
+        .filter_map(|r| match r.outcome {
+            RunOutcome::Missed { last_slot, .. } => Some(last_slot),
+            _ => r.slot,
+        })
+        .filter(|&s| s < slot)
+        .max();
+    let Some(newest) = newest else {
+        return Ok(None);
+    };
+    let (count, last) = schedule.firings_between(newest, slot.saturating_sub(1), 1);
+    Ok(match (schedule.next_after(newest), last.first()) {
+        (Some(first), Some(&last)) if count > 0 && first < slot => {
+            let mut record = RunRecord::missed(first, count, last, MissReason::NotClaimed, holder);
+            record.schedule = Some(RecordedSchedule::of(schedule));
+            Some(record)
+        }
+        _ => None,
+    })
+}
+
 /// Whether `lease` is still the tenure `record`'s run holds.
 fn holds(lease: Option<&crate::LeaseState>, record: &RunRecord) -> bool {
     match (lease, record.token) {
@@ -534,6 +568,55 @@ mod tests {
             later,
             [RunOutcome::Running, RunOutcome::Lost],
             "ungated runs are not judged"
+        );
+    }
+
+    /// A gap between the newest slot the history accounts for and a newly granted one is
+    /// reported once, from its first to its last slot; no gap, or no history, is none.
+    #[tokio::test]
+    async fn a_gap_before_a_granted_slot_is_the_slots_nobody_accounted_for() {
+        use crate::{MemoryStore, Schedule};
+        let store = MemoryStore::new();
+        let task = LeaseName::new("sweep").unwrap();
+        let every_10 = Schedule::every(Duration::from_millis(10)).unwrap();
+        let none = gap_before(&store, &task, &every_10, 100, "me")
+            .await
+            .unwrap();
+        assert_eq!(none, None, "no history: nothing to compare with");
+        let run = RunRecord::started(Some(100), RecordTrigger::Timer, "a", None, 100, None);
+        store
+            .record_history(&task, 100, &run.to_json(), 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            gap_before(&store, &task, &every_10, 110, "me")
+                .await
+                .unwrap(),
+            None
+        );
+        let gap = gap_before(&store, &task, &every_10, 150, "me")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(gap.slot, Some(110));
+        assert_eq!(
+            gap.outcome,
+            RunOutcome::Missed {
+                count: 4,
+                last_slot: 140,
+                reason: MissReason::NotClaimed
+            }
+        );
+        // Once recorded, the gap is accounted for.
+        store
+            .record_history(&task, 110, &gap.to_json(), 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            gap_before(&store, &task, &every_10, 150, "me")
+                .await
+                .unwrap(),
+            None
         );
     }
 }
