@@ -97,6 +97,11 @@ ensure_tools() {
   if ! command -v etcd >/dev/null; then log "installing etcd"; apt_install etcd-server; fi
   # Their failover test asks etcdctl which member leads.
   if ! command -v etcdctl >/dev/null; then log "installing etcdctl"; apt_install etcd-client; fi
+  # The metrics tests check scrapes and docs/alerts.yml with promtool (Debian's prometheus
+  # package; only its promtool is used).
+  if ! command -v promtool >/dev/null; then
+    log "installing promtool"; apt_install --no-install-recommends prometheus
+  fi
   # The sidecar's TypeScript client and NestJS example (Node 20 or later).
   if ! command -v npm >/dev/null; then log "installing nodejs and npm"; apt_install nodejs npm; fi
   # The API fuzzer (schemathesis) and the cron differential test's oracle (croniter) are
