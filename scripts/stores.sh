@@ -97,6 +97,11 @@ ensure_tools() {
   if ! command -v etcd >/dev/null; then log "installing etcd"; apt_install etcd-server; fi
   # Their failover test asks etcdctl which member leads.
   if ! command -v etcdctl >/dev/null; then log "installing etcdctl"; apt_install etcd-client; fi
+  # The CLI's tests run leasehold under a lower descriptor limit (prlimit) and, as root, as
+  # nobody (setpriv) so that a read-only SQLite file is read-only to it.
+  if ! command -v prlimit >/dev/null || ! command -v setpriv >/dev/null; then
+    log "installing util-linux"; apt_install util-linux
+  fi
   # The metrics tests check scrapes and docs/alerts.yml with promtool (Debian's prometheus
   # package; only its promtool is used).
   if ! command -v promtool >/dev/null; then

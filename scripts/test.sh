@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/stores.sh
+# A clean build gains nothing from incremental compilation, which only costs disk and time.
+export CARGO_INCREMENTAL=0
 export LEASEHOLD_TEST_REDIS_URL="${LEASEHOLD_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export LEASEHOLD_TEST_POSTGRES_URL="${LEASEHOLD_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export LEASEHOLD_TEST_MYSQL_URL="${LEASEHOLD_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
@@ -16,6 +18,9 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The core without its default features (no cron, no chrono) must build as well.
 cargo clippy -p leasehold --all-targets --no-default-features --locked -- -D warnings
+echo "== packaging: every published crate packs (in dependency order, each against the others)"
+cargo package --workspace --exclude leasehold-testkit --exclude leasehold-examples \
+  --no-verify --allow-dirty --locked --quiet
 echo "== cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
 echo "== tests"

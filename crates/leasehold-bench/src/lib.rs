@@ -1,4 +1,9 @@
 #![doc = include_str!("../README.md")]
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 mod common;
 mod error;

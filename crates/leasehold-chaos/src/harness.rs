@@ -564,17 +564,12 @@ impl Harness {
         Ok(())
     }
 
-    fn poller(&self) -> &Poller {
-        self.poller
-            .as_ref()
-            .expect("the poller runs until shutdown")
-    }
-
     /// The row of the replica that holds the leader lease, waiting up to `limit` for one.
     async fn holder_row(&mut self, limit: Duration) -> Option<usize> {
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(h) = self.poller().current()
+            // The poller runs until shutdown; without it, nobody is known to hold the lease.
+            if let Some(h) = self.poller.as_ref().and_then(Poller::current)
                 && let Some(row) = Replica::row_of(&h)
                 && let Some(r) = self.replicas.get_mut(row)
                 && r.holder == h
@@ -621,13 +616,13 @@ impl Harness {
         if self.holder_row(first_holder).await.is_none() {
             return Err(ChaosError::NoLeader {
                 waited: first_holder,
-                last_error: self
-                    .poller()
-                    .state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .last_error
-                    .clone(),
+                last_error: self.poller.as_ref().and_then(|p| {
+                    p.state
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .last_error
+                        .clone()
+                }),
                 logs: self.logs.clone(),
             });
         }
@@ -769,7 +764,10 @@ impl Harness {
                 });
                 self.replace(row)?;
                 let grace = self.s.grace + Duration::from_secs(2);
-                let old = self.retired.last_mut().expect("just retired");
+                // `replace` just retired it.
+                let Some(old) = self.retired.last_mut() else {
+                    return Ok(());
+                };
                 let exited = old.wait(grace).await;
                 let detail = if exited {
                     format!(

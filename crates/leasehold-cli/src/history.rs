@@ -39,10 +39,7 @@ pub async fn open(store: Option<String>) -> Result<BoxStore, Failure> {
     let url = leasehold_connect::store_url(store);
     leasehold_connect::open_store(&url)
         .await
-        .map_err(|e| match e {
-            leasehold_connect::OpenError::UnknownScheme { .. } => Failure::usage(e),
-            _ => Failure::store(e),
-        })
+        .map_err(Failure::open)
 }
 
 /// The task's history, newest first: under `name`, or, if that has none and `name` is a
@@ -56,9 +53,10 @@ pub async fn records(
         match leasehold::history::read(store, &task, limit).await {
             Ok(records) => Ok(Some((task, records))),
             Err(leasehold::StoreError::Unsupported(_)) => Ok(None),
-            Err(e) => Err(Failure::store(anyhow!(
-                "cannot read the history of {task}: {e}"
-            ))),
+            Err(e) => Err(Failure::store_op(
+                e,
+                format!("cannot read the history of {task}"),
+            )),
         }
     };
     let found = read(name.clone()).await?;

@@ -142,20 +142,34 @@ impl Failure {
         }
     }
 
-    /// The store could not be reached: exit 69.
-    pub fn store(error: impl Into<anyhow::Error>) -> Self {
+    /// A store that could not be used: exit 69 if retrying may help (unreachable, too slow),
+    /// else 78 (it refuses: credentials, permissions, a key of the wrong type).
+    pub fn store(error: impl Into<anyhow::Error>, transient: bool) -> Self {
         Self {
-            code: EXIT_STORE_DOWN,
+            code: if transient {
+                EXIT_STORE_DOWN
+            } else {
+                EXIT_REFUSED
+            },
             error: error.into(),
         }
     }
 
-    /// The store keeps refusing: exit 78.
-    pub fn refused(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code: EXIT_REFUSED,
-            error: error.into(),
+    /// A store URL that could not be opened: exit 2 for a URL that can never work (unknown
+    /// scheme, unparsable), else as [`store`](Self::store). The one mapping of open errors.
+    pub fn open(error: leasehold_connect::OpenError) -> Self {
+        if error.is_bad_url() {
+            return Self::usage(error);
         }
+        let transient = error.is_transient();
+        Self::store(error, transient)
+    }
+
+    /// An operation the store could not answer, as [`store`](Self::store), with `context`
+    /// (what was being done) in front of the store's own message.
+    pub fn store_op(error: leasehold::StoreError, context: String) -> Self {
+        let transient = error.is_transient();
+        Self::store(anyhow::Error::new(error).context(context), transient)
     }
 }
 
@@ -163,6 +177,24 @@ impl From<anyhow::Error> for Failure {
     fn from(error: anyhow::Error) -> Self {
         Self { code: 1, error }
     }
+}
+
+/// An error and its causes on one line, each cause once: a cause whose text is already in the
+/// line (a message quoting its driver's error, a driver repeating itself) is left out.
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        let text = text.trim();
+        if text.is_empty() || line.contains(text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(text);
+    }
+    line
 }
 
 /// Starts a tokio runtime (with its I/O and timers) from `builder`; if it cannot, says so on
@@ -276,7 +308,7 @@ fn main() -> ExitCode {
         Err(Failure { error, .. }) if error.is::<output::StdoutClosed>() => 0,
         Err(Failure { code, error }) => {
             // One line a person can act on: the error and its causes, joined.
-            logging::error_line(&format!("{error:#}"));
+            logging::error_line(&one_line(&error));
             code
         }
     };

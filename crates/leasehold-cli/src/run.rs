@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
+use leasehold::catalog::TaskSource;
 use leasehold::store::Metered;
 use leasehold::{
     BoxStore, CancellationToken, CatchUp, Lease, LeaseConfig, LeaseError, LeaseName, Schedule,
@@ -176,14 +177,6 @@ pub fn warn_if_no_store(store: Option<&str>) {
     }
 }
 
-pub fn open_failure(e: leasehold_connect::OpenError) -> Failure {
-    match e {
-        leasehold_connect::OpenError::UnknownScheme { .. }
-        | leasehold_connect::OpenError::NotBuilt { .. } => Failure::usage(e),
-        e => Failure::store(e),
-    }
-}
-
 /// With a schedule: the store, connecting in the background if its server is not reachable
 /// yet, so the scheduler starts during an outage and applies `--on-store-down` from the first
 /// tick.
@@ -191,24 +184,20 @@ async fn open_scheduled(args: &RunArgs) -> Result<BoxStore, Failure> {
     let url = leasehold_connect::store_url(args.store.clone());
     leasehold_connect::open_store_lazy(&url)
         .await
-        .map_err(open_failure)
+        .map_err(Failure::open)
 }
 
 /// Without a schedule: the store, or `None` when it cannot be reached and the policy lets the
-/// command run without it.
+/// command run without it. A store that refuses (credentials, permissions) is never "down".
 async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
     let url = leasehold_connect::store_url(args.store.clone());
     match leasehold_connect::open_store(&url).await {
         Ok(store) => Ok(Some(store)),
-        Err(
-            e @ (leasehold_connect::OpenError::UnknownScheme { .. }
-            | leasehold_connect::OpenError::NotBuilt { .. }),
-        ) => Err(Failure::usage(e)),
-        Err(e) if args.on_store_down != StoreDownPolicy::FailClosed => {
-            tracing::warn!(error = %e, policy = %args.on_store_down, "store unreachable; running the command without the lease");
+        Err(e) if e.is_transient() && args.on_store_down != StoreDownPolicy::FailClosed => {
+            tracing::warn!(error = %crate::one_line(&e.into()), policy = %args.on_store_down, "store unreachable; running the command without the lease");
             Ok(None)
         }
-        Err(e) => Err(Failure::store(e)),
+        Err(e) => Err(Failure::open(e)),
     }
 }
 
@@ -256,11 +245,7 @@ async fn serve_metrics(listen: &Listen) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::usage(anyhow!("cannot listen for metrics on {listen}: {e}")))?;
     tracing::info!(listen = %listen, "serving metrics at /metrics");
-    tokio::spawn(async move {
-        if let Err(e) = listener.serve(std::future::pending()).await {
-            tracing::warn!(error = %e, "the metrics listener stopped");
-        }
-    });
+    tokio::spawn(listener.serve(std::future::pending()));
     Ok(())
 }
 
@@ -333,11 +318,8 @@ async fn unleased(args: RunArgs, s: Settings, holder: &str) -> Result<u8, Failur
 
 /// A refusal (wrong key type, no permission) ends the run with exit 78; other errors with 69.
 fn acquire_failure(e: LeaseError) -> Failure {
-    if e.is_transient() {
-        Failure::store(e)
-    } else {
-        Failure::refused(e)
-    }
+    let transient = e.is_transient();
+    Failure::store(e, transient)
 }
 
 /// Without a schedule: run the command once if we win the lease.
@@ -365,13 +347,12 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
                 ));
                 return Ok(EXIT_BUSY);
             }
-            Err(e) if !e.is_transient() => return Err(Failure::refused(e)),
-            Err(e) if args.on_store_down != StoreDownPolicy::FailClosed => {
-                tracing::warn!(error = %e, policy = %args.on_store_down, "store unavailable; running without the lease");
+            Err(e) if e.is_transient() && args.on_store_down != StoreDownPolicy::FailClosed => {
+                tracing::warn!(error = %crate::one_line(&e.into()), policy = %args.on_store_down, "store unavailable; running without the lease");
                 let holder = lease.holder().to_string();
                 return unleased(args, s, &holder).await;
             }
-            Err(e) => return Err(Failure::store(e)),
+            Err(e) => return Err(acquire_failure(e)),
         }
     };
     let mut env = base_env(&s.name, guard.holder().as_str());
@@ -476,6 +457,7 @@ async fn scheduled(
         .leader_group(s.name.clone())
         .grace_period(Duration::ZERO)
         .on_store_down(args.on_store_down)
+        .registered_as(TaskSource::Run)
         .task(task);
     if let Some(h) = s.holder {
         sched = sched.holder(h);
@@ -486,9 +468,10 @@ async fn scheduled(
         .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
     handle.wait().await;
     match handle.failure() {
-        Some(reason) => Err(Failure::refused(anyhow!(
-            "the store keeps refusing: {reason}; giving up"
-        ))),
+        Some(reason) => Err(Failure::store(
+            anyhow!("giving up, the store keeps refusing: {reason}"),
+            false,
+        )),
         None => Ok(0),
     }
 }

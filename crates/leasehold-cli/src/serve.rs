@@ -2,12 +2,13 @@
 //! leasehold-serve crate and its OpenAPI document).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Args;
 use leasehold::store::Metered;
 use leasehold::{BoxStore, StoreDownPolicy};
-use leasehold_serve::{Listen, Sidecar, SidecarConfig};
+use leasehold_serve::{Listen, ServeConfig, Sidecar, SidecarConfig};
 
 use crate::Failure;
 
@@ -31,10 +32,68 @@ pub struct ServeArgs {
     /// The longest a request waits (acquire's wait_ms, watch, observe); keep it below the idle
     /// timeout of any proxy between the application and the sidecar.
     #[arg(long, default_value = "5m", value_parser = crate::duration_arg)]
-    max_wait: std::time::Duration,
+    max_wait: Duration,
     /// The holder id prefix of this sidecar's leases [default: HOSTNAME-PID]
     #[arg(long)]
     holder: Option<String>,
+    /// How long a request's head may take to arrive (from its first byte, or from the
+    /// connection's start); a connection past it is closed.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    header_read_timeout: Duration,
+    /// How long a request's body may take to arrive after its head; a connection past it is
+    /// closed.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    body_read_timeout: Duration,
+    /// How long a connection may wait for its next request after a response.
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    idle_timeout: Duration,
+    /// The most connections open at once; more wait until one closes. The descriptor limit
+    /// is raised to fit it if it can be, else the limit is lowered (with a warning).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// How long shutdown waits for requests being handled before closing their connections.
+    #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]
+    shutdown_grace: Duration,
+}
+
+/// A timeout flag: above zero, at most a day.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match crate::duration_arg(text)? {
+        Duration::ZERO => Err("must be above zero".to_owned()),
+        d => Ok(d),
+    }
+}
+
+/// Descriptors kept beside the connections: the store's, the listener, logs.
+const SPARE_DESCRIPTORS: u64 = 64;
+
+/// Fits the descriptor limit to `max` connections: raises the soft limit (up to the hard one)
+/// when it is too low, or else lowers `max` to what fits, saying so. Past the descriptor limit
+/// accepting fails, and every client (health checks included) is refused until some close.
+fn fit_descriptors(max: u32) -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let wanted = u64::from(max) + SPARE_DESCRIPTORS;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return max as usize;
+    };
+    if soft >= wanted {
+        return max as usize;
+    }
+    let raised = wanted.min(hard);
+    let soft = if setrlimit(Resource::RLIMIT_NOFILE, raised, hard).is_ok() {
+        raised
+    } else {
+        soft
+    };
+    if soft >= wanted {
+        return max as usize;
+    }
+    let fits = soft.saturating_sub(SPARE_DESCRIPTORS).max(1);
+    tracing::warn!(
+        descriptor_limit = soft,
+        "--max-connections {max} does not fit the descriptor limit; serving at most {fits} connections"
+    );
+    usize::try_from(fits).unwrap_or(1)
 }
 
 fn auth_token(path: &PathBuf) -> Result<String, Failure> {
@@ -67,7 +126,7 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
     let url = leasehold_connect::store_url(args.store);
     let store = leasehold_connect::open_store_lazy(&url)
         .await
-        .map_err(crate::run::open_failure)?;
+        .map_err(Failure::open)?;
     // Every store call counted and timed, for GET /metrics.
     let store = BoxStore::new(Metered::new(store));
     let mut config = SidecarConfig::default()
@@ -82,11 +141,24 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
         }
         config = config.holder(holder);
     }
+    let mut serving = ServeConfig::default()
+        .header_read_timeout(args.header_read_timeout)
+        .body_read_timeout(args.body_read_timeout)
+        .idle_timeout(args.idle_timeout)
+        .max_connections(fit_descriptors(args.max_connections))
+        .shutdown_grace(args.shutdown_grace);
+    if let Some(token) = token {
+        serving = serving.auth_token(token);
+    }
     tracing::info!(listen = %args.listen, store = %leasehold::Store::describe(&store), "sidecar serving");
     let sidecar = Sidecar::new(store, config);
-    leasehold_serve::serve(sidecar, &args.listen, token, crate::run::termination())
+    leasehold_serve::serve(sidecar, &args.listen, serving, crate::run::termination())
         .await
-        .map_err(|e| Failure::usage(anyhow!("cannot serve on {}: {e}", args.listen)))?;
+        .map_err(|e| {
+            Failure::usage(
+                anyhow::Error::new(e).context(format!("cannot serve on {}", args.listen)),
+            )
+        })?;
     tracing::info!("sidecar stopped; leases released");
     Ok(0)
 }

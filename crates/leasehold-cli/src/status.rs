@@ -1,6 +1,5 @@
 //! `leasehold status`: who holds which lease.
 
-use anyhow::anyhow;
 use clap::Args;
 use leasehold::{LeaseName, Schedule, Store};
 
@@ -40,7 +39,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         let state = store
             .inspect(name)
             .await
-            .map_err(|e| Failure::store(anyhow!("cannot read lease {name}: {e}")))?;
+            .map_err(|e| Failure::store_op(e, format!("cannot read lease {name}")))?;
         rows.push((name, state));
         if let Some((task, records)) = history::records(&store, name, 50).await?
             && !records.is_empty()

@@ -170,7 +170,47 @@ fn unreachable_store() {
     fails_in_one_line(&args, "cannot open the redis store");
     let out = Command::new(BIN).args(args).output().unwrap();
     assert_eq!(out.status.code(), Some(69));
+    // The cause is named, once.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("Connection refused").count(), 1, "{stderr}");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cretpw"));
+}
+
+/// A store URL the store cannot parse is bad input (exit 2, like an unknown scheme), not a
+/// store that is down (69), whichever command is given it; its cause is named once.
+#[test]
+fn unparsable_store_urls_are_bad_input() {
+    for url in [
+        "redis://h:notaport",
+        "redis+sentinel://h:26379",
+        "postgres://h:notaport/db",
+        "etcd://",
+        "sqlite:",
+    ] {
+        let commands: [&[&str]; 5] = [
+            &["run", "--lease", "a", "--store", url, "--", "true"],
+            &[
+                "run", "--lease", "a", "--every", "1s", "--store", url, "--", "true",
+            ],
+            &["status", "--store", url, "a"],
+            &["history", "--store", url, "a"],
+            &["serve", "--listen", "127.0.0.1:0", "--store", url],
+        ];
+        for args in commands {
+            fails_in_one_line(args, "cannot open the");
+            let out = Command::new(BIN).args(args).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            // No part of the message is said twice.
+            let parts: Vec<&str> = stderr.trim().split(": ").collect();
+            for (i, part) in parts.iter().enumerate() {
+                assert!(
+                    part.len() < 12 || !parts[i + 1..].iter().any(|p| p.contains(part)),
+                    "{args:?}: {part:?} repeated in {stderr}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

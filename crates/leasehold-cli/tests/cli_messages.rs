@@ -211,8 +211,9 @@ fn closed_pipe() -> Stdio {
     writer.into()
 }
 
-/// A Redis that wants a password, over a unix socket without one: one line, exit 69 (it was
-/// the release listener's warning and then the operation's error).
+/// A Redis that wants a password, over a unix socket without one: one line (it was the release
+/// listener's warning and then the operation's error), exit 78: a refusal, not an outage
+/// (issue 32).
 #[test]
 fn a_redis_that_wants_a_password_is_one_line() {
     let dir = temp_dir();
@@ -233,7 +234,7 @@ fn a_redis_that_wants_a_password_is_one_line() {
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(69), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains("NOAUTH"), "{args:?}: {stderr}");
     }

@@ -9,8 +9,15 @@
 //!
 //! Each store is behind a feature of the same name (`sqlite`, `redis`, `postgres`, `etcd`,
 //! `mysql`; all on by default); a URL for a store whose feature is off is reported as such.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 use leasehold::BoxStore;
+use leasehold::store::BoxError;
 
 /// The store used when neither `--store` nor `LEASEHOLD_STORE` is given: a SQLite file in the
 /// working directory. It excludes only processes on one host.
@@ -22,7 +29,8 @@ const SCHEMES: &str = "sqlite:PATH, redis://, rediss://, redis+unix://, unix://,
                        mysql://, mariadb://, or a PostgreSQL key=value connection string";
 
 /// Why a store URL could not be opened. No variant carries the URL's text: each store displays
-/// its own parsed, password-free form, so no password can reach a message.
+/// its own parsed, password-free form, so no password can reach a message. The store's own
+/// error is the source (messages leave their cause to it: print the chain).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
@@ -38,14 +46,73 @@ pub enum OpenError {
         /// The URL scheme.
         scheme: String,
     },
-    /// The store rejected the URL or could not be reached.
-    #[error("cannot open the {store} store: {message}")]
-    Connect {
-        /// Which store: `sqlite`, `redis`, `postgres`.
+    /// The store rejected the URL or a setting in it: only a different URL can work.
+    #[error("cannot open the {store} store")]
+    Invalid {
+        /// Which store: `sqlite`, `redis`, `postgres`, `etcd`, `mysql`.
         store: &'static str,
-        /// What went wrong, as the store crate says it (without credentials).
-        message: String,
+        /// The store crate's error.
+        #[source]
+        source: BoxError,
     },
+    /// The store could not be reached or did not answer in time: retrying may succeed.
+    #[error("cannot open the {store} store")]
+    Unavailable {
+        /// Which store.
+        store: &'static str,
+        /// The store crate's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store answered with a refusal that retrying cannot fix: credentials, permissions,
+    /// a read-only or foreign file.
+    #[error("cannot open the {store} store")]
+    Refused {
+        /// Which store.
+        store: &'static str,
+        /// The store crate's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl OpenError {
+    /// Whether retrying later may succeed (the store could not be reached or was too slow).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
+    /// Whether the URL itself is at fault (an unknown scheme, a store this build lacks, a URL
+    /// or setting the store rejects): bad input rather than a failing store.
+    pub fn is_bad_url(&self) -> bool {
+        matches!(
+            self,
+            Self::UnknownScheme { .. } | Self::NotBuilt { .. } | Self::Invalid { .. }
+        )
+    }
+
+    /// A store crate's error, sorted by whether the URL is at fault (`invalid`) or retrying may
+    /// help (`transient`).
+    #[cfg(any(
+        feature = "sqlite",
+        feature = "redis",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "mysql"
+    ))]
+    fn of(
+        store: StoreKind,
+        source: impl std::error::Error + Send + Sync + 'static,
+        invalid: bool,
+        transient: bool,
+    ) -> Self {
+        let (store, source) = (store.as_str(), Box::new(source));
+        match (invalid, transient) {
+            (true, _) => Self::Invalid { store, source },
+            (false, true) => Self::Unavailable { store, source },
+            (false, false) => Self::Refused { store, source },
+        }
+    }
 }
 
 /// The store URL from `--store`, else `LEASEHOLD_STORE`; `None` when neither is given.
@@ -137,11 +204,50 @@ fn is_conninfo(url: &str) -> bool {
     }
 }
 
-fn connect_error(store: StoreKind) -> impl Fn(String) -> OpenError {
-    move |message| OpenError::Connect {
-        store: store.as_str(),
-        message: message.replace('\n', " "),
-    }
+#[cfg(feature = "sqlite")]
+fn sqlite_error(e: leasehold_sqlite::Error) -> OpenError {
+    use leasehold_sqlite::Error as E;
+    let invalid = matches!(e, E::InvalidUrl { .. } | E::Config(_));
+    let transient = e.is_transient();
+    OpenError::of(StoreKind::Sqlite, e, invalid, transient)
+}
+
+#[cfg(feature = "redis")]
+fn redis_error(e: leasehold_redis::Error) -> OpenError {
+    use leasehold_redis::Error as E;
+    let invalid = matches!(e, E::InvalidUrl { .. } | E::Config(_));
+    let transient = e.is_transient();
+    OpenError::of(StoreKind::Redis, e, invalid, transient)
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_error(e: leasehold_postgres::Error) -> OpenError {
+    use leasehold_postgres::Error as E;
+    let invalid = matches!(
+        e,
+        E::InvalidUrl { .. } | E::InvalidIdentifier { .. } | E::Config(_) | E::Tls(_)
+    );
+    let transient = e.is_transient();
+    OpenError::of(StoreKind::Postgres, e, invalid, transient)
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_error(e: leasehold_mysql::Error) -> OpenError {
+    use leasehold_mysql::Error as E;
+    let invalid = matches!(
+        e,
+        E::InvalidUrl { .. } | E::InvalidPrefix(_) | E::Config(_) | E::Tls(_)
+    );
+    let transient = e.is_transient();
+    OpenError::of(StoreKind::Mysql, e, invalid, transient)
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_error(e: leasehold_etcd::Error) -> OpenError {
+    use leasehold_etcd::Error as E;
+    let invalid = matches!(e, E::InvalidUrl { .. } | E::Config(_));
+    let transient = e.is_transient();
+    OpenError::of(StoreKind::Etcd, e, invalid, transient)
 }
 
 /// Opens the store a URL names and checks that it answers: `sqlite:PATH`, `redis://…`,
@@ -150,34 +256,32 @@ fn connect_error(store: StoreKind) -> impl Fn(String) -> OpenError {
 /// `key=value` connection string such as `host=/run/postgresql user=app dbname=app`),
 /// `etcd://…` (or `etcds://…`), `mysql://…` (or `mariadb://…`).
 pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
-    let kind = StoreKind::of(url)?;
-    let err = connect_error(kind);
-    match kind {
+    match StoreKind::of(url)? {
         #[cfg(feature = "sqlite")]
         StoreKind::Sqlite => leasehold_sqlite::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(sqlite_error),
         #[cfg(feature = "redis")]
         StoreKind::Redis => leasehold_redis::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(redis_error),
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => leasehold_postgres::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(postgres_error),
         #[cfg(feature = "etcd")]
         StoreKind::Etcd => leasehold_etcd::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(etcd_error),
         #[cfg(feature = "mysql")]
         StoreKind::Mysql => leasehold_mysql::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(mysql_error),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -190,28 +294,27 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
 /// returned at once and connects (and reconnects) in the background, answering every operation
 /// with [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) until its server answers,
 /// so a scheduler can start during an outage and apply its store-down policy. A SQLite file is
-/// opened at once (it has no server). Fails only on a URL that can never work.
+/// opened at once (it has no server). Fails only on a URL that can never work
+/// ([`OpenError::Invalid`]), or for SQLite a file it cannot use.
 pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
-    let kind = StoreKind::of(url)?;
-    let err = connect_error(kind);
-    match kind {
+    match StoreKind::of(url)? {
         StoreKind::Sqlite => open_store(url).await,
         #[cfg(feature = "redis")]
         StoreKind::Redis => leasehold_redis::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(redis_error),
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => leasehold_postgres::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(postgres_error),
         #[cfg(feature = "etcd")]
         StoreKind::Etcd => leasehold_etcd::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(etcd_error),
         #[cfg(feature = "mysql")]
         StoreKind::Mysql => leasehold_mysql::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(|e| err(e.to_string())),
+            .map_err(mysql_error),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -223,6 +326,17 @@ pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error and its causes, as the `leasehold` command prints them.
+    fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+        let mut out = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            out.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        out
+    }
 
     #[tokio::test]
     async fn unknown_schemes_are_named_without_the_rest_of_the_url() {
@@ -238,6 +352,7 @@ mod tests {
                 matches!(&err, OpenError::UnknownScheme { scheme: s } if s == scheme),
                 "{url}: {shown}"
             );
+            assert!(err.is_bad_url());
             assert!(
                 !shown.contains("pw") && !shown.contains("SECRET"),
                 "{shown}"
@@ -246,7 +361,8 @@ mod tests {
     }
 
     /// Sentinel and Cluster URLs reach leasehold-redis's parsers: an unreachable deployment is
-    /// a connect error that shows the parsed URL, never its password.
+    /// a transient error whose cause shows the parsed URL, never its password; a URL the store
+    /// cannot parse is bad input.
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn replicated_redis_urls_open_without_showing_the_password() {
@@ -261,16 +377,34 @@ mod tests {
             ),
         ] {
             let err = open_store(url).await.unwrap_err();
-            let message = format!("{err} {err:?}");
+            let message = format!("{} {err:?}", with_causes(&err));
             assert!(
-                matches!(err, OpenError::Connect { store: "redis", .. }),
+                matches!(err, OpenError::Unavailable { store: "redis", .. }),
                 "{message}"
             );
+            assert!(err.is_transient());
             assert!(message.contains(shown), "{message}");
             assert!(!message.contains("SECRET"), "{message}");
         }
         let err = open_store("redis+sentinel://h:26379").await.unwrap_err();
-        assert!(err.to_string().contains("primary's name"), "{err}");
+        assert!(matches!(err, OpenError::Invalid { .. }), "{err:?}");
+        assert!(err.is_bad_url());
+        assert!(with_causes(&err).contains("primary's name"), "{err:?}");
+    }
+
+    /// The store's error stays the source, so the chain names the cause once.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn unparsable_urls_are_bad_input_and_keep_their_cause() {
+        for url in ["postgres://h:notaport/db", "etcd://", "redis://h:x"] {
+            let err = open_store_lazy(url).await.unwrap_err();
+            assert!(err.is_bad_url(), "{url}: {err:?}");
+            assert!(!err.is_transient());
+            let line = with_causes(&err);
+            assert!(std::error::Error::source(&err).is_some(), "{line}");
+            let cause = std::error::Error::source(&err).unwrap().to_string();
+            assert_eq!(line.matches(&cause).count(), 1, "{line}");
+        }
     }
 
     #[test]
@@ -302,9 +436,9 @@ mod tests {
         let err = open_store("mariadb://app:SECRET@127.0.0.1:1/db")
             .await
             .unwrap_err();
-        let message = format!("{err} {err:?}");
+        let message = format!("{} {err:?}", with_causes(&err));
         assert!(
-            matches!(err, OpenError::Connect { store: "mysql", .. }),
+            matches!(err, OpenError::Unavailable { store: "mysql", .. }),
             "{message}"
         );
         assert!(message.contains("mysql://app@127.0.0.1:1/db"), "{message}");
@@ -316,7 +450,7 @@ mod tests {
         let err = open_store("mysql://app:SECRET@127.0.0.1:1/db?ssl-mode=preferred")
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("plain text"), "{err}");
+        assert!(with_causes(&err).contains("plain text"), "{err:?}");
     }
 
     /// Issue 31: the PostgreSQL README documents libpq's `key=value` form, which used to be
@@ -353,11 +487,11 @@ mod tests {
         let err = open_store("host=127.0.0.1 port=1 user=app password=SECRET dbname=app")
             .await
             .unwrap_err();
-        let message = format!("{err} {err:?}");
+        let message = format!("{} {err:?}", with_causes(&err));
         assert!(
             matches!(
                 err,
-                OpenError::Connect {
+                OpenError::Unavailable {
                     store: "postgres",
                     ..
                 }

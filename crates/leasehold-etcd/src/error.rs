@@ -20,8 +20,9 @@ pub enum Error {
     /// A configuration value is out of range, or a file it names cannot be read.
     #[error("invalid etcd store configuration: {0}")]
     Config(String),
-    /// No member answered, or the cluster refused the credentials.
-    #[error("could not connect to {endpoints}: {source}")]
+    /// No member answered, or the cluster refused the credentials (the source says which:
+    /// [`StoreError::is_transient`] tells an outage from a refusal).
+    #[error("could not connect to {endpoints}")]
     Connect {
         /// The parsed URL, without the password.
         endpoints: String,
@@ -29,6 +30,14 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+}
+
+impl Error {
+    /// Whether retrying later may succeed: no member could be reached or answered in time. A
+    /// refusal (credentials, permissions) and a bad URL or setting are not transient.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Connect { source, .. } if source.is_transient())
+    }
 }
 
 /// What went wrong talking to etcd: the source of a [`StoreError`].

@@ -3,7 +3,7 @@
 //! the next member when one cannot be reached.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -37,8 +37,25 @@ pub(crate) struct Gateway {
     credentials: Option<(String, Password)>,
     /// The auth token from `/v3/auth/authenticate`, when a user is configured.
     auth_token: Mutex<Option<String>>,
+    /// The cluster's last answer to the credentials when it refused them: requests answer it at
+    /// once (authenticating is slow on purpose, and a request that timed out waiting for it
+    /// would look like an outage), and the credentials are tried again in the background.
+    auth_refused: Mutex<Option<Refusal>>,
+    /// Held while authenticating, so only one request does at a time.
+    authenticating: Arc<tokio::sync::Mutex<()>>,
     connect_timeout: Duration,
 }
+
+/// A refusal of the credentials, and when it came.
+struct Refusal {
+    code: i32,
+    message: String,
+    at: std::time::Instant,
+}
+
+/// How long a refusal of the credentials is answered from memory before they are tried again
+/// (in the background).
+const RETRY_REFUSED_AUTH: Duration = Duration::from_secs(1);
 
 /// How many idle connections to keep per member.
 const MAX_IDLE: usize = 32;
@@ -86,14 +103,73 @@ impl Gateway {
             tls,
             credentials,
             auth_token: Mutex::new(None),
+            auth_refused: Mutex::new(None),
+            authenticating: Arc::new(tokio::sync::Mutex::new(())),
             connect_timeout: config.connect_timeout,
+        })
+    }
+
+    /// Authenticates in the background now, so the first request finds a token, or the
+    /// refusal, without waiting for the whole check.
+    pub(crate) fn authenticate_soon(self: &Arc<Self>) {
+        if self.credentials.is_some() {
+            let gateway = self.clone();
+            tokio::spawn(async move {
+                let _ = gateway.ensure_token().await;
+            });
+        }
+    }
+
+    /// The auth token, authenticating first if there is none (one request at a time). While
+    /// the cluster refuses the credentials, its refusal at once, and another try in the
+    /// background now and then.
+    async fn ensure_token(self: &Arc<Self>) -> Result<Option<String>, RequestError> {
+        if self.credentials.is_none() {
+            return Ok(None);
+        }
+        if let Some(token) = self.token() {
+            return Ok(Some(token));
+        }
+        if let Some(refused) = self.refused() {
+            return Err(refused);
+        }
+        let _only = self.authenticating.lock().await;
+        if let Some(token) = self.token() {
+            return Ok(Some(token));
+        }
+        if let Some(refused) = self.refused() {
+            return Err(refused);
+        }
+        self.authenticate().await.map(Some)
+    }
+
+    /// The recorded refusal of the credentials, starting another try in the background once it
+    /// is old enough.
+    fn refused(self: &Arc<Self>) -> Option<RequestError> {
+        let refused = self
+            .auth_refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let r = refused.as_ref()?;
+        if r.at.elapsed() >= RETRY_REFUSED_AUTH
+            && let Ok(only) = self.authenticating.clone().try_lock_owned()
+        {
+            let gateway = self.clone();
+            tokio::spawn(async move {
+                let _only = only;
+                let _ = gateway.authenticate().await;
+            });
+        }
+        Some(RequestError::Status {
+            code: r.code,
+            message: r.message.clone(),
         })
     }
 
     /// POSTs `body` to `path` and decodes the answer, failing over to the next member when one
     /// cannot be connected to, and authenticating (again) when the cluster asks for it.
     pub(crate) async fn call<T: DeserializeOwned>(
-        &self,
+        self: &Arc<Self>,
         path: &str,
         body: &serde_json::Value,
     ) -> Result<T, RequestError> {
@@ -101,7 +177,7 @@ impl Gateway {
         let mut authenticated = false;
         loop {
             if self.credentials.is_some() && self.token().is_none() {
-                self.authenticate().await?;
+                self.ensure_token().await?;
                 authenticated = true;
             }
             match self.post(path, body.clone()).await {
@@ -129,21 +205,46 @@ impl Gateway {
             .clone()
     }
 
-    async fn authenticate(&self) -> Result<(), RequestError> {
+    /// Asks the cluster for a token; records its refusal, or clears the last one. Callers
+    /// hold `authenticating`.
+    async fn authenticate(&self) -> Result<String, RequestError> {
         let Some((user, password)) = &self.credentials else {
-            return Ok(());
+            return Ok(String::new());
         };
         let body = serde_json::json!({ "name": user, "password": password.expose() });
-        let bytes = self
+        let answer = self
             .post_with("/v3/auth/authenticate", Bytes::from(body.to_string()), None)
-            .await?;
-        let answer: AuthenticateResponse =
-            serde_json::from_slice(&bytes).map_err(|e| RequestError::Decode(e.to_string()))?;
-        *self
-            .auth_token
+            .await
+            .and_then(|bytes| {
+                serde_json::from_slice::<AuthenticateResponse>(&bytes)
+                    .map_err(|e| RequestError::Decode(e.to_string()))
+            });
+        let mut refused = self
+            .auth_refused
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(answer.token);
-        Ok(())
+            .unwrap_or_else(PoisonError::into_inner);
+        match answer {
+            Ok(answer) => {
+                *refused = None;
+                *self
+                    .auth_token
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(answer.token.clone());
+                Ok(answer.token)
+            }
+            Err(e) => {
+                if let RequestError::Status { code, message } = &e
+                    && !e.is_transient()
+                {
+                    *refused = Some(Refusal {
+                        code: *code,
+                        message: message.clone(),
+                        at: std::time::Instant::now(),
+                    });
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn post(&self, path: &str, body: Bytes) -> Result<Bytes, RequestError> {
@@ -201,14 +302,12 @@ impl Gateway {
     /// Opens a streaming request (a watch) on a fresh connection, trying the members from `from`
     /// on; returns the member's index and the response body.
     pub(crate) async fn stream(
-        &self,
+        self: &Arc<Self>,
         from: usize,
         path: &str,
         body: &serde_json::Value,
     ) -> Result<(usize, Incoming), RequestError> {
-        if self.credentials.is_some() && self.token().is_none() {
-            self.authenticate().await?;
-        }
+        self.ensure_token().await?;
         let body = Bytes::from(body.to_string());
         let token = self.token();
         let n = self.endpoints.len();

@@ -89,20 +89,18 @@ fn parse_slot(value: &str) -> StoreResult<u64> {
 impl EtcdStore {
     pub(crate) async fn connect(config: EtcdConfig) -> Result<Self> {
         let op_timeout = config.op_timeout;
-        let store = Self::open(config)?;
+        let inner = Inner::new(&config)?;
         // One read under the prefix: reachability, credentials and read permission at once.
+        // Before the release watch starts, so a refusal is reported once, here.
         let probe =
-            json!({ "key": b64(store.inner.lease_key_prefix()), "limit": "1", "keys_only": true });
+            json!({ "key": b64(inner.lease_key_prefix()), "limit": "1", "keys_only": true });
         let answer = tokio::time::timeout(
             op_timeout,
-            store
-                .inner
-                .gateway
-                .call::<RangeResponse>("/v3/kv/range", &probe),
+            inner.gateway.call::<RangeResponse>("/v3/kv/range", &probe),
         )
         .await;
         let failed = |source| Error::Connect {
-            endpoints: store.inner.described.clone(),
+            endpoints: inner.described.clone(),
             source,
         };
         match answer {
@@ -110,6 +108,7 @@ impl EtcdStore {
             Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
             Ok(Ok(_)) => {}
         }
+        let store = Self::watching(inner, &config);
         if let Some(releases) = &store.inner.releases {
             // Usually established at once; if not, it keeps trying in the background.
             releases.first_attempt(op_timeout).await;
@@ -121,28 +120,26 @@ impl EtcdStore {
     /// (each fails with [`StoreError::Unavailable`] while no member answers) and the release
     /// watch is established in the background. Must be called within a tokio runtime.
     pub(crate) fn open(config: EtcdConfig) -> Result<Self> {
-        config.validate()?;
-        let gateway = Arc::new(Gateway::new(&config)?);
-        let mut inner = Inner {
-            gateway: gateway.clone(),
-            prefix: config.prefix.clone(),
-            op_timeout: config.op_timeout,
-            described: config.describe(),
-            releases: None,
-            observed: Arc::default(),
-        };
+        let inner = Inner::new(&config)?;
+        // So the first operation finds a token, or the refusal, already.
+        inner.gateway.authenticate_soon();
+        Ok(Self::watching(inner, &config))
+    }
+
+    /// The store, with its release watch started if notifications are on.
+    fn watching(mut inner: Inner, config: &EtcdConfig) -> Self {
         if config.notifications {
             inner.releases = Some(watch::feed(
-                gateway,
+                inner.gateway.clone(),
                 inner.lease_key_prefix(),
                 inner.observed.clone(),
                 config.max_reconnect_delay,
                 inner.described.clone(),
             ));
         }
-        Ok(Self {
+        Self {
             inner: Arc::new(inner),
-        })
+        }
     }
 
     /// The key of a lease: `PREFIX` `lease/` `NAME`.
@@ -1027,6 +1024,19 @@ fn decode_kv(kv: &KeyValue) -> StoreResult<Record> {
 }
 
 impl Inner {
+    /// Checks the settings; no connection yet, no release watch.
+    fn new(config: &EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            gateway: Arc::new(Gateway::new(config)?),
+            prefix: config.prefix.clone(),
+            op_timeout: config.op_timeout,
+            described: config.describe(),
+            releases: None,
+            observed: Arc::default(),
+        })
+    }
+
     /// What `inspect` answers for the lease record `kv` of `name` at `key`.
     fn lease_state(&self, name: &LeaseName, key: &[u8], kv: &KeyValue) -> StoreResult<LeaseState> {
         Ok(match decode_kv(kv)? {

@@ -14,6 +14,9 @@
 //! - should the watchdog die too, the next cluster started removes the directories whose owning
 //!   process is gone, and kills members still running in them.
 
+// Test support: a failed expectation here is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -18,7 +18,13 @@ async fn refused(url: &str, says: &str) -> String {
     let err = leasehold_etcd::connect(url)
         .await
         .expect_err("no connection expected");
-    let shown = format!("{err}");
+    // As the command prints it: the error, then its causes.
+    let mut shown = err.to_string();
+    let mut cause = std::error::Error::source(&err);
+    while let Some(c) = cause {
+        shown.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
     assert!(
         matches!(&err, Error::Connect { source, .. } if !matches!(source, StoreError::Timeout(_))),
         "a connect error naming the cause, not a timeout: {err:?}"

@@ -13,8 +13,8 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 /// [`MySqlConfig::notify_poll_interval`]).
 pub const DEFAULT_NOTIFY_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Longest table prefix: the longest table name it makes (`{prefix}members`, 7 more bytes)
-/// stays far below MySQL's 64.
+/// Longest table prefix: the longest table name it makes (`{prefix}task_instances`, 14 more
+/// bytes) stays below MySQL's 64.
 const MAX_PREFIX_LEN: usize = 40;
 
 /// Settings of a MySQL or MariaDB store. Build with [`MySqlConfig::new`], adjust the fields,
@@ -26,7 +26,8 @@ pub struct MySqlConfig {
     /// (`mariadb://` is the same). No default.
     pub url: String,
     /// Prefix of the store's tables in the URL's database: `{prefix}leases`, `{prefix}slots`,
-    /// `{prefix}history`, `{prefix}members` and `{prefix}schema` (the schema version). Default
+    /// `{prefix}history`, `{prefix}members`, `{prefix}tasks` and `{prefix}task_instances` (the
+    /// fleet catalog) and `{prefix}schema` (the schema version). Default
     /// [`DEFAULT_TABLE_PREFIX`] (`leasehold_`). ASCII letters, digits and underscores, at most
     /// 40 bytes.
     pub table_prefix: String,

@@ -7,7 +7,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a [`MySqlStore`](crate::MySqlStore) could not be set up. Messages show the server as
 /// parsed ([`MySqlConfig::describe`](crate::MySqlConfig::describe)), never the URL text, so
-/// never its password; each is one line.
+/// never its password; each is one line, and leaves its cause to its source.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -28,7 +28,7 @@ pub enum Error {
     #[error("tls setup failed: {0}")]
     Tls(String),
     /// The server could not be reached, timed out, or refused the credentials or the database.
-    #[error("could not connect to {url}: {source}")]
+    #[error("could not connect to {url}")]
     Connect {
         /// The server, as [`MySqlConfig::describe`](crate::MySqlConfig::describe) shows it.
         url: String,
@@ -47,7 +47,7 @@ pub enum Error {
         problem: String,
     },
     /// Creating the tables failed (for example: no permission to create tables).
-    #[error("could not create the lease tables on {url}: {source}")]
+    #[error("could not create the lease tables on {url}")]
     Migrate {
         /// The server, as [`MySqlConfig::describe`](crate::MySqlConfig::describe) shows it.
         url: String,
@@ -58,7 +58,7 @@ pub enum Error {
     /// The user cannot write the lease table (a read-only user, or a server in read-only mode
     /// such as a replica). Checked at connect with statements that match no row, so nothing was
     /// written.
-    #[error("cannot write the lease tables on {url}: {source}")]
+    #[error("cannot write the lease tables on {url}")]
     NotWritable {
         /// The server, as [`MySqlConfig::describe`](crate::MySqlConfig::describe) shows it.
         url: String,

@@ -1,4 +1,9 @@
 #![doc = include_str!("../README.md")]
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 mod config;
 mod error;
@@ -17,8 +22,9 @@ pub use store::MySqlStore;
 pub use mysql_async;
 
 /// Connects to the MySQL or MariaDB database at `url` with the default [`MySqlConfig`]: tables
-/// `leasehold_leases`, `leasehold_slots`, `leasehold_history`, `leasehold_members` and
-/// `leasehold_schema` (created if missing), 2 s per operation, release polling every 50 ms.
+/// `leasehold_leases`, `leasehold_slots`, `leasehold_history`, `leasehold_members`,
+/// `leasehold_tasks`, `leasehold_task_instances` and `leasehold_schema` (created if missing),
+/// 2 s per operation, release polling every 50 ms.
 ///
 /// Accepted form: `mysql://[user[:password]@]host[:port]/database[?ssl-mode=MODE&ssl-ca=PATH]`
 /// (`mariadb://` too), MODE one of `disabled`, `required`, `verify-ca`, `verify-identity`.

@@ -3,9 +3,20 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
-/// The schema version this build writes and reads. Kept in `{prefix}schema`; a later build that
-/// adds tables (the fleet catalog) raises it, and an older build refuses a newer version.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The schema version this build writes and reads: 1 the leases, slots, history and membership,
+/// 2 adds the fleet catalog (`{prefix}tasks`, `{prefix}task_instances`).
+///
+/// `{prefix}schema` keeps two numbers. Row 2 is the version the tables are at: the highest
+/// that migrated them. Row 1 is the oldest version a build may know and still use them: a
+/// build refuses tables whose row 1 is above its `SCHEMA_VERSION`. A version that only adds
+/// (tables, nullable columns) raises row 2 alone, so the builds before it keep working beside
+/// it; one that changes or removes what an older build relies on raises row 1 as well (expand,
+/// then contract). Tables of version 1 have row 1 only.
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// The oldest schema version whose builds can use the tables this build creates: version 2
+/// only added tables, which version 1 never reads.
+const OLDEST_USER: i64 = 1;
 
 /// The store's clock: the server's time when the function runs, in microseconds, in UTC (every
 /// connection sets `time_zone = '+00:00'`). `SYSDATE(6)`, not `NOW(6)`: `NOW()` is the
@@ -26,7 +37,7 @@ pub(crate) struct Shape {
     pub(crate) key: &'static [&'static str],
 }
 
-pub(crate) const SHAPES: [Shape; 5] = [
+pub(crate) const SHAPES: [Shape; 7] = [
     Shape {
         suffix: "leases",
         what: "lease",
@@ -64,6 +75,29 @@ pub(crate) const SHAPES: [Shape; 5] = [
             ("expires_at", "datetime"),
         ],
         key: &["group_name", "member"],
+    },
+    Shape {
+        suffix: "tasks",
+        what: "catalog task",
+        columns: &[
+            ("task", "varbinary"),
+            ("definition", "mediumtext"),
+            ("seen_until", "datetime"),
+            ("control_version", "bigint"),
+            ("control", "mediumtext"),
+        ],
+        key: &["task"],
+    },
+    Shape {
+        suffix: "task_instances",
+        what: "catalog instance",
+        columns: &[
+            ("task", "varbinary"),
+            ("instance", "varbinary"),
+            ("about", "mediumtext"),
+            ("expires_at", "datetime"),
+        ],
+        key: &["task", "instance"],
     },
     Shape {
         suffix: "schema",
@@ -130,6 +164,51 @@ pub struct Statements {
     /// The releases after an instant: microseconds since the epoch. `(name, released at in
     /// microseconds)` per free lease released since, then one row `(NULL, server now)`.
     pub releases_since: String,
+    /// Register, first statement of its transaction: task, definition, ttl in microseconds.
+    /// Upserts the task's definition (the last writer's is kept) and raises `seen_until`, the
+    /// latest heartbeat expiry of any of its instances, to now + ttl. Locks the task's row, so
+    /// registrations of one task take turns.
+    pub register_task: String,
+    /// Register, second: instance, about, ttl in microseconds, task. Upserts the heartbeat; its
+    /// expiry is now + ttl but never past the `seen_until` the first statement wrote, so a task
+    /// whose `seen_until` is forgotten has no instance still seen.
+    pub heartbeat: String,
+    /// Register, third: task, forget-after in microseconds. `(instance)` per instance of the task
+    /// whose heartbeat expired longer ago than that, locked, skipping rows another transaction
+    /// holds (a heartbeat in flight is not forgotten, and the registration never waits there).
+    /// Each is then deleted with [`unregister`](Self::unregister).
+    pub forgotten_instances: String,
+    /// Register, last: task. `(control_version, control)`, the row the transaction holds.
+    pub task_control: String,
+    /// Unregister: task, instance.
+    pub unregister: String,
+    /// The catalog, first statement of its transaction: forget-after in microseconds. Deletes
+    /// the tasks without a control record none of whose instances was seen within it (their
+    /// `seen_until` is that old): decided on the task's row alone, read as it is once locked, so
+    /// a registration that committed meanwhile keeps its task.
+    pub forget_tasks: String,
+    /// The catalog, second: forget-after in microseconds. Deletes every instance whose heartbeat
+    /// expired longer ago than that.
+    pub forget_instances: String,
+    /// The catalog, last: forget-after in microseconds. `(task, definition, control_version,
+    /// control, instance, about, remaining microseconds)` per instance seen within it (the
+    /// instance columns NULL for a task with none), for the tasks with a control record or
+    /// such an instance, in no order (the store sorts them: an `ORDER BY` over both tables
+    /// would need an on-disk temporary table for their text columns). One reading of the clock
+    /// for all rows.
+    pub tasks: String,
+    /// A task's control record with the server's clock: task. One row `(now ms,
+    /// control_version, control)`, the last two NULL when there is none.
+    pub control: String,
+    /// Write a task's first control record: task, value. Version 1; `LAST_INSERT_ID` 1 when
+    /// written, 0 when the task had a control record already.
+    pub create_control: String,
+    /// Replace a task's control record: value, task, expected version. One row matched when
+    /// written (the version is then the expected one + 1).
+    pub update_control: String,
+    /// Every lease record, held or free: limit. `(name, holder, token, remaining
+    /// microseconds)`, by name (bytes).
+    pub leases: String,
     /// The migration's `CREATE TABLE IF NOT EXISTS`, one statement per table.
     pub create_tables: Vec<String>,
 }
@@ -144,6 +223,7 @@ impl Statements {
             t("members"),
             t("schema"),
         );
+        let (tasks, instances) = (t("tasks"), t("task_instances"));
         // The lease is free, expired, or the caller's own: it is taken. VALUES(expires_at) is
         // this statement's SYSDATE(6) + ttl, read once, so `- ttl` is the statement's now.
         let take = "(holder IS NULL OR holder = VALUES(holder) \
@@ -225,6 +305,64 @@ ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
  WHERE released_at > CAST('1970-01-01' AS DATETIME(6)) + INTERVAL ? MICROSECOND
 UNION ALL SELECT NULL, {NOW_US}"
             ),
+            register_task: format!(
+                "INSERT INTO {tasks} (task, definition, seen_until)
+VALUES (?, ?, {NOW} + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE definition = VALUES(definition),
+  seen_until = GREATEST(COALESCE(seen_until, VALUES(seen_until)), VALUES(seen_until))"
+            ),
+            heartbeat: format!(
+                "INSERT INTO {instances} (task, instance, about, expires_at)
+SELECT task, ?, ?, LEAST({NOW} + INTERVAL ? MICROSECOND, seen_until) FROM {tasks} WHERE task = ?
+ON DUPLICATE KEY UPDATE about = VALUES(about), expires_at = VALUES(expires_at)"
+            ),
+            forgotten_instances: format!(
+                "SELECT instance FROM {instances}
+ WHERE task = ? AND expires_at <= {NOW} - INTERVAL ? MICROSECOND
+   FOR UPDATE SKIP LOCKED"
+            ),
+            task_control: format!("SELECT control_version, control FROM {tasks} WHERE task = ?"),
+            unregister: format!("DELETE FROM {instances} WHERE task = ? AND instance = ?"),
+            forget_tasks: format!(
+                "DELETE FROM {tasks} WHERE control_version IS NULL
+   AND (seen_until IS NULL OR seen_until <= {NOW} - INTERVAL ? MICROSECOND)"
+            ),
+            forget_instances: format!(
+                "DELETE FROM {instances} WHERE expires_at <= {NOW} - INTERVAL ? MICROSECOND"
+            ),
+            // The derived table is materialized (it has a LIMIT): one reading of the clock for
+            // the filter and every remaining time.
+            tasks: format!(
+                "SELECT t.task, t.definition, t.control_version, t.control, i.instance, i.about,
+       TIMESTAMPDIFF(MICROSECOND, n.at, i.expires_at)
+  FROM (SELECT {NOW} AS at LIMIT 1) AS n
+  CROSS JOIN {tasks} t
+  LEFT JOIN {instances} i
+    ON i.task = t.task AND i.expires_at > n.at - INTERVAL ? MICROSECOND
+ WHERE t.control_version IS NOT NULL OR i.task IS NOT NULL"
+            ),
+            control: format!(
+                "SELECT {NOW_US} DIV 1000, t.control_version, t.control
+  FROM (SELECT 1) AS one LEFT JOIN {tasks} t ON t.task = ?"
+            ),
+            // `control` is assigned before `control_version`, the only column the condition
+            // reads, so the statement means the same under left-to-right and simultaneous
+            // assignment.
+            create_control: format!(
+                "INSERT INTO {tasks} (task, control_version, control) VALUES (?, LAST_INSERT_ID(1), ?)
+ON DUPLICATE KEY UPDATE
+  control = IF(control_version IS NULL, VALUES(control), control),
+  control_version = IF(control_version IS NULL, VALUES(control_version),
+                       control_version + LAST_INSERT_ID(0))"
+            ),
+            update_control: format!(
+                "UPDATE {tasks} SET control = ?, control_version = control_version + 1
+ WHERE task = ? AND control_version = ?"
+            ),
+            leases: format!(
+                "SELECT name, holder, token, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
+  FROM {leases} ORDER BY name LIMIT ?"
+            ),
             create_tables: vec![
                 format!(
                     "CREATE TABLE IF NOT EXISTS {leases} (
@@ -261,6 +399,25 @@ UNION ALL SELECT NULL, {NOW_US}"
 ) ENGINE=InnoDB"
                 ),
                 format!(
+                    "CREATE TABLE IF NOT EXISTS {tasks} (
+  task VARBINARY(128) NOT NULL,
+  definition MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+  seen_until DATETIME(6) NULL,
+  control_version BIGINT NULL,
+  control MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+  PRIMARY KEY (task)
+) ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {instances} (
+  task VARBINARY(128) NOT NULL,
+  instance VARBINARY(255) NOT NULL,
+  about MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+  expires_at DATETIME(6) NOT NULL,
+  PRIMARY KEY (task, instance)
+) ENGINE=InnoDB"
+                ),
+                format!(
                     "CREATE TABLE IF NOT EXISTS {schema} (
   id TINYINT NOT NULL,
   version INT NOT NULL,
@@ -286,9 +443,10 @@ impl From<mysql_async::Error> for MigrateError {
     }
 }
 
-/// Checks the tables that exist (columns, types, primary key, engine) and the schema version,
-/// then, with `create` on, creates the missing ones and records the version. When every table
-/// exists at this version nothing is written, so a user with only row privileges can run it.
+/// Checks the tables that exist (columns, types, primary key, engine) and the schema version
+/// (see [`SCHEMA_VERSION`]), then, with `create` on, creates the missing ones and records the
+/// version. When every table exists at this version, or at a later one this build can use,
+/// nothing is written, so a user with only row privileges can run it.
 /// Every check runs before the first write: a table of another shape stops it with nothing
 /// written.
 pub(crate) async fn migrate(
@@ -382,48 +540,61 @@ pub(crate) async fn migrate(
         }
     }
     let schema_table = &names[SHAPES.len() - 1];
-    let version: Option<i64> = if missing.contains(&schema_table.as_str()) {
-        None
+    // Row 1: the oldest version that can use the tables; row 2: the version they are at
+    // (tables of version 1 have row 1 only, which then says both).
+    let (oldest_user, at) = if missing.contains(&schema_table.as_str()) {
+        (None, None)
     } else {
-        conn.exec_first::<Row, _, _>(
-            format!("SELECT version FROM `{schema_table}` WHERE id = 1"),
-            (),
-        )
-        .await?
-        .and_then(|row| row.get_opt::<i64, usize>(0))
-        .and_then(Result::ok)
+        let rows: Vec<Row> = conn
+            .exec(
+                format!("SELECT id, version FROM `{schema_table}` WHERE id IN (1, 2)"),
+                (),
+            )
+            .await?;
+        let row_of = |id: i64| {
+            rows.iter()
+                .find(|r| r.get_opt::<i64, usize>(0).and_then(Result::ok) == Some(id))
+                .and_then(|r| r.get_opt::<i64, usize>(1))
+                .and_then(Result::ok)
+        };
+        let oldest_user = row_of(1);
+        (oldest_user, row_of(2).or(oldest_user))
     };
-    if let Some(v) = version
-        && v > SCHEMA_VERSION
+    if let Some(oldest) = oldest_user
+        && oldest > SCHEMA_VERSION
     {
+        let at = at.unwrap_or(oldest).max(oldest);
         return Err(MigrateError::Shape(format!(
-            "the tables are at schema version {v}, this build knows up to {SCHEMA_VERSION}; upgrade leasehold"
+            "the tables are at schema version {at} and need a build of version {oldest} or later, this build knows up to {SCHEMA_VERSION}; upgrade leasehold"
         )));
     }
-    if missing.is_empty() && version == Some(SCHEMA_VERSION) {
+    let current = oldest_user.is_some() && at.is_some_and(|v| v >= SCHEMA_VERSION);
+    if missing.is_empty() && current {
         return Ok(());
     }
     if !create {
-        let problem = if missing.is_empty() {
-            format!("`{schema_table}` records no schema version")
-        } else {
-            format!("missing {}", missing.join(", "))
+        let problem = match (oldest_user, at) {
+            _ if !missing.is_empty() => format!("missing {}", missing.join(", ")),
+            (Some(_), Some(v)) => {
+                format!("`{schema_table}` records schema version {v}, not {SCHEMA_VERSION}")
+            }
+            _ => format!("`{schema_table}` records no schema version"),
         };
         return Err(MigrateError::Shape(format!(
             "{problem}, and migrate is off; create the tables (the SQL is in the README) or turn migrate on"
         )));
     }
     // Idempotent: instances starting at once each run these; the server serializes DDL on a
-    // table name, and GREATEST keeps a newer build's version.
+    // table name, and GREATEST keeps a newer build's numbers.
     for create in &sql.create_tables {
         conn.query_drop(create.as_str()).await?;
     }
     conn.exec_drop(
         format!(
-            "INSERT INTO `{schema_table}` (id, version) VALUES (1, ?)
+            "INSERT INTO `{schema_table}` (id, version) VALUES (1, ?), (2, ?)
 ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))"
         ),
-        (SCHEMA_VERSION,),
+        (OLDEST_USER, SCHEMA_VERSION),
     )
     .await?;
     Ok(())

@@ -1,10 +1,14 @@
 //! [`MySqlStore`]: the [`Store`] implementation.
 
-use std::collections::HashSet;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use leasehold::catalog::{
+    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 use leasehold::store::{
     Acquisition, Operation as Op, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
@@ -13,7 +17,11 @@ use leasehold::{
     Release, Slots, Store, StoreError,
 };
 use mysql_async::prelude::{FromValue, Queryable};
-use mysql_async::{Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts};
+use mysql_async::{
+    Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts, Transaction,
+    TxOpts,
+};
+use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{MySqlConfig, ServerUrl, SslMode};
@@ -39,6 +47,25 @@ pub struct MySqlStore {
     inner: Arc<Inner>,
 }
 
+/// How far a lazily connecting store has got. Operations wait while the first attempt is
+/// under way, so their first answer already tells a refusal (credentials, an unknown database)
+/// from an outage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Readiness {
+    /// The first connection attempt has not ended.
+    Connecting,
+    /// The last attempt could not reach the server: operations are `Unavailable`.
+    Unreachable,
+    /// The last attempt was refused (credentials, no such database, no privilege): operations
+    /// are `Rejected` with this reason while attempts go on.
+    Refused(String),
+    /// The tables cannot be used, or their migration was refused: every operation is
+    /// `Rejected`, for good.
+    Unusable(String),
+    /// Connected, and the tables checked.
+    Ready,
+}
+
 struct Inner {
     pool: Pool,
     sql: Statements,
@@ -50,10 +77,9 @@ struct Inner {
     releases: Option<Feed>,
     /// Releases this handle made that its poller has not seen yet.
     local: LocalReleases,
-    /// Set once the tables are known to be usable; until then every operation answers
-    /// `Unavailable` (a store from [`MySqlConfig::connect_lazy`]), or `Rejected` with the reason
-    /// they never will be.
-    ready: OnceLock<std::result::Result<(), String>>,
+    /// Whether the tables are known to be usable; until they are, operations answer as
+    /// [`Readiness`] says (a store from [`MySqlConfig::connect_lazy`]).
+    ready: watch::Receiver<Readiness>,
     /// The background connect of a lazy store.
     connecting: OnceLock<AbortOnDropHandle<()>>,
 }
@@ -188,10 +214,11 @@ pub(crate) fn classify(e: mysql_async::Error, op: Op<'_>, limit: Duration) -> St
     }
 }
 
-/// The driver's message followed by its causes: its `Display` alone leaves out why.
-fn with_causes(e: &mysql_async::Error) -> String {
+/// An error followed by its causes (the driver's `Display`, or this crate's messages, alone
+/// leave out why); a cause already quoted is not repeated.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
-    let mut cause = std::error::Error::source(e);
+    let mut cause = e.source();
     while let Some(c) = cause {
         let text = c.to_string();
         if !out.contains(&text) {
@@ -231,6 +258,48 @@ fn holder_of(raw: String) -> StoreResult<HolderId> {
 
 fn remaining_of(micros: Option<i64>) -> Duration {
     Duration::from_micros(micros.unwrap_or(0).max(0) as u64)
+}
+
+/// A lease row as [`Store::inspect`] answers it: held only while time remains.
+fn lease_state(
+    holder: Option<String>,
+    token: i64,
+    remaining: Option<i64>,
+) -> StoreResult<LeaseState> {
+    let holder = match holder {
+        Some(h) if remaining.is_some_and(|r| r > 0) => Some(holder_of(h)?),
+        _ => None,
+    };
+    Ok(LeaseState {
+        remaining: if holder.is_some() {
+            remaining_of(remaining)
+        } else {
+            Duration::ZERO
+        },
+        holder,
+        token: token_of(token)?,
+    })
+}
+
+/// A task or lease name read back from a table.
+fn name_of(raw: String) -> StoreResult<LeaseName> {
+    LeaseName::new(&raw).map_err(|e| StoreError::Corrupt(format!("name {raw:?}: {e}")))
+}
+
+/// A control record from its two columns, both NULL when the task has none.
+fn control_of(version: Option<i64>, value: Option<String>) -> StoreResult<Option<Versioned>> {
+    match (version, value) {
+        (None, _) => Ok(None),
+        (Some(version), Some(value)) => Ok(Some(Versioned {
+            version: u64::try_from(version).map_err(|_| {
+                StoreError::Corrupt(format!("negative control record version {version}"))
+            })?,
+            value,
+        })),
+        (Some(version), None) => Err(StoreError::Corrupt(format!(
+            "control record version {version} without a value"
+        ))),
+    }
 }
 
 /// Column `i` of `row`, converted; a value of another type is a corrupt record, not a panic.
@@ -280,7 +349,7 @@ impl Parts {
 }
 
 impl MySqlStore {
-    fn assemble(config: &MySqlConfig, parts: Parts) -> Self {
+    fn assemble(config: &MySqlConfig, parts: Parts, ready: watch::Receiver<Readiness>) -> Self {
         let local = LocalReleases::default();
         let releases = config.notifications.then(|| {
             poller::start(
@@ -300,7 +369,7 @@ impl MySqlStore {
                 prefix: config.table_prefix.clone(),
                 releases,
                 local,
-                ready: OnceLock::new(),
+                ready,
                 connecting: OnceLock::new(),
             }),
         }
@@ -309,12 +378,11 @@ impl MySqlStore {
     pub(crate) async fn connect(config: MySqlConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         set_up(&parts.pool, &config, &parts.url, &parts.sql).await?;
-        let store = Self::assemble(&config, parts);
+        let store = Self::assemble(&config, parts, watch::channel(Readiness::Ready).1);
         if let Some(releases) = &store.inner.releases {
             // So a subscription taken right after `connect` hears every later release.
             releases.first_attempt(config.connect_timeout).await;
         }
-        let _ = store.inner.ready.set(Ok(()));
         tracing::debug!(url = %store.inner.url, prefix = %config.table_prefix, "connected to mysql");
         Ok(store)
     }
@@ -322,8 +390,11 @@ impl MySqlStore {
     /// A store that connects in the background: returned at once (the URL and settings are
     /// checked now), it answers every operation with [`StoreError::Unavailable`] until a
     /// connection is made and the tables are checked, retrying with backoff up to
-    /// `max_reconnect_delay`. Tables the store cannot use, or a refused migration, make every
-    /// operation answer [`StoreError::Rejected`]. Needs a Tokio runtime.
+    /// `max_reconnect_delay`. While the server refuses the connection (credentials, an unknown
+    /// database) operations answer [`StoreError::Rejected`] and attempts go on; tables the
+    /// store cannot use, or a refused migration, make every operation answer
+    /// [`StoreError::Rejected`] for good. Operations wait for the first attempt to end (within
+    /// their timeout). Needs a Tokio runtime.
     pub(crate) fn connect_lazy(config: MySqlConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -331,7 +402,8 @@ impl MySqlStore {
                 "connect_lazy must be called within a Tokio runtime".to_owned(),
             ));
         }
-        let store = Self::assemble(&config, parts);
+        let (ready_tx, ready) = watch::channel(Readiness::Connecting);
+        let store = Self::assemble(&config, parts, ready);
         let weak = Arc::downgrade(&store.inner);
         let task = tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
@@ -344,27 +416,40 @@ impl MySqlStore {
                     return;
                 };
                 let outcome = set_up(&pool, &config, &url, &sql).await;
-                let Some(inner) = weak.upgrade() else {
+                if weak.strong_count() == 0 {
                     return;
-                };
+                }
                 match outcome {
                     Ok(()) => {
                         tracing::info!(url = %url, "connected to mysql");
-                        let _ = inner.ready.set(Ok(()));
+                        ready_tx.send_replace(Readiness::Ready);
                         return;
                     }
+                    Err(Error::Connect { source, .. }) if !source.is_transient() => {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(url = %url, error = %source, "mysql refuses the connection; operations are refused until it accepts it; retrying in the background");
+                        }
+                        let reason = match &source {
+                            StoreError::Rejected { message, .. } => message.clone(),
+                            other => other.to_string(),
+                        };
+                        ready_tx.send_replace(Readiness::Refused(format!(
+                            "mysql refused the connection: {reason}"
+                        )));
+                    }
                     Err(e) if !e.is_transient() => {
-                        tracing::error!(url = %url, error = %e, "mysql store unusable; every operation will be refused");
-                        let _ = inner.ready.set(Err(e.to_string()));
+                        let reason = with_causes(&e);
+                        tracing::error!(url = %url, error = %reason, "mysql store unusable; every operation will be refused");
+                        ready_tx.send_replace(Readiness::Unusable(reason));
                         return;
                     }
                     Err(e) => {
                         if !std::mem::replace(&mut warned, true) {
-                            tracing::warn!(url = %url, error = %e, "mysql not reachable yet; retrying in the background");
+                            tracing::warn!(url = %url, error = %with_causes(&e), "mysql not reachable yet; retrying in the background");
                         }
+                        ready_tx.send_replace(Readiness::Unreachable);
                     }
                 }
-                drop(inner);
                 let jitter = Duration::from_millis(fastrand::u64(0..100));
                 tokio::time::sleep(delay + jitter).await;
                 delay = (delay * 2).min(config.max_reconnect_delay);
@@ -391,14 +476,20 @@ impl MySqlStore {
     }
 
     /// Fails unless the store is connected and its tables checked.
-    fn check_ready(&self, op: Op<'_>) -> StoreResult<()> {
-        match self.inner.ready.get() {
-            Some(Ok(())) => Ok(()),
-            Some(Err(refusal)) => Err(StoreError::Rejected {
-                message: format!("{op}: {refusal}"),
-                source: None,
-            }),
-            None => Err(StoreError::Unavailable {
+    async fn check_ready(&self, op: Op<'_>) -> StoreResult<()> {
+        let mut ready = self.inner.ready.clone();
+        // An error means the connecting task is gone (its store is being dropped).
+        let _ = ready.wait_for(|r| *r != Readiness::Connecting).await;
+        let readiness = ready.borrow().clone();
+        match readiness {
+            Readiness::Ready => Ok(()),
+            Readiness::Refused(refusal) | Readiness::Unusable(refusal) => {
+                Err(StoreError::Rejected {
+                    message: format!("{op}: {refusal}"),
+                    source: None,
+                })
+            }
+            Readiness::Connecting | Readiness::Unreachable => Err(StoreError::Unavailable {
                 message: format!("{op}: not connected to {} yet", self.inner.url),
                 source: None,
             }),
@@ -417,9 +508,9 @@ impl MySqlStore {
     /// Runs a write (a cached prepared statement, one round trip), again if the server picked
     /// it as a deadlock victim, all within the operation timeout.
     async fn write(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Written> {
-        self.check_ready(op)?;
         let limit = self.inner.op_timeout;
         within(limit, async {
+            self.check_ready(op).await?;
             let mut conn = self.conn(op).await?;
             let mut attempt = 1;
             loop {
@@ -440,13 +531,41 @@ impl MySqlStore {
 
     /// Runs a read (a cached prepared statement, one round trip) within the operation timeout.
     async fn read(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Vec<Row>> {
-        self.check_ready(op)?;
         let limit = self.inner.op_timeout;
         within(limit, async {
+            self.check_ready(op).await?;
             let mut conn = self.conn(op).await?;
             conn.exec(sql, params)
                 .await
                 .map_err(|e| classify(e, op, limit))
+        })
+        .await
+    }
+
+    /// Runs `body` on a transaction of its own, which it commits; all again (on another
+    /// transaction) if the server picked it as a deadlock victim and rolled it back, within the
+    /// operation timeout. A transaction dropped uncommitted, by an error or the timeout, is
+    /// rolled back before its connection is used again.
+    async fn transaction<T, F, Fut>(&self, op: Op<'_>, mut body: F) -> StoreResult<T>
+    where
+        F: FnMut(Transaction<'static>) -> Fut,
+        Fut: Future<Output = mysql_async::Result<T>>,
+    {
+        let limit = self.inner.op_timeout;
+        within(limit, async {
+            self.check_ready(op).await?;
+            let mut attempt = 1;
+            loop {
+                let outcome = match self.inner.pool.start_transaction(TxOpts::default()).await {
+                    Ok(tx) => body(tx).await,
+                    Err(e) => Err(e),
+                };
+                match outcome {
+                    Ok(value) => return Ok(value),
+                    Err(e) if is_deadlock(&e) && attempt < MAX_ATTEMPTS => attempt += 1,
+                    Err(e) => return Err(classify(e, op, limit)),
+                }
+            }
         })
         .await
     }
@@ -633,20 +752,7 @@ impl Store for MySqlStore {
         let Some((holder, token, remaining)) = self.state(op, name).await? else {
             return Ok(None);
         };
-        let live = remaining.is_some_and(|r| r > 0);
-        let holder = match holder {
-            Some(h) if live => Some(holder_of(h)?),
-            _ => None,
-        };
-        Ok(Some(LeaseState {
-            remaining: if holder.is_some() {
-                remaining_of(remaining)
-            } else {
-                Duration::ZERO
-            },
-            holder,
-            token: token_of(token)?,
-        }))
+        lease_state(holder, token, remaining).map(Some)
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
@@ -676,7 +782,7 @@ impl Store for MySqlStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL.without(Capabilities::CATALOG)
+        Capabilities::ALL
     }
 
     /// One statement for the whole batch; when it renewed fewer leases than were asked for, one
@@ -854,9 +960,161 @@ impl Membership for MySqlStore {
     }
 }
 
-// The fleet catalog is not kept in this store yet: every catalog operation answers Unsupported.
-// A later schema version adds its tables.
-impl Catalog for MySqlStore {}
+/// `register` and `tasks` are one short transaction each, the others one statement. Every
+/// statement that locks both a task's row and instance rows locks the task's row first, and a
+/// registration skips the instance rows others hold, so the catalog's writers wait on each
+/// other only in one order.
+impl Catalog for MySqlStore {
+    async fn register(&self, r: &Registration<'_>) -> StoreResult<Option<Versioned>> {
+        let op = Op::new("register", Some(r.task));
+        let sql = &self.inner.sql;
+        let (task, ttl, forget) = (
+            r.task.as_str(),
+            micros(r.ttl).max(1),
+            micros(r.forget_after),
+        );
+        let (control, beats) = self
+            .transaction(op, |mut tx| async move {
+                tx.exec_drop(&sql.register_task, (task, r.definition, ttl))
+                    .await?;
+                let params = (r.instance.as_str(), r.about, ttl, task);
+                tx.exec_drop(&sql.heartbeat, params).await?;
+                let beats = tx.affected_rows();
+                let forgotten: Vec<Row> = tx.exec(&sql.forgotten_instances, (task, forget)).await?;
+                for row in &forgotten {
+                    // Bytes as stored, whatever the instance registered with.
+                    if let Some(Ok(instance)) = row.get_opt::<Vec<u8>, usize>(0) {
+                        tx.exec_drop(&sql.unregister, (task, instance)).await?;
+                    }
+                }
+                let control: Option<Row> = tx.exec_first(&sql.task_control, (task,)).await?;
+                tx.commit().await?;
+                Ok((control, beats))
+            })
+            .await?;
+        if beats == 0 {
+            return Err(StoreError::Corrupt(format!(
+                "{op}: the heartbeat wrote no row"
+            )));
+        }
+        match control {
+            Some(row) => control_of(col(&row, 0)?, col(&row, 1)?),
+            None => Err(StoreError::Corrupt(format!("{op}: the task row is gone"))),
+        }
+    }
+
+    async fn unregister(&self, task: &LeaseName, instance: &HolderId) -> StoreResult<()> {
+        let op = Op::new("unregister", Some(task));
+        let params = Params::from((task.as_str(), instance.as_str()));
+        self.write(op, &self.inner.sql.unregister, params).await?;
+        Ok(())
+    }
+
+    /// Forgets what is due, then lists what is left, in one transaction.
+    async fn tasks(&self, forget_after: Duration) -> StoreResult<Vec<TaskRecord>> {
+        let op = Op::new("tasks", None);
+        let sql = &self.inner.sql;
+        let forget = micros(forget_after);
+        let rows = self
+            .transaction(op, |mut tx| async move {
+                tx.exec_drop(&sql.forget_tasks, (forget,)).await?;
+                tx.exec_drop(&sql.forget_instances, (forget,)).await?;
+                let rows: Vec<Row> = tx.exec(&sql.tasks, (forget,)).await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
+            .await?;
+        // Sorted here rather than by the server: an ORDER BY over both tables, with their text
+        // columns, would need an on-disk temporary table. A String orders by its bytes, as
+        // the VARBINARY names do.
+        let mut tasks: BTreeMap<String, TaskRecord> = BTreeMap::new();
+        for row in &rows {
+            let task: String = col(row, 0)?;
+            let record = match tasks.entry(task) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => {
+                    let task = name_of(entry.key().clone())?;
+                    entry.insert(TaskRecord {
+                        task,
+                        definition: col(row, 1)?,
+                        instances: Vec::new(),
+                        control: control_of(col(row, 2)?, col(row, 3)?)?,
+                    })
+                }
+            };
+            if let Some(instance) = col::<Option<String>>(row, 4)? {
+                record.instances.push(InstanceRecord {
+                    instance: holder_of(instance)?,
+                    about: col(row, 5)?,
+                    remaining: remaining_of(col(row, 6)?),
+                });
+            }
+        }
+        Ok(tasks
+            .into_values()
+            .map(|mut record| {
+                record.instances.sort_by(|a, b| {
+                    (a.remaining.is_zero(), &a.instance).cmp(&(b.remaining.is_zero(), &b.instance))
+                });
+                record
+            })
+            .collect())
+    }
+
+    async fn control(&self, task: &LeaseName) -> StoreResult<ControlRead> {
+        let op = Op::new("control", Some(task));
+        let rows = self
+            .read(op, &self.inner.sql.control, Params::from((task.as_str(),)))
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Corrupt(format!("{op} returned no row")))?;
+        let now: i64 = col(row, 0)?;
+        Ok(ControlRead {
+            now_ms: u64::try_from(now)
+                .map_err(|_| StoreError::Corrupt(format!("server clock at {now} ms")))?,
+            control: control_of(col(row, 1)?, col(row, 2)?)?,
+        })
+    }
+
+    async fn set_control(
+        &self,
+        task: &LeaseName,
+        expected: Option<u64>,
+        value: &str,
+    ) -> StoreResult<Option<u64>> {
+        let op = Op::new("set_control", Some(task));
+        let sql = &self.inner.sql;
+        let Some(expected) = expected else {
+            let params = Params::from((task.as_str(), value));
+            let written = self.write(op, &sql.create_control, params).await?;
+            return Ok((written.insert_id == 1).then_some(1));
+        };
+        // No version beyond a BIGINT was ever written.
+        let Ok(expected_sql) = i64::try_from(expected) else {
+            return Ok(None);
+        };
+        let params = Params::from((value, task.as_str(), expected_sql));
+        let written = self.write(op, &sql.update_control, params).await?;
+        Ok((written.rows == 1).then_some(expected + 1))
+    }
+
+    async fn leases(&self, limit: usize) -> StoreResult<Vec<LeaseRecord>> {
+        let op = Op::new("leases", None);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .read(op, &self.inner.sql.leases, Params::from((limit,)))
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LeaseRecord {
+                    name: name_of(col(row, 0)?)?,
+                    state: lease_state(col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
+                })
+            })
+            .collect()
+    }
+}
 
 /// Opening a store from its settings: here rather than in `config`, which is plain data.
 impl MySqlConfig {

@@ -1,11 +1,11 @@
 //! Bad input, each a typed error in one line that shows no password, with nothing written: a
-//! wrong password, a missing database, tables of another shape or a newer schema at the
-//! configured names, a read-only user, an unreachable server. Refusals are `Rejected` (never
+//! wrong password, a missing database, tables of another shape (the catalog's too) or a newer
+//! schema at the configured names, a read-only user, an unreachable server. Refusals are `Rejected` (never
 //! retried as transient); an unreachable server is transient.
 
 mod common;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use leasehold::StoreError;
 use leasehold_mysql::mysql_async::prelude::Queryable;
@@ -24,9 +24,18 @@ fn everything_about(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// One line, no password anywhere in it or its sources; returns the line.
+/// One line, no password anywhere in it or its sources; returns the line as the `leasehold`
+/// command prints it: the message, then each cause not already quoted.
 fn one_clear_line(e: &Error) -> String {
-    let line = e.to_string();
+    let mut line = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(&format!(": {text}"));
+        }
+        cause = c.source();
+    }
     assert!(!line.contains('\n') && !line.is_empty(), "{line:?}");
     let all = everything_about(e);
     assert!(!all.contains(SECRET), "{all}");
@@ -43,68 +52,23 @@ fn source(e: &Error) -> &StoreError {
     }
 }
 
-/// The test server's URL as `user` with `password`.
-fn url_as(user: &str, password: &str) -> String {
-    let url = common::url();
-    let rest = url.strip_prefix("mysql://").expect("a mysql:// test URL");
-    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
-    format!("mysql://{user}:{password}@{host}")
-}
-
 /// A user of the test's own, with `SECRET` as password, granted `grants` on the test database;
 /// dropped by the returned guard.
-async fn user_with(grants: &str) -> (String, DropUser) {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let user = format!("lhro_{secs}_{:04x}", fastrand::u16(..));
+async fn user_with(grants: &str) -> (String, common::DropUser) {
+    let (user, drop) = common::user(SECRET).await;
     let mut conn = common::raw().await;
-    conn.query_drop(format!(
-        "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{SECRET}'"
-    ))
-    .await
-    .unwrap();
     conn.query_drop(format!(
         "GRANT {grants} ON `test`.* TO '{user}'@'127.0.0.1'"
     ))
     .await
     .unwrap();
-    (user.clone(), DropUser(user))
-}
-
-struct DropUser(String);
-
-impl Drop for DropUser {
-    fn drop(&mut self) {
-        let user = self.0.clone();
-        let url = common::url();
-        // Outside the test's runtime, which may be shutting down.
-        std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                let opts = leasehold_mysql::mysql_async::Opts::from_url(&url).unwrap();
-                if let Ok(mut conn) = leasehold_mysql::mysql_async::Conn::new(opts).await {
-                    let _ = conn
-                        .query_drop(format!("DROP USER IF EXISTS '{user}'@'127.0.0.1'"))
-                        .await;
-                }
-            });
-        })
-        .join()
-        .ok();
-    }
+    (user, drop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_refused_in_one_line() {
     let (user, _drop) = user_with("SELECT").await;
-    let config = MySqlConfig::new(url_as(&user, "not-the-password-s3kr1t-pw"));
+    let config = MySqlConfig::new(common::url_as(&user, "not-the-password-s3kr1t-pw"));
     let err = config.connect().await.unwrap_err();
     let line = one_clear_line(&err);
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
@@ -118,6 +82,25 @@ async fn a_wrong_password_is_refused_in_one_line() {
         "{line}"
     );
     assert!(!line.contains("not-the-password"), "{line}");
+
+    // A store that connects in the background is refused by every operation from the first
+    // on (issue 32): a refusal a scheduler gives up on, never an outage it may fail open on.
+    let lazy = MySqlConfig::new(common::url_as(&user, "not-the-password-s3kr1t-pw"))
+        .connect_lazy()
+        .unwrap();
+    let (name, who) = (
+        leasehold::LeaseName::new("wrong-password").unwrap(),
+        leasehold::HolderId::new("h").unwrap(),
+    );
+    for _ in 0..3 {
+        let err = leasehold::Store::acquire(&lazy, &name, &who, std::time::Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Rejected { .. }), "{err:?}");
+        assert!(!format!("{err} {err:?}").contains("s3kr1t"), "{err:?}");
+        let clock = leasehold::Store::now_millis(&lazy).await.unwrap_err();
+        assert!(!clock.is_transient(), "{clock:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,6 +147,24 @@ async fn tables_of_another_shape_are_refused_and_nothing_is_written() {
             "CREATE TABLE `{p}slots` (task VARBINARY(128) NOT NULL PRIMARY KEY, last_slot \
              BIGINT NOT NULL) ENGINE=MyISAM",
             "engine MyISAM, not InnoDB",
+        ),
+        // The catalog's tables (schema version 2) are checked the same way.
+        (
+            "CREATE TABLE `{p}tasks` (task VARCHAR(128) NOT NULL PRIMARY KEY, definition TEXT) \
+             ENGINE=InnoDB",
+            "not a leasehold catalog task table (column task is varchar, not varbinary)",
+        ),
+        (
+            "CREATE TABLE `{p}tasks` (task VARBINARY(128) NOT NULL PRIMARY KEY, definition \
+             MEDIUMTEXT, seen_until DATETIME(6), control_version INT, control MEDIUMTEXT) \
+             ENGINE=InnoDB",
+            "column control_version is int, not bigint",
+        ),
+        (
+            "CREATE TABLE `{p}task_instances` (task VARBINARY(128) NOT NULL, instance \
+             VARBINARY(255) NOT NULL, about MEDIUMTEXT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+             PRIMARY KEY (instance, task)) ENGINE=InnoDB",
+            "not a leasehold catalog instance table (primary key (instance, task), not (task, instance))",
         ),
     ];
     for (create, said) in cases {
@@ -250,7 +251,7 @@ async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
         .unwrap();
     drop(admin);
     let (user, _drop) = user_with("SELECT").await;
-    let err = MySqlConfig::new(url_as(&user, SECRET))
+    let err = MySqlConfig::new(common::url_as(&user, SECRET))
         .table_prefix(&prefix)
         .connect()
         .await
@@ -274,7 +275,7 @@ async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
 
     // Without the tables it may not create them: a refused migration, nothing created.
     let missing = common::fresh_prefix();
-    let err = MySqlConfig::new(url_as(&user, SECRET))
+    let err = MySqlConfig::new(common::url_as(&user, SECRET))
         .table_prefix(&missing)
         .connect()
         .await
@@ -289,7 +290,7 @@ async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
     assert!(common::tables(&missing).await.is_empty());
 
     // A lazy store on it refuses every operation instead of retrying forever.
-    let lazy = MySqlConfig::new(url_as(&user, SECRET))
+    let lazy = MySqlConfig::new(common::url_as(&user, SECRET))
         .table_prefix(&prefix)
         .connect_lazy()
         .unwrap();

@@ -29,6 +29,17 @@ async fn cipher(store: &MySqlStore) -> String {
     row.get::<String, usize>(1).unwrap_or_default()
 }
 
+/// The error and its causes, as the `leasehold` command prints them.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_ssl_mode_checks_what_it_says() {
     let certs = TestCerts::new();
@@ -80,8 +91,8 @@ async fn each_ssl_mode_checks_what_it_says() {
         let url = server.url("localhost", &format!("?ssl-mode={mode}&ssl-ca={ca}"));
         let err = connect(&url).await.expect_err("the name is checked");
         assert!(
-            err.to_string().contains("not valid for name"),
-            "{mode}: {err}"
+            with_causes(&err).contains("not valid for name"),
+            "{mode}: {err:?}"
         );
         assert!(
             !err.is_transient(),
@@ -109,7 +120,7 @@ async fn required_tls_against_a_server_without_it_is_refused() {
     let err = connect(&server.url("127.0.0.1", "?ssl-mode=required"))
         .await
         .expect_err("no TLS to be had");
-    let line = err.to_string();
+    let line = with_causes(&err);
     assert!(!line.contains('\n'), "{line}");
     assert!(line.contains("SSL"), "{line}");
     assert!(!err.is_transient(), "{err:?}");

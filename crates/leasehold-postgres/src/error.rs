@@ -36,8 +36,9 @@ pub enum Error {
     /// The TLS settings could not be used (no root certificates, a bad PEM file).
     #[error("tls setup failed: {0}")]
     Tls(String),
-    /// The server could not be reached, timed out, or refused the connection or credentials.
-    #[error("could not connect to {url}: {source}")]
+    /// The server could not be reached, timed out, or refused the connection or credentials
+    /// (the source says which: [`StoreError::is_transient`] tells an outage from a refusal).
+    #[error("could not connect to {url}")]
     Connect {
         /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
         url: String,
@@ -46,7 +47,7 @@ pub enum Error {
         source: StoreError,
     },
     /// Creating the tables failed (for example: no permission to create the schema).
-    #[error("could not create the lease tables on {url}: {source}")]
+    #[error("could not create the lease tables on {url}")]
     Migrate {
         /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
         url: String,
@@ -54,4 +55,15 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+}
+
+impl Error {
+    /// Whether retrying later may succeed: the server could not be reached or did not answer in
+    /// time. A refusal (credentials, permissions) and a bad URL or setting are not transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { source, .. } | Self::Migrate { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
 }

@@ -52,7 +52,8 @@ pub struct Fence {
 impl Default for Fence {
     /// The table `leasehold.fences`.
     fn default() -> Self {
-        Self::new(DEFAULT_SCHEMA, DEFAULT_FENCE_TABLE).expect("default identifiers are valid")
+        // The defaults are plain identifiers: nothing to check.
+        Self::checked(DEFAULT_SCHEMA, DEFAULT_FENCE_TABLE)
     }
 }
 
@@ -63,8 +64,13 @@ impl Fence {
     pub fn new(schema: &str, table: &str) -> Result<Self> {
         check_identifier("schema", schema)?;
         check_identifier("fence_table", table)?;
+        Ok(Self::checked(schema, table))
+    }
+
+    /// A fence on identifiers already checked.
+    fn checked(schema: &str, table: &str) -> Self {
         let fences = qualified(schema, table);
-        Ok(Self {
+        Self {
             schema: schema.to_owned(),
             table: table.to_owned(),
             check_sql: format!(
@@ -74,7 +80,7 @@ impl Fence {
  RETURNING f.max_token"
             ),
             current_sql: format!("SELECT max_token FROM {fences} WHERE resource = $1"),
-        })
+        }
     }
 
     /// The schema of the fence table.

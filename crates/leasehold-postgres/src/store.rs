@@ -18,6 +18,7 @@ use leasehold::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
 };
+use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
@@ -51,11 +52,29 @@ struct Inner {
     lease_table: String,
     /// Present when notifications are on.
     releases: Option<ReleaseFeed>,
-    /// Set once the tables are known to exist (the migration ran, or was off); until then
-    /// every operation answers `Unavailable` (a store from [`PgConfig::connect_lazy`]).
-    ready: std::sync::OnceLock<std::result::Result<(), String>>,
+    /// Whether the tables are known to exist (the migration ran, or was off); until they are,
+    /// operations answer as [`Readiness`] says (a store from [`PgStore::connect_lazy`]).
+    ready: watch::Receiver<Readiness>,
     /// The background connect of a lazy store.
     migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
+}
+
+/// How far a lazily connecting store has got. Operations wait while the first attempt is
+/// under way, so their first answer already tells a refusal (credentials, permissions) from an
+/// outage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Readiness {
+    /// The first connection attempt has not ended.
+    Connecting,
+    /// The last attempt could not reach the server: operations are `Unavailable`.
+    Unreachable,
+    /// The last attempt was refused (credentials, no database, no permission): operations are
+    /// `Rejected` with this reason while attempts go on.
+    Refused(String),
+    /// The server refused the migration: every operation is `Rejected`, for good.
+    MigrationRefused(String),
+    /// Connected and migrated.
+    Ready,
 }
 
 /// The SQL this store runs, one statement per operation, for review and for tests that run a
@@ -519,7 +538,12 @@ impl PgStore {
         })
     }
 
-    fn assemble(config: &PgConfig, parts: Parts, releases: Option<ReleaseFeed>) -> Self {
+    fn assemble(
+        config: &PgConfig,
+        parts: Parts,
+        releases: Option<ReleaseFeed>,
+        ready: watch::Receiver<Readiness>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pool: parts.pool,
@@ -530,7 +554,7 @@ impl PgStore {
                 schema: config.schema.clone(),
                 lease_table: config.lease_table.clone(),
                 releases,
-                ready: std::sync::OnceLock::new(),
+                ready,
                 migration: std::sync::OnceLock::new(),
             }),
         }
@@ -559,9 +583,8 @@ impl PgStore {
             releases.first_attempt(config.connect_timeout).await;
         }
         tracing::debug!(url = %parts.url, schema = %config.schema, "connected to postgres");
-        let store = Self::assemble(&config, parts, releases);
-        let _ = store.inner.ready.set(Ok(()));
-        Ok(store)
+        let ready = watch::channel(Readiness::Ready).1;
+        Ok(Self::assemble(&config, parts, releases, ready))
     }
 
     /// [`PgConfig::connect_lazy`].
@@ -573,7 +596,8 @@ impl PgStore {
             ));
         }
         let releases = Self::listen(&config, &parts);
-        let store = Self::assemble(&config, parts, releases);
+        let (ready_tx, ready) = watch::channel(Readiness::Connecting);
+        let store = Self::assemble(&config, parts, releases, ready);
         let weak = Arc::downgrade(&store.inner);
         let task = tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
@@ -586,27 +610,41 @@ impl PgStore {
                     return;
                 };
                 let outcome = migrate_on(&pool, &config, &url, &sql).await;
-                let Some(inner) = weak.upgrade() else {
+                if weak.strong_count() == 0 {
                     return;
-                };
+                }
                 match outcome {
                     Ok(()) => {
                         tracing::info!(url = %url, "connected to postgres");
-                        let _ = inner.ready.set(Ok(()));
+                        ready_tx.send_replace(Readiness::Ready);
                         return;
                     }
                     Err(Error::Migrate { source, .. }) if !source.is_transient() => {
                         tracing::error!(url = %url, error = %source, "postgres refused the migration; every operation will be refused");
-                        let _ = inner.ready.set(Err(format!("migration refused: {source}")));
+                        ready_tx.send_replace(Readiness::MigrationRefused(format!(
+                            "migration refused: {source}"
+                        )));
                         return;
+                    }
+                    Err(Error::Connect { source, .. }) if !source.is_transient() => {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(url = %url, error = %source, "postgres refuses the connection; operations are refused until it accepts it; retrying in the background");
+                        }
+                        let reason = match &source {
+                            StoreError::Rejected { message, .. } => message.clone(),
+                            other => other.to_string(),
+                        };
+                        ready_tx.send_replace(Readiness::Refused(format!(
+                            "postgres refused the connection: {reason}"
+                        )));
                     }
                     Err(e) => {
                         if !std::mem::replace(&mut warned, true) {
-                            tracing::warn!(url = %url, error = %e, "postgres not reachable yet; retrying in the background");
+                            tracing::warn!(url = %url, error = %Causes(&e), "postgres not reachable yet; retrying in the background");
                         }
+                        ready_tx.send_replace(Readiness::Unreachable);
                     }
                 }
-                drop(inner);
                 tokio::time::sleep(delay + Duration::from_millis(fastrand::u64(0..100))).await;
                 delay = (delay * 2).min(config.max_reconnect_delay);
             }
@@ -643,23 +681,27 @@ impl PgStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> StoreResult<Vec<Row>> {
-        match self.inner.ready.get() {
-            Some(Ok(())) => {}
-            Some(Err(refusal)) => {
-                return Err(StoreError::Rejected {
-                    message: format!("{op}: {refusal}"),
-                    source: None,
-                });
-            }
-            None => {
-                return Err(StoreError::Unavailable {
-                    message: format!("{op}: not connected to {} yet", self.inner.url),
-                    source: None,
-                });
-            }
-        }
         let limit = self.inner.op_timeout;
         let work = async {
+            let mut ready = self.inner.ready.clone();
+            // An error means the connecting task is gone (its store is being dropped).
+            let _ = ready.wait_for(|r| *r != Readiness::Connecting).await;
+            let readiness = ready.borrow().clone();
+            match readiness {
+                Readiness::Ready => {}
+                Readiness::Refused(refusal) | Readiness::MigrationRefused(refusal) => {
+                    return Err(StoreError::Rejected {
+                        message: format!("{op}: {refusal}"),
+                        source: None,
+                    });
+                }
+                Readiness::Connecting | Readiness::Unreachable => {
+                    return Err(StoreError::Unavailable {
+                        message: format!("{op}: not connected to {} yet", self.inner.url),
+                        source: None,
+                    });
+                }
+            }
             let client = self
                 .inner
                 .pool
@@ -733,7 +775,14 @@ fn pool_error(e: PoolError, op: Op<'_>, limit: Duration) -> StoreError {
 /// [`StoreError::Timeout`], anything else the server refused is [`StoreError::Rejected`].
 pub(crate) fn classify(e: tokio_postgres::Error, op: Op<'_>, limit: Duration) -> StoreError {
     let Some(db) = e.as_db_error() else {
-        let message = format!("{op} failed: {}", with_causes(&e));
+        let message = format!("{op} failed: {}", Causes(&e));
+        // The server asked for a password the URL does not give, or for an authentication
+        // method the driver cannot do: the driver's own refusals, which retrying cannot fix.
+        // (Its error kinds are private; these are its messages for them.)
+        let text = e.to_string();
+        if text.starts_with("authentication error") || text.starts_with("invalid configuration") {
+            return StoreError::rejected(message, e);
+        }
         return StoreError::unavailable(message, e);
     };
     let code = db.code().clone();
@@ -751,17 +800,25 @@ pub(crate) fn classify(e: tokio_postgres::Error, op: Op<'_>, limit: Duration) ->
     }
 }
 
-/// The driver's message followed by its causes ("error connecting to server: Connection
-/// refused"): its `Display` alone leaves out why.
-pub(crate) fn with_causes(e: &tokio_postgres::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
+/// An error followed by its causes ("error connecting to server: Connection refused"), for
+/// log lines and for messages quoting the driver, whose `Display` alone leaves out why. A cause
+/// already quoted is not repeated.
+pub(crate) struct Causes<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = self.0.to_string();
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            cause = c.source();
+        }
+        f.write_str(&out)
     }
-    out
 }
 
 fn to_i64(n: u64) -> Option<i64> {
@@ -1289,10 +1346,14 @@ impl PgConfig {
     /// in the background, retrying with backoff up to
     /// [`max_reconnect_delay`](Self::max_reconnect_delay). Until the server is reached and the
     /// tables exist every operation answers
-    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable); a migration the server
-    /// refuses (no permission) makes every operation answer
-    /// [`StoreError::Rejected`](leasehold::StoreError::Rejected). Fails only on settings or a URL
-    /// that can never work, or outside a Tokio runtime; never with [`Error::Connect`].
+    /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable). While the server refuses
+    /// the connection (wrong password, unknown role or database, no CONNECT privilege)
+    /// operations answer [`StoreError::Rejected`](leasehold::StoreError::Rejected) and attempts
+    /// go on, so a fix on the server is picked up; a migration the server refuses (no
+    /// permission) makes every operation answer `Rejected` for good. Operations wait for the
+    /// first attempt to end (within their timeout), so the first answer already tells a refusal
+    /// from an outage. Fails only on settings or a URL that can never work, or outside a Tokio
+    /// runtime; never with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<PgStore> {
         PgStore::open_lazy(self)
     }

@@ -117,7 +117,9 @@ async fn exercise(role: &str, schema: &str) {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Migrate { .. }), "{err:?}");
-    let message = err.to_string();
+    assert!(!err.is_transient(), "{err:?}");
+    // As the command prints it: the error, then its cause.
+    let message = format!("{err}: {}", std::error::Error::source(&err).unwrap());
     assert!(
         !message.contains('\n') && !message.contains(PASSWORD),
         "{message}"

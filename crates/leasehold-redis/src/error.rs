@@ -21,8 +21,9 @@ pub enum Error {
     /// A configuration value is out of range.
     #[error("invalid redis store configuration: {0}")]
     Config(String),
-    /// The server could not be reached, timed out, or refused the connection or credentials.
-    #[error("could not connect to {url}: {source}")]
+    /// The server could not be reached, timed out, or refused the connection or credentials
+    /// (the source says which: [`StoreError::is_transient`] tells an outage from a refusal).
+    #[error("could not connect to {url}")]
     Connect {
         /// The URL, password removed.
         url: String,
@@ -30,4 +31,12 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+}
+
+impl Error {
+    /// Whether retrying later may succeed: the server could not be reached or did not answer in
+    /// time. A refusal (credentials, permissions) and a bad URL or setting are not transient.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Connect { source, .. } if source.is_transient())
+    }
 }

@@ -21,6 +21,7 @@ use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::sync::watch;
 
 use crate::call::{
     Arg, CATALOG, FENCE, HISTORY as HISTORY_KIND, INSTANCES, LEASE, MEMBERS as MEMBERS_KIND, SLOT,
@@ -72,6 +73,22 @@ struct Inner {
     url: String,
     /// Present when notifications are on.
     releases: Option<ReleaseFeed>,
+    /// What connecting has learnt (always [`Access::Known`] for a store from `connect`).
+    access: watch::Receiver<Access>,
+}
+
+/// What a lazily connecting store's background connection attempts have learnt. Operations
+/// wait for the first attempt to end, so that their first answer already tells a refusal from
+/// an outage: some clients (a Redis Cluster's) answer later commands "no connection" whatever
+/// the reason was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Access {
+    /// The first attempt has not ended.
+    Connecting,
+    /// Connected, or not reachable (operations say so themselves).
+    Known,
+    /// The server refused the credentials, as operations report it.
+    Refused(String),
 }
 
 /// How the store reaches its data.
@@ -208,37 +225,30 @@ impl Setup {
         }
     }
 
-    /// A connection, once it is established.
+    /// A connection, once it is established and the server has accepted its credentials.
     async fn connect(&self) -> redis::RedisResult<Conn> {
-        match &self.backend {
+        let conn = match &self.backend {
             Backend::Single {
                 client,
                 manager_config,
-            } => {
-                let mut manager =
-                    ConnectionManager::new_with_config(client.clone(), manager_config.clone())
-                        .await?;
-                // The driver authenticates only when the URL carries credentials, so a server
-                // that wants them answers NOAUTH only to the first command: ask now, so that
-                // is a connect error rather than a release listener's warning followed by the
-                // first operation's error. (A user that may not PING is connected all the same.)
-                match redis::cmd("PING").query_async::<Value>(&mut manager).await {
-                    Err(e) if e.kind() != ErrorKind::Server(ServerErrorKind::NoPerm) => {
-                        return Err(e);
-                    }
-                    _ => {}
-                }
-                Ok(Conn::Single(manager))
-            }
+            } => ConnectionManager::new_with_config(client.clone(), manager_config.clone())
+                .await
+                .map(Conn::Single)?,
             Backend::Sentinel(link) => {
                 link.connection().await?;
-                Ok(Conn::Sentinel(link.clone()))
+                Conn::Sentinel(link.clone())
             }
             Backend::Cluster { client, config } => client
                 .get_async_connection_with_config(config.clone())
                 .await
-                .map(Conn::Cluster),
-        }
+                .map(Conn::Cluster)?,
+        };
+        // The driver authenticates only when the URL carries credentials, so a server that
+        // wants them answers NOAUTH only to the first command: ask now, so that is a connect
+        // error rather than a release listener's warning followed by the first operation's
+        // error.
+        ping(&mut RedisConnection(conn.clone())).await?;
+        Ok(conn)
     }
 }
 
@@ -257,6 +267,7 @@ impl RedisStore {
             .notifications
             .then(|| listener::feed(setup.source.clone(), channel.clone(), &config, &setup.url));
         tracing::debug!(url = %setup.url, prefix = %config.prefix, "connecting to redis in the background");
+        let (access_tx, access) = watch::channel(Access::Connecting);
         let store = Self {
             inner: Arc::new(Inner {
                 conn: RwLock::new(conn),
@@ -267,10 +278,12 @@ impl RedisStore {
                 retention: config.retention,
                 url: setup.url.clone(),
                 releases,
+                access,
             }),
         };
         tokio::spawn(warm_up(
             Arc::downgrade(&store.inner),
+            access_tx,
             setup,
             config.connect_timeout,
             config.max_reconnect_delay,
@@ -285,12 +298,11 @@ impl RedisStore {
             url: url.clone(),
             source,
         };
+        let op = Op::new("connect", None);
         let conn = tokio::time::timeout(config.connect_timeout * 3, setup.connect())
             .await
             .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
-            .map_err(|e| {
-                connect_err(classify(e, Op::new("connect", None), &config.prefix, &url))
-            })?;
+            .map_err(|e| connect_err(classify(e, op, &config.prefix, &url)))?;
 
         let channel = format!("{}:released", config.prefix);
         let op_timeout = config.max_op_timeout();
@@ -312,6 +324,7 @@ impl RedisStore {
                 retention: config.retention,
                 url,
                 releases,
+                access: watch::channel(Access::Known).1,
             }),
         })
     }
@@ -419,7 +432,7 @@ impl RedisStore {
         keys: &[Arg<'_>],
         args: &[Arg<'_>],
     ) -> redis::RedisResult<Value> {
-        let mut conn = self.inner.conn();
+        let mut conn = self.inner.ready_conn().await;
         match script_cmd(script, true, keys, args)
             .query_async(&mut conn)
             .await
@@ -464,7 +477,7 @@ impl RedisStore {
             pipe
         };
         let attempt = async {
-            let mut conn = self.inner.conn();
+            let mut conn = self.inner.ready_conn().await;
             let replies: Vec<Value> = match pipeline(true).query_async(&mut conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     pipeline(false).query_async(&mut conn).await
@@ -488,15 +501,31 @@ impl RedisStore {
     }
 
     fn classify(&self, e: RedisError, op: Op<'_>) -> StoreError {
-        if e.is_timeout() {
+        let error = if e.is_timeout() {
             // The driver's response timeout, which is op_timeout.
-            return StoreError::Timeout(self.inner.op_timeout);
+            StoreError::Timeout(self.inner.op_timeout)
+        } else {
+            classify(e, op, &self.inner.prefix, &self.inner.url)
+        };
+        match &*self.inner.access.borrow() {
+            // The driver's own error ("no connections") would only mislead.
+            Access::Refused(refusal) if error.is_transient() => StoreError::Rejected {
+                message: format!("{op}: {refusal}"),
+                source: None,
+            },
+            _ => error,
         }
-        classify(e, op, &self.inner.prefix, &self.inner.url)
     }
 }
 
 impl Inner {
+    /// The connection, once a lazily connecting store's first attempt has ended.
+    async fn ready_conn(&self) -> RedisConnection {
+        let mut access = self.access.clone();
+        let _ = access.wait_for(|a| *a != Access::Connecting).await;
+        self.conn()
+    }
+
     fn conn(&self) -> RedisConnection {
         RedisConnection(
             self.conn
@@ -511,7 +540,13 @@ impl Inner {
 /// PINGs, with backoff, until the server answers, then leaves reconnecting to the connection
 /// manager. Ends when the store is dropped. One warning while the server is unreachable, one
 /// notice when it answers.
-async fn warm_up(inner: Weak<Inner>, setup: Setup, connect_timeout: Duration, max_delay: Duration) {
+async fn warm_up(
+    inner: Weak<Inner>,
+    access: watch::Sender<Access>,
+    setup: Setup,
+    connect_timeout: Duration,
+    max_delay: Duration,
+) {
     let min_delay = Duration::from_millis(100);
     let mut delay = min_delay;
     let mut warned = false;
@@ -521,15 +556,29 @@ async fn warm_up(inner: Weak<Inner>, setup: Setup, connect_timeout: Duration, ma
         };
         let mut conn = store.conn();
         drop(store);
-        // Each PING waits for the manager's current connection attempt, so one slow attempt is
-        // not abandoned: a PING that times out is simply followed by another.
-        let ping_cmd = redis::cmd("PING");
-        let ping = ping_cmd.query_async::<Value>(&mut conn);
-        let failure = match tokio::time::timeout(connect_timeout, ping).await {
-            Ok(Ok(_)) => None,
-            // Connected: this user may just not run PING.
-            Ok(Err(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => None,
+        let attempt = async {
+            if let Backend::Cluster { .. } = setup.backend {
+                // A pending cluster connection answers "no connections" whatever kept it from
+                // the nodes; a connection of its own reports why (refused credentials, say).
+                let fresh = setup.connect().await?;
+                if let Some(store) = inner.upgrade() {
+                    *store.conn.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+                }
+                Ok(())
+            } else {
+                // Each PING waits for the manager's current connection attempt, so one slow
+                // attempt is not abandoned: a PING that times out is simply followed by another.
+                ping(&mut conn).await
+            }
+        };
+        let failure = match tokio::time::timeout(connect_timeout, attempt).await {
+            Ok(Ok(())) => None,
             Ok(Err(e)) => {
+                access.send_replace(if is_auth_failure(&e) {
+                    Access::Refused(credentials_refused(&setup.url))
+                } else {
+                    Access::Known
+                });
                 if !e.is_io_error() {
                     // The manager keeps a failed connection attempt (refused credentials, say)
                     // and reconnects only after I/O errors: start over with a fresh one, so a
@@ -540,9 +589,13 @@ async fn warm_up(inner: Weak<Inner>, setup: Setup, connect_timeout: Duration, ma
                 }
                 Some(e.to_string())
             }
-            Err(_) => Some(format!("no answer within {connect_timeout:?}")),
+            Err(_) => {
+                access.send_replace(Access::Known);
+                Some(format!("no answer within {connect_timeout:?}"))
+            }
         };
         let Some(failure) = failure else {
+            access.send_replace(Access::Known);
             if warned {
                 tracing::info!(url = %setup.url, "connected to redis");
             } else {
@@ -553,11 +606,12 @@ async fn warm_up(inner: Weak<Inner>, setup: Setup, connect_timeout: Duration, ma
         if !warned {
             tracing::warn!(
                 url = %setup.url,
-                "redis is not reachable yet, operations fail until it is; retrying: {failure}"
+                "redis cannot be used yet (unreachable or refusing), operations fail until it \
+                 answers; retrying: {failure}"
             );
             warned = true;
         } else {
-            tracing::debug!(url = %setup.url, "redis still not reachable: {failure}");
+            tracing::debug!(url = %setup.url, "redis still cannot be used: {failure}");
         }
         let jitter = fastrand::u64(..=delay.as_millis() as u64 / 2);
         tokio::time::sleep(delay + Duration::from_millis(jitter)).await;
@@ -589,6 +643,9 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
     let detail = e.detail().unwrap_or_default().to_owned();
     let code = e.code().unwrap_or_default().to_owned();
     let unavailable = |e: RedisError| StoreError::unavailable(format!("{op} at {url}: {e}"), e);
+    if is_auth_failure(&e) {
+        return StoreError::rejected(format!("{op}: {}", credentials_refused(url)), e);
+    }
     match e.kind() {
         ErrorKind::Io | ErrorKind::Client | ErrorKind::ClusterConnectionNotFound => unavailable(e),
         // Also what a wrong primary name gives; it is retried like a failover in progress.
@@ -642,10 +699,6 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
             format!("{op}: {url} is a Redis Cluster node that redirected the request ({e})"),
             e,
         ),
-        ErrorKind::AuthenticationFailed => StoreError::rejected(
-            format!("{op}: redis authentication failed (check the user and password in the url)"),
-            e,
-        ),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             StoreError::Corrupt(format!("{op}: unexpected reply from redis: {e}"))
         }
@@ -662,10 +715,6 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
                 e,
             ),
             "LEASEHOLD_CORRUPT" => StoreError::Corrupt(format!("{op}: {detail}")),
-            "NOAUTH" | "WRONGPASS" => StoreError::rejected(
-                format!("{op}: redis authentication failed ({code} {detail})"),
-                e,
-            ),
             "ERR" if detail.contains("can't run this command") => StoreError::rejected(
                 format!(
                     "{op}: the redis user may not run a command the script uses ({detail}); \
@@ -681,6 +730,40 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
             }
             _ => StoreError::rejected(format!("{op}: redis refused: {e}"), e),
         },
+    }
+}
+
+/// PING, answered by a server that accepts this connection's credentials. A user without
+/// permission to run PING is connected all the same.
+async fn ping(conn: &mut RedisConnection) -> redis::RedisResult<()> {
+    match redis::cmd("PING").query_async::<Value>(conn).await {
+        Err(e) if e.kind() != ErrorKind::Server(ServerErrorKind::NoPerm) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// What a refusal of the credentials says.
+fn credentials_refused(url: &str) -> String {
+    let sentinels = if url.starts_with(crate::url::SENTINEL_SCHEME) {
+        ", and sentinel_password for the sentinels"
+    } else {
+        ""
+    };
+    format!("redis refused the credentials (check the user and password in the url{sentinels})")
+}
+
+/// Whether `e` is the server refusing the credentials: wrong, missing (`NOAUTH`), or a user
+/// that may not log in. A Redis Cluster client reports it inside an I/O error ("failed to
+/// create initial connections") whose detail quotes the node's refusal, so the text is read
+/// too; retrying such an error cannot help, whatever its kind.
+fn is_auth_failure(e: &RedisError) -> bool {
+    const REFUSALS: [&str; 3] = ["AuthenticationFailed", "NOAUTH", "WRONGPASS"];
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => true,
+        ErrorKind::Io | ErrorKind::Client | ErrorKind::ClusterConnectionNotFound => e
+            .detail()
+            .is_some_and(|detail| REFUSALS.iter().any(|r| detail.contains(r))),
+        _ => e.code().is_some_and(|code| REFUSALS[1..].contains(&code)),
     }
 }
 
@@ -872,7 +955,7 @@ impl Store for RedisStore {
     async fn now_millis(&self) -> StoreResult<u64> {
         let op = Op::new("time", None);
         let attempt = async {
-            let mut conn = self.inner.conn();
+            let mut conn = self.inner.ready_conn().await;
             let (secs, micros): (u64, u64) = redis::cmd("TIME")
                 .query_async(&mut conn)
                 .await
@@ -1259,7 +1342,7 @@ impl RedisStore {
         };
         let timeout = self.inner.op_timeout;
         let mut keys = Vec::new();
-        let mut conn = self.inner.conn();
+        let mut conn = within(timeout, async { Ok(self.inner.ready_conn().await) }).await?;
         if let Conn::Cluster(cluster) = &mut conn.0 {
             let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             let first = step(

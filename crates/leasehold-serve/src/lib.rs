@@ -25,20 +25,46 @@
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
 //! use leasehold::{BoxStore, MemoryStore};
-//! use leasehold_serve::{Listen, Sidecar, SidecarConfig};
+//! use leasehold_serve::{Listen, ServeConfig, Sidecar, SidecarConfig};
 //!
 //! let sidecar = Sidecar::new(BoxStore::new(MemoryStore::new()), SidecarConfig::default());
 //! let listen: Listen = "127.0.0.1:7070".parse().expect("an address");
 //! let shutdown = async { let _ = tokio::signal::ctrl_c().await; };
-//! leasehold_serve::serve(sidecar, &listen, None, shutdown).await
+//! leasehold_serve::serve(sidecar, &listen, ServeConfig::default(), shutdown).await
 //! # }
 //! ```
+//!
+//! ## Connections
+//!
+//! The server (HTTP/1.1, [`serve`]) bounds every wait on a client, so clients that connect and
+//! send nothing, or send a byte at a time, cannot exhaust its descriptors or memory
+//! ([`ServeConfig`], `leasehold serve` flags in brackets):
+//!
+//! | bound | default | closes a connection that |
+//! |---|---|---|
+//! | header read timeout (`--header-read-timeout`) | 10 s | has not sent a complete request head this long after it connected, or after the head's first byte |
+//! | body read timeout (`--body-read-timeout`) | 10 s | has not sent the whole body this long after the head |
+//! | idle timeout (`--idle-timeout`) | 60 s | has sent no new request this long after a response (responses carry `Keep-Alive: timeout=N`), or has stopped reading its answers this long |
+//! | connection limit (`--max-connections`) | 1024 | — new connections wait in the listen backlog while this many are open; one log line when the limit is reached, one when it clears |
+//! | shutdown grace (`--shutdown-grace`) | 10 s | — on shutdown, connections waiting on their client close at once, requests being handled get this long (open long-polls answer 410 at once) |
+//!
+//! A request being handled has no time limit of the server's: the long-polls bound themselves
+//! by `max_wait`. A request with both `Content-Length` and `Transfer-Encoding` is refused
+//! (400, connection closed): a proxy in front might have framed it differently.
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 mod error;
 mod held;
 mod leases;
 mod prometheus;
+mod server;
 mod ticks;
+
+pub use server::ServeConfig;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -355,18 +381,19 @@ impl std::fmt::Display for Listen {
     }
 }
 
-/// Serves `sidecar` on `listen` until `shutdown` completes, then stops taking requests,
-/// releases what it holds for applications and returns.
+/// Serves `sidecar` on `listen` until `shutdown` completes, then stops taking connections,
+/// waits for the requests being handled (at most `config`'s grace), releases what it holds for
+/// applications and returns. Connections are bounded as [`ServeConfig`] says.
 ///
-/// Binding beyond loopback without `auth_token` is refused: anyone who can reach the sidecar
+/// Binding beyond loopback without an auth token is refused: anyone who can reach the sidecar
 /// could take and release leases.
 pub async fn serve(
     sidecar: Sidecar,
     listen: &Listen,
-    auth_token: Option<String>,
+    config: ServeConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if !listen.is_local() && auth_token.is_none() {
+    if !listen.is_local() && config.auth_token.is_none() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
@@ -374,30 +401,36 @@ pub async fn serve(
             ),
         ));
     }
-    let app = sidecar.router(auth_token);
+    let app = sidecar.router(config.auth_token.clone());
     let stop = sidecar.0.stop.clone();
-    tokio::spawn(purge_hourly(sidecar.0.store.clone(), stop.clone()));
-    let graceful = async move {
+    let on_shutdown = stop.clone();
+    let watch = async move {
         shutdown.await;
         // Open watches answer (410) at once rather than holding shutdown up.
-        stop.cancel();
+        on_shutdown.cancel();
+        std::future::pending::<()>().await;
     };
-    let served = match listen {
-        Listen::Tcp(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await?;
-            axum::serve(listener, app)
-                .with_graceful_shutdown(graceful)
-                .await
+    let serving = async {
+        match listen {
+            Listen::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                tokio::spawn(purge_hourly(sidecar.0.store.clone(), stop.clone()));
+                server::run(listener, app, &config, stop).await;
+            }
+            Listen::Unix(path) => {
+                let listener = bind_unix(path)?;
+                tokio::spawn(purge_hourly(sidecar.0.store.clone(), stop.clone()));
+                server::run(listener, app, &config, stop).await;
+            }
         }
-        Listen::Unix(path) => {
-            let listener = bind_unix(path)?;
-            axum::serve(listener, app)
-                .with_graceful_shutdown(graceful)
-                .await
-        }
+        Ok::<(), std::io::Error>(())
     };
+    tokio::select! {
+        served = serving => served?,
+        () = watch => {}
+    }
     sidecar.shut_down(Duration::from_secs(10)).await;
-    served
+    Ok(())
 }
 
 /// Applications name leases freely (a lease per job): the records of names free for a day are

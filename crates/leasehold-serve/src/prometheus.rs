@@ -14,8 +14,10 @@ use metrics::Unit;
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use tokio::time::Instant;
 
+use leasehold::CancellationToken;
+
 use crate::error::ApiError;
-use crate::{Listen, Sidecar};
+use crate::{Listen, ServeConfig, Sidecar, server};
 
 /// Histogram buckets, in seconds: from a store's sub-millisecond answer to a 5-minute long-poll.
 const BUCKETS: &[f64] = &[
@@ -114,23 +116,20 @@ enum Bound {
 }
 
 impl MetricsListener {
-    /// Serves scrapes until `shutdown` completes.
-    pub async fn serve(
-        self,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
+    /// Serves scrapes until `shutdown` completes, on the sidecar's HTTP server: every wait on a
+    /// client bounded and at most [`ServeConfig::max_connections`] connections, as for the API.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let app = self.metrics.router();
+        let config = ServeConfig::default();
+        let stop = CancellationToken::new();
+        let on_shutdown = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            on_shutdown.cancel();
+        });
         match self.bound {
-            Bound::Tcp(listener) => {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-            }
-            Bound::Unix(listener) => {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-            }
+            Bound::Tcp(listener) => server::run(listener, app, &config, stop).await,
+            Bound::Unix(listener) => server::run(listener, app, &config, stop).await,
         }
     }
 }

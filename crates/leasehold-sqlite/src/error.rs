@@ -36,7 +36,7 @@ pub enum Error {
     },
     /// The file (or its directory, which must hold the `-wal` and `-shm` files) cannot be
     /// opened for reading and writing, e.g. for lack of permission.
-    #[error("cannot open sqlite database {}: {source}", path.display())]
+    #[error("cannot open sqlite database {}", path.display())]
     Io {
         /// The database file.
         path: PathBuf,
@@ -46,7 +46,7 @@ pub enum Error {
     },
     /// SQLite could not open the file, switch it to WAL mode or create the schema (not a
     /// database, locked past the busy timeout, read-only directory, …).
-    #[error("cannot open sqlite database {}: {source}", path.display())]
+    #[error("cannot open sqlite database {}", path.display())]
     Open {
         /// The database file.
         path: PathBuf,
@@ -79,4 +79,26 @@ pub enum Error {
     /// A background task could not be started (no tokio runtime, or it panicked).
     #[error("sqlite store setup failed: {0}")]
     Runtime(String),
+}
+
+impl Error {
+    /// Whether retrying later may succeed: the file is locked past the busy timeout, the disk
+    /// is full or failing. A file this process may not write (permissions, a read-only file or
+    /// filesystem), a foreign or newer file, a missing directory and a bad URL or setting are
+    /// not transient.
+    pub fn is_transient(&self) -> bool {
+        use rusqlite::ErrorCode as C;
+        use std::io::ErrorKind as K;
+        match self {
+            Self::Io { source, .. } => !matches!(
+                source.kind(),
+                K::PermissionDenied | K::ReadOnlyFilesystem | K::IsADirectory
+            ),
+            Self::Open { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(C::DatabaseBusy | C::DatabaseLocked | C::DiskFull | C::SystemIoFailure)
+            ),
+            _ => false,
+        }
+    }
 }

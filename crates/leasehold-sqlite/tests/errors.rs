@@ -70,6 +70,7 @@ async fn a_foreign_file_is_refused() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Open { .. }), "{err:?}");
+    assert!(!err.is_transient(), "a refusal: {err:?}");
 }
 
 #[tokio::test]
@@ -87,10 +88,10 @@ async fn permission_denied_is_a_clear_error() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
-    assert!(
-        err.to_string().to_lowercase().contains("permission"),
-        "{err}"
-    );
+    assert!(!err.is_transient(), "a refusal: {err:?}");
+    // The message names the file, its source why.
+    let cause = std::error::Error::source(&err).unwrap().to_string();
+    assert!(cause.to_lowercase().contains("permission"), "{cause}");
 }
 
 #[tokio::test]
@@ -108,6 +109,7 @@ async fn a_newer_schema_is_refused() {
         matches!(err, Error::SchemaTooNew { found: 99, .. }),
         "{err:?}"
     );
+    assert!(!err.is_transient());
 }
 
 #[tokio::test]

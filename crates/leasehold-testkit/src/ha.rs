@@ -125,6 +125,18 @@ pub struct SentinelGroup {
     processes: Processes,
 }
 
+/// `-a PASSWORD` for redis-cli (without its warning), or nothing.
+fn auth(password: Option<&str>) -> Vec<&str> {
+    password.map_or_else(Vec::new, |pw| vec!["--no-auth-warning", "-a", pw])
+}
+
+/// `redis-cli` on `port`, authenticating with `password` if given.
+fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut all = auth(password);
+    all.extend(args);
+    cli(port, &all)
+}
+
 impl SentinelGroup {
     /// Starts a group whose sentinels need no password, and waits until the replica is in
     /// sync and the sentinels know it and each other.
@@ -135,14 +147,32 @@ impl SentinelGroup {
     /// A group whose sentinels require `password` (`requirepass`, and `sentinel sentinel-pass`
     /// so they can still talk to each other).
     pub fn start_with(sentinel_password: Option<&str>) -> Self {
+        Self::start_with_passwords(sentinel_password, None)
+    }
+
+    /// A group whose sentinels require `sentinel_password` and whose primary and replica
+    /// require `data_password` (`requirepass` and `masterauth`; the sentinels are told it with
+    /// `sentinel auth-pass`).
+    pub fn start_with_passwords(
+        sentinel_password: Option<&str>,
+        data_password: Option<&str>,
+    ) -> Self {
         let ports = free_ports(5);
         let (primary, replica, sentinels) = (ports[0], ports[1], ports[2..].to_vec());
         let mut processes = Processes::new("sentinel");
+        let data_auth: Vec<String> = data_password.map_or_else(Vec::new, |pw| {
+            ["--requirepass", pw, "--masterauth", pw]
+                .map(String::from)
+                .to_vec()
+        });
         let dir = processes.subdir("primary");
-        processes.start(primary, &server_args(primary, &dir));
+        let mut args = server_args(primary, &dir);
+        args.extend(data_auth.iter().cloned());
+        processes.start(primary, &args);
         let dir = processes.subdir("replica");
         let mut args = server_args(replica, &dir);
         args.extend(["--replicaof", "127.0.0.1", &primary.to_string()].map(String::from));
+        args.extend(data_auth);
         processes.start(replica, &args);
         for &port in &sentinels {
             let dir = processes.subdir(&format!("sentinel-{port}"));
@@ -154,9 +184,12 @@ impl SentinelGroup {
                      sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
                      sentinel down-after-milliseconds {MASTER} 500\n\
                      sentinel failover-timeout {MASTER} 5000\n\
-                     sentinel parallel-syncs {MASTER} 1\n{}",
+                     sentinel parallel-syncs {MASTER} 1\n{}{}",
                     sentinel_password.map_or(String::new(), |pw| format!(
                         "requirepass {pw}\nsentinel sentinel-pass {pw}\n"
+                    )),
+                    data_password.map_or(String::new(), |pw| format!(
+                        "sentinel auth-pass {MASTER} {pw}\n"
                     ))
                 ),
             )
@@ -165,7 +198,8 @@ impl SentinelGroup {
         }
         processes.arm_watchdog();
         wait_for("the replica in sync", Duration::from_secs(10), || {
-            cli(replica, &["INFO", "replication"]).contains("master_link_status:up")
+            cli_as(replica, data_password, &["INFO", "replication"])
+                .contains("master_link_status:up")
         });
         // A failover needs the sentinels to know the replica and each other (hello messages
         // go out every 2 s).
@@ -174,12 +208,7 @@ impl SentinelGroup {
             Duration::from_secs(15),
             || {
                 sentinels.iter().all(|&s| {
-                    let mut args = vec!["--no-auth-warning"];
-                    if let Some(pw) = sentinel_password {
-                        args.extend(["-a", pw]);
-                    }
-                    args.extend(["SENTINEL", "MASTER", MASTER]);
-                    let info = cli(s, &args);
+                    let info = cli_as(s, sentinel_password, &["SENTINEL", "MASTER", MASTER]);
                     let lines: Vec<&str> = info.lines().collect();
                     let field = |name: &str| {
                         lines
@@ -228,13 +257,9 @@ impl SentinelGroup {
 
     /// The port of the primary a sentinel names now.
     pub fn named_primary(&self) -> Option<u16> {
-        let mut args = vec!["--no-auth-warning"];
-        if let Some(pw) = &self.sentinel_password {
-            args.extend(["-a", pw.as_str()]);
-        }
-        args.extend(["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
+        let args = ["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER];
         self.sentinels.iter().find_map(|&s| {
-            cli(s, &args)
+            cli_as(s, self.sentinel_password.as_deref(), &args)
                 .lines()
                 .nth(1)
                 .and_then(|p| p.trim().parse().ok())
@@ -246,6 +271,8 @@ impl SentinelGroup {
 pub struct Cluster {
     /// The nodes' client ports.
     pub ports: Vec<u16>,
+    /// The nodes' `requirepass`, if any.
+    password: Option<String>,
     processes: Processes,
 }
 
@@ -253,6 +280,12 @@ impl Cluster {
     /// Starts the nodes, creates the cluster with `redis-cli --cluster create` and waits until
     /// every node reports `cluster_state:ok`.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A cluster whose nodes require `password` (`requirepass`, and `masterauth` so replicas
+    /// can sync).
+    pub fn start_with(password: Option<&str>) -> Self {
         let all = free_ports(12);
         let (ports, bus) = (all[..6].to_vec(), all[6..].to_vec());
         let mut processes = Processes::new("cluster");
@@ -272,11 +305,15 @@ impl Cluster {
                 ]
                 .map(String::from),
             );
+            if let Some(pw) = password {
+                args.extend(["--requirepass", pw, "--masterauth", pw].map(String::from));
+            }
             processes.start(port, &args);
         }
         processes.arm_watchdog();
         let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
+            .args(auth(password))
             .args(["--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -292,12 +329,20 @@ impl Cluster {
             "every node to report cluster_state:ok",
             Duration::from_secs(15),
             || {
-                ports
-                    .iter()
-                    .all(|&p| cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                ports.iter().all(|&p| {
+                    cli_as(p, password, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+                })
             },
         );
-        Self { ports, processes }
+        Self {
+            ports,
+            password: password.map(str::to_owned),
+            processes,
+        }
+    }
+
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli_as(port, self.password.as_deref(), args)
     }
 
     /// Waits until every replica has synced: one that never did refuses to fail over
@@ -305,7 +350,7 @@ impl Cluster {
     pub fn wait_for_replicas(&self) {
         wait_for("every replica in sync", Duration::from_secs(15), || {
             self.ports.iter().all(|&p| {
-                let info = cli(p, &["INFO", "replication"]);
+                let info = self.cli(p, &["INFO", "replication"]);
                 info.contains("role:master") || info.contains("master_link_status:up")
             })
         });
@@ -327,7 +372,7 @@ impl Cluster {
 
     /// The slot of `key`.
     pub fn slot(&self, key: &str) -> u16 {
-        let slot = cli(self.ports[0], &["CLUSTER", "KEYSLOT", key]);
+        let slot = self.cli(self.ports[0], &["CLUSTER", "KEYSLOT", key]);
         slot.trim().parse().expect("a slot number")
     }
 
@@ -337,7 +382,7 @@ impl Cluster {
             .iter()
             .copied()
             .filter(|&p| {
-                let reply = cli(p, &["GET", key]);
+                let reply = self.cli(p, &["GET", key]);
                 !reply.trim().is_empty() && !reply.contains("MOVED")
             })
             .collect()

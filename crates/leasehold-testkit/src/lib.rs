@@ -1,8 +1,8 @@
 //! Helpers the workspace's tests share (a dev-dependency only, never published): loopback
 //! ports, a redis-server of a test's own ([`redis`]), Sentinel groups and Redis Clusters
 //! ([`ha`]), a MariaDB server of a test's own ([`mariadb`]), TLS certificates made with the
-//! `openssl` tool ([`tls`]), and the store conformance suite run all at once on one deployment
-//! ([`conformance`]).
+//! `openssl` tool ([`tls`]), a PostgreSQL stand-in that refuses passwords ([`postgres`]), and
+//! the store conformance suite run all at once on one deployment ([`conformance`]).
 //!
 //! Servers are killed when their value is dropped; their data directories live under the
 //! system temp dir and go with them. Failures panic with a message naming what is missing, as
@@ -11,6 +11,7 @@
 pub mod conformance;
 pub mod ha;
 pub mod mariadb;
+pub mod postgres;
 pub mod redis;
 pub mod tls;
 

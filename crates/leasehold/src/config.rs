@@ -77,7 +77,7 @@ pub struct LeaseConfig {
     /// store's over one ttl. Default: ttl / 100 + 2 ms.
     pub drift_margin: Duration,
     /// How long before the local deadline a guard whose renewal is overdue tells its work to
-    /// stop ([`LeaseGuard::expiring`](crate::LeaseGuard::expiring)), so the work has ended
+    /// stop ([`LeaseGuard::cancellation_token`](crate::LeaseGuard::cancellation_token)), so the work has ended
     /// before the store can grant the lease to anyone else. Default: ttl / 5.
     pub stop_margin: Duration,
 }

@@ -11,6 +11,9 @@
 //! server and run in parallel. They use the real clock with short ttls, so a store's own TTL
 //! handling is exercised.
 
+// Test support: a failed expectation here is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::time::Duration;
 
 use crate::catalog::{CATALOG_RETENTION, Registration, TaskRecord, Versioned};

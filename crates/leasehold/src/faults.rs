@@ -46,6 +46,8 @@ pub struct Faults {
     /// reply being read, with no timer firing meanwhile (a stop-the-world pause, or a reply
     /// that crawled): the paused tokio clock jumps by that much. Only for tests on a paused
     /// clock (`#[tokio::test(start_paused = true)]`); tokio panics otherwise.
+    /// (Feature `faults-paused-clock`, which turns on tokio's test utilities.)
+    #[cfg(feature = "faults-paused-clock")]
     pub acquire_delay_ms: AtomicU64,
     /// Milliseconds by which acquires reach the store (a sleep before the inner call), so that
     /// concurrent acquires overlap in flight.
@@ -171,6 +173,7 @@ impl<S: Store> Layer for FaultyStore<S> {
             let mut answer = call().await;
 
             match op {
+                #[cfg(feature = "faults-paused-clock")]
                 "acquire" => {
                     let pause = faults.acquire_delay_ms.load(Ordering::SeqCst);
                     if pause > 0 {

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedMutexGuard, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::catalog::{Control, Pause};
+use crate::catalog::{Control, Pause, TriggerRequest};
 use crate::history::{HistoryWriter, MissReason, RunRecord};
 use crate::leader::{Leader, LeaderState};
 use crate::lease::{Lease, LeaseGuard, TryAcquire};
@@ -102,6 +102,7 @@ pub struct Ticket {
     guard: LeaseGuard,
     slot: u64,
     trigger: Trigger,
+    request: Option<TriggerRequest>,
     leader: Option<CancellationToken>,
     _exclusive: OwnedMutexGuard<()>,
 }
@@ -115,6 +116,11 @@ impl Ticket {
     /// What started it.
     pub fn trigger(&self) -> Trigger {
         self.trigger
+    }
+
+    /// For a manual run asked for through the catalog (`leasehold trigger`): the request.
+    pub fn request(&self) -> Option<&TriggerRequest> {
+        self.request.as_ref()
     }
 
     /// The task lease held for the run (its token fences the run's writes).
@@ -349,12 +355,69 @@ impl<S: Slots + Catalog> Gate<S> {
                 guard,
                 slot,
                 trigger,
+                request: None,
                 leader,
                 _exclusive: exclusive,
             }),
             Err(skip) => {
                 release_in_background(guard);
                 Err(skip)
+            }
+        }
+    }
+
+    /// Takes the task's pending manual trigger (from `reading`, or a control record read with
+    /// the store's clock at `now_ms`) if this instance may run the task now: it is entitled,
+    /// no gated run of the task is going here, the task lease is free, and the trigger is still
+    /// there when it is taken (compare-and-set, so exactly one instance takes it). The ticket's
+    /// slot is the trigger's time. `None`: nothing to take, or not here.
+    pub async fn take_trigger(
+        &self,
+        control: &Control,
+        version: u64,
+        now_ms: u64,
+    ) -> Result<Option<Ticket>, StoreError> {
+        let Some(request) = control.trigger.clone().filter(|t| t.expires_ms > now_ms) else {
+            return Ok(None);
+        };
+        let Ok(leader) = self.entitled().await else {
+            return Ok(None);
+        };
+        let Ok(exclusive) = self.exclusive.clone().try_lock_owned() else {
+            return Ok(None);
+        };
+        let guard = match self.lease.try_acquire().await {
+            Ok(TryAcquire::Acquired(guard)) => guard,
+            Ok(TryAcquire::Busy { .. }) => return Ok(None),
+            Err(crate::LeaseError::Store(e)) => return Err(e),
+            Err(_) => return Ok(None),
+        };
+        let taken = Control {
+            trigger: None,
+            ..control.clone()
+        }
+        .to_json();
+        let write = self
+            .lease
+            .store()
+            .set_control(self.task(), Some(version), &taken);
+        match crate::store::within(self.limit(), write).await {
+            Ok(Some(_)) => Ok(Some(Ticket {
+                guard,
+                slot: request.at_ms,
+                trigger: Trigger::Manual,
+                request: Some(request),
+                leader,
+                _exclusive: exclusive,
+            })),
+            // Another instance took it (or the record changed): not ours.
+            Ok(None) => {
+                release_in_background(guard);
+                Ok(None)
+            }
+            Err(e) => {
+                release_in_background(guard);
+                Err(e)
             }
         }
     }

@@ -107,6 +107,10 @@ pub enum RunOutcome {
     Aborted,
     /// The job panicked.
     Panicked,
+    /// Recorded as running, but the lease it ran under is gone (its instance was killed, or
+    /// stopped answering) and no end was recorded. Readers infer it (see [`read`]); no
+    /// instance writes it, so releases that do not know it never meet it.
+    Lost,
     /// Slots that did not run: `count` firings from the record's slot to `last_slot`.
     Missed {
         /// How many firings.
@@ -120,7 +124,7 @@ pub enum RunOutcome {
 
 impl RunOutcome {
     /// A short word for tables: `running`, `ok`, `failed`, `cancelled`, `aborted`, `panicked`,
-    /// `missed`.
+    /// `lost`, `missed`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Running => "running",
@@ -129,6 +133,7 @@ impl RunOutcome {
             Self::Cancelled { .. } => "cancelled",
             Self::Aborted => "aborted",
             Self::Panicked => "panicked",
+            Self::Lost => "lost",
             Self::Missed { .. } => "missed",
         }
     }
@@ -383,18 +388,74 @@ impl HistoryWriter {
     }
 }
 
-/// The newest `limit` records of `task`, newest first.
+/// The newest `limit` records of `task`, newest first. A run recorded as running whose lease
+/// is gone (another tenure holds it, or nobody does) is reported [`RunOutcome::Lost`]: its
+/// instance died before it could record the end. (The lease is `task` itself for runs of a
+/// scheduler and the sidecar.)
 pub async fn read<S: Slots>(
     store: &S,
     task: &LeaseName,
     limit: usize,
 ) -> Result<Vec<RunRecord>, StoreError> {
-    store
+    let mut records: Vec<RunRecord> = store
         .history(task, limit)
         .await?
         .iter()
         .map(|text| RunRecord::from_json(text))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    if records.iter().any(|r| r.outcome == RunOutcome::Running) {
+        let lease = store.inspect(task).await?;
+        for record in &mut records {
+            if record.outcome == RunOutcome::Running && !holds(lease.as_ref(), record) {
+                record.outcome = RunOutcome::Lost;
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// The slots of `task` that fell between the newest one its history accounts for (run, or
+/// recorded missed) and `slot`, as a missed record for `holder` to write, or `None` when there
+/// are none or the history says nothing yet. For code that runs gated work without the
+/// scheduler's timer (the sidecar): it learns of a gap only when the next slot is granted.
+pub async fn gap_before<S: Slots>(
+    store: &S,
+    task: &LeaseName,
+    schedule: &crate::Schedule,
+    slot: u64,
+    holder: &str,
+) -> Result<Option<RunRecord>, StoreError> {
+    let newest = read(store, task, 20)
+        .await?
+        .iter()
+        .filter_map(|r| match r.outcome {
+            RunOutcome::Missed { last_slot, .. } => Some(last_slot),
+            _ => r.slot,
+        })
+        .filter(|&s| s < slot)
+        .max();
+    let Some(newest) = newest else {
+        return Ok(None);
+    };
+    let (count, last) = schedule.firings_between(newest, slot.saturating_sub(1), 1);
+    Ok(match (schedule.next_after(newest), last.first()) {
+        (Some(first), Some(&last)) if count > 0 && first < slot => {
+            let mut record = RunRecord::missed(first, count, last, MissReason::NotClaimed, holder);
+            record.schedule = Some(RecordedSchedule::of(schedule));
+            Some(record)
+        }
+        _ => None,
+    })
+}
+
+/// Whether `lease` is still the tenure `record`'s run holds.
+fn holds(lease: Option<&crate::LeaseState>, record: &RunRecord) -> bool {
+    match (lease, record.token) {
+        (Some(lease), Some(token)) => lease.holder.is_some() && lease.token == token,
+        // A run without a token (ungated) cannot be judged by the lease.
+        (_, None) => true,
+        (None, Some(_)) => false,
+    }
 }
 
 #[cfg(test)]
@@ -471,5 +532,91 @@ mod tests {
             RunRecord::from_json("{\"holder\":1}"),
             Err(StoreError::Corrupt(_))
         ));
+    }
+
+    /// A run recorded as running reads as running while its lease is held with its token, and
+    /// as lost once that tenure is gone (its instance died before recording the end).
+    #[tokio::test(start_paused = true)]
+    async fn a_running_record_whose_lease_is_gone_reads_lost() {
+        use crate::store::Acquisition;
+        use crate::{HolderId, MemoryStore, Store};
+        let store = MemoryStore::new();
+        let task = LeaseName::new("sweep").unwrap();
+        let who = HolderId::new("a").unwrap();
+        let ttl = Duration::from_secs(10);
+        let Acquisition::Acquired { token } = store.acquire(&task, &who, ttl).await.unwrap() else {
+            panic!("a free lease");
+        };
+        let run = RunRecord::started(Some(5), RecordTrigger::Timer, "a", Some(token), 1, None);
+        store
+            .record_history(&task, 5, &run.to_json(), 10)
+            .await
+            .unwrap();
+        let ungated = RunRecord::started(Some(6), RecordTrigger::Timer, "b", None, 2, None);
+        store
+            .record_history(&task, 6, &ungated.to_json(), 10)
+            .await
+            .unwrap();
+        let outcomes = |records: Vec<RunRecord>| -> Vec<RunOutcome> {
+            records.into_iter().map(|r| r.outcome).collect()
+        };
+        let now = outcomes(read(&store, &task, 10).await.unwrap());
+        assert_eq!(now, [RunOutcome::Running, RunOutcome::Running]);
+        tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+        let later = outcomes(read(&store, &task, 10).await.unwrap());
+        assert_eq!(
+            later,
+            [RunOutcome::Running, RunOutcome::Lost],
+            "ungated runs are not judged"
+        );
+    }
+
+    /// A gap between the newest slot the history accounts for and a newly granted one is
+    /// reported once, from its first to its last slot; no gap, or no history, is none.
+    #[tokio::test]
+    async fn a_gap_before_a_granted_slot_is_the_slots_nobody_accounted_for() {
+        use crate::{MemoryStore, Schedule};
+        let store = MemoryStore::new();
+        let task = LeaseName::new("sweep").unwrap();
+        let every_10 = Schedule::every(Duration::from_millis(10)).unwrap();
+        let none = gap_before(&store, &task, &every_10, 100, "me")
+            .await
+            .unwrap();
+        assert_eq!(none, None, "no history: nothing to compare with");
+        let run = RunRecord::started(Some(100), RecordTrigger::Timer, "a", None, 100, None);
+        store
+            .record_history(&task, 100, &run.to_json(), 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            gap_before(&store, &task, &every_10, 110, "me")
+                .await
+                .unwrap(),
+            None
+        );
+        let gap = gap_before(&store, &task, &every_10, 150, "me")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(gap.slot, Some(110));
+        assert_eq!(
+            gap.outcome,
+            RunOutcome::Missed {
+                count: 4,
+                last_slot: 140,
+                reason: MissReason::NotClaimed
+            }
+        );
+        // Once recorded, the gap is accounted for.
+        store
+            .record_history(&task, 110, &gap.to_json(), 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            gap_before(&store, &task, &every_10, 150, "me")
+                .await
+                .unwrap(),
+            None
+        );
     }
 }

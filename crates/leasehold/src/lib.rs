@@ -1,10 +1,17 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod catalog;
 mod config;
 #[cfg(feature = "cron")]
 mod cron;
 mod feed;
+pub mod fleet;
 pub mod gate;
 pub mod history;
 mod leader;

@@ -66,6 +66,15 @@ pub enum Schedule {
 }
 
 impl Schedule {
+    /// The IANA zone of a cron schedule; `None` for an interval.
+    pub fn time_zone(&self) -> Option<&str> {
+        match self {
+            Self::Every(_) => None,
+            #[cfg(feature = "cron")]
+            Self::Cron(c) => Some(c.time_zone()),
+        }
+    }
+
     /// A fixed interval of at least 1 ms.
     pub fn every(interval: Duration) -> Result<Self, ScheduleError> {
         if interval < Duration::from_millis(1) {

@@ -363,3 +363,53 @@ async fn slots_overlapped_by_a_long_run_are_recorded() {
         "every slot from {first} to {last} either ran or is recorded: {records:?}"
     );
 }
+
+/// A leader cut off from the store mid-run (paused, or partitioned) while the next leader runs
+/// slots: when it is back, those slots ran, so they are not recorded as missed for an overlap
+/// (issue 32: a paused former leader used to record them).
+#[tokio::test(start_paused = true)]
+async fn a_leader_cut_off_mid_run_records_no_overlap_for_slots_run_elsewhere() {
+    let shared = MemoryStore::new();
+    let ledger = Ledger::default();
+    let every_5 = |work| recorder(&ledger, "sweep", Schedule::every(SEC * 5).unwrap(), work);
+    let (a_store, b_store) = (view(&shared), view(&shared));
+    // a's runs take 40 s, b's one.
+    let a = start(&a_store, "a", every_5(SEC * 40), true);
+    a.leader().unwrap().elected().await.unwrap();
+    // a's first run starts, then a is cut off from the store (paused, or partitioned).
+    tokio::time::sleep(SEC * 6).await;
+    a_store.set(|f| &f.down, true);
+    let b = start(&b_store, "b", every_5(SEC).catch_up(CatchUp::Skip), true);
+    tokio::time::sleep(SEC * 60).await;
+    a_store.set(|f| &f.down, false);
+    tokio::time::sleep(SEC * 20).await;
+    let ran_by_b: Vec<u64> = ledger
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.holder == "b")
+        .filter_map(|r| r.slot)
+        .collect();
+    assert!(
+        !ran_by_b.is_empty(),
+        "b took over and ran slots: {:?} {:?}",
+        ledger.lock().unwrap(),
+        b.status()
+    );
+    let records = b.history("sweep", 100).await.unwrap();
+    for r in &records {
+        if let RunOutcome::Missed {
+            last_slot,
+            reason: MissReason::Overlap,
+            ..
+        } = r.outcome
+        {
+            let first = r.slot.unwrap();
+            assert!(
+                !ran_by_b.iter().any(|s| (first..=last_slot).contains(s)),
+                "slots {first}..={last_slot} recorded missed for an overlap, but b ran {ran_by_b:?}"
+            );
+        }
+    }
+    drop(a);
+}

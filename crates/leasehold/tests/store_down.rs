@@ -217,6 +217,46 @@ async fn repeated_refusals_stop_the_scheduler_with_a_reason() {
     }
 }
 
+/// A refusal (credentials, permissions) is not an outage: whatever the store-down policy, a
+/// scheduler whose store refuses never runs a tick (fail-open and local run ticks only while the
+/// store cannot be reached) and gives up with a reason after a bounded number of refusals.
+#[tokio::test(start_paused = true)]
+async fn refusals_never_fail_open() {
+    for policy in [
+        StoreDownPolicy::FailOpen,
+        StoreDownPolicy::Local,
+        StoreDownPolicy::FailClosed,
+    ] {
+        for group in [true, false] {
+            let store = FaultyStore::new();
+            store.set(|f| &f.refuse, true);
+            let ledger = Ledger::default();
+            let mut s = Scheduler::new(store.clone())
+                .lease_config(LeaseConfig::new(SEC * 3))
+                .on_store_down(policy)
+                .task(recorder(
+                    &ledger,
+                    "sweep",
+                    Schedule::every(SEC).unwrap(),
+                    SEC / 10,
+                ));
+            if group {
+                s = s.leader_group(LeaseName::new("pods").unwrap());
+            }
+            let s = s.start(std::future::pending()).unwrap();
+            tokio::time::timeout(SEC * 120, s.wait())
+                .await
+                .unwrap_or_else(|_| panic!("{policy}, group {group}: did not give up"));
+            assert!(s.failure().is_some(), "{policy}, group {group}");
+            let runs = ledger.lock().unwrap().len();
+            assert_eq!(
+                runs, 0,
+                "{policy}, group {group}: ran against a refusing store"
+            );
+        }
+    }
+}
+
 /// The memory store never goes down; the single-instance scheduler runs every tick.
 #[tokio::test(start_paused = true)]
 async fn single_instance_mode_runs_every_tick_ungated() {

@@ -97,3 +97,53 @@ pub async fn store() -> MySqlStore {
     CLEANED.get_or_init(drop_stale_tables).await;
     config().connect().await.expect("connect to test mysql")
 }
+
+/// The test server's URL as `user` with `password`.
+pub fn url_as(user: &str, password: &str) -> String {
+    let url = url();
+    let rest = url.strip_prefix("mysql://").expect("a mysql:// test URL");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("mysql://{user}:{password}@{host}")
+}
+
+/// A user of the test's own with `password` and no privileges (grant them), connecting from
+/// 127.0.0.1; dropped by the returned guard.
+pub async fn user(password: &str) -> (String, DropUser) {
+    let user = format!("lhro_{}_{:04x}", unix_secs(), fastrand::u16(..));
+    let mut conn = raw().await;
+    conn.query_drop(format!(
+        "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'"
+    ))
+    .await
+    .unwrap();
+    (user.clone(), DropUser(user))
+}
+
+/// Drops its user.
+pub struct DropUser(String);
+
+impl Drop for DropUser {
+    fn drop(&mut self) {
+        let user = self.0.clone();
+        let url = url();
+        // Outside the test's runtime, which may be shutting down.
+        std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let opts = mysql_async::Opts::from_url(&url).unwrap();
+                if let Ok(mut conn) = Conn::new(opts).await {
+                    let _ = conn
+                        .query_drop(format!("DROP USER IF EXISTS '{user}'@'127.0.0.1'"))
+                        .await;
+                }
+            });
+        })
+        .join()
+        .ok();
+    }
+}

@@ -14,11 +14,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::catalog::{InstanceInfo, TaskSource};
 use crate::history::{DEFAULT_HISTORY_LIMIT, RunRecord};
 use crate::leader::{Leader, LeaderState};
 use crate::lease::{Lease, LeaseError};
 use crate::store_api::StoreError;
-use crate::store_api::{Catalog, Membership, Slots};
+use crate::store_api::{Capabilities, Catalog, Membership, Slots};
 use crate::{ConfigError, HolderId, LeaseConfig, LeaseName, MemoryStore};
 use placement::Placement;
 use runner::{Common, RunNow, TaskRunner};
@@ -163,6 +164,7 @@ pub struct Scheduler<S> {
     tasks: Vec<Task>,
     has_store: bool,
     history_limit: usize,
+    source: TaskSource,
 }
 
 impl Scheduler<MemoryStore> {
@@ -190,6 +192,7 @@ impl<S: Slots + Membership + Catalog> Scheduler<S> {
             tasks: Vec::new(),
             has_store: true,
             history_limit: DEFAULT_HISTORY_LIMIT,
+            source: TaskSource::Scheduler,
         }
     }
 
@@ -234,6 +237,13 @@ impl<S: Slots + Membership + Catalog> Scheduler<S> {
     /// shutdown takes at most `grace + stop_margin`. Default: 30 s.
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// What the store's catalog says registered the tasks (`leasehold status` shows it).
+    /// Default: [`TaskSource::Scheduler`]; `leasehold run` says [`TaskSource::Run`].
+    pub fn registered_as(mut self, source: TaskSource) -> Self {
+        self.source = source;
         self
     }
 
@@ -321,6 +331,7 @@ impl<S: Slots + Membership + Catalog> Scheduler<S> {
             ));
         }
         let mut manual_runs = Vec::new();
+        let mut registered = Vec::new();
         for task in self.tasks {
             let policy = match self.has_store {
                 true => task.policy.unwrap_or(self.policy),
@@ -333,7 +344,26 @@ impl<S: Slots + Membership + Catalog> Scheduler<S> {
             let runner = Arc::new(TaskRunner::new(task, lease, policy, common.clone()));
             manual_runs.push(runner.manual_runs());
             loops.push(tokio::spawn(runner.clone().timer_loop()));
+            let definition = runner
+                .definition(
+                    self.source,
+                    self.leader_group.as_ref(),
+                    self.spread.as_ref(),
+                )
+                .to_json();
+            registered.push((runner.clone(), definition));
             tasks.insert(name, runner);
+        }
+        if self.has_store && self.store.capabilities().contains(Capabilities::CATALOG) {
+            loops.push(tokio::spawn(catalog_heartbeat(
+                registered,
+                self.store.clone(),
+                self.holder.clone(),
+                self.lease_config.renew_interval,
+                stop.clone(),
+            )));
+        } else if self.has_store {
+            tracing::info!(store = %self.store.describe(), capabilities = %self.store.capabilities(), "the store keeps no catalog: these tasks are not listed, and pause and trigger do not reach them");
         }
         tokio::spawn(supervise(
             shutdown,
@@ -355,6 +385,34 @@ impl<S: Slots + Membership + Catalog> Scheduler<S> {
                 },
             }),
         })
+    }
+}
+
+/// Registers every task in the store's catalog once per renew interval (taking manual triggers
+/// meant for this instance), and unregisters them when the scheduler stops.
+async fn catalog_heartbeat<S: Slots + Catalog>(
+    tasks: Vec<(Arc<TaskRunner<S>>, String)>,
+    store: S,
+    holder: HolderId,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let about = InstanceInfo::current().to_json();
+    while !stop.is_cancelled() {
+        for (runner, definition) in &tasks {
+            runner.beat(definition, &about).await;
+        }
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+    for (runner, _) in &tasks {
+        if let Err(e) =
+            crate::store::within(interval, store.unregister(runner.name(), &holder)).await
+        {
+            tracing::debug!(task = %runner.name(), error = %e, "catalog entry not removed; it expires");
+        }
     }
 }
 

@@ -15,16 +15,17 @@ use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use super::placement::{Placement, View};
 use super::task::{CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger};
 use super::{SchedulerError, TaskStatus};
-use crate::gate::{Contender, Decision, Gate, Reading, Skip};
+use crate::catalog::{CATALOG_RETENTION, Control, Registration, TaskDefinition, TaskSource};
+use crate::gate::{Contender, Decision, Gate, Reading, Skip, Ticket};
 use crate::history::{
-    HistoryWriter, MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord,
+    HistoryWriter, MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord, RunRequest,
 };
 use crate::leader::{LeaderHandle, LeaderState, MAX_REFUSALS};
 use crate::lease::{HeldProbe, Lease, TryAcquire};
 
 use crate::store::within;
 use crate::store_api::{Catalog, Slots, StoreError};
-use crate::{FencingToken, HolderId};
+use crate::{FencingToken, HolderId, LeaseName};
 
 /// What every task of one scheduler shares.
 pub(super) struct Common {
@@ -202,6 +203,23 @@ struct Held {
     token: Option<FencingToken>,
     lease: Option<(CancellationToken, HeldProbe)>,
     leader: Option<CancellationToken>,
+    /// For a run asked for through the catalog: who asked, and the request's id.
+    request: Option<RunRequest>,
+}
+
+impl Held {
+    /// What a gate's ticket holds.
+    fn of(ticket: &Ticket) -> Self {
+        Self {
+            token: Some(ticket.guard().token()),
+            lease: Some((ticket.guard().cancellation_token(), ticket.guard().probe())),
+            leader: ticket.leader_signal().cloned(),
+            request: ticket.request().map(|r| RunRequest {
+                id: r.id.clone(),
+                by: r.by.clone(),
+            }),
+        }
+    }
 }
 
 impl<S: Slots + Catalog> TaskRunner<S> {
@@ -332,16 +350,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             if let Some(last) = last
                 && std::mem::take(&mut ran_last)
             {
-                let (count, newest) =
-                    self.task
-                        .schedule
-                        .firings_between(last, slot.saturating_sub(1), 1);
-                if let (Some(first), Some(&last_missed)) =
-                    (self.task.schedule.next_after(last), newest.first())
-                    && count > 0
-                {
-                    self.record_miss(first, count, last_missed, MissReason::Overlap);
-                }
+                self.record_overlap(last, slot).await;
             }
             let fire_at = Instant::now() + Duration::from_millis(slot.saturating_sub(now));
             tokio::select! {
@@ -512,6 +521,29 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         self.common.history.record(&self.task.name, record);
     }
 
+    /// The slots after `last` (which ran here) and before `slot` were not fired here: the run
+    /// outlived them. Those no instance claimed meanwhile are missed for the overlap; those
+    /// claimed elsewhere ran there (this instance may have been paused, and lost its lease, for
+    /// longer than the run), so they are not. The store's claim says which: no answer, no record.
+    async fn record_overlap(&self, last: u64, slot: u64) {
+        let schedule = &self.task.schedule;
+        if schedule.firings_between(last, slot.saturating_sub(1), 1).0 == 0 || !self.coordinated() {
+            return;
+        }
+        let limit = self.gate.lease().config().renew_interval;
+        let claimed = within(limit, self.gate.lease().store().last_slot(&self.task.name)).await;
+        let Ok(claimed) = claimed else {
+            return;
+        };
+        let from = claimed.map_or(last, |c| c.max(last));
+        let (count, newest) = schedule.firings_between(from, slot.saturating_sub(1), 1);
+        if let (Some(first), Some(&last_missed)) = (schedule.next_after(from), newest.first())
+            && count > 0
+        {
+            self.record_miss(first, count, last_missed, MissReason::Overlap);
+        }
+    }
+
     /// Remembers why this instance skipped `slot`, for the next look for missed slots.
     fn skipped(&self, slot: u64, reason: MissReason) {
         let mut known = lock(&self.known_misses);
@@ -539,16 +571,87 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             }
         };
         self.answered(TickOutcome::Ran);
-        let held = Held {
-            token: Some(ticket.guard().token()),
-            lease: Some((ticket.guard().cancellation_token(), ticket.guard().probe())),
-            leader: ticket.leader_signal().cloned(),
-        };
-        self.run(trigger, Some(slot), held).await;
+        self.run(trigger, Some(slot), Held::of(&ticket)).await;
         if let Err(e) = ticket.into_guard().release().await {
             tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
         }
         TickOutcome::Ran
+    }
+
+    /// Registers the task in the store's catalog (a heartbeat) and, when a manual run was
+    /// asked for through the catalog and this instance may run the task now, takes the request
+    /// and runs it, holding the task lease, as a manual run of the scheduler's own.
+    pub(super) async fn beat(self: &Arc<Self>, definition: &str, about: &str) {
+        let lease = self.gate.lease();
+        let registration = Registration {
+            task: &self.task.name,
+            definition,
+            instance: &self.common.holder,
+            about,
+            ttl: lease.config().ttl,
+            forget_after: CATALOG_RETENTION,
+        };
+        let limit = lease.config().renew_interval;
+        let control = match within(limit, lease.store().register(&registration)).await {
+            Ok(Some(control)) => control,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(task = %self.task.name, error = %e, "catalog heartbeat failed");
+                return;
+            }
+        };
+        let Ok(parsed) = Control::from_json(&control.value) else {
+            return;
+        };
+        if parsed.trigger.is_none() {
+            return;
+        }
+        let ticket = match self
+            .gate
+            .take_trigger(&parsed, control.version, self.store_now())
+            .await
+        {
+            Ok(Some(ticket)) => ticket,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(task = %self.task.name, error = %e, "manual trigger not taken");
+                return;
+            }
+        };
+        if let Some(request) = ticket.request() {
+            tracing::info!(task = %self.task.name, id = %request.id, by = %request.by, "manual run asked for through the catalog");
+        }
+        let runner = self.clone();
+        self.manual.spawn(async move {
+            runner.run(Trigger::Manual, None, Held::of(&ticket)).await;
+            if let Err(e) = ticket.into_guard().release().await {
+                tracing::warn!(task = %runner.task.name, error = %e, "task lease release failed");
+            }
+        });
+    }
+
+    /// The task's definition as the catalog shows it.
+    pub(super) fn definition(
+        &self,
+        source: TaskSource,
+        leader_group: Option<&LeaseName>,
+        spread_group: Option<&LeaseName>,
+    ) -> TaskDefinition {
+        TaskDefinition {
+            source,
+            schedule: self.task.schedule.to_string(),
+            time_zone: self.task.schedule.time_zone().map(str::to_owned),
+            on_store_down: self.policy.as_str().to_owned(),
+            catch_up: Some(self.catch_up.as_str().to_owned()),
+            gated: self.task.gated,
+            leader_group: leader_group.map(|g| g.to_string()),
+            spread_group: spread_group.map(|g| g.to_string()),
+        }
+    }
+
+    /// The task's name.
+    pub(super) fn name(&self) -> &LeaseName {
+        &self.task.name
     }
 
     /// The store answered (whatever it said): refusals in a row start again from zero.
@@ -619,7 +722,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             outcome: RunOutcome::Running,
             schedule: Some(RecordedSchedule::of(&self.task.schedule)),
             paused: None,
-            request: None,
+            request: held.request.clone(),
         });
         if let Some(r) = &record {
             self.common.history.record(&self.task.name, r.clone());
@@ -697,6 +800,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             token: Some(guard.token()),
             lease: Some((guard.cancellation_token(), guard.probe())),
             leader: None,
+            request: None,
         };
         let result = self.run(Trigger::Manual, None, held).await;
         if let Err(e) = guard.release().await {
