@@ -152,6 +152,50 @@ impl Drop for Process {
     }
 }
 
+/// The names recorded anywhere in the crates' sources (`counter!("leasehold_…"`, and the same
+/// for gauges and histograms, possibly across a line break).
+fn recorded_in(dir: &Path, names: &mut BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            recorded_in(&path, names);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for macro_call in ["counter!(", "gauge!(", "histogram!("] {
+                for (at, _) in text.match_indices(macro_call) {
+                    let rest = text[at + macro_call.len()..].trim_start();
+                    if let Some(name) = rest.strip_prefix("\"leasehold_") {
+                        let name = name.split('"').next().unwrap();
+                        names.insert(format!("leasehold_{name}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_metric_the_code_records_is_documented() {
+    let mut recorded = BTreeSet::new();
+    for entry in std::fs::read_dir(root().join("crates")).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        if src.is_dir() {
+            recorded_in(&src, &mut recorded);
+        }
+    }
+    assert!(
+        recorded.contains("leasehold_sidecar_requests_total"),
+        "{recorded:?}"
+    );
+    assert!(recorded.contains("leasehold_ticks_total"), "{recorded:?}");
+    let documented = documented();
+    let missing: Vec<_> = recorded.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "recorded but not in docs/metrics.md: {missing:?}"
+    );
+}
+
 #[test]
 fn alert_rules_pass_promtool_and_their_unit_tests() {
     let docs = root().join("docs");
