@@ -111,12 +111,13 @@ impl Timeline {
             LEFT,
             28.0,
             230.0,
+            plot_w,
             &[
-                ("#cfe3f7", "leader lease held (polled)"),
-                ("#2ca02c", "run, write accepted"),
-                ("#d62728", "run, write rejected (stale token)"),
-                ("#999999", "run stopped before its write"),
-                ("#ff7f0e", "missed slot (firing with no run)"),
+                ("#cfe3f7", "", "leader lease held (polled)"),
+                ("#2ca02c", "", "run, write accepted"),
+                ("#d62728", "", "run, write rejected (stale token)"),
+                ("#999999", "", "run stopped before its write"),
+                ("#ff7f0e", "", "missed slot (firing with no run)"),
             ],
         );
         for (i, label) in self.rows.iter().enumerate() {

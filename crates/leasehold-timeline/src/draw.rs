@@ -131,6 +131,22 @@ pub fn utc_minute(ms: u64) -> String {
     format!("{} {}", &text[..10], &text[11..16])
 }
 
+/// A legend entry: the swatch's fill, more attributes for it (a stroke) or empty, and what it
+/// means.
+pub type Swatch<'a> = (&'a str, &'a str, &'a str);
+
+/// The height of a row of the legend.
+pub const LEGEND_ROW: f64 = 16.0;
+
+fn per_row(column: f64, width: f64) -> usize {
+    ((width / column) as usize).max(1)
+}
+
+/// How many rows [`Svg::legend`] takes for `items` entries `column` apart within `width`.
+pub fn legend_rows(items: usize, column: f64, width: f64) -> usize {
+    items.div_ceil(per_row(column, width))
+}
+
 /// An SVG document, drawn element by element.
 #[derive(Debug)]
 pub struct Svg {
@@ -158,15 +174,18 @@ impl Svg {
         );
     }
 
-    /// A row of colour swatches and their meaning, `column` apart, from (`x`, `y`).
-    pub fn legend(&mut self, x: f64, y: f64, column: f64, items: &[(&str, &str)]) {
-        for (i, (colour, text)) in items.iter().enumerate() {
-            let lx = x + i as f64 * column;
+    /// Colour swatches and their meaning, `column` apart from (`x`, `y`), in as many rows of
+    /// [`LEGEND_ROW`] as `width` needs (see [`legend_rows`]).
+    pub fn legend(&mut self, x: f64, y: f64, column: f64, width: f64, items: &[Swatch<'_>]) {
+        let per_row = per_row(column, width);
+        for (i, (fill, attrs, text)) in items.iter().enumerate() {
+            let lx = x + (i % per_row) as f64 * column;
+            let ly = y + (i / per_row) as f64 * LEGEND_ROW;
             let _ = writeln!(
                 self.out,
-                r#"<rect x="{lx:.1}" y="{y:.1}" width="14" height="10" fill="{colour}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+                r#"<rect x="{lx:.1}" y="{ly:.1}" width="14" height="10" fill="{fill}" {attrs}/><text x="{:.1}" y="{:.1}">{}</text>"#,
                 lx + 18.0,
-                y + 9.0,
+                ly + 9.0,
                 esc(text)
             );
         }
@@ -282,6 +301,18 @@ mod tests {
         assert!(text.contains(">12-04</text>"), "{text}");
         assert!(text.contains(">03:00</text>"), "{text}");
         assert!(!text.contains(">20:59"), "{text}");
+    }
+
+    #[test]
+    fn a_legend_wraps_within_its_width() {
+        assert_eq!(legend_rows(7, 100.0, 350.0), 3);
+        assert_eq!(legend_rows(0, 100.0, 350.0), 0);
+        let mut svg = Svg::new(400.0, 100.0, 11.0);
+        let items: Vec<Swatch> = ["a", "b", "c", "d"].map(|t| ("red", "", t)).to_vec();
+        svg.legend(10.0, 20.0, 100.0, 350.0, &items);
+        let text = svg.finish();
+        assert!(text.contains(r#"<rect x="210.0" y="20.0""#), "{text}");
+        assert!(text.contains(r#"<rect x="10.0" y="36.0""#), "{text}");
     }
 
     #[test]

@@ -5,20 +5,18 @@ use std::collections::BTreeSet;
 
 use leasehold::history::{MissReason, RecordTrigger, RunOutcome, RunRecord};
 
-use crate::draw::{AxisLabels, Svg, TimeScale, utc_minute};
+use crate::draw::{AxisLabels, LEGEND_ROW, Svg, Swatch, TimeScale, legend_rows, utc_minute};
 
 const WIDTH: f64 = 1200.0;
 const LEFT: f64 = 90.0;
 const RIGHT: f64 = 30.0;
-const RUNS_TOP: f64 = 92.0;
+const PLOT: f64 = WIDTH - LEFT - RIGHT;
+const LEGEND_TOP: f64 = 56.0;
+const LEGEND_COLUMN: f64 = 155.0;
 const LANE: f64 = 44.0;
-const MISSES_TOP: f64 = RUNS_TOP + LANE + 10.0;
 /// The misses' lane holds the markers and two rows of labels under them.
 const MISSES_LANE: f64 = 58.0;
 const LABEL_ROWS: [f64; 2] = [31.0, 49.0];
-const AXIS: f64 = MISSES_TOP + MISSES_LANE + 12.0;
-const HEIGHT: f64 = AXIS + 50.0;
-const LEGEND_COLUMN: f64 = 150.0;
 /// How manual runs stand out from timer and catch-up runs.
 const MANUAL_OUTLINE: &str = r#"stroke="black" stroke-width="1""#;
 /// Roughly how wide a character of the 11 px labels is, to keep labels from overlapping.
@@ -32,6 +30,9 @@ const FAILED: Kind = Kind("#d62728", "failed");
 const CANCELLED: Kind = Kind("#ff7f0e", "cancelled");
 const ABORTED: Kind = Kind("#8c564b", "aborted or panicked");
 const RUNNING: Kind = Kind("#1f77b4", "running (no end yet)");
+const LOST: Kind = Kind("#222222", "lost (holder died)");
+/// An outcome this release does not know (a newer writer's).
+const OTHER: Kind = Kind("#c7c7c7", "other");
 const NOT_CLAIMED: Kind = Kind("#e377c2", "missed: not claimed");
 const STORE_DOWN: Kind = Kind("#7f7f7f", "missed: store down");
 const OVERLAP: Kind = Kind("#bcbd22", "missed: overlap");
@@ -53,7 +54,9 @@ fn kind(record: &RunRecord) -> &'static Kind {
             MissReason::OutsideCatchUpWindow => &OUTSIDE_WINDOW,
             _ => &NOT_CLAIMED,
         },
-        _ => &RUNNING,
+        RunOutcome::Running => &RUNNING,
+        RunOutcome::Lost => &LOST,
+        _ => &OTHER,
     }
 }
 
@@ -158,6 +161,58 @@ fn miss_title(r: &RunRecord) -> String {
     text + &format!(" · recorded by {}", r.holder)
 }
 
+/// Where the lanes and the axis go, under a legend of `legend_rows` rows.
+struct Layout {
+    runs: f64,
+    misses: f64,
+    axis: f64,
+    height: f64,
+}
+
+impl Layout {
+    fn new(legend_rows: usize) -> Self {
+        let runs = LEGEND_TOP + legend_rows as f64 * LEGEND_ROW + 20.0;
+        let misses = runs + LANE + 10.0;
+        let axis = misses + MISSES_LANE + 12.0;
+        Self {
+            runs,
+            misses,
+            axis,
+            height: axis + 50.0,
+        }
+    }
+}
+
+/// The legend: the kinds `records` show, in a fixed order, and the manual runs' outline.
+fn legend(records: &[RunRecord]) -> Vec<Swatch<'static>> {
+    let kinds: BTreeSet<&'static str> = records.iter().map(|r| kind(r).1).collect();
+    let mut legend: Vec<Swatch> = [
+        &OK,
+        &FAILED,
+        &CANCELLED,
+        &ABORTED,
+        &RUNNING,
+        &LOST,
+        &OTHER,
+        &NOT_CLAIMED,
+        &STORE_DOWN,
+        &OVERLAP,
+        &OUTSIDE_WINDOW,
+        &PAUSED,
+    ]
+    .into_iter()
+    .filter(|k| kinds.contains(k.1))
+    .map(|k| (k.0, "", k.1))
+    .collect();
+    let manual = |r: &RunRecord| {
+        r.trigger == Some(RecordTrigger::Manual) && !matches!(r.outcome, RunOutcome::Missed { .. })
+    };
+    if records.iter().any(manual) {
+        legend.push(("white", MANUAL_OUTLINE, "outlined: manual run"));
+    }
+    legend
+}
+
 /// `task`'s history (`records`, any order) as an SVG picture. `now_ms` ends the bars of runs
 /// still going. The picture is the same width for one record or hundreds: bars stay at least
 /// 2 px wide, and a label that would overlap the one before is left out (its marker keeps its
@@ -172,7 +227,9 @@ pub fn history_svg(task: &str, records: &[RunRecord], now_ms: u64) -> String {
         .iter()
         .filter_map(|r| Some((r, miss_span(r)?)))
         .collect();
-    let mut svg = Svg::new(WIDTH, HEIGHT, 11.0);
+    let legend = legend(records);
+    let at = Layout::new(legend_rows(legend.len(), LEGEND_COLUMN, PLOT));
+    let mut svg = Svg::new(WIDTH, at.height, 11.0);
     svg.text(
         LEFT,
         22.0,
@@ -186,48 +243,13 @@ pub fn history_svg(task: &str, records: &[RunRecord], now_ms: u64) -> String {
         return svg.finish();
     };
     svg.text(LEFT, 42.0, "", &summary(&runs, &misses));
-
-    let kinds: BTreeSet<&'static str> = records.iter().map(|r| kind(r).1).collect();
-    let legend: Vec<(&str, &str)> = [
-        &OK,
-        &FAILED,
-        &CANCELLED,
-        &ABORTED,
-        &RUNNING,
-        &NOT_CLAIMED,
-        &STORE_DOWN,
-        &OVERLAP,
-        &OUTSIDE_WINDOW,
-        &PAUSED,
-    ]
-    .into_iter()
-    .filter(|k| kinds.contains(k.1))
-    .map(|k| (k.0, k.1))
-    .collect();
-    svg.legend(LEFT, 56.0, LEGEND_COLUMN, &legend);
-    if runs
-        .iter()
-        .any(|(r, _)| r.trigger == Some(RecordTrigger::Manual))
-    {
-        let x = LEFT + legend.len() as f64 * LEGEND_COLUMN;
-        svg.rect(x, 56.0, 14.0, 10.0, "white", MANUAL_OUTLINE, "");
-        svg.text(x + 18.0, 65.0, "", "outlined: manual run");
-    }
+    svg.legend(LEFT, LEGEND_TOP, LEGEND_COLUMN, PLOT, &legend);
 
     // A margin either side, so the first and last runs are not on the frame.
     let pad = ((last - first) / 30).max(2_000);
-    let scale = TimeScale::new(
-        first.saturating_sub(pad),
-        last + pad,
-        LEFT,
-        WIDTH - LEFT - RIGHT,
-    );
-    let plot = WIDTH - LEFT - RIGHT;
-    for (top, height, label) in [
-        (RUNS_TOP, LANE, "runs"),
-        (MISSES_TOP, MISSES_LANE, "missed"),
-    ] {
-        svg.rect(LEFT, top, plot, height, "#f4f4f4", "", "");
+    let scale = TimeScale::new(first.saturating_sub(pad), last + pad, LEFT, PLOT);
+    for (top, height, label) in [(at.runs, LANE, "runs"), (at.misses, MISSES_LANE, "missed")] {
+        svg.rect(LEFT, top, PLOT, height, "#f4f4f4", "", "");
         svg.text(8.0, top + height / 2.0 + 4.0, "", label);
     }
     for (r, (from, to)) in &runs {
@@ -238,7 +260,7 @@ pub fn history_svg(task: &str, records: &[RunRecord], now_ms: u64) -> String {
         };
         svg.rect(
             scale.x(*from),
-            RUNS_TOP + 8.0,
+            at.runs + 8.0,
             scale.width(*from, *to, 2.0),
             LANE - 16.0,
             kind(r).0,
@@ -255,17 +277,17 @@ pub fn history_svg(task: &str, records: &[RunRecord], now_ms: u64) -> String {
         let x = scale.x(*from);
         if to > from {
             let w = scale.width(*from, *to, 2.0);
-            svg.rect(x, MISSES_TOP + 10.0, w, 4.0, colour, "", "");
+            svg.rect(x, at.misses + 10.0, w, 4.0, colour, "", "");
         }
-        svg.marker(x, MISSES_TOP + 14.0, colour, &miss_title(r));
+        svg.marker(x, at.misses + 14.0, colour, &miss_title(r));
         let label = miss_label(r);
         // Labels near the right edge end there.
         let width = label.chars().count() as f64 * CHAR;
-        let at = (x - 3.0).min(WIDTH - 4.0 - width);
-        if let Some(row) = free_from.iter().position(|free| at >= *free) {
+        let label_x = (x - 3.0).min(WIDTH - 4.0 - width);
+        if let Some(row) = free_from.iter().position(|free| label_x >= *free) {
             let attrs = format!(r#"fill="{colour}""#);
-            svg.text(at, MISSES_TOP + LABEL_ROWS[row], &attrs, &label);
-            free_from[row] = at + width + 8.0;
+            svg.text(label_x, at.misses + LABEL_ROWS[row], &attrs, &label);
+            free_from[row] = label_x + width + 8.0;
         }
     }
     let (from, to) = (utc_minute(first), utc_minute(last));
@@ -274,7 +296,7 @@ pub fn history_svg(task: &str, records: &[RunRecord], now_ms: u64) -> String {
     } else {
         format!("time (UTC), {from} to {to}")
     };
-    svg.axis(&scale, AXIS, AxisLabels::Utc, &caption);
+    svg.axis(&scale, at.axis, AxisLabels::Utc, &caption);
     svg.finish()
 }
 
@@ -288,6 +310,7 @@ fn summary(runs: &[(&RunRecord, (u64, u64))], misses: &[(&RunRecord, (u64, u64))
         "aborted",
         "panicked",
         "running",
+        "lost",
     ]
     .into_iter()
     .map(|o| {

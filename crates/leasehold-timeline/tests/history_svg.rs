@@ -94,6 +94,12 @@ fn hundreds_of_runs_and_misses_each_get_a_bar_or_a_marker_inside_the_plot() {
                     error: "exit status 3".into(),
                 },
             )),
+            // Its instance was killed mid-run: no end was recorded.
+            33 => {
+                let mut lost = run(slot, RunOutcome::Lost);
+                lost.ended_ms = None;
+                records.push(lost);
+            }
             _ => records.push(run(slot, RunOutcome::Ok)),
         }
     }
@@ -133,6 +139,7 @@ fn hundreds_of_runs_and_misses_each_get_a_bar_or_a_marker_inside_the_plot() {
         10
     );
     assert_eq!(bars.iter().filter(|t| t.starts_with("running")).count(), 1);
+    assert_eq!(bars.iter().filter(|t| t.starts_with("lost")).count(), 10);
     let markers = titled(&doc, "path");
     assert_eq!(markers.len(), misses);
     assert_eq!(
