@@ -51,6 +51,16 @@
 //! A request being handled has no time limit of the server's: the long-polls bound themselves
 //! by `max_wait`. A request with both `Content-Length` and `Transfer-Encoding` is refused
 //! (400, connection closed): a proxy in front might have framed it differently.
+//!
+//! ## Metrics
+//!
+//! Given a [`Metrics`] recorder ([`SidecarConfig::metrics`]; `leasehold serve` always gives
+//! one), `GET /metrics` answers in the Prometheus text format without the token: the engine's
+//! metrics, the store calls' (wrap the store in `leasehold::store::Metered`) and the sidecar's
+//! own, requests by route template and status, their durations (the waits, on the
+//! long-polls), grants and their ends. docs/metrics.md in the repository lists them all.
+//! [`Metrics::listen`] serves them alone on a listener of their own (`leasehold run
+//! --metrics-listen`).
 // Library code reports failures as values; tests may unwrap.
 #![cfg_attr(
     not(test),
