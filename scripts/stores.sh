@@ -102,6 +102,11 @@ ensure_tools() {
   if ! command -v prlimit >/dev/null || ! command -v setpriv >/dev/null; then
     log "installing util-linux"; apt_install util-linux
   fi
+  # The metrics tests check scrapes and docs/alerts.yml with promtool (Debian's prometheus
+  # package; only its promtool is used).
+  if ! command -v promtool >/dev/null; then
+    log "installing promtool"; apt_install --no-install-recommends prometheus
+  fi
   # The sidecar's TypeScript client and NestJS example (Node 20 or later).
   if ! command -v npm >/dev/null; then log "installing nodejs and npm"; apt_install nodejs npm; fi
   # The API fuzzer (schemathesis) and the cron differential test's oracle (croniter) are

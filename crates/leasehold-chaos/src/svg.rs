@@ -1,6 +1,7 @@
-//! The timeline picture: hand-written SVG, one row per replica.
+//! The timeline picture: hand-written SVG, one row per replica, drawn with leasehold-timeline's
+//! primitives.
 
-use std::fmt::Write;
+use leasehold_timeline::draw::{AxisLabels, Svg, TimeScale, esc};
 
 /// A span on one row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,9 +21,9 @@ pub struct Span {
 impl Span {
     fn title(&self) -> String {
         if self.detail.is_empty() {
-            esc(&self.class)
+            self.class.clone()
         } else {
-            esc(&format!("{}: {}", self.class, self.detail))
+            format!("{}: {}", self.class, self.detail)
         }
     }
 }
@@ -69,13 +70,6 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 110.0;
 const ROW: f64 = 34.0;
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 fn fault_colour(kind: &str) -> &'static str {
     match kind {
         "kill" => "#d62728",
@@ -97,72 +91,53 @@ fn run_colour(class: &str) -> &'static str {
     }
 }
 
-fn tick_step(span_s: f64) -> f64 {
-    [1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0]
-        .into_iter()
-        .find(|s| span_s / s <= 15.0)
-        .unwrap_or(1200.0)
-}
-
 impl Timeline {
     /// The picture as SVG text.
     pub fn render(&self) -> String {
-        let span_ms = self.end_ms.saturating_sub(self.start_ms).max(1) as f64;
         let plot_w = WIDTH - LEFT - RIGHT;
-        let x = |ms: u64| {
-            LEFT + (ms.saturating_sub(self.start_ms) as f64 / span_ms * plot_w).min(plot_w)
-        };
+        let scale = TimeScale::new(self.start_ms, self.end_ms, LEFT, plot_w);
+        let x = |ms: u64| scale.x(ms);
         let y = |row: usize| TOP + row as f64 * ROW;
         let rows = self.rows.len().max(1);
-        let height = TOP + rows as f64 * ROW + 70.0;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">"#
+        let below = TOP + rows as f64 * ROW;
+        let mut s = Svg::new(WIDTH, below + 70.0, 11.0);
+        s.text(
+            LEFT,
+            18.0,
+            r#"font-size="14" font-weight="bold""#,
+            &self.title,
         );
-        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            s,
-            r#"<text x="{LEFT}" y="18" font-size="14" font-weight="bold">{}</text>"#,
-            esc(&self.title)
+        s.legend(
+            LEFT,
+            28.0,
+            230.0,
+            plot_w,
+            &[
+                ("#cfe3f7", "", "leader lease held (polled)"),
+                ("#2ca02c", "", "run, write accepted"),
+                ("#d62728", "", "run, write rejected (stale token)"),
+                ("#999999", "", "run stopped before its write"),
+                ("#ff7f0e", "", "missed slot (firing with no run)"),
+            ],
         );
-        // Legend.
-        let legend = [
-            ("#cfe3f7", "leader lease held (polled)"),
-            ("#2ca02c", "run, write accepted"),
-            ("#d62728", "run, write rejected (stale token)"),
-            ("#999999", "run stopped before its write"),
-            ("#ff7f0e", "missed slot (firing with no run)"),
-        ];
-        for (i, (colour, text)) in legend.iter().enumerate() {
-            let lx = LEFT + i as f64 * 230.0;
-            let _ = writeln!(
-                s,
-                r#"<rect x="{lx}" y="28" width="14" height="10" fill="{colour}"/><text x="{}" y="37">{text}</text>"#,
-                lx + 18.0
-            );
-        }
-        // Rows.
         for (i, label) in self.rows.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                r#"<rect x="{LEFT}" y="{}" width="{plot_w}" height="{ROW}" fill="{}"/><text x="8" y="{}">{}</text>"#,
-                y(i),
-                if i % 2 == 0 { "#fafafa" } else { "#f0f0f0" },
-                y(i) + ROW / 2.0 + 4.0,
-                esc(label)
-            );
+            let fill = if i % 2 == 0 { "#fafafa" } else { "#f0f0f0" };
+            s.rect(LEFT, y(i), plot_w, ROW, fill, "", "");
+            s.text(8.0, y(i) + ROW / 2.0 + 4.0, "", label);
         }
         // Fault bands (lasting faults) behind everything else.
         for f in &self.faults {
             if let Some(until) = f.until_ms {
-                let _ = writeln!(
-                    s,
-                    r#"<rect x="{:.1}" y="{TOP}" width="{:.1}" height="{}" fill="{}" fill-opacity="0.12"/>"#,
+                let w = scale.width(f.at_ms, until, 1.0);
+                let colour = fault_colour(&f.kind);
+                s.rect(
                     x(f.at_ms),
-                    (x(until) - x(f.at_ms)).max(1.0),
-                    rows as f64 * ROW,
-                    fault_colour(&f.kind)
+                    TOP,
+                    w,
+                    below - TOP,
+                    colour,
+                    r#"fill-opacity="0.12""#,
+                    "",
                 );
             }
         }
@@ -170,96 +145,73 @@ impl Timeline {
             let ly = y(l.row) + ROW - 4.0;
             let (x1, x2) = (x(l.from_ms), x(l.to_ms));
             let name = l.class.split(' ').next().unwrap_or_default();
-            let _ = writeln!(
-                s,
+            s.raw(&format!(
                 r##"<g><title>{}</title><line x1="{x1:.1}" y1="{ly}" x2="{x2:.1}" y2="{ly}" stroke="#888" stroke-width="1.5"/><line x1="{x1:.1}" y1="{}" x2="{x1:.1}" y2="{}" stroke="#555" stroke-width="1.5"/><text x="{:.1}" y="{}" font-size="9" fill="#555">{}</text></g>"##,
-                l.title(),
+                esc(&l.title()),
                 ly - 5.0,
                 ly + 2.0,
                 x1 + 2.0,
                 ly - 1.0,
                 esc(name)
-            );
+            ));
         }
         for t in &self.tenures {
-            let _ = writeln!(
-                s,
-                r##"<rect x="{:.1}" y="{}" width="{:.1}" height="{}" fill="#cfe3f7"><title>{}</title></rect>"##,
+            let w = scale.width(t.from_ms, t.to_ms, 1.0);
+            s.rect(
                 x(t.from_ms),
                 y(t.row) + 3.0,
-                (x(t.to_ms) - x(t.from_ms)).max(1.0),
+                w,
                 ROW - 10.0,
-                t.title()
+                "#cfe3f7",
+                "",
+                &t.title(),
             );
         }
         for r in &self.runs {
-            let _ = writeln!(
-                s,
-                r#"<rect x="{:.1}" y="{}" width="{:.1}" height="{}" fill="{}"><title>{}</title></rect>"#,
+            let w = scale.width(r.from_ms, r.to_ms, 1.5);
+            let fill = run_colour(&r.class);
+            s.rect(
                 x(r.from_ms),
                 y(r.row) + 8.0,
-                (x(r.to_ms) - x(r.from_ms)).max(1.5),
+                w,
                 ROW - 20.0,
-                run_colour(&r.class),
-                r.title()
+                fill,
+                "",
+                &r.title(),
             );
         }
-        // Missed slots: a tick under the rows at each firing's scheduled time.
-        let below = TOP + rows as f64 * ROW;
+        // Missed slots: a marker at the foot of the rows at each firing's scheduled time.
         for &at in &self.missed {
-            let mx = x(at);
-            let _ = writeln!(
-                s,
-                r##"<path d="M{mx:.1} {} l-3 5 h6 z" fill="#ff7f0e"><title>missed slot {at} (+{:.3}s)</title></path>"##,
-                below - 5.0,
-                at.saturating_sub(self.start_ms) as f64 / 1000.0
+            let since = at.saturating_sub(self.start_ms) as f64 / 1000.0;
+            s.marker(
+                x(at),
+                below,
+                "#ff7f0e",
+                &format!("missed slot {at} (+{since:.3}s)"),
             );
         }
         // Fault markers and labels.
         for f in &self.faults {
             let fx = x(f.at_ms);
             let colour = fault_colour(&f.kind);
-            let _ = writeln!(
-                s,
-                r#"<line x1="{fx:.1}" y1="{}" x2="{fx:.1}" y2="{}" stroke="{colour}" stroke-width="1.2" stroke-dasharray="3,2"/>"#,
+            s.raw(&format!(
+                r#"<line x1="{fx:.1}" y1="{}" x2="{fx:.1}" y2="{below}" stroke="{colour}" stroke-width="1.2" stroke-dasharray="3,2"/>"#,
                 TOP - 4.0,
-                TOP + rows as f64 * ROW
-            );
-            let _ = writeln!(
-                s,
+            ));
+            s.raw(&format!(
                 r#"<text x="{fx:.1}" y="{}" fill="{colour}" transform="rotate(-40 {fx:.1} {})">{}</text>"#,
                 TOP - 6.0,
                 TOP - 6.0,
                 esc(&f.label)
-            );
+            ));
         }
-        // Time axis.
-        let axis_y = TOP + rows as f64 * ROW + 6.0;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{LEFT}" y1="{axis_y}" x2="{}" y2="{axis_y}" stroke="black"/>"#,
-            LEFT + plot_w
+        s.axis(
+            &scale,
+            below + 6.0,
+            AxisLabels::SinceStart,
+            "time since start",
         );
-        let step = tick_step(span_ms / 1000.0);
-        let mut t = 0.0;
-        while t * 1000.0 <= span_ms {
-            let tx = LEFT + t * 1000.0 / span_ms * plot_w;
-            let _ = writeln!(
-                s,
-                r#"<line x1="{tx:.1}" y1="{axis_y}" x2="{tx:.1}" y2="{}" stroke="black"/><text x="{tx:.1}" y="{}" text-anchor="middle">{t}s</text>"#,
-                axis_y + 5.0,
-                axis_y + 18.0
-            );
-            t += step;
-        }
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="middle">time since start</text>"#,
-            LEFT + plot_w / 2.0,
-            axis_y + 36.0
-        );
-        s.push_str("</svg>\n");
-        s
+        s.finish()
     }
 }
 

@@ -1,5 +1,6 @@
 //! `leasehold history`: what ran for a task, and which slots did not run and why.
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
@@ -18,13 +19,21 @@ pub struct HistoryArgs {
     /// The task: a library task's name, or the `--lease` of a `leasehold run --every/--cron`
     /// job (whose runs are filed under `NAME:run`).
     task: String,
-    /// How many entries to show, newest first.
-    #[arg(long, default_value_t = 20)]
-    limit: usize,
-    /// Print JSON (`{"task": NAME, "runs": [records, newest first]}`) instead of a table.
+    /// How many entries to show, newest first [default: 20; with --svg, all the store keeps]
     #[arg(long)]
+    limit: Option<usize>,
+    /// Print JSON (`{"task": NAME, "runs": [records, newest first]}`) instead of a table.
+    #[arg(long, conflicts_with = "svg")]
     json: bool,
+    /// Write the history as a timeline picture (SVG) to FILE instead of printing a table: runs
+    /// as bars on a UTC time axis coloured by outcome, missed and paused slots marked with
+    /// their reason; hover a bar or marker for its slot, holder, token and duration.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
+
+/// Entries a picture shows when --limit is not given: more than any store keeps by default.
+const SVG_LIMIT: usize = 1000;
 
 pub async fn open(store: Option<String>) -> Result<BoxStore, Failure> {
     let url = leasehold_connect::store_url(store);
@@ -65,16 +74,31 @@ pub async fn records(
 
 pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
     let name = LeaseName::new(&args.task).map_err(Failure::usage)?;
-    if args.limit == 0 {
-        return Err(Failure::usage(anyhow!("--limit must be at least 1")));
-    }
+    let limit = match (args.limit, &args.svg) {
+        (Some(0), _) => return Err(Failure::usage(anyhow!("--limit must be at least 1"))),
+        (Some(n), _) => n,
+        (None, Some(_)) => SVG_LIMIT,
+        (None, None) => 20,
+    };
     let store = open(args.store).await?;
-    let Some((task, records)) = records(&store, &name, args.limit).await? else {
+    let Some((task, records)) = records(&store, &name, limit).await? else {
         return Err(Failure::usage(anyhow!(
             "the {} store keeps no run history",
             store.describe()
         )));
     };
+    if let Some(path) = &args.svg {
+        let now = store.now_millis().await.unwrap_or_else(|_| local_now_ms());
+        let picture = leasehold_timeline::history_svg(task.as_str(), &records, now);
+        std::fs::write(path, picture)
+            .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+        outln!(
+            "wrote {}: {} entries of {task}",
+            path.display(),
+            records.len()
+        )?;
+        return Ok(0);
+    }
     if args.json {
         let doc = serde_json::json!({ "task": task.as_str(), "runs": records });
         outln!("{doc}")?;

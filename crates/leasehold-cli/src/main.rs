@@ -42,9 +42,10 @@ enum Command {
     /// Show holder, fencing token and remaining time of leases.
     Status(status::StatusArgs),
     /// The sidecar: an HTTP API (JSON, OpenAPI at /openapi.json) for leases, leadership and
-    /// gated ticks, for applications in any language.
+    /// gated ticks, for applications in any language; Prometheus metrics at /metrics.
     Serve(serve::ServeArgs),
-    /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots.
+    /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots,
+    /// as a table, JSON or a timeline picture (--svg).
     History(history::HistoryArgs),
     /// Show the next firings of a cron expression (local time and UTC), to check it before
     /// deploying it.

@@ -5,10 +5,13 @@ use std::time::Duration;
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
 use leasehold::catalog::TaskSource;
+use leasehold::store::Metered;
 use leasehold::{
     BoxStore, CancellationToken, CatchUp, Lease, LeaseConfig, LeaseError, LeaseName, Schedule,
     Scheduler, Store, StoreDownPolicy, Task, TaskContext, TryAcquire,
 };
+
+use leasehold_serve::{Listen, Metrics};
 
 use crate::child::{self, ChildSpec, Ended, Stops};
 use crate::{EXIT_BUSY, Failure};
@@ -65,6 +68,10 @@ pub struct RunArgs {
     /// This instance's holder id [default: host:pid:random].
     #[arg(long)]
     holder: Option<String>,
+    /// Serve Prometheus metrics (GET /metrics, nothing else, no token) on IP:PORT or
+    /// unix:/path/to.sock while running, e.g. 127.0.0.1:9464. See docs/metrics.md.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<Listen>,
     /// Without a schedule: wait for the lease instead of exiting 75 when it is busy.
     #[arg(long, conflicts_with_all = ["every", "cron"])]
     wait: bool,
@@ -197,16 +204,49 @@ async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let settings = settings(&args)?;
     warn_if_default_store(&args);
+    let metered = match &args.metrics_listen {
+        Some(listen) => {
+            serve_metrics(listen).await?;
+            true
+        }
+        None => false,
+    };
+    // With metrics, every store call is counted and timed too.
+    let meter = |store: BoxStore| {
+        if metered {
+            BoxStore::new(Metered::new(store))
+        } else {
+            store
+        }
+    };
     match settings.schedule.clone() {
         Some(schedule) => {
-            let store = open_scheduled(&args).await?;
+            let store = meter(open_scheduled(&args).await?);
             scheduled(args, settings, schedule, store).await
         }
         None => {
-            let store = open(&args).await?;
+            let store = open(&args).await?.map(meter);
             once(args, settings, store).await
         }
     }
+}
+
+/// Installs the process's Prometheus recorder.
+pub fn install_metrics() -> Result<Metrics, Failure> {
+    Metrics::install().map_err(|e| Failure::from(anyhow::Error::new(e)))
+}
+
+/// `--metrics-listen`: binds at once (a taken address is one clear error before anything runs),
+/// then serves scrapes for as long as the process runs, through the command's shutdown too.
+async fn serve_metrics(listen: &Listen) -> Result<(), Failure> {
+    let metrics = install_metrics()?;
+    let listener = metrics
+        .listen(listen)
+        .await
+        .map_err(|e| Failure::usage(anyhow!("cannot listen for metrics on {listen}: {e}")))?;
+    tracing::info!(listen = %listen, "serving metrics at /metrics");
+    tokio::spawn(listener.serve(std::future::pending()));
+    Ok(())
 }
 
 fn base_env(lease: &LeaseName, holder: &str) -> Vec<(String, String)> {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Args;
-use leasehold::StoreDownPolicy;
+use leasehold::store::Metered;
+use leasehold::{BoxStore, StoreDownPolicy};
 use leasehold_serve::{Listen, ServeConfig, Sidecar, SidecarConfig};
 
 use crate::Failure;
@@ -20,7 +21,8 @@ pub struct ServeArgs {
     /// --auth-token-file.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: Listen,
-    /// A file holding the bearer token every request (but /healthz and /openapi.json) must carry.
+    /// A file holding the bearer token every request (but /healthz, /openapi.json and /metrics)
+    /// must carry.
     #[arg(long)]
     auth_token_file: Option<PathBuf>,
     /// What a tick does while the store cannot answer, unless the tick says: fail-closed (skip),
@@ -120,13 +122,17 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
         )));
     }
     crate::run::warn_if_no_store(args.store.as_deref());
+    let metrics = crate::run::install_metrics()?;
     let url = leasehold_connect::store_url(args.store);
     let store = leasehold_connect::open_store_lazy(&url)
         .await
         .map_err(Failure::open)?;
+    // Every store call counted and timed, for GET /metrics.
+    let store = BoxStore::new(Metered::new(store));
     let mut config = SidecarConfig::default()
         .on_store_down(args.on_store_down)
-        .max_wait(args.max_wait);
+        .max_wait(args.max_wait)
+        .metrics(metrics);
     if let Some(holder) = args.holder {
         if leasehold::HolderId::new(format!("{holder}#0")).is_err() || holder.len() > 150 {
             return Err(Failure::usage(anyhow!(

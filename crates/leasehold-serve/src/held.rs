@@ -224,6 +224,8 @@ impl Registry {
         });
         lock(&self.entries).insert((entry.name.clone(), entry.token.get()), entry.clone());
         self.live.fetch_add(1, Ordering::Relaxed);
+        let kind = if entry.run.is_some() { "run" } else { "lease" };
+        metrics::counter!("leasehold_sidecar_grants_total", "kind" => kind).increment(1);
         if let Some(record) = entry.run_record(RunOutcome::Running) {
             self.record(&entry.name, record);
         }
@@ -264,6 +266,11 @@ impl Registry {
             }
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
+        // Ended here (`reason`) or by the application's call (release, done), which set it.
+        if let Some(ended) = reason.or_else(|| entry.ended.get().copied()) {
+            metrics::counter!("leasehold_sidecar_ends_total", "reason" => ended.as_str())
+                .increment(1);
+        }
         if self.stop.is_cancelled() {
             return;
         }

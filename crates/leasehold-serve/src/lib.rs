@@ -51,6 +51,16 @@
 //! A request being handled has no time limit of the server's: the long-polls bound themselves
 //! by `max_wait`. A request with both `Content-Length` and `Transfer-Encoding` is refused
 //! (400, connection closed): a proxy in front might have framed it differently.
+//!
+//! ## Metrics
+//!
+//! Given a [`Metrics`] recorder ([`SidecarConfig::metrics`]; `leasehold serve` always gives
+//! one), `GET /metrics` answers in the Prometheus text format without the token: the engine's
+//! metrics, the store calls' (wrap the store in `leasehold::store::Metered`) and the sidecar's
+//! own, requests by route template and status, their durations (the waits, on the
+//! long-polls), grants and their ends. docs/metrics.md in the repository lists them all.
+//! [`Metrics::listen`] serves them alone on a listener of their own (`leasehold run
+//! --metrics-listen`).
 // Library code reports failures as values; tests may unwrap.
 #![cfg_attr(
     not(test),
@@ -60,6 +70,7 @@
 mod error;
 mod held;
 mod leases;
+mod prometheus;
 mod server;
 mod ticks;
 
@@ -85,6 +96,8 @@ use serde::Serialize;
 
 use crate::error::{ApiError, MAX_BODY};
 use crate::held::Registry;
+pub use crate::prometheus::{Metrics, MetricsError, MetricsListener};
+
 /// How long a history write may take before it is given up.
 const HISTORY_WRITE_LIMIT: Duration = Duration::from_secs(5);
 
@@ -107,6 +120,8 @@ pub struct SidecarConfig {
     /// The longest any request waits (acquire's `wait_ms`, watch, observe): a long-poll
     /// answers by then, below the idle timeout of a proxy in between. Default 5 minutes.
     pub max_wait: Duration,
+    /// The recorder `GET /metrics` renders; without one that path answers 404. Default none.
+    pub metrics: Option<Metrics>,
 }
 
 impl Default for SidecarConfig {
@@ -120,6 +135,7 @@ impl Default for SidecarConfig {
             holder: format!("{host}-{}", std::process::id()),
             on_store_down: StoreDownPolicy::FailClosed,
             max_wait: Duration::from_secs(300),
+            metrics: None,
         }
     }
 }
@@ -134,6 +150,12 @@ impl SidecarConfig {
     /// Caps every wait a request asks for.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
+        self
+    }
+
+    /// Serves `metrics` at `GET /metrics`.
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -154,6 +176,7 @@ struct Shared {
     seq: AtomicU64,
     on_store_down: StoreDownPolicy,
     max_wait: Duration,
+    metrics: Option<Metrics>,
     registry: Arc<Registry>,
     /// Leadership of the groups applications tick in.
     campaigns: Campaigns<BoxStore>,
@@ -208,13 +231,16 @@ impl Sidecar {
             seq: AtomicU64::new(0),
             on_store_down: config.on_store_down,
             max_wait: config.max_wait,
+            metrics: config.metrics,
             store_state: AtomicU8::new(STORE_UNKNOWN),
             stop,
         }))
     }
 
-    /// The HTTP API. With `auth_token`, every request but `/healthz` and `/openapi.json` must
-    /// carry `Authorization: Bearer TOKEN`.
+    /// The HTTP API. With `auth_token`, every request but `/healthz`, `/openapi.json` and
+    /// `/metrics` must carry `Authorization: Bearer TOKEN`. (The token grants taking and
+    /// releasing leases; a scraper needs none of that, and metrics carry counts and task names,
+    /// never holders, tokens or store credentials.)
     pub fn router(&self, auth_token: Option<String>) -> Router {
         let api = Router::new()
             .route("/v1/leases/{name}", get(leases::state))
@@ -234,9 +260,11 @@ impl Sidecar {
         Router::new()
             .route("/healthz", get(health))
             .route("/openapi.json", get(openapi))
+            .route("/metrics", get(prometheus::sidecar_scrape))
             .merge(api)
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
+            .layer(axum::middleware::from_fn(prometheus::count_request))
             .layer(DefaultBodyLimit::max(MAX_BODY))
             .with_state(self.clone())
     }

@@ -740,6 +740,11 @@ async fn bad_requests_get_a_json_error_naming_the_field() {
         api.call("DELETE", "/v1/leases/a", None).await.0,
         StatusCode::METHOD_NOT_ALLOWED
     );
+    // A sidecar given no metrics recorder has no metrics.
+    assert_eq!(
+        api.call("GET", "/metrics", None).await.0,
+        StatusCode::NOT_FOUND
+    );
     // An unknown token is lost, not an error of the request.
     let (status, lost) = api.keepalive("a", &json!("123")).await;
     assert_eq!(
@@ -749,7 +754,7 @@ async fn bad_requests_get_a_json_error_naming_the_field() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn with_a_token_every_call_but_health_needs_it() {
+async fn with_a_token_every_call_but_health_openapi_and_metrics_needs_it() {
     let store = FaultyStore::new();
     let api = Api::with(
         &store,
@@ -760,6 +765,12 @@ async fn with_a_token_every_call_but_health_needs_it() {
     assert_eq!(
         api.call("GET", "/openapi.json", None).await.0,
         StatusCode::OK
+    );
+    // Outside the token too (404: this sidecar has no recorder; tests/metrics.rs of the CLI
+    // scrapes a real one without the token).
+    assert_eq!(
+        api.call("GET", "/metrics", None).await.0,
+        StatusCode::NOT_FOUND
     );
     let (status, err) = api
         .post("/v1/leases/a/acquire", json!({"ttl_ms": 1000}))

@@ -18,6 +18,7 @@ mod leader;
 mod lease;
 mod memory;
 mod metered;
+mod metrics_help;
 mod name;
 mod notify;
 mod schedule;
@@ -38,6 +39,7 @@ pub use cron::{CronField, CronProblem, CronSchedule};
 pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, RevokeReason};
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
+pub use metrics_help::describe_metrics;
 pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
 pub use schedule::{Schedule, ScheduleError};
 pub use scheduler::{
