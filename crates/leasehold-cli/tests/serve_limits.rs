@@ -296,17 +296,16 @@ async fn the_connection_limit_is_logged_when_reached_and_when_it_clears() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
     println!("{log}");
-    assert_eq!(
-        log.matches("connection limit reached").count(),
-        1,
-        "one line when reached: {log}"
-    );
+    // Every episode is logged once when reached and once when it clears. The 20 timed-out
+    // connections close while the 10 held back are accepted, so the limit may be met again for
+    // a moment before it clears for good: a second episode, logged as one.
+    let reached = log.matches("connection limit reached").count();
+    let cleared = log.matches("below the connection limit again").count();
+    assert!(reached >= 1, "one line when reached: {log}");
+    assert_eq!(reached, cleared, "one line when each episode clears: {log}");
     assert!(log.contains("max_connections=20"), "{log}");
-    assert_eq!(
-        log.matches("below the connection limit again").count(),
-        1,
-        "one line when it clears: {log}"
-    );
+    let last = log.lines().rev().find(|l| l.contains("connection limit")).unwrap();
+    assert!(last.contains("below the connection limit again"), "{log}");
 }
 
 /// SIGTERM while clients hold half-sent requests (and idle connections): the sidecar exits at
