@@ -70,6 +70,7 @@
 mod error;
 mod held;
 mod leases;
+mod page;
 mod prometheus;
 mod server;
 mod ticks;
@@ -237,8 +238,9 @@ impl Sidecar {
         }))
     }
 
-    /// The HTTP API. With `auth_token`, every request but `/healthz`, `/openapi.json` and
-    /// `/metrics` must carry `Authorization: Bearer TOKEN`. (The token grants taking and
+    /// The HTTP API and the live page. With `auth_token`, every request but `/healthz`,
+    /// `/openapi.json`, `/metrics` and the page's own files (`/`, `/tasks/NAME`, `/assets/…`,
+    /// which carry no data) must carry `Authorization: Bearer TOKEN`. (The token grants taking and
     /// releasing leases; a scraper needs none of that, and metrics carry counts and task names,
     /// never holders, tokens or store credentials.)
     pub fn router(&self, auth_token: Option<String>) -> Router {
@@ -253,6 +255,7 @@ impl Sidecar {
             .route("/v1/groups/{group}/observe", post(leases::observe))
             .route("/v1/tasks/{task}/ticks", post(ticks::tick))
             .route("/v1/tasks/{task}/ticks/{slot}/done", post(ticks::done))
+            .route("/v1/tasks/{task}/history.svg", get(page::history_svg))
             .route_layer(axum::middleware::from_fn_with_state(
                 Arc::new(auth_token),
                 authorize,
@@ -261,6 +264,10 @@ impl Sidecar {
             .route("/healthz", get(health))
             .route("/openapi.json", get(openapi))
             .route("/metrics", get(prometheus::sidecar_scrape))
+            .route("/", get(page::index))
+            .route("/tasks/{*task}", get(page::task_page))
+            .route("/assets/page.js", get(page::script))
+            .route("/assets/page.css", get(page::style))
             .merge(api)
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
@@ -334,8 +341,13 @@ async fn openapi() -> Response {
     ([(CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-async fn not_found() -> ApiError {
-    ApiError::not_found()
+/// A browser's navigation to an unknown path gets the page's 404; anything else the API's.
+async fn not_found(request: Request) -> Response {
+    if page::wants_html(&request) {
+        page::not_found_page()
+    } else {
+        ApiError::not_found().into_response()
+    }
 }
 
 async fn method_not_allowed() -> ApiError {

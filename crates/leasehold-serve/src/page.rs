@@ -1,0 +1,146 @@
+//! The live page: `GET /` (the fleet), `GET /tasks/NAME` (one task), their script and style,
+//! and `GET /v1/tasks/{task}/history.svg`, a task's run history as the timeline picture
+//! `leasehold history --svg` draws. The page is plain HTML, CSS and JavaScript embedded in the
+//! binary (nothing is fetched from elsewhere); it reads the fleet endpoints once a second and
+//! sends the bearer token the person gave it, kept in the tab's `sessionStorage`.
+//!
+//! The page itself carries no data, so it is served without the token (a browser cannot send
+//! one with a navigation); everything it shows comes through the API and its auth.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use leasehold::fleet::{Fleet, FleetError};
+use leasehold::{LeaseName, Store};
+use serde::Deserialize;
+
+use crate::Sidecar;
+use crate::error::ApiError;
+
+const INDEX: &str = include_str!("../page/index.html");
+const NOT_FOUND: &str = include_str!("../page/not-found.html");
+const SCRIPT: &str = include_str!("../page/page.js");
+const STYLE: &str = include_str!("../page/page.css");
+
+/// Records a picture shows unless asked: all a store keeps by default.
+const SVG_DEFAULT_LIMIT: usize = 200;
+/// The most records a picture shows.
+const SVG_MAX_LIMIT: usize = 1000;
+
+const HTML: &str = "text/html; charset=utf-8";
+
+/// An embedded asset, revalidated on every load so a new binary's page is used at once.
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The page at `/`.
+pub(crate) async fn index() -> Response {
+    asset(HTML, INDEX)
+}
+
+pub(crate) async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+pub(crate) async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+/// The page that says a page does not exist, with a way back.
+pub(crate) fn not_found_page() -> Response {
+    let mut response = asset(HTML, NOT_FOUND);
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
+}
+
+/// Whether a request is a browser's navigation (it prefers HTML): unknown paths answer it with
+/// the page's 404 rather than the API's JSON one.
+pub(crate) fn wants_html(request: &Request) -> bool {
+    request
+        .headers()
+        .get(ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/html"))
+}
+
+/// `/tasks/NAME`: the page, when the catalog knows the task (as `NAME` or `NAME:run`); the
+/// 404 page when it does not or the name cannot be one. When the catalog cannot be read the
+/// page is served and says so itself.
+pub(crate) async fn task_page(
+    State(sidecar): State<Sidecar>,
+    Path(task): Path<String>,
+) -> Response {
+    let Ok(name) = LeaseName::new(&task) else {
+        return not_found_page();
+    };
+    match Fleet::new(sidecar.0.store.clone()).task(&name).await {
+        Err(FleetError::UnknownTask(_)) => not_found_page(),
+        _ => asset(HTML, INDEX),
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct SvgQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /v1/tasks/{task}/history.svg?limit=N`: the newest N records of the task's history
+/// (default 200, at most 1000) as the timeline picture, drawn by `leasehold-timeline` like
+/// `leasehold history --svg`.
+pub(crate) async fn history_svg(
+    State(sidecar): State<Sidecar>,
+    Path(task): Path<String>,
+    query: Result<Query<SvgQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::field("limit", e.body_text()))?;
+    let limit = match query.limit {
+        None => SVG_DEFAULT_LIMIT,
+        Some(n @ 1..=SVG_MAX_LIMIT) => n,
+        Some(_) => {
+            return Err(ApiError::field(
+                "limit",
+                format!("limit must be 1 to {SVG_MAX_LIMIT}"),
+            ));
+        }
+    };
+    let name = LeaseName::new(&task).map_err(|e| ApiError::field("task", e.to_string()))?;
+    let store = &sidecar.0.store;
+    let view = Fleet::new(store.clone())
+        .task(&name)
+        .await
+        .map_err(fleet_error)?;
+    let records = leasehold::history::read(store, &view.name, limit)
+        .await
+        .map_err(|e| ApiError::store_down(format!("cannot read the history of {name}: {e}")))?;
+    let now = store
+        .now_millis()
+        .await
+        .map_err(|e| ApiError::store_down(format!("cannot read the store's clock: {e}")))?;
+    let svg = leasehold_timeline::history_svg(view.name.as_str(), &records, now);
+    Ok((
+        [
+            (CONTENT_TYPE, HeaderValue::from_static("image/svg+xml")),
+            (CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        ],
+        svg,
+    )
+        .into_response())
+}
+
+fn fleet_error(e: FleetError) -> ApiError {
+    match e {
+        FleetError::UnknownTask(_) => ApiError::unknown_task(e.to_string()),
+        FleetError::NoCatalog(_) => ApiError::no_catalog(e.to_string()),
+        other => ApiError::store_down(other.to_string()),
+    }
+}
