@@ -426,7 +426,11 @@ async function loadTimeline(figure, task, key) {
       mark.dataset.tip = title.textContent;
       title.remove();
     }
+    // Keep the keyboard on the same bar or marker across a redraw.
+    const active = document.activeElement;
+    const had = active && box.contains(active) ? focusId(active) : null;
     box.replaceChildren(document.importNode(svg, true));
+    if (had) (findFocusable(had) || box).focus({ preventScroll: true });
   } catch (e) {
     svgKey = null;
     box.replaceChildren(h("p", { class: "error" }, failureText("The timeline could not be drawn", e)));
@@ -588,11 +592,16 @@ function focusId(el) {
   return el.getAttribute("aria-label") || el.getAttribute("href") || el.id || null;
 }
 
+function findFocusable(key) {
+  for (const el of document.querySelectorAll("#main [aria-label], #main [href], #main [id]")) {
+    if (focusId(el) === key) return el;
+  }
+  return null;
+}
+
 function restoreFocus(key) {
-  if (!key) return;
-  const esc = CSS.escape(key);
-  const el = document.querySelector(`[aria-label="${esc}"], [href="${esc}"], [id="${esc}"]`);
-  if (el && !el.disabled) el.focus({ preventScroll: true });
+  const el = key && findFocusable(key);
+  if (el && !el.disabled && el !== document.activeElement) el.focus({ preventScroll: true });
 }
 
 document.addEventListener("DOMContentLoaded", () => {
