@@ -52,6 +52,21 @@
 //! by `max_wait`. A request with both `Content-Length` and `Transfer-Encoding` is refused
 //! (400, connection closed): a proxy in front might have framed it differently.
 //!
+//! ## The page
+//!
+//! `GET /` is a live page of the fleet for a person: the tasks of the store's catalog (state,
+//! leader or owner, last run, next due slot, missed slots of the last 24 h and why, instances),
+//! leader groups and leases (holder, fencing token, time left), and per task (`/tasks/NAME`)
+//! its run history as the timeline picture `leasehold history --svg` draws (served at
+//! `GET /v1/tasks/{task}/history.svg`) above the runs, newest first, with Pause, Resume and
+//! Trigger buttons that ask for confirmation. It reads the fleet endpoints once a second rather
+//! than over server-sent events: `EventSource` cannot send the bearer token, and a poll is a
+//! short request the connection bounds above already fit. Its HTML, CSS and JavaScript are
+//! embedded in the binary and fetch nothing from elsewhere. They carry no data, so they are
+//! served without the token; with one set, the page asks for it, keeps it in the tab's
+//! `sessionStorage` and says so on a 401. A browser's request for an unknown path (or a task
+//! the catalog does not know) gets a 404 page; other clients get the API's JSON 404.
+//!
 //! ## Metrics
 //!
 //! Given a [`Metrics`] recorder ([`SidecarConfig::metrics`]; `leasehold serve` always gives
