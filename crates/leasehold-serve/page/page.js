@@ -335,7 +335,7 @@ function missedCell(task) {
     missCache.set(task.name, { count: n, text: cached ? cached.text : "" });
     api("GET", `/v1/tasks/${encodeURIComponent(task.name)}?limit=1`).then((d) => {
       const reasons = new Map();
-      for (const m of d.missed || []) reasons.set(m.reason, (reasons.get(m.reason) || 0) + 1);
+      for (const m of d.missed || []) reasons.set(m.reason, (reasons.get(m.reason) || 0) + (m.count || 1));
       const text = [...reasons].map(([r, c]) => `${c} ${r}`).join(", ");
       missCache.set(task.name, { count: n, text });
     }).catch(() => missCache.delete(task.name));
@@ -516,9 +516,11 @@ function renderTask(main, task, leases) {
     h("section", { "aria-labelledby": "timeline-h" },
       h("h2", { id: "timeline-h" }, "Timeline"), figure),
     h("section", { id: "missed", "aria-labelledby": "missed-h" },
-      h("h2", { id: "missed-h" }, `Missed in the last 24 h (${missed.length})`),
+      h("h2", { id: "missed-h" }, `Missed in the last 24 h (${task.missed_24h ?? missed.length})`),
       missed.length
-        ? h("ul", { class: "misses" }, missed.map((m) => h("li", {}, utc(m.slot_ms), " — ", h("strong", {}, m.reason))))
+        ? h("ul", { class: "misses" }, missed.map((m) => h("li", {},
+          m.count > 1 ? `${m.count} slots, ${utc(m.slot_ms)} to ${utc(m.last_slot_ms)}` : utc(m.slot_ms),
+          " — ", h("strong", {}, m.reason))))
         : h("p", { class: "muted" }, "No missed slots.")),
     h("section", { "aria-labelledby": "instances-h" },
       h("h2", { id: "instances-h" }, "Instances"),
