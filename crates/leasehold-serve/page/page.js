@@ -470,6 +470,8 @@ function runRows(history, now) {
     span(r.duration_ms),
     h("span", { class: "stack" }, outcomeBadge(r),
       r.error ? h("span", { class: "small error" }, r.error) : null,
+      r.missed && !r.paused ? h("span", { class: "small" },
+        `${r.missed.count > 1 ? r.missed.count + " slots: " : ""}${r.missed.reason}`) : null,
       r.paused ? h("span", { class: "small" }, `paused by ${r.paused.by}${r.paused.reason ? ": " + r.paused.reason : ""}`) : null),
   ]);
 }
