@@ -218,7 +218,7 @@ async function main() {
     const leader = instances.find((c) => group.holder.includes(`:${c.pid}:`));
     assert.ok(leader, `the leader ${group.holder} is one of the instances`);
     const survivor = instances.find((c) => c !== leader);
-    const facts = page.locator(".facts");
+    const facts = page.locator(".facts > div").filter({ has: page.locator("dt", { hasText: "Leader group" }) });
     await until("the page names the leader", () => facts.getByText(`:${leader.pid}`).first().isVisible(), LIVE_MS);
     leader.expectedExit = true;
     leader.kill("SIGKILL");
