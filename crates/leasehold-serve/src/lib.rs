@@ -34,6 +34,16 @@
 //! # }
 //! ```
 //!
+//! ## The fleet
+//!
+//! Every sidecar also answers for the whole store (`leasehold::overview` computes it, so
+//! `leasehold status` shows the same): `GET /v1/tasks` lists the tasks of the store's catalog
+//! (library schedulers, `leasehold run`, sidecar ticks) with their state, instances, last run,
+//! next slot and misses of the last 24 hours; `GET /v1/tasks/{task}` adds the history;
+//! `GET /v1/leases` lists the leases. `POST /v1/tasks/{task}/pause`, `/resume` and `/trigger`
+//! act on every instance of the task through the store (`leasehold::fleet::Fleet`). Errors are
+//! typed: `unknown-task` 404, `no-instance` 409 (a trigger nobody would take), `no-catalog` 501.
+//!
 //! ## Connections
 //!
 //! The server (HTTP/1.1, [`serve`]) bounds every wait on a client, so clients that connect and
@@ -83,6 +93,7 @@
 )]
 
 mod error;
+mod fleet;
 mod held;
 mod leases;
 mod page;
@@ -105,6 +116,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use leasehold::fleet::Fleet;
 use leasehold::gate::Campaigns;
 use leasehold::history::{DEFAULT_HISTORY_LIMIT, HistoryWriter};
 use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
@@ -188,6 +200,8 @@ pub struct Sidecar(Arc<Shared>);
 
 struct Shared {
     store: BoxStore,
+    /// The catalog and control the fleet endpoints read and write.
+    fleet: Fleet<BoxStore>,
     holder: String,
     seq: AtomicU64,
     on_store_down: StoreDownPolicy,
@@ -242,6 +256,7 @@ impl Sidecar {
             registry: Arc::new(Registry::new(history.clone(), stop.clone())),
             campaigns: Campaigns::new(store.clone(), group_holder, stop.clone()),
             history,
+            fleet: Fleet::new(store.clone()),
             store,
             holder: config.holder,
             seq: AtomicU64::new(0),
@@ -260,6 +275,12 @@ impl Sidecar {
     /// never holders, tokens or store credentials.)
     pub fn router(&self, auth_token: Option<String>) -> Router {
         let api = Router::new()
+            .route("/v1/tasks", get(fleet::tasks))
+            .route("/v1/tasks/{task}", get(fleet::task))
+            .route("/v1/tasks/{task}/pause", post(fleet::pause))
+            .route("/v1/tasks/{task}/resume", post(fleet::resume))
+            .route("/v1/tasks/{task}/trigger", post(fleet::trigger))
+            .route("/v1/leases", get(fleet::leases))
             .route("/v1/leases/{name}", get(leases::state))
             .route("/v1/leases/{name}/acquire", post(leases::acquire))
             .route("/v1/leases/{name}/keepalive", post(leases::keepalive_lease))
