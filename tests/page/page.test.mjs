@@ -224,6 +224,8 @@ async function main() {
     leader.kill("SIGKILL");
     await timed("the page shows the new leader", () => facts.getByText(`:${survivor.pid}`).first().isVisible(), TTL_MS + LIVE_MS);
     await page.screenshot({ path: join(OUT, "new-leader-1280.png"), fullPage: true });
+    // The first screen of it, as the README shows (docs/page.png).
+    await page.screenshot({ path: join(OUT, "task-view-1280.png") });
     assert.equal(await page.evaluate(() => window.notReloaded), true, "the page was never reloaded");
 
     // Phone width.

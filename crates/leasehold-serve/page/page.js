@@ -75,8 +75,11 @@ function outcomeBadge(run) {
   return h("span", { class: `badge outcome-${outcome}`, title: run.error || null }, outcome);
 }
 
-function taskHref(name) {
-  return `/tasks/${encodeURIComponent(name)}`;
+/** A task page's address, by the name people know (see shownName) when no other task has it. */
+function taskHref(task, names) {
+  const shown = shownName(task);
+  const name = shown !== task.name && names && names.has(shown) ? task.name : shown;
+  return `/tasks/${encodeURIComponent(name).replace(/%3A/g, ":").replace(/%2F/g, "/")}`;
 }
 
 /** A `leasehold run --lease NAME` task is filed as `NAME:run`; people know it as NAME. */
@@ -327,7 +330,7 @@ function instancesCell(task) {
 // Reasons of the misses in the last 24 h, fetched per task only when its count changes.
 const missCache = new Map();
 
-function missedCell(task) {
+function missedCell(task, names) {
   const n = task.missed_24h || 0;
   if (!n) return h("span", { class: "muted" }, "0");
   const cached = missCache.get(task.name);
@@ -341,27 +344,28 @@ function missedCell(task) {
     }).catch(() => missCache.delete(task.name));
   }
   const text = missCache.get(task.name).text;
-  return h("a", { href: `${taskHref(task.name)}#missed`, class: "missed" },
+  return h("a", { href: `${taskHref(task, names)}#missed`, class: "missed" },
     String(n), text ? h("span", { class: "small" }, ` (${text})`) : null);
 }
 
 function renderFleet(main, tasks, leases) {
   const now = tasks.now_ms;
   const byName = new Map(leases.leases.map((l) => [l.name, l]));
+  const names = new Set(tasks.tasks.map((t) => t.name));
   const groups = new Map();
   for (const t of tasks.tasks) {
     const g = t.definition && t.definition.leader_group;
     if (g) groups.set(g, [...(groups.get(g) || []), shownName(t)]);
   }
   const taskRows = tasks.tasks.map((t) => [
-    h("a", { href: taskHref(t.name), class: "task-name" }, shownName(t)),
+    h("a", { href: taskHref(t, names), class: "task-name" }, shownName(t)),
     h("span", { class: "stack" }, stateBadge(t.state),
       t.paused ? h("span", { class: "small" }, `by ${t.paused.by}${t.paused.reason ? ": " + t.paused.reason : ""}`) : null,
       t.trigger ? h("span", { class: "small" }, `trigger pending (${t.trigger.by})`) : null),
     owner(t, byName),
     lastRun(t.last_run, now),
     t.paused ? h("span", { class: "muted" }, "paused") : when(t.next_slot_ms, now),
-    missedCell(t),
+    missedCell(t, names),
     instancesCell(t),
     buttons(t),
   ]);
@@ -579,7 +583,7 @@ async function refresh() {
     } else if (e.status === 401) {
       main.replaceChildren(h("p", { class: "error" }, failureText("Cannot read the fleet", e)));
     }
-    live(false, `${e.status === 401 ? "needs token" : "not updating"}: ${e.message}`);
+    live(false, e.status === 401 ? "needs the token (401)" : `not updating: ${e.message}`);
   } finally {
     inFlight = false;
     timer = setTimeout(refresh, POLL_MS);

@@ -111,16 +111,6 @@ impl ApiError {
         )
     }
 
-    /// A task the catalog does not know.
-    pub(crate) fn unknown_task(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "unknown-task", message)
-    }
-
-    /// A store that keeps no catalog.
-    pub(crate) fn no_catalog(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_IMPLEMENTED, "no-catalog", message)
-    }
-
     pub(crate) fn method_not_allowed() -> Self {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,

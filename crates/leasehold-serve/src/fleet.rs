@@ -40,7 +40,7 @@ pub(crate) async fn task(
 }
 
 /// `limit=N` (1 to 500) from the query string; other parameters are refused.
-fn history_limit(query: Option<&str>) -> Result<usize, ApiError> {
+pub(crate) fn history_limit(query: Option<&str>) -> Result<usize, ApiError> {
     let mut limit = DEFAULT_HISTORY;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -162,7 +162,10 @@ async fn summary(sidecar: &Sidecar, task: &LeaseName) -> Result<Json<TaskSummary
 
 impl Sidecar {
     /// A fleet answer, noting whether the store could be reached.
-    fn answered<T>(&self, answer: Result<T, leasehold::fleet::FleetError>) -> Result<T, ApiError> {
+    pub(crate) fn answered<T>(
+        &self,
+        answer: Result<T, leasehold::fleet::FleetError>,
+    ) -> Result<T, ApiError> {
         self.0.saw_store(matches!(
             &answer,
             Err(leasehold::fleet::FleetError::Store(e)) if e.is_transient()

@@ -7,27 +7,22 @@
 //! The page itself carries no data, so it is served without the token (a browser cannot send
 //! one with a navigation); everything it shows comes through the API and its auth.
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use leasehold::fleet::{Fleet, FleetError};
+use leasehold::fleet::FleetError;
 use leasehold::{LeaseName, Store};
-use serde::Deserialize;
 
 use crate::Sidecar;
 use crate::error::ApiError;
+use crate::fleet::history_limit;
+use crate::leases::lease_name;
 
 const INDEX: &str = include_str!("../page/index.html");
 const NOT_FOUND: &str = include_str!("../page/not-found.html");
 const SCRIPT: &str = include_str!("../page/page.js");
 const STYLE: &str = include_str!("../page/page.css");
-
-/// Records a picture shows unless asked: all a store keeps by default.
-const SVG_DEFAULT_LIMIT: usize = 200;
-/// The most records a picture shows.
-const SVG_MAX_LIMIT: usize = 1000;
 
 const HTML: &str = "text/html; charset=utf-8";
 
@@ -83,49 +78,28 @@ pub(crate) async fn task_page(
     let Ok(name) = LeaseName::new(&task) else {
         return not_found_page();
     };
-    match Fleet::new(sidecar.0.store.clone()).task(&name).await {
+    match sidecar.0.fleet.task(&name).await {
         Err(FleetError::UnknownTask(_)) => not_found_page(),
         _ => asset(HTML, INDEX),
     }
 }
 
-#[derive(Deserialize)]
-pub(crate) struct SvgQuery {
-    limit: Option<usize>,
-}
-
 /// `GET /v1/tasks/{task}/history.svg?limit=N`: the newest N records of the task's history
-/// (default 200, at most 1000) as the timeline picture, drawn by `leasehold-timeline` like
-/// `leasehold history --svg`.
+/// (as many as `GET /v1/tasks/{task}` lists: default 50, at most 500) as the timeline picture,
+/// drawn by `leasehold-timeline` like `leasehold history --svg`.
 pub(crate) async fn history_svg(
     State(sidecar): State<Sidecar>,
     Path(task): Path<String>,
-    query: Result<Query<SvgQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::field("limit", e.body_text()))?;
-    let limit = match query.limit {
-        None => SVG_DEFAULT_LIMIT,
-        Some(n @ 1..=SVG_MAX_LIMIT) => n,
-        Some(_) => {
-            return Err(ApiError::field(
-                "limit",
-                format!("limit must be 1 to {SVG_MAX_LIMIT}"),
-            ));
-        }
-    };
-    let name = LeaseName::new(&task).map_err(|e| ApiError::field("task", e.to_string()))?;
-    let store = &sidecar.0.store;
-    let view = Fleet::new(store.clone())
-        .task(&name)
-        .await
-        .map_err(fleet_error)?;
-    let records = leasehold::history::read(store, &view.name, limit)
-        .await
-        .map_err(|e| ApiError::store_down(format!("cannot read the history of {name}: {e}")))?;
-    let now = store
-        .now_millis()
-        .await
-        .map_err(|e| ApiError::store_down(format!("cannot read the store's clock: {e}")))?;
+    let limit = history_limit(query.as_deref())?;
+    let name = lease_name("task", &task)?;
+    let fleet = &sidecar.0.fleet;
+    let view = sidecar.answered(fleet.task(&name).await)?;
+    let store = fleet.store();
+    let records = leasehold::history::read(store, &view.name, limit).await;
+    let records = sidecar.answered(records.map_err(FleetError::from))?;
+    let now = sidecar.answered(store.now_millis().await.map_err(FleetError::from))?;
     let svg = leasehold_timeline::history_svg(view.name.as_str(), &records, now);
     Ok((
         [
@@ -135,12 +109,4 @@ pub(crate) async fn history_svg(
         svg,
     )
         .into_response())
-}
-
-fn fleet_error(e: FleetError) -> ApiError {
-    match e {
-        FleetError::UnknownTask(_) => ApiError::unknown_task(e.to_string()),
-        FleetError::NoCatalog(_) => ApiError::no_catalog(e.to_string()),
-        other => ApiError::store_down(other.to_string()),
-    }
 }

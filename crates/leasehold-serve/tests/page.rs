@@ -203,7 +203,7 @@ async fn the_history_picture_is_the_timeline_svg_behind_the_token() {
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     let error: Value = serde_json::from_str(&unknown.body).unwrap();
     assert_eq!(error["error"], "unknown-task", "{error}");
-    for bad in ["limit=0", "limit=1001", "limit=x"] {
+    for bad in ["limit=0", "limit=501", "limit=x", "colour=red"] {
         let got = get(
             &router,
             &format!("/v1/tasks/sweep/history.svg?{bad}"),
