@@ -232,6 +232,9 @@ async function main() {
     await page.setViewportSize({ width: 375, height: 800 });
     await sleep(1200);
     await page.screenshot({ path: join(OUT, "task-375.png"), fullPage: true });
+    await page.screenshot({ path: join(OUT, "task-view-375.png") });
+    const taskOverflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(taskOverflow <= 0, `the task's page fits 375 px (${taskOverflow} px too wide)`);
     await page.goto(`${base}/`);
     await until("the fleet at phone width", () => row.isVisible(), 5000);
     const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
