@@ -122,6 +122,8 @@ async function main() {
     const page = await context.newPage();
     const errors = [];
     page.on("pageerror", (e) => errors.push(e.message));
+    // Anything the page's Content-Security-Policy refused (the 401s it is shown are expected).
+    page.on("console", (m) => { if (/Refused|Content Security Policy/.test(m.text())) errors.push(m.text()); });
 
     // Whether reading needs the token too (buttons always do, where one is set).
     const readsOpen = (await fetch(`${base}/v1/tasks`)).status !== 401;

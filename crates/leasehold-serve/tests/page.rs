@@ -21,6 +21,7 @@ const TOKEN: &str = "page-test-token-0123456789";
 struct Answer {
     status: StatusCode,
     content_type: String,
+    csp: String,
     body: String,
 }
 
@@ -40,10 +41,16 @@ async fn send(router: &Router, request: Request<Body>) -> Answer {
         .get(CONTENT_TYPE)
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
+    let csp = response
+        .headers()
+        .get("content-security-policy")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     Answer {
         status,
         content_type,
+        csp,
         body: String::from_utf8(bytes.to_vec()).unwrap(),
     }
 }
@@ -105,6 +112,13 @@ async fn the_page_and_its_files_are_embedded_with_their_types_and_need_no_token(
             got.content_type
         );
         assert_eq!(got.body, embedded, "{path} is the embedded file");
+        // The browser is told so too, and that no other site may frame the buttons.
+        assert!(
+            got.csp.starts_with("default-src 'self';")
+                && got.csp.contains("frame-ancestors 'none'"),
+            "{path}: {}",
+            got.csp
+        );
         // Nothing is fetched from elsewhere: no absolute URLs in any of the files.
         assert!(
             !embedded.contains("http://") && !embedded.contains("https://"),
