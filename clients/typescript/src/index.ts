@@ -91,7 +91,7 @@ export type GateResult = "ran" | "failed" | NotRun["reason"];
 export interface NotRun {
   run: false;
   slot: number | null;
-  reason: "not-leader" | "already-run" | "busy" | "store-down" | "not-due" | "sidecar-down";
+  reason: "not-leader" | "already-run" | "busy" | "store-down" | "not-due" | "paused" | "sidecar-down";
 }
 
 /** Who paused a task, when (store clock, ms) and why. */
@@ -321,13 +321,15 @@ export class Run extends Lease {
   constructor(
     client: LeaseholdClient,
     readonly task: string,
-    /** The slot: ms since the epoch of the firing this run is for. */
+    /** The slot: ms since the epoch of the firing this run is for (a manual run: when it was asked for). */
     readonly slot: number,
     token: string,
     holder: string,
     sentAt: number,
     validForMs: number,
     keepaliveMs: number,
+    /** `timer` for the schedule's slot, `manual` for a run asked for with `trigger` (or `leasehold trigger`). */
+    readonly trigger: "timer" | "manual" = "timer",
   ) {
     super(client, task, token, holder, sentAt, validForMs, keepaliveMs);
   }
@@ -545,6 +547,7 @@ export class LeaseholdClient {
       sentAt,
       Number(answer.valid_for_ms),
       Number(answer.keepalive_ms),
+      answer.trigger === "manual" ? "manual" : "timer",
     );
   }
 

@@ -404,3 +404,29 @@ test("fleet: a leasehold run task is listed, paused, resumed and triggered throu
     return true;
   });
 });
+
+test("fleet: a sidecar task is registered by its ticks and a trigger is taken as a manual run", async () => {
+  const schedule = { everyMs: 3_600_000 };
+  const first = await ca.tick("ts-side", schedule);
+  assert.equal(first.run, true);
+  assert.equal(first.trigger, "timer");
+  await first.done("ok");
+  const listed = (await cb.tasks()).tasks.find((t) => t.name === "ts-side");
+  assert.equal(listed?.definition?.source, "sidecar", JSON.stringify(listed));
+  assert.equal(listed.definition.schedule, "every 3600s");
+  const asked = await cb.trigger("ts-side", { by: "node" });
+  // The hourly slot already ran: the next tick runs only because it was asked for.
+  const manual = await cb.tick("ts-side", schedule);
+  assert.equal(manual.run, true, JSON.stringify(manual));
+  assert.equal(manual.trigger, "manual");
+  assert.equal(manual.slot, asked.at_ms);
+  await manual.done("ok");
+  // The outcome is written to the store in the background, after the answer to done.
+  let run;
+  for (let i = 0; i < 50 && run?.outcome !== "ok"; i++) {
+    if (i > 0) await sleep(100);
+    run = (await ca.task("ts-side")).history.find((r) => r.request?.id === asked.id);
+  }
+  assert.equal(run?.outcome, "ok", JSON.stringify(run));
+  assert.equal((await ca.tick("ts-side", schedule)).reason, "already-run");
+});

@@ -44,6 +44,14 @@
 //! act on every instance of the task through the store (`leasehold::fleet::Fleet`). Errors are
 //! typed: `unknown-task` 404, `no-instance` 409 (a trigger nobody would take), `no-catalog` 501.
 //!
+//! Ticks register their task in the catalog (source `sidecar`, with its schedule and policy,
+//! this sidecar as an instance) for as long as they keep coming: twice the interval plus the
+//! ttl. A paused task's ticks answer `run: false, reason: "paused"`; a trigger is taken by the
+//! task's next tick on an instance that may run it, which answers `run: true, trigger:
+//! "manual"` (the application hears of it only when it ticks). A grant that does not follow the
+//! previous firing granted by this sidecar records the slots in between that nobody ran as
+//! missed, so a crash or an outage shows in `leasehold history`.
+//!
 //! ## Connections
 //!
 //! The server (HTTP/1.1, [`serve`]) bounds every wait on a client, so clients that connect and
@@ -92,6 +100,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod catalog;
 mod error;
 mod fleet;
 mod held;
@@ -122,6 +131,7 @@ use leasehold::history::{DEFAULT_HISTORY_LIMIT, HistoryWriter};
 use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
 use serde::Serialize;
 
+use crate::catalog::Registrations;
 use crate::error::{ApiError, MAX_BODY};
 use crate::held::Registry;
 pub use crate::prometheus::{Metrics, MetricsError, MetricsListener};
@@ -132,6 +142,11 @@ const HISTORY_WRITE_LIMIT: Duration = Duration::from_secs(5);
 /// The holder id of a sidecar's campaigns for tick groups.
 fn group_holder(holder: &str) -> HolderId {
     HolderId::new(format!("{holder}#group")).unwrap_or_else(|_| HolderId::generate())
+}
+
+/// The instance id a sidecar registers its ticked tasks under in the catalog.
+fn catalog_instance(holder: &str) -> HolderId {
+    HolderId::new(holder).unwrap_or_else(|_| HolderId::generate())
 }
 
 /// The API's OpenAPI 3 document, as served at `GET /openapi.json`.
@@ -212,6 +227,8 @@ struct Shared {
     campaigns: Campaigns<BoxStore>,
     /// Where runs and misses are recorded.
     history: HistoryWriter,
+    /// The ticked tasks' registrations in the store's catalog.
+    catalog: Arc<Registrations>,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
     store_state: AtomicU8,
     stop: CancellationToken,
@@ -255,6 +272,11 @@ impl Sidecar {
         Self(Arc::new(Shared {
             registry: Arc::new(Registry::new(history.clone(), stop.clone())),
             campaigns: Campaigns::new(store.clone(), group_holder, stop.clone()),
+            catalog: Arc::new(Registrations::new(
+                store.clone(),
+                catalog_instance(&config.holder),
+                stop.clone(),
+            )),
             history,
             fleet: Fleet::new(store.clone()),
             store,
@@ -318,7 +340,8 @@ impl Sidecar {
         self.0.stop.cancel();
         let registry = self.0.registry.shut_down(limit);
         let groups = self.0.campaigns.shut_down(limit);
-        tokio::join!(registry, groups);
+        let catalog = self.0.catalog.shut_down(limit);
+        tokio::join!(registry, groups, catalog);
     }
 
     /// Leases and runs held for applications now.

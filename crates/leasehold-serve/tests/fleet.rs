@@ -239,3 +239,135 @@ async fn unknown_tasks_bad_input_auth_and_a_store_without_catalog_are_typed_erro
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{error}");
     assert_eq!(error["error"], "store-down");
 }
+
+/// One tick of `task` (every `every_ms`) through `api`.
+async fn tick(api: &Router, task: &str, every_ms: u64) -> Value {
+    let (status, answer) = call(
+        api,
+        "POST",
+        &format!("/v1/tasks/{task}/ticks"),
+        Some(json!({"every_ms": every_ms, "ttl_ms": 3000})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    answer
+}
+
+async fn done(api: &Router, task: &str, granted: &Value) {
+    let slot = granted["slot"].as_u64().unwrap();
+    let (status, answer) = call(
+        api,
+        "POST",
+        &format!("/v1/tasks/{task}/ticks/{slot}/done"),
+        Some(json!({"token": granted["token"], "outcome": "ok"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
+/// Sidecar tasks are in the catalog while ticked, honour a pause, take a trigger at their next
+/// tick (answered as a manual run), and the slots nobody ran between two grants are recorded
+/// as missed.
+#[tokio::test(start_paused = true)]
+async fn sidecar_ticks_register_honour_pause_take_triggers_and_record_gaps() {
+    let store = FaultyStore::new();
+    let sidecar = Sidecar::new(
+        BoxStore::new(store.clone()),
+        SidecarConfig::default().holder("side"),
+    );
+    let api = sidecar.router(None);
+    let first = tick(&api, "mail", 2000).await;
+    assert_eq!(first["run"], true, "{first}");
+    assert_eq!(first["trigger"], "timer");
+    done(&api, "mail", &first).await;
+    tokio::time::sleep(SEC).await;
+    let (_, list) = call(&api, "GET", "/v1/tasks", None).await;
+    let mail = &list["tasks"][0];
+    assert_eq!(mail["name"], "mail", "{list}");
+    assert_eq!(mail["definition"]["source"], "sidecar");
+    assert_eq!(mail["definition"]["schedule"], "every 2s");
+    assert_eq!(mail["definition"]["on_store_down"], "fail-closed");
+    assert_eq!(mail["instances"][0]["instance"], "side");
+    assert_eq!(mail["instances"][0]["live"], true);
+
+    // Three slots without a tick (the application was down), then a grant: the gap is recorded.
+    tokio::time::sleep(SEC * 7).await;
+    let after_gap = tick(&api, "mail", 2000).await;
+    assert_eq!(after_gap["run"], true, "{after_gap}");
+    done(&api, "mail", &after_gap).await;
+    tokio::time::sleep(SEC).await;
+    let (_, detail) = call(&api, "GET", "/v1/tasks/mail", None).await;
+    let gap = detail["missed"][0].clone();
+    assert_eq!(gap["reason"], "not-claimed", "{detail}");
+    assert_eq!(gap["count"], 3, "{detail}");
+    assert_eq!(
+        gap["last_slot_ms"].as_u64().unwrap() + 2000,
+        after_gap["slot"].as_u64().unwrap()
+    );
+    assert_eq!(
+        gap["slot_ms"].as_u64().unwrap(),
+        first["slot"].as_u64().unwrap() + 2000
+    );
+    // The next slot granted here follows the last: no gap looked for, none recorded.
+    tokio::time::sleep(SEC).await;
+    let next = tick(&api, "mail", 2000).await;
+    done(&api, "mail", &next).await;
+    tokio::time::sleep(SEC).await;
+    let (_, detail) = call(&api, "GET", "/v1/tasks/mail", None).await;
+    assert_eq!(detail["missed"].as_array().unwrap().len(), 1, "{detail}");
+
+    // Paused: the tick answers no, and the slot is recorded as paused.
+    let (status, _) = call(
+        &api,
+        "POST",
+        "/v1/tasks/mail/pause",
+        Some(json!({"by": "ops"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(SEC * 2).await;
+    let paused = tick(&api, "mail", 2000).await;
+    assert_eq!(paused["run"], false, "{paused}");
+    assert_eq!(paused["reason"], "paused");
+    let (_, _) = call(&api, "POST", "/v1/tasks/mail/resume", None).await;
+
+    // A trigger is taken at the next tick, which answers a manual run; done records it.
+    let (status, asked) = call(
+        &api,
+        "POST",
+        "/v1/tasks/mail/trigger",
+        Some(json!({"by": "ops"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{asked}");
+    let manual = tick(&api, "mail", 2000).await;
+    assert_eq!(manual["run"], true, "{manual}");
+    assert_eq!(manual["trigger"], "manual");
+    assert_eq!(manual["slot"], asked["at_ms"]);
+    done(&api, "mail", &manual).await;
+    tokio::time::sleep(SEC).await;
+    let (_, detail) = call(&api, "GET", "/v1/tasks/mail", None).await;
+    let run = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["trigger"] == "manual")
+        .unwrap_or_else(|| panic!("{detail}"))
+        .clone();
+    assert_eq!(run["request"]["id"], asked["id"]);
+    assert_eq!(run["outcome"], "ok");
+    assert_eq!(
+        run["slot_ms"],
+        Value::Null,
+        "manual runs are filed by their start"
+    );
+    assert_eq!(detail["trigger"], Value::Null, "taken once");
+    let again = tick(&api, "mail", 2000).await;
+    assert_ne!(again["trigger"], "manual", "{again}");
+
+    // Ticks stop: the instance leaves the catalog after twice the interval plus the ttl.
+    tokio::time::sleep(SEC * 10).await;
+    let (_, list) = call(&api, "GET", "/v1/tasks", None).await;
+    assert_eq!(list["tasks"][0]["instances"], json!([]), "{list}");
+    assert_eq!(list["tasks"][0]["state"], "no_instance");
+}
