@@ -375,8 +375,8 @@ function renderFleet(main, tasks, leases) {
       l && l.holder ? span(l.remaining_ms) : "—"];
   });
   const leaseRows = leases.leases.filter((l) => !groups.has(l.name)).map((l) => [
-    l.name, holder(l.holder), l.token !== null ? String(l.token) : "—",
-    l.holder ? span(l.remaining_ms) : "—",
+    l.name, names.has(l.name) ? "task's run lease" : "lease", holder(l.holder),
+    l.token !== null ? String(l.token) : "—", l.holder ? span(l.remaining_ms) : "—",
   ]);
   main.replaceChildren(
     h("section", { id: "tasks", "aria-labelledby": "tasks-h" },
@@ -390,7 +390,7 @@ function renderFleet(main, tasks, leases) {
         "No task runs in a leader group.")),
     h("section", { id: "leases", "aria-labelledby": "leases-h" },
       h("h2", { id: "leases-h" }, "Leases"),
-      table("Leases", ["Lease", "Holder", "Token", "Remaining"], leaseRows, "No leases.")));
+      table("Leases", ["Lease", "Kind", "Holder", "Token", "Remaining"], leaseRows, "No leases.")));
 }
 
 // ---- the task view -------------------------------------------------------------------------
