@@ -546,6 +546,7 @@ function renderTask(main, task, leases) {
 
 let timer = null;
 let inFlight = false;
+let arrived = false;
 
 function route() {
   const m = /^\/tasks\/(.+)$/.exec(location.pathname);
@@ -570,6 +571,12 @@ async function refresh() {
       if (r.task) renderTask(main, data, leases);
       else renderFleet(main, data, leases);
       restoreFocus(focusKey);
+      // The sections exist only once drawn: go to the one the address names, once.
+      if (!arrived && location.hash) {
+        const target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+        if (target) target.scrollIntoView();
+      }
+      arrived = true;
     }
     // A token that works ends the 401 message.
     if ($("auth").classList.contains("error")) {
