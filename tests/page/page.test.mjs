@@ -258,7 +258,7 @@ async function main() {
     await page.evaluate(() => sessionStorage.setItem("leasehold-token", "wrong-token-0123456789"));
     if (readsOpen) await pauseWith401(page, row);
     await until("the wrong token is refused", () => page.locator("#auth-why").filter({ hasText: "401 Unauthorized" }).isVisible(), LIVE_MS + 1000);
-    await page.screenshot({ path: join(OUT, "401-wrong-token-1280.png") });
+    await page.screenshot({ path: join(OUT, "401-wrong-token-375.png") });
     assert.deepEqual(errors, [], "no script errors");
     console.log(`page test passed; screenshots in ${OUT}`);
   } finally {
