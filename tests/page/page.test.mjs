@@ -161,8 +161,9 @@ async function main() {
     // Pause: runs stop on every instance.
     console.log("pause");
     await row.getByRole("button", { name: `Pause ${TASK}` }).click();
+    // From the keyboard: the reason, and Enter confirms.
     await page.getByLabel("Reason (optional, shown to others)").fill("browser test");
-    await page.locator("#confirm").getByRole("button", { name: "Pause" }).click();
+    await page.keyboard.press("Enter");
     await timed("the page shows paused", () => row.getByText("paused", { exact: true }).first().isVisible(), LIVE_MS);
     await until("the result is shown", () => page.locator("#result").filter({ hasText: `Paused ${TASK}.` }).isVisible(), LIVE_MS);
     await page.screenshot({ path: join(OUT, "paused-1280.png"), fullPage: true });

@@ -264,6 +264,13 @@ async function act() {
 
 function setUpConfirm() {
   const dialog = $("confirm");
+  // Enter in the reason confirms (the form's default button would be Cancel, the first).
+  $("confirm-reason").addEventListener("keydown", (e) => {
+    if (e.key === "Enter") {
+      e.preventDefault();
+      dialog.close("ok");
+    }
+  });
   dialog.addEventListener("close", () => {
     if (dialog.returnValue === "ok" && confirming) act();
     dialog.returnValue = "";
