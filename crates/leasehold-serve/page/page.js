@@ -594,7 +594,8 @@ async function refresh() {
   } catch (e) {
     if (e.status === 404 && e.code !== "http-404") {
       main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, e.message), h("p", {}, h("a", { href: "/" }, "Back to the fleet")));
-    } else if (e.status === 401) {
+    } else if (e.status === 401 || !arrived) {
+      // Nothing drawn yet (or nothing it may show): say why instead of an empty page.
       main.replaceChildren(h("p", { class: "error" }, failureText("Cannot read the fleet", e)));
     }
     live(false, e.status === 401 ? "needs the token (401)" : `not updating: ${e.message}`);
