@@ -101,7 +101,11 @@ fn the_readme_operator_transcript_runs_as_written() {
     let dir = temp_dir();
     let sweep = dir.path().join("sweep.sh");
     std::fs::write(&sweep, "#!/bin/sh\nexit 0\n").unwrap();
-    Command::new("chmod").arg("+x").arg(&sweep).status().unwrap();
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&sweep)
+        .status()
+        .unwrap();
     let print = std::env::var_os("LEASEHOLD_PRINT_TRANSCRIPT").is_some();
     let text = transcript();
     let mut background: Vec<Child> = Vec::new();
@@ -182,7 +186,10 @@ fn shapes_leave_out_what_changes_between_runs() {
         shape("sweep:run: run 1a2423dcab9-50a0c854 ended ok in 11.0ms (holder i2, token 17964)"),
         shape("sweep:run: run 1a2423ddd00-0f3e21aa ended ok in 9.7ms (holder i1, token 17965)")
     );
-    assert_eq!(shape("sweep  group  2.9s  i1"), shape("sweep group 480.2ms i2"));
+    assert_eq!(
+        shape("sweep  group  2.9s  i1"),
+        shape("sweep group 480.2ms i2")
+    );
     assert_ne!(shape("sweep:run  idle"), shape("sweep:run  paused"));
     assert_eq!(words(r#"pause sweep --reason "vendor API down""#).len(), 4);
 }
