@@ -218,9 +218,14 @@ fn sidecar_task(url: &str) {
         answers
     };
     let first = round();
-    assert_eq!(
-        first.iter().filter(|a| a["run"] == true).count(),
-        1,
+    let ran: Vec<&Value> = first
+        .iter()
+        .filter(|a| a["run"] == true)
+        .map(|a| &a["slot"])
+        .collect();
+    // Two runs only for two slots: a second began between the two ticks.
+    assert!(
+        !ran.is_empty() && (ran.len() == 1 || ran[0] != ran[1]),
         "{first:?}"
     );
     let listed = task_when(url, &task, "registered by both sidecars", |t| {
