@@ -135,7 +135,12 @@ test("a failed job is recorded failed with its error", async () => {
     throw new Error("webhook endpoint answered 500");
   });
   assert.equal(result, "failed");
-  const history = JSON.parse(execFileSync(BIN, ["history", "--store", store, "ts-failing", "--json"]).toString()).runs;
+  // The outcome is written to the store in the background, after the answer to done.
+  let history;
+  for (let i = 0; i < 50 && history?.[0]?.outcome !== "failed"; i++) {
+    if (i > 0) await sleep(100);
+    history = JSON.parse(execFileSync(BIN, ["history", "--store", store, "ts-failing", "--json"]).toString()).runs;
+  }
   assert.equal(history.length, 1, JSON.stringify(history));
   assert.equal(history[0].outcome, "failed");
   assert.match(JSON.stringify(history[0]), /webhook endpoint answered 500/);

@@ -24,7 +24,7 @@ pub struct PauseArgs {
     /// Why (shown by `leasehold status` and `history`, and recorded with each paused slot).
     #[arg(long)]
     reason: Option<String>,
-    /// Who pauses [default: $USER@HOST].
+    /// Who pauses (default: $USER@HOST).
     #[arg(long)]
     by: Option<String>,
 }
@@ -45,7 +45,7 @@ pub struct TriggerArgs {
     store: Option<String>,
     /// The task (as for pause).
     name: String,
-    /// Who asks [default: $USER@HOST].
+    /// Who asks (default: $USER@HOST).
     #[arg(long)]
     by: Option<String>,
     /// Wait for the run to end (at most DURATION, default 10m) and print its outcome; exit 0

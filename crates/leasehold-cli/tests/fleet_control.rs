@@ -201,38 +201,66 @@ fn done(sidecar: &Sidecar, task: &str, granted: &Value) {
     assert_eq!(status, 200, "{answer}");
 }
 
-/// A task ticked through a real sidecar: listed by status, paused (its tick answers paused,
-/// the slot is recorded), resumed, and triggered (its next tick answers a manual run).
+/// A task two real sidecars tick: listed by status with both, paused (their ticks answer
+/// paused, the slot is recorded), resumed, and triggered (exactly one of their next ticks
+/// answers a manual run).
 fn sidecar_task(url: &str) {
-    let sidecar = Sidecar::start(url, "side");
+    let sidecars = [Sidecar::start(url, "side-a"), Sidecar::start(url, "side-b")];
     let task = unique("side");
-    let first = tick(&sidecar, &task);
-    assert_eq!(first["run"], true, "{first}");
-    done(&sidecar, &task, &first);
-    let listed = task_when(url, &task, "registered by the sidecar", |t| {
-        t["instances"][0]["live"] == true
+    // Both tick each round, as replicas' timers fire together; granted runs end at once.
+    let round = || -> Vec<Value> {
+        let answers: Vec<Value> = sidecars.iter().map(|s| tick(s, &task)).collect();
+        for (sidecar, answer) in sidecars.iter().zip(&answers) {
+            if answer["run"] == true {
+                done(sidecar, &task, answer);
+            }
+        }
+        answers
+    };
+    let first = round();
+    let ran: Vec<&Value> = first
+        .iter()
+        .filter(|a| a["run"] == true)
+        .map(|a| &a["slot"])
+        .collect();
+    // Two runs only for two slots: a second began between the two ticks.
+    assert!(
+        !ran.is_empty() && (ran.len() == 1 || ran[0] != ran[1]),
+        "{first:?}"
+    );
+    let listed = task_when(url, &task, "registered by both sidecars", |t| {
+        t["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["live"] == true)
+            .count()
+            == 2
     });
     assert_eq!(listed["definition"]["source"], "sidecar", "{listed}");
-    assert_eq!(listed["instances"][0]["instance"], "side");
+    assert_eq!(listed["definition"]["schedule"], "every 1s");
 
     assert_eq!(
         code(&leasehold(&["pause", "--store", url, &task, "--by", "ops"])),
         0
     );
     std::thread::sleep(Duration::from_millis(1100));
-    let paused = tick(&sidecar, &task);
-    assert_eq!(paused["reason"], "paused", "{paused}");
+    let paused = round();
+    assert!(paused.iter().all(|a| a["reason"] == "paused"), "{paused:?}");
     assert_eq!(code(&leasehold(&["resume", "--store", url, &task])), 0);
     let out = leasehold(&["trigger", "--store", url, &task, "--by", "ops"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    let manual = tick(&sidecar, &task);
-    assert_eq!(manual["trigger"], "manual", "{manual}");
-    done(&sidecar, &task, &manual);
-    let again = tick(&sidecar, &task);
-    assert_ne!(again["trigger"], "manual", "taken once: {again}");
-    if again["run"] == true {
-        done(&sidecar, &task, &again);
-    }
+    let triggered = round();
+    let manual = triggered
+        .iter()
+        .filter(|a| a["trigger"] == "manual")
+        .count();
+    assert_eq!(manual, 1, "one manual run, on one instance: {triggered:?}");
+    let after = round();
+    assert!(
+        after.iter().all(|a| a["trigger"] != "manual"),
+        "taken once: {after:?}"
+    );
     std::thread::sleep(Duration::from_millis(500));
     let records = history(url, &task);
     assert_eq!(
