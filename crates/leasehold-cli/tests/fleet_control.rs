@@ -59,6 +59,11 @@ fn history(url: &str, task: &str) -> Vec<Value> {
         .clone()
 }
 
+fn two_live(task: &Value) -> bool {
+    let instances = task["instances"].as_array().unwrap();
+    instances.iter().filter(|i| i["live"] == true).count() == 2
+}
+
 fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or(-1)
 }
@@ -82,15 +87,7 @@ fn run_task(url: &str) {
         .iter()
         .map(|name| Instance::start(name, &args, &ledger, "20ms", dir.path()))
         .collect();
-    let listed = task_when(url, &task, "two live instances", |t| {
-        t["instances"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|i| i["live"] == true)
-            .count()
-            == 2
-    });
+    let listed = task_when(url, &task, "two live instances", two_live);
     assert_eq!(listed["definition"]["source"], "run", "{listed}");
     assert_eq!(listed["definition"]["leader_group"], lease.as_str());
     let status = json_of(&["status", "--store", url, "--json"]);
@@ -228,15 +225,7 @@ fn sidecar_task(url: &str) {
         !ran.is_empty() && (ran.len() == 1 || ran[0] != ran[1]),
         "{first:?}"
     );
-    let listed = task_when(url, &task, "registered by both sidecars", |t| {
-        t["instances"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|i| i["live"] == true)
-            .count()
-            == 2
-    });
+    let listed = task_when(url, &task, "registered by both sidecars", two_live);
     assert_eq!(listed["definition"]["source"], "sidecar", "{listed}");
     assert_eq!(listed["definition"]["schedule"], "every 1s");
 

@@ -508,6 +508,88 @@ fn millis(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
+    /// What a task's summary says from its catalog entry, lease and history: the last run is
+    /// the newest run (not a miss), misses count only their slots within the last 24 hours,
+    /// paused ones included, and the next slot is named only while an instance is live.
+    #[tokio::test(start_paused = true)]
+    async fn a_summary_reads_state_last_run_next_slot_and_recent_misses() {
+        use crate::catalog::{CATALOG_RETENTION, Registration};
+        use crate::history::{MissReason, RecordTrigger};
+        use crate::{HolderId, MemoryStore, Store};
+        const HOUR: u64 = 3_600_000;
+        let store = MemoryStore::new();
+        let name = LeaseName::new("hourly").unwrap();
+        let who = HolderId::new("a").unwrap();
+        let definition = r#"{"source":"scheduler","schedule":"every 3600s","on_store_down":"fail-closed","gated":true}"#;
+        let registration = Registration {
+            task: &name,
+            definition,
+            instance: &who,
+            about: "{}",
+            ttl: Duration::from_secs(10),
+            forget_after: CATALOG_RETENTION,
+        };
+        store.register(&registration).await.unwrap();
+        let now = store.now_millis().await.unwrap();
+        let hour = now / HOUR * HOUR;
+        let record = |r: RunRecord| {
+            let store = store.clone();
+            let name = name.clone();
+            async move {
+                store
+                    .record_history(&name, r.key(), &r.to_json(), 100)
+                    .await
+                    .unwrap()
+            }
+        };
+        // Six slots missed from 27 h to 22 h before the hour: two fall within the last 24 hours.
+        record(RunRecord::missed(
+            hour - 27 * HOUR,
+            6,
+            hour - 22 * HOUR,
+            MissReason::StoreDown,
+            "a",
+        ))
+        .await;
+        let ran = RunRecord::started(
+            Some(hour - 2 * HOUR),
+            RecordTrigger::Timer,
+            "a",
+            None,
+            hour - 2 * HOUR,
+            None,
+        )
+        .ended(hour - 2 * HOUR + 5, RunOutcome::Ok);
+        record(ran).await;
+        let mut paused =
+            RunRecord::missed(hour - HOUR, 1, hour - HOUR, MissReason::NotClaimed, "a");
+        paused.paused = Some(Pause {
+            by: "ops".into(),
+            reason: None,
+            at_ms: hour - HOUR - 1,
+        });
+        record(paused).await;
+        let fleet = Fleet::new(store.clone());
+        let list = tasks(&fleet).await.unwrap();
+        let summary = &list.tasks[0];
+        assert_eq!(summary.state, TaskState::Idle);
+        assert_eq!(summary.missed_24h, 2 + 1, "{summary:?}");
+        assert_eq!(
+            summary.last_run.as_ref().unwrap().slot_ms,
+            Some(hour - 2 * HOUR)
+        );
+        assert_eq!(summary.next_slot_ms, Some(hour + HOUR));
+        let detail = task(&fleet, &name, 2).await.unwrap();
+        assert_eq!(detail.history.len(), 2);
+        let reasons: Vec<&str> = detail.missed.iter().map(|m| m.reason.as_str()).collect();
+        assert_eq!(reasons, ["paused", "store-down"]);
+        // The heartbeat runs out: no instance, no next slot.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let summary = &tasks(&fleet).await.unwrap().tasks[0];
+        assert_eq!(summary.state, TaskState::NoInstance);
+        assert_eq!(summary.next_slot_ms, None);
+    }
+
     /// The catalog's schedule text reads back as the schedule it was written from.
     #[cfg(feature = "cron")]
     #[test]
