@@ -48,9 +48,11 @@ pub struct TriggerArgs {
     /// Who asks (default: $USER@HOST).
     #[arg(long)]
     by: Option<String>,
-    /// Wait for the run to end (at most DURATION, default 10m) and print its outcome; exit 0
-    /// if it succeeded, 1 if not, 124 if it did not end in time.
-    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "10m", value_parser = duration_arg)]
+    /// Wait for the run to end (at most DURATION, given as `--wait=DURATION`, default 10m) and
+    /// print its outcome; exit 0 if it succeeded, 1 if not, 124 if it did not end in time.
+    // `require_equals`: a bare `--wait` followed by the task's name must not take the name for
+    // a duration.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "10m", value_parser = duration_arg)]
     wait: Option<Duration>,
 }
 

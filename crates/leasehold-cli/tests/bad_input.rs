@@ -269,8 +269,13 @@ fn control_without_a_task_name() {
         fails_in_one_line(&[command, "--store", "sqlite:t.db"], "<NAME>");
     }
     fails_in_one_line(
-        &["trigger", "--store", "sqlite:t.db", "x", "--wait", "2d"],
+        &["trigger", "--store", "sqlite:t.db", "x", "--wait=2d"],
         "above the maximum",
+    );
+    // A bare --wait before the name does not take the name for a duration.
+    fails_in_one_line(
+        &["trigger", "--store", "sqlite:t.db", "--wait", "x"],
+        "no task x",
     );
 }
 

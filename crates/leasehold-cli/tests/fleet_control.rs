@@ -134,7 +134,13 @@ fn run_task(url: &str) {
     assert!(ran_while_paused.is_empty(), "{ran_while_paused:?}");
 
     let triggered = leasehold(&[
-        "trigger", "--store", url, &lease, "--by", "ops", "--wait", "30s",
+        "trigger",
+        "--store",
+        url,
+        &lease,
+        "--by",
+        "ops",
+        "--wait=30s",
     ]);
     let stdout = String::from_utf8_lossy(&triggered.stdout);
     assert_eq!(
