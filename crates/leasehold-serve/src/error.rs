@@ -103,6 +103,10 @@ impl ApiError {
         )
     }
 
+    pub(crate) fn cross_site(why: String) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "cross-site", why)
+    }
+
     pub(crate) fn not_found() -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

@@ -121,7 +121,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::HeaderMap;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -355,6 +356,9 @@ async fn authorize(
     request: Request,
     next: Next,
 ) -> Response {
+    if let Some(why) = cross_site(request.headers(), token.is_some()) {
+        return ApiError::cross_site(why).into_response();
+    }
     if let Some(token) = token.as_deref() {
         let given = request
             .headers()
@@ -367,6 +371,49 @@ async fn authorize(
         }
     }
     next.run(request).await
+}
+
+/// Why a request a browser sent on behalf of another site is refused, if it is one. Any page a
+/// browser on this machine opens can post to a loopback sidecar (a form needs no preflight), or
+/// reach it under a DNS name of its own rebound to 127.0.0.1. Browsers say where such requests
+/// come from: `Origin` must be the sidecar itself, under the name it was reached by, and without
+/// a token that name must be a loopback one. Clients that are not browsers send no `Origin`.
+fn cross_site(headers: &HeaderMap, token_set: bool) -> Option<String> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if text("sec-fetch-site") == Some("cross-site") {
+        return Some("requests from another site's pages are refused".into());
+    }
+    let origin = text(ORIGIN.as_str())?;
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let host = text(HOST.as_str()).unwrap_or("");
+    match authority {
+        Some(a) if a.eq_ignore_ascii_case(host) => {}
+        _ => {
+            return Some(format!(
+                "requests from another site's pages are refused (Origin {origin} is not this sidecar)"
+            ));
+        }
+    }
+    if !token_set && !is_loopback_name(host) {
+        return Some(format!(
+            "without an auth token the sidecar answers browsers only under a loopback address (this page came from {origin}; open it at 127.0.0.1 or localhost)"
+        ));
+    }
+    None
+}
+
+/// Whether `host` (a Host header: name or address, with an optional port) names this machine.
+fn is_loopback_name(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Compares without stopping at the first difference, so timing does not reveal the token.

@@ -227,3 +227,97 @@ async fn the_history_picture_is_the_timeline_svg_behind_the_token() {
         assert_eq!(got.status, StatusCode::BAD_REQUEST, "{bad}: {}", got.body);
     }
 }
+
+/// A page of another site cannot drive a loopback sidecar through the visitor's browser: a
+/// cross-site form post, or a DNS name of the attacker's rebound to 127.0.0.1, is refused (403)
+/// before it reaches a handler; the page itself (same origin) and clients that send no Origin
+/// are served.
+#[tokio::test]
+async fn requests_browsers_send_for_other_sites_are_refused() {
+    let store = BoxStore::new(MemoryStore::new());
+    register(&store, "sweep").await;
+    let open = router(&store, None);
+    let pause = |headers: &[(&str, &str)]| {
+        let mut request = Request::post("/v1/tasks/sweep/pause");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
+            .header(CONTENT_TYPE, "text/plain")
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    let host = ("host", "127.0.0.1:7311");
+    for (headers, why) in [
+        (
+            vec![host, ("origin", "http://evil.example")],
+            "not this sidecar",
+        ),
+        (vec![host, ("origin", "null")], "not this sidecar"),
+        (
+            vec![
+                host,
+                ("origin", "http://127.0.0.1:7311"),
+                ("sec-fetch-site", "cross-site"),
+            ],
+            "another site",
+        ),
+        (
+            vec![
+                ("host", "evil.example:7311"),
+                ("origin", "http://evil.example:7311"),
+            ],
+            "loopback",
+        ),
+    ] {
+        let answer = send(&open, pause(&headers)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{headers:?}: {}",
+            answer.body
+        );
+        let body: Value = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(body["error"], "cross-site");
+        assert!(body["message"].as_str().unwrap().contains(why), "{body}");
+    }
+    // Nothing was paused by the refused requests.
+    let task = get(&open, "/v1/tasks/sweep", &[]).await;
+    let task: Value = serde_json::from_str(&task.body).unwrap();
+    assert_ne!(task["state"], "paused", "{task}");
+    // The page's own requests and plain clients are served.
+    for headers in [
+        vec![
+            host,
+            ("origin", "http://127.0.0.1:7311"),
+            ("sec-fetch-site", "same-origin"),
+        ],
+        vec![
+            ("host", "localhost:7311"),
+            ("origin", "http://localhost:7311"),
+        ],
+        vec![("host", "[::1]:7311"), ("origin", "http://[::1]:7311")],
+        vec![host],
+    ] {
+        let answer = send(&open, pause(&headers)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "{headers:?}: {}",
+            answer.body
+        );
+    }
+    // With a token, a name that is not loopback is fine (the token is the guard).
+    let guarded = router(&store, Some(TOKEN));
+    let bearer = format!("Bearer {TOKEN}");
+    let answer = send(
+        &guarded,
+        pause(&[
+            ("host", "sidecar.internal:7311"),
+            ("origin", "http://sidecar.internal:7311"),
+            ("authorization", &bearer),
+        ]),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+}
