@@ -89,7 +89,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use leasehold::gate::Campaigns;
+use leasehold::gate::{Campaigns, StoreClock};
 use leasehold::history::{DEFAULT_HISTORY_LIMIT, HistoryWriter};
 use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
 use serde::Serialize;
@@ -182,6 +182,8 @@ struct Shared {
     campaigns: Campaigns<BoxStore>,
     /// Where runs and misses are recorded.
     history: HistoryWriter,
+    /// The store's clock as the last tick read it, to name the next tick's slot.
+    clock: StoreClock,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
     store_state: AtomicU8,
     stop: CancellationToken,
@@ -226,6 +228,7 @@ impl Sidecar {
             registry: Arc::new(Registry::new(history.clone(), stop.clone())),
             campaigns: Campaigns::new(store.clone(), group_holder, stop.clone()),
             history,
+            clock: StoreClock::new(),
             store,
             holder: config.holder,
             seq: AtomicU64::new(0),

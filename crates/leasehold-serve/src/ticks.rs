@@ -14,9 +14,9 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use leasehold::gate::{Decision, Gate, Skip};
+use leasehold::gate::{Decision, Due, Gate, Skip};
 use leasehold::history::{RecordedSchedule, RunOutcome};
-use leasehold::{Lease, Schedule, ScheduleError, StoreDownPolicy, Trigger};
+use leasehold::{Lease, Schedule, ScheduleError, StoreDownPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -162,32 +162,38 @@ pub(crate) async fn tick(
     };
 
     // The gate decides, as the scheduler's does: the store's clock (with the task's control
-    // record) names the slot, then leadership, pause, task lease, slot claim.
+    // record) names the slot, then leadership, pause, task lease, slot claim; in one store
+    // round trip where the store can (the slot named from the store's clock as last read).
     let lease = Lease::new(shared.store.clone(), task.clone(), config)
         .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
         .with_holder(shared.holder_id(None));
     let mut gate = Gate::new(lease).recording(shared.history.clone());
-    let reading = gate.read_clock().await;
-    shared.saw_store(matches!(&reading, Err(e) if e.is_transient()));
-    let reading = match reading {
-        Ok(reading) => reading,
-        Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
-        Err(e) => return Err(ApiError::store(&e.into())),
-    };
-    let Some(slot) = schedule.latest_at_or_before(reading.now_ms) else {
-        return Ok(Json(answer(false, None, Some("not-due"))));
-    };
     if let Some(group) = &group {
+        // The interval between the slots around the store's clock as last read.
+        let near = shared.clock.now_ms().unwrap_or_else(wall_millis);
         let interval = schedule
-            .next_after(slot)
-            .map_or(Duration::ZERO, |next| Duration::from_millis(next - slot));
+            .latest_at_or_before(near)
+            .and_then(|slot| Some(schedule.next_after(slot)? - slot))
+            .map_or(Duration::ZERO, Duration::from_millis);
         let campaign = shared
             .campaigns
             .campaign(group, config, interval)
             .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
         gate = gate.led_by(campaign);
     }
-    let ticket = match gate.decide(&reading, slot, Trigger::Timer).await {
+    let due = gate.decide_due(&schedule, &shared.clock).await;
+    shared.saw_store(matches!(&due, Err(e) if e.is_transient()));
+    let (reading, slot, decision) = match due {
+        Ok(Due::Decided {
+            reading,
+            slot,
+            decision,
+        }) => (reading, slot, decision),
+        Ok(Due::NotDue(_)) => return Ok(Json(answer(false, None, Some("not-due")))),
+        Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
+        Err(e) => return Err(ApiError::store(&e.into())),
+    };
+    let ticket = match decision {
         Decision::Run(ticket) => ticket,
         Decision::Skip(skip) => {
             shared.saw_store(matches!(skip, Skip::StoreDown(_)));
