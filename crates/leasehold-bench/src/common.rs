@@ -80,6 +80,7 @@ impl OpRounds {
             kind: Kind::Lease,
             figure: Figure::of(rounds),
             ratio: floor.and_then(|(base, name)| ratio(rounds, base, name)),
+            server_us: None,
             target,
         })
         .collect()
@@ -100,6 +101,7 @@ pub(crate) fn floor_rows(store: &str, floors: &[(&str, &[Round])]) -> Vec<OpRow>
             ratio: base
                 .filter(|_| i > 0)
                 .and_then(|(base, name)| ratio(rounds, base, name)),
+            server_us: None,
             target: None,
         })
         .collect()

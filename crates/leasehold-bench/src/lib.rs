@@ -13,6 +13,7 @@ mod mysql;
 mod postgres;
 mod redis;
 mod report;
+mod sidecar;
 mod spread;
 mod sqlite;
 mod stats;

@@ -8,9 +8,13 @@ use std::time::Duration;
 
 use leasehold_redis::{ClusterUrl, RedisConfig, RedisConnection, RedisStore, SentinelUrl, redis};
 
+use leasehold::store::TickRequest;
+use leasehold::{Slots, Store};
+
 use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
 use crate::error::{BenchError, Result};
 use crate::report::{Kind, OpRow, Report, Target};
+use crate::sidecar::{self, ServerClock, SidecarPlan};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
 
@@ -41,23 +45,22 @@ impl Deployment {
 pub(crate) const RSLOCK_SKIPPED: &str = "redis: rslock lock+unlock not measured: rslock 0.10 \
      connects to plain redis:// servers only, not through Sentinel or to a Redis Cluster";
 
+/// A store handle with a connection and release listener of its own, as another process has.
+async fn connect_store(plan: &Plan, key_prefix: &str) -> Result<RedisStore> {
+    RedisConfig::new(plan.redis_url.clone())
+        .prefix(key_prefix)
+        .connect()
+        .await
+        .map_err(|e| BenchError::connect(RedisConfig::new(plan.redis_url.clone()).describe(), e))
+}
+
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let key_prefix = format!("leasehold-bench-{}", plan.run_id);
     let deployment = Deployment::of(&plan.redis_url);
-    let connect = || async {
-        RedisConfig::new(plan.redis_url.clone())
-            .prefix(key_prefix.clone())
-            .connect()
-            .await
-            .map_err(|e| {
-                BenchError::connect(RedisConfig::new(plan.redis_url.clone()).describe(), e)
-            })
-    };
-    let store = connect().await?;
+    let store = connect_store(plan, &key_prefix).await?;
     let result = async {
-        // A second store handle, as another process would have: its own connection and
-        // release listener.
-        let waiter = connect().await?;
+        // A second store handle, as another process would have.
+        let waiter = connect_store(plan, &key_prefix).await?;
         bench_with(plan, report, &store, &waiter, &key_prefix, deployment).await
     }
     .await;
@@ -117,15 +120,50 @@ async fn bench_with(
         }
     }
 
+    // Server time per call, from INFO commandstats around an untimed pass of each (a cluster
+    // would sum every node's counters).
+    let server = if deployment == Deployment::Cluster {
+        report.notes.push(
+            "redis: server time per call not measured on a Redis Cluster (INFO commandstats \
+             would sum every node's counters)"
+                .to_owned(),
+        );
+        None
+    } else {
+        match server_time(store, &ops, &noop, &floor_key, &prefix).await {
+            Ok(times) => Some(times),
+            Err(e) => {
+                report.notes.push(format!(
+                    "redis: server time per call not measured: {}",
+                    e.chain()
+                ));
+                None
+            }
+        }
+    };
+    let time_of = |what: &str| {
+        server
+            .as_ref()
+            .and_then(|t| t.iter().find(|(w, _)| *w == what).map(|&(_, us)| us))
+    };
+
     let ping = (&pings[..], probe.name());
-    report.operations.extend(common::floor_rows(
+    let mut floors = common::floor_rows(
         "redis",
         &[
             (probe.name(), &pings),
             ("SET", &sets),
             ("EVALSHA no-op", &evals),
         ],
-    ));
+    );
+    for row in &mut floors {
+        row.server_us = match row.op.as_str() {
+            "PING" => time_of("PING"),
+            "EVALSHA no-op" => time_of("no-op script"),
+            _ => None,
+        };
+    }
+    report.operations.extend(floors);
     let acquire_release = peer.is_some().then(|| {
         let peer_rate = Figure::of(&peers).ops_per_sec.median;
         let pair_rate = Figure::of(&rounds.acquire_release).ops_per_sec.median;
@@ -135,13 +173,34 @@ async fn bench_with(
         )
     });
     let targets = OpTargets {
-        acquire: Some(common::p50_within(&rounds.acquire, 1.1, ping)),
-        renew: Some(common::p50_within(&rounds.renew, 1.1, ping)),
+        acquire: Some(common::p50_within(&rounds.acquire, 1.15, ping)),
+        renew: Some(common::p50_within(&rounds.renew, 1.05, ping)),
         acquire_release,
     };
-    report
-        .operations
-        .extend(rounds.rows("redis", Some(ping), targets));
+    let mut rows = rounds.rows("redis", Some(ping), targets);
+    for row in &mut rows {
+        row.server_us = match row.op.as_str() {
+            "acquire+release" => time_of("acquire")
+                .zip(time_of("release"))
+                .map(|(a, r)| a + r),
+            op => time_of(op),
+        };
+    }
+    report.operations.extend(rows);
+    if let Some(us) = time_of("tick") {
+        report.notes.push(format!(
+            "redis: a gated tick decision (Slots::tick: clock, control record, slot, lease and \
+             claim in one script) takes {us:.1} µs of server time"
+        ));
+    }
+    for (what, target) in [("acquire", 6.0), ("renew", 3.0)] {
+        if let Some(us) = time_of(what) {
+            report.notes.push(format!(
+                "redis: server time per {what} {us:.1} µs ({} ≤ {target} µs)",
+                if us <= target { "PASS" } else { "MISS" }
+            ));
+        }
+    }
     if peer.is_some() {
         report.operations.push(OpRow {
             store: "redis".to_owned(),
@@ -149,6 +208,7 @@ async fn bench_with(
             kind: Kind::Peer,
             figure: Figure::of(&peers),
             ratio: common::ratio(&peers, &pings, "PING"),
+            server_us: None,
             target: None,
         });
     }
@@ -172,21 +232,24 @@ async fn bench_with(
         report.notes.push(RSLOCK_SKIPPED.to_owned());
     }
 
-    if deployment == Deployment::Cluster {
-        report.notes.push(
-            "redis: server time per call not measured on a Redis Cluster (INFO commandstats \
-             would sum every node's counters)"
-                .to_owned(),
-        );
-    } else {
-        match server_time(store, &ops, &noop, &floor_key).await {
-            Ok(note) => report.notes.push(note),
-            Err(e) => report.notes.push(format!(
-                "redis: server time per call not measured: {}",
-                e.chain()
-            )),
-        }
-    }
+    // The sidecar over a store of its own (its own connection), as a `leasehold serve`
+    // process beside the application has.
+    let sidecar_store = connect_store(plan, key_prefix).await?;
+    let sidecar_plan = SidecarPlan {
+        // Names go into URL paths: no `/` in them.
+        prefix: &format!("{}-sidecar", prefix.replace('/', "-")),
+        rounds: plan.rounds,
+        one: plan.ops,
+        each_of_many: (plan.ops / 4).max(10),
+        acquire_p50_us: Figure::of(&rounds.acquire).p50_us.median,
+    };
+    let probe_server = Commandstats {
+        store: store.clone(),
+        skip: deployment == Deployment::Cluster,
+    };
+    let (rows, notes) = sidecar::bench(&sidecar_plan, sidecar_store, &probe_server).await?;
+    report.sidecar.extend(rows);
+    report.notes.extend(notes);
 
     let held = HeldPlan::of(plan, "redis", &prefix, 64);
     let graceful = Some(("1 ms".to_owned(), 1.0));
@@ -263,39 +326,98 @@ async fn command_stat(conn: &mut RedisConnection, command: &str) -> Result<(u64,
     Ok((field("calls"), field("usec")))
 }
 
-/// Microseconds the server spent per EVALSHA of each operation (from `INFO commandstats`
-/// around one pass of each), to tell the server's script work from the client's share.
+/// Microseconds the server spent per call of each operation (from `INFO commandstats` around
+/// one untimed pass of each: EVALSHA for the scripts, PING for PING), to tell the server's
+/// share of each p50 from the round trip's and the client's. Includes other clients' calls
+/// made meanwhile.
 async fn server_time(
     store: &RedisStore,
     ops: &OpBench<RedisStore>,
     noop: &str,
     floor_key: &str,
-) -> Result<String> {
+    prefix: &str,
+) -> Result<Vec<(&'static str, f64)>> {
     let mut conn = store.connection();
     let mut per_call = Vec::new();
     let mut tokens = Vec::new();
-    for what in ["PING", "no-op script", "acquire", "renew", "release"] {
-        let command = if what == "PING" { "ping" } else { "evalsha" };
-        let (calls0, usec0) = command_stat(&mut conn, command).await?;
+    let tasks = common::names(prefix, "tick", 200)?;
+    let holder = leasehold::HolderId::generate();
+    for what in [
+        "PING",
+        "no-op script",
+        "acquire",
+        "renew",
+        "release",
+        "tick",
+    ] {
+        // Scripts, and TIME for a tick composed of separate calls.
+        let commands: &[&str] = if what == "PING" {
+            &["ping"]
+        } else {
+            &["evalsha", "eval", "time"]
+        };
+        let usec0 = server_usec(&mut conn, commands).await?;
         match what {
             "PING" => drop(Probe::Ping.round(&mut conn, 200).await?),
             "no-op script" => drop(evalsha_round(&mut conn, noop, floor_key, 200).await?),
             "acquire" => tokens = ops.acquire_all().await?,
             "renew" => ops.renew_all(&tokens).await?,
-            _ => ops.release_all(&tokens).await?,
+            "release" => ops.release_all(&tokens).await?,
+            _ => {
+                let now = store
+                    .now_millis()
+                    .await
+                    .map_err(|e| BenchError::store("time", e))?;
+                for task in &tasks {
+                    let request = TickRequest::new(task, &holder, common::OP_TTL, now, None);
+                    store
+                        .tick(&request)
+                        .await
+                        .map_err(|e| BenchError::store("tick", e))?;
+                }
+            }
         }
-        let (calls1, usec1) = command_stat(&mut conn, command).await?;
-        let calls = calls1.saturating_sub(calls0).max(1);
-        per_call.push(format!(
-            "{what} {:.1} µs",
-            usec1.saturating_sub(usec0) as f64 / calls as f64
+        let usec1 = server_usec(&mut conn, commands).await?;
+        let count = match what {
+            "PING" | "no-op script" => 200,
+            "tick" => tasks.len(),
+            _ => tokens.len(),
+        };
+        per_call.push((
+            what,
+            usec1.saturating_sub(usec0) as f64 / count.max(1) as f64,
         ));
     }
-    Ok(format!(
-        "redis: server time per call (INFO commandstats; includes other clients' calls made \
-         meanwhile): {}; the rest of each p50 is the round trip and the client",
-        per_call.join(", ")
-    ))
+    Ok(per_call)
+}
+
+/// Microseconds the server spent in `commands` so far (`INFO commandstats`).
+async fn server_usec(conn: &mut RedisConnection, commands: &[&str]) -> Result<u64> {
+    let mut total = 0;
+    for command in commands {
+        total += command_stat(conn, command).await?.1;
+    }
+    Ok(total)
+}
+
+/// The Redis server's time so far in what the store sends (`INFO commandstats`: EVALSHA,
+/// EVAL and TIME), for the sidecar rows.
+struct Commandstats {
+    store: RedisStore,
+    /// On a cluster the counters are every node's: not read.
+    skip: bool,
+}
+
+impl ServerClock for Commandstats {
+    async fn busy_us(&self) -> Option<u64> {
+        if self.skip {
+            return None;
+        }
+        let mut conn = self.store.connection();
+        server_usec(&mut conn, &["evalsha", "eval", "time"])
+            .await
+            .ok()
+    }
 }
 
 /// A script that does nothing: what running any Lua script costs over PING. It names `key`

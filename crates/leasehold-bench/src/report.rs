@@ -56,6 +56,30 @@ pub(crate) struct OpRow {
     pub(crate) kind: Kind,
     pub(crate) figure: Figure,
     pub(crate) ratio: Option<Ratio>,
+    /// Microseconds the store's server spent per call (Redis: `INFO commandstats`), where
+    /// measured.
+    #[serde(rename = "server_us_per_call", skip_serializing_if = "Option::is_none")]
+    pub(crate) server_us: Option<f64>,
+    pub(crate) target: Option<Target>,
+}
+
+/// One row of the sidecar table: requests to `leasehold serve` on loopback.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SidecarRow {
+    #[serde(rename = "request")]
+    pub(crate) op: String,
+    /// Keep-alive connections sending at once.
+    pub(crate) clients: usize,
+    pub(crate) figure: Figure,
+    /// p50 less `GET /healthz`'s p50 with as many connections, in µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) vs_floor_us: Option<f64>,
+    /// The store server's time per request of the pass, in µs.
+    #[serde(
+        rename = "server_us_per_request",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub(crate) server_us: Option<f64>,
     pub(crate) target: Option<Target>,
 }
 
@@ -156,6 +180,7 @@ pub(crate) struct Report {
     pub(crate) ops: usize,
     pub(crate) quick: bool,
     pub(crate) operations: Vec<OpRow>,
+    pub(crate) sidecar: Vec<SidecarRow>,
     pub(crate) held_renewal: Vec<HeldRow>,
     pub(crate) takeover: Vec<TakeoverRow>,
     pub(crate) memory: Vec<MemoryRow>,
@@ -173,6 +198,11 @@ impl Report {
         for r in &self.operations {
             if let Some(t) = &r.target {
                 out.push((format!("{} {}", r.store, r.op), t));
+            }
+        }
+        for r in &self.sidecar {
+            if let Some(t) = &r.target {
+                out.push((format!("sidecar {} × {}", r.op, r.clients), t));
             }
         }
         for r in &self.held_renewal {
@@ -236,6 +266,7 @@ impl Report {
                         r.ratio
                             .as_ref()
                             .map_or_else(String::new, |x| format!("{:.2}× {}", x.p50, x.floor)),
+                        fmt_server(r.server_us),
                         r.target.as_ref().map_or_else(String::new, Target::cell),
                     ]
                 })
@@ -249,6 +280,49 @@ impl Report {
                     "p50",
                     "p99",
                     "p50 vs floor",
+                    "server",
+                    "target",
+                ],
+                rows,
+            ));
+            if self.operations.iter().any(|r| r.server_us.is_some()) {
+                out.push_str(
+                    "  server: the store server's own time per call (Redis: INFO commandstats \
+                     around one untimed pass of each)\n",
+                );
+            }
+        }
+        if !self.sidecar.is_empty() {
+            let rows = self
+                .sidecar
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.op.clone(),
+                        r.clients.to_string(),
+                        fmt_rate_spread(&r.figure.ops_per_sec),
+                        fmt_us_spread(&r.figure.p50_us),
+                        fmt_us_spread(&r.figure.p99_us),
+                        r.vs_floor_us
+                            .map_or_else(String::new, |us| format!("{us:+.0}µs")),
+                        fmt_server(r.server_us),
+                        r.target.as_ref().map_or_else(String::new, Target::cell),
+                    ]
+                })
+                .collect();
+            out.push_str(
+                "\nthe sidecar: leasehold serve on loopback over the redis store, keep-alive \
+                 HTTP/1.1 connections sending one request at a time each\n",
+            );
+            out.push_str(&table(
+                &[
+                    "request",
+                    "connections",
+                    "requests/s",
+                    "p50",
+                    "p99",
+                    "p50 over /healthz",
+                    "server",
                     "target",
                 ],
                 rows,
@@ -514,6 +588,11 @@ fn fmt_us_spread(s: &Spread) -> String {
     }
 }
 
+/// A server time per call, or nothing where none was measured.
+fn fmt_server(us: Option<f64>) -> String {
+    us.map_or_else(String::new, |us| format!("{us:.1}µs"))
+}
+
 fn fmt_ms_spread(s: &Spread) -> String {
     format!("{:.1}ms ({:.1}–{:.1})", s.median, s.min, s.max)
 }
@@ -581,8 +660,10 @@ mod tests {
                     floor: "PING".into(),
                     p50: 1.5,
                 }),
+                server_us: None,
                 target: Some(target.clone()),
             }],
+            sidecar: Vec::new(),
             held_renewal: vec![HeldRow {
                 store: "redis".into(),
                 held: 100,

@@ -13,7 +13,8 @@ use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
     Release, Slots, Store, StoreError,
     store::{
-        Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
+        Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, TickAnswer,
+        TickClaim, TickRequest, within,
     },
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -34,7 +35,7 @@ use crate::listener::{self, Source};
 use crate::scripts::{
     ACQUIRE, CLAIM_SLOT, CONTROL, HISTORY, HISTORY_KEY_DIGITS, INDEX_TASK, INSPECT, LAST_SLOT,
     LEAVE, LIST_TASKS, LuaScript, MEMBERS, READ_TASK, RECORD_HISTORY, REGISTER, RELEASE, RENEW,
-    SET_CONTROL, UNREGISTER,
+    SET_CONTROL, TICK, UNREGISTER,
 };
 
 /// Leases in Redis: each operation is one Lua script (EVALSHA, falling back to EVAL), atomic on
@@ -819,6 +820,13 @@ fn token(op: Op<'_>, v: Option<&Value>) -> StoreResult<FencingToken> {
         .map_err(|_| corrupt(op, format_args!("fencing token {s:?} is not a u64")))
 }
 
+/// A slot number the scripts answered.
+fn slot_number(op: Op<'_>, v: Option<&Value>) -> StoreResult<u64> {
+    let s = str_of(op, v)?;
+    s.parse()
+        .map_err(|_| corrupt(op, format_args!("slot {s:?} is not a u64")))
+}
+
 fn holder(op: Op<'_>, v: Option<&Value>) -> StoreResult<HolderId> {
     let s = str_of(op, v)?;
     HolderId::new(s).map_err(|_| corrupt(op, format_args!("holder {s:?} is not a holder id")))
@@ -874,16 +882,17 @@ impl Store for RedisStore {
                 Some(ttl),
             )
             .await?;
-        let reply = items(op, reply)?;
-        match int(op, reply.first())? {
-            1 => Ok(Acquisition::Acquired {
-                token: token(op, reply.get(1))?,
-            }),
-            _ => Ok(Acquisition::Busy {
-                holder: holder(op, reply.get(1))?,
-                remaining: remaining(op, reply.get(2))?,
-            }),
+        // A grant is the token alone; busy is `{0, holder, pttl}`.
+        if !matches!(reply, Value::Array(_)) {
+            return Ok(Acquisition::Acquired {
+                token: token(op, Some(&reply))?,
+            });
         }
+        let reply = items(op, reply)?;
+        Ok(Acquisition::Busy {
+            holder: holder(op, reply.get(1))?,
+            remaining: remaining(op, reply.get(2))?,
+        })
     }
 
     async fn renew(
@@ -979,8 +988,8 @@ impl Store for RedisStore {
 
     fn capabilities(&self) -> Capabilities {
         // No purge: every record expires by itself on the server (a lease when its ttl runs
-        // out, its fencing counter a retention later).
-        Capabilities::SLOTS | Capabilities::MEMBERSHIP | Capabilities::CATALOG
+        // out, its fencing counter a retention later). A tick is one script.
+        Capabilities::SLOTS | Capabilities::MEMBERSHIP | Capabilities::CATALOG | Capabilities::TICK
     }
 
     /// One pipeline of renew scripts: one round trip for the batch (on a Redis Cluster, one
@@ -1030,13 +1039,9 @@ impl Slots for RedisStore {
         let reply = items(op, reply)?;
         match int(op, reply.first())? {
             1 => Ok(SlotClaim::Claimed),
-            _ => {
-                let last = text(op, reply.get(1))?;
-                let last = last
-                    .parse()
-                    .map_err(|_| corrupt(op, format_args!("slot {last:?} is not a u64")))?;
-                Ok(SlotClaim::AlreadyRun { last })
-            }
+            _ => Ok(SlotClaim::AlreadyRun {
+                last: slot_number(op, reply.get(1))?,
+            }),
         }
     }
 
@@ -1048,10 +1053,58 @@ impl Slots for RedisStore {
         if reply == Value::Nil {
             return Ok(None);
         }
-        let last = text(op, Some(&reply))?;
-        last.parse()
-            .map(Some)
-            .map_err(|_| corrupt(op, format_args!("slot {last:?} is not a u64")))
+        slot_number(op, Some(&reply)).map(Some)
+    }
+
+    /// One script ([`TICK`]): the clock, the control record, the slot, the lease, and the
+    /// lease and the claim if all agree; every key under the task's hash tag.
+    async fn tick(&self, request: &TickRequest<'_>) -> StoreResult<TickAnswer> {
+        let task = request.task;
+        let op = Op::new("tick", Some(task));
+        let next = request.next.map_or(Arg::Str(""), Arg::Int);
+        let reply = self
+            .eval(
+                &TICK,
+                &[
+                    self.key(task, LEASE),
+                    self.key(task, FENCE),
+                    self.key(task, SLOT),
+                    self.key(task, TASK_KIND),
+                ],
+                &[
+                    Arg::Str(request.holder.as_str()),
+                    ttl_millis(request.ttl),
+                    ttl_millis(self.inner.retention.max(request.ttl)),
+                    Arg::Int(request.slot),
+                    next,
+                ],
+                op,
+                false,
+                Some(request.ttl),
+            )
+            .await?;
+        let reply = items(op, reply)?;
+        let now_ms = u64::try_from(int(op, reply.get(1))?).unwrap_or(0);
+        let control = control_record(op, reply.get(2), reply.get(3))?;
+        let claim = match int(op, reply.first())? {
+            1 => TickClaim::Claimed {
+                token: token(op, reply.get(4))?,
+            },
+            2 => TickClaim::OutsideSlot,
+            3 => TickClaim::Paused,
+            4 => TickClaim::AlreadyRun {
+                last: slot_number(op, reply.get(4))?,
+            },
+            _ => TickClaim::Busy {
+                last: match reply.get(4) {
+                    None | Some(Value::Nil) => None,
+                    last => Some(slot_number(op, last)?),
+                },
+                holder: holder(op, reply.get(5))?,
+                remaining: remaining(op, reply.get(6))?,
+            },
+        };
+        Ok(TickAnswer::new(now_ms, control, claim))
     }
 
     async fn record_history(

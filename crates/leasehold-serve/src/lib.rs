@@ -127,7 +127,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use leasehold::fleet::Fleet;
-use leasehold::gate::Campaigns;
+use leasehold::gate::{Campaigns, StoreClock};
 use leasehold::history::{DEFAULT_HISTORY_LIMIT, HistoryWriter};
 use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
 use serde::Serialize;
@@ -230,6 +230,8 @@ struct Shared {
     history: HistoryWriter,
     /// The ticked tasks' registrations in the store's catalog.
     catalog: Arc<Registrations>,
+    /// The store's clock as the last tick read it, to name the next tick's slot.
+    clock: StoreClock,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
     store_state: AtomicU8,
     stop: CancellationToken,
@@ -280,6 +282,7 @@ impl Sidecar {
             )),
             history,
             fleet: Fleet::new(store.clone()),
+            clock: StoreClock::new(),
             store,
             holder: config.holder,
             seq: AtomicU64::new(0),

@@ -15,7 +15,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use leasehold::catalog::{TaskDefinition, TaskSource};
-use leasehold::gate::{Decision, Gate, Skip, Ticket};
+use leasehold::gate::{Decision, Due, Gate, Skip, Ticket};
 use leasehold::history::{self, RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
 use leasehold::{Lease, LeaseConfig, LeaseName, Schedule, ScheduleError, StoreDownPolicy, Trigger};
 use serde::{Deserialize, Serialize};
@@ -165,24 +165,19 @@ pub(crate) async fn tick(
     };
 
     // The gate decides, as the scheduler's does: the store's clock (with the task's control
-    // record) names the slot, then leadership, pause, task lease, slot claim.
+    // record) names the slot, then leadership, pause, task lease, slot claim; in one store
+    // round trip where the store can (the slot named from the store's clock as last read).
     let lease = Lease::new(shared.store.clone(), task.clone(), config)
         .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
         .with_holder(shared.holder_id(None));
     let mut gate = Gate::new(lease).recording(shared.history.clone());
-    let reading = gate.read_clock().await;
-    shared.saw_store(matches!(&reading, Err(e) if e.is_transient()));
-    let reading = match reading {
-        Ok(reading) => reading,
-        Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
-        Err(e) => return Err(ApiError::store(&e.into())),
-    };
-    let slot = schedule.latest_at_or_before(reading.now_ms);
-    // How long ticks may stop before this sidecar gives up the group and the catalog entry.
-    let base = slot.unwrap_or(reading.now_ms);
+    // How long ticks may stop before this sidecar gives up the group and the catalog entry:
+    // the interval between the slots around the store's clock as last read.
+    let near = shared.clock.now_ms().unwrap_or_else(wall_millis);
     let interval = schedule
-        .next_after(base)
-        .map_or(Duration::ZERO, |next| Duration::from_millis(next - base));
+        .latest_at_or_before(near)
+        .and_then(|slot| Some(schedule.next_after(slot)? - slot))
+        .map_or(Duration::ZERO, Duration::from_millis);
     let definition = TaskDefinition {
         source: TaskSource::Sidecar,
         schedule: schedule.to_string(),
@@ -202,6 +197,18 @@ pub(crate) async fn tick(
             .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
         gate = gate.led_by(campaign);
     }
+    let due = gate.decide_due(&schedule, &shared.clock).await;
+    shared.saw_store(matches!(&due, Err(e) if e.is_transient()));
+    let (reading, decided) = match due {
+        Ok(Due::Decided {
+            reading,
+            slot,
+            decision,
+        }) => (reading, Some((slot, decision))),
+        Ok(Due::NotDue(reading)) => (reading, None),
+        Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
+        Err(e) => return Err(ApiError::store(&e.into())),
+    };
     let grant = Granting {
         sidecar: &sidecar,
         task: &task,
@@ -211,9 +218,12 @@ pub(crate) async fn tick(
         started_ms: reading.now_ms,
         schedule: &recorded,
     };
-    // A manual run asked for through the catalog (`leasehold trigger`) goes first: the
-    // application hears of it only when it ticks, and its timer slot would win every time.
-    if let (Some(control), Some(version)) = (&reading.control, reading.control_version)
+    // A manual run asked for through the catalog (`leasehold trigger`) is taken by a tick
+    // whose timer slot does not run here: the application hears of it only when it ticks, and
+    // a trigger waits at most one tick rather than cost a timer slot.
+    let timer_runs = matches!(decided, Some((_, Decision::Run(_))));
+    if !timer_runs
+        && let (Some(control), Some(version)) = (&reading.control, reading.control_version)
         && control.trigger.is_some()
     {
         match gate.take_trigger(control, version, reading.now_ms).await {
@@ -222,10 +232,10 @@ pub(crate) async fn tick(
             Err(e) => tracing::debug!(task = %task, error = %e, "manual trigger not taken"),
         }
     }
-    let Some(slot) = slot else {
+    let Some((slot, decision)) = decided else {
         return Ok(Json(answer(false, None, Some("not-due"))));
     };
-    let ticket = match gate.decide(&reading, slot, Trigger::Timer).await {
+    let ticket = match decision {
         Decision::Run(ticket) => ticket,
         Decision::Skip(skip) => {
             shared.saw_store(matches!(skip, Skip::StoreDown(_)));

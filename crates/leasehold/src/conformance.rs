@@ -19,6 +19,7 @@ use std::time::Duration;
 use crate::catalog::{CATALOG_RETENTION, Registration, TaskRecord, Versioned};
 use crate::store_api::{
     Acquisition, Capabilities, Catalog, Membership, Purge, Release, Renewal, SlotClaim, Slots,
+    TickClaim, TickRequest,
 };
 use crate::{FencingToken, HolderId, Lease, LeaseConfig, LeaseName, TryAcquire};
 
@@ -854,6 +855,104 @@ pub async fn leases_lists_every_record<S: Slots + Purge + Membership + Catalog>(
     store.release(&held, &who, held_token).await.unwrap();
 }
 
+/// A tick claims its slot once, only while the store's clock is in it, with a new tenure of
+/// the task lease; a busy lease, an older slot and (where the store reads the control record
+/// itself) a pause write nothing.
+pub async fn tick_claims_within_its_slot<S: Slots + Purge + Membership + Catalog>(store: S) {
+    if !store.capabilities().contains(Capabilities::SLOTS) {
+        return; // checked by capabilities_are_declared_truly
+    }
+    let (task, a, b) = (unique_name("tick"), holder("tick-a"), holder("tick-b"));
+    let now = store.now_millis().await.unwrap();
+    let slot = now - 60_000;
+    let tick = |who: &HolderId, slot: u64, next: Option<u64>| {
+        let (store, task, who) = (store.clone(), task.clone(), who.clone());
+        async move {
+            let request = TickRequest::new(&task, &who, LONG_TTL, slot, next);
+            store.tick(&request).await.unwrap()
+        }
+    };
+
+    // Not yet due, and past its next slot: nothing written.
+    let early = tick(&a, now + 3_600_000, None).await;
+    assert_eq!(early.claim, TickClaim::OutsideSlot);
+    assert!(early.now_ms >= now, "{} < {now}", early.now_ms);
+    let stale = tick(&a, slot, Some(slot + 1)).await;
+    assert_eq!(stale.claim, TickClaim::OutsideSlot);
+    assert_eq!(store.last_slot(&task).await.unwrap(), None);
+    assert_eq!(
+        store.inspect(&task).await.unwrap().and_then(|s| s.holder),
+        None
+    );
+
+    let TickClaim::Claimed { token } = tick(&a, slot, None).await.claim else {
+        panic!("the first tick of a slot claims it");
+    };
+    let state = store.inspect(&task).await.unwrap().unwrap();
+    assert_eq!((state.holder, state.token), (Some(a.clone()), token));
+    assert_eq!(store.last_slot(&task).await.unwrap(), Some(slot));
+
+    // Busy while the run holds the lease, already run once it let go.
+    match tick(&b, slot, None).await.claim {
+        TickClaim::Busy { holder, last, .. } => assert_eq!((holder, last), (a.clone(), Some(slot))),
+        other => panic!("a tick while the lease is held answered {other:?}"),
+    }
+    assert_eq!(
+        store.release(&task, &a, token).await.unwrap(),
+        Release::Released
+    );
+    assert_eq!(
+        tick(&b, slot, None).await.claim,
+        TickClaim::AlreadyRun { last: slot }
+    );
+    assert_eq!(
+        store.inspect(&task).await.unwrap().and_then(|s| s.holder),
+        None
+    );
+
+    // The next slot: a new tenure with a higher token.
+    let TickClaim::Claimed { token: next } = tick(&b, slot + 1, Some(now + 3_600_000)).await.claim
+    else {
+        panic!("the next slot is claimed");
+    };
+    assert!(next > token, "{next:?} after {token:?}");
+    assert_eq!(store.last_slot(&task).await.unwrap(), Some(slot + 1));
+    store.release(&task, &b, next).await.unwrap();
+
+    if store.capabilities().contains(Capabilities::TICK) {
+        let pause = crate::catalog::Control {
+            paused: Some(crate::catalog::Pause {
+                by: "conformance".to_owned(),
+                reason: None,
+                at_ms: now,
+            }),
+            trigger: None,
+        };
+        let version = store
+            .set_control(&task, None, &pause.to_json())
+            .await
+            .unwrap()
+            .unwrap();
+        let paused = tick(&a, slot + 2, None).await;
+        assert_eq!(paused.claim, TickClaim::Paused);
+        assert_eq!(paused.control.map(|c| c.version), Some(version));
+        assert_eq!(store.last_slot(&task).await.unwrap(), Some(slot + 1));
+        assert_eq!(
+            store.inspect(&task).await.unwrap().and_then(|s| s.holder),
+            None
+        );
+        let resumed = crate::catalog::Control::default().to_json();
+        store
+            .set_control(&task, Some(version), &resumed)
+            .await
+            .unwrap();
+        assert!(matches!(
+            tick(&a, slot + 2, None).await.claim,
+            TickClaim::Claimed { .. }
+        ));
+    }
+}
+
 /// Every store declares the capabilities it answers: a declared one answers (the checks above
 /// exercise each), an undeclared one answers [`StoreError::Unsupported`](crate::StoreError).
 pub async fn capabilities_are_declared_truly<S: Slots + Purge + Membership + Catalog>(store: S) {
@@ -898,7 +997,7 @@ macro_rules! for_each_conformance_check {
             history_keep_zero_keeps_one, members_expire_refresh_and_leave,
             catalog_registers_tasks_with_heartbeats,
             control_records_are_compare_and_set, leases_lists_every_record,
-            capabilities_are_declared_truly}
+            tick_claims_within_its_slot, capabilities_are_declared_truly}
     };
 }
 

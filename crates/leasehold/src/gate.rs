@@ -10,6 +10,7 @@
 //! the reason not to ([`Skip`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,8 +23,10 @@ use crate::history::{HistoryWriter, MissReason, RunRecord};
 use crate::leader::{Leader, LeaderState};
 use crate::lease::{Lease, LeaseGuard, TryAcquire};
 use crate::scheduler::placement::Placement;
-use crate::store_api::{Capabilities, Catalog, SlotClaim, Slots, StoreError};
-use crate::{HolderId, LeaseConfig, LeaseName, Trigger};
+use crate::store_api::{
+    Capabilities, Catalog, SlotClaim, Slots, StoreError, TickAnswer, TickClaim, TickRequest,
+};
+use crate::{FencingToken, HolderId, LeaseConfig, LeaseName, Schedule, Trigger};
 
 /// The store's clock as a tick read it, with the task's control record when the store keeps
 /// one.
@@ -37,6 +40,55 @@ pub struct Reading {
     pub control: Option<Control>,
     /// Its version, for compare-and-set.
     pub control_version: Option<u64>,
+}
+
+/// The store's clock as a gate last read it, so the next tick can name its slot before it asks
+/// the store (and ask only once, where the store answers [`Slots::tick`] in one round trip).
+/// Share one between the gates of a process: the store's clock is the same for every task.
+#[derive(Debug, Default)]
+pub struct StoreClock(Mutex<Option<(u64, Instant)>>);
+
+impl StoreClock {
+    /// No reading yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The store's clock now, ms since the Unix epoch, as the last reading and the local
+    /// monotonic clock since then tell; `None` before the first reading.
+    pub fn now_ms(&self) -> Option<u64> {
+        let (ms, at) = (*lock(&self.0))?;
+        Some(ms.saturating_add(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX)))
+    }
+
+    fn saw(&self, reading: &Reading) {
+        *lock(&self.0) = Some((reading.now_ms, reading.at));
+    }
+}
+
+/// [`Gate::decide_due`]'s answer.
+#[derive(Debug)]
+pub enum Due {
+    /// No slot of the schedule is due at the store's clock.
+    NotDue(Reading),
+    /// The slot due, and whether it runs here.
+    Decided {
+        /// The store's clock as the decision read it.
+        reading: Reading,
+        /// The slot due.
+        slot: u64,
+        /// Whether it runs here.
+        decision: Decision,
+    },
+}
+
+/// [`Gate::one_call`]'s answer.
+enum OneCall {
+    /// Nothing done, the run lock handed back: the store's clock (read) was not in the slot
+    /// asked about, or the store refused the call (decide with the separate calls).
+    Undecided(Option<Reading>, OwnedMutexGuard<()>),
+    /// Decided, with the store's clock where the store answered.
+    Decided(Option<Reading>, Result<Ticket, Skip>),
 }
 
 /// Why a tick does not run here.
@@ -241,7 +293,7 @@ impl<S: Slots + Catalog> Gate<S> {
                 // A user not allowed the catalog (an ACL from before it existed): ticks go on
                 // without pause and trigger.
                 Err(e @ (StoreError::Rejected { .. } | StoreError::Unsupported(_))) => {
-                    if !CATALOG_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    if !CATALOG_REFUSED.swap(true, Ordering::Relaxed) {
                         tracing::warn!(task = %self.task(), error = %e, "the store refuses the catalog: pause and trigger are not honoured until it allows it");
                     }
                 }
@@ -290,6 +342,169 @@ impl<S: Slots + Catalog> Gate<S> {
         }
     }
 
+    /// Whether the slot of `schedule` due now runs here: [`read_clock`](Self::read_clock), the
+    /// slot, then [`decide`](Self::decide) for a timer firing — in one store round trip where
+    /// the store answers [`Slots::tick`] itself ([`Capabilities::TICK`]) and `clock` has read
+    /// the store's clock before: the slot is named from that, and the store claims it only if
+    /// its own clock is in that slot (else a second call asks about the slot it names).
+    pub async fn decide_due(
+        &self,
+        schedule: &Schedule,
+        clock: &StoreClock,
+    ) -> Result<Due, StoreError> {
+        let estimate = clock.now_ms().filter(|_| self.one_call_answers());
+        if let Some(now_ms) = estimate
+            && let Some(slot) = schedule.latest_at_or_before(now_ms)
+        {
+            let estimated = Reading {
+                now_ms,
+                at: Instant::now(),
+                control: None,
+                control_version: None,
+            };
+            let leader = match self.entitled().await {
+                Ok(leader) => leader,
+                Err(skip) => return Ok(decided(estimated, slot, Err(skip))),
+            };
+            // A run going here: whether the slot is paused or overlapping needs the control
+            // record first, as below.
+            if let Ok(mut exclusive) = self.exclusive.clone().try_lock_owned() {
+                let mut slot = slot;
+                // A slot boundary between the estimate and the store's clock: one more call,
+                // for the slot the store's clock names.
+                for _ in 0..2 {
+                    let next = schedule.next_after(slot);
+                    match self.one_call(slot, next, leader.clone(), exclusive).await {
+                        OneCall::Decided(reading, outcome) => {
+                            if let Some(reading) = &reading {
+                                clock.saw(reading);
+                            }
+                            return Ok(decided(reading.unwrap_or(estimated), slot, outcome));
+                        }
+                        OneCall::Undecided(None, _) => break,
+                        OneCall::Undecided(Some(reading), handed_back) => {
+                            clock.saw(&reading);
+                            exclusive = handed_back;
+                            let now_ms = clock.now_ms().unwrap_or(reading.now_ms);
+                            match schedule.latest_at_or_before(now_ms) {
+                                Some(due) => slot = due,
+                                None => return Ok(Due::NotDue(reading)),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let reading = self.read_clock().await?;
+        clock.saw(&reading);
+        Ok(match schedule.latest_at_or_before(reading.now_ms) {
+            None => Due::NotDue(reading),
+            Some(slot) => {
+                let decision = self.decide(&reading, slot, Trigger::Timer).await;
+                Due::Decided {
+                    reading,
+                    slot,
+                    decision,
+                }
+            }
+        })
+    }
+
+    /// Whether the store decides a timer tick in one call that reads the control record too.
+    fn one_call_answers(&self) -> bool {
+        let caps = self.lease.store().capabilities();
+        caps.contains(Capabilities::TICK) && !ONE_CALL_REFUSED.load(Ordering::Relaxed)
+    }
+
+    /// A timer tick of `slot` (before `next`) in one [`Slots::tick`] call, once this instance
+    /// is entitled and holds `exclusive`.
+    async fn one_call(
+        &self,
+        slot: u64,
+        next: Option<u64>,
+        leader: Option<CancellationToken>,
+        exclusive: OwnedMutexGuard<()>,
+    ) -> OneCall {
+        let config = self.lease.config();
+        let request = TickRequest::new(self.task(), self.lease.holder(), config.ttl, slot, next);
+        let sent = Instant::now();
+        let answer = crate::store::within(self.limit(), self.lease.store().tick(&request)).await;
+        let (answer, reading) = match answer.and_then(|a| Ok((reading_of(&a, sent)?, a))) {
+            Ok((reading, answer)) => (answer, reading),
+            // A user not allowed every command of the one call (an ACL from before it): the
+            // separate calls from now on, which honour what this user may do.
+            Err(e @ StoreError::Rejected { .. }) => {
+                if !ONE_CALL_REFUSED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(task = %self.task(), error = %e, "the store refuses the one-call tick decision: deciding ticks with separate calls");
+                }
+                return OneCall::Undecided(None, exclusive);
+            }
+            Err(e) => return OneCall::Decided(None, Err(Skip::from_store(e))),
+        };
+        let outcome = match answer.claim {
+            TickClaim::OutsideSlot => return OneCall::Undecided(Some(reading), exclusive),
+            TickClaim::Claimed { token } => self.ticket(token, sent, slot, leader, exclusive).await,
+            TickClaim::Paused => {
+                drop(exclusive);
+                let pause = reading.control.as_ref().and_then(|c| c.paused.clone());
+                match pause {
+                    Some(pause) => {
+                        self.paused(slot, &pause).await;
+                        Err(Skip::Paused(pause))
+                    }
+                    None => Err(Skip::Refused(StoreError::Corrupt(format!(
+                        "the store paused {} without a pause in its control record",
+                        self.task()
+                    )))),
+                }
+            }
+            TickClaim::Busy { holder, last, .. } => Err(self.busy_with(slot, holder, last)),
+            TickClaim::AlreadyRun { last } => Err(Skip::AlreadyRun { last }),
+        };
+        OneCall::Decided(Some(reading), outcome)
+    }
+
+    /// The ticket of a timer run whose task lease the store granted with `token` (the request
+    /// sent at `sent`) and whose slot it claimed; not one if the lease is already expiring.
+    async fn ticket(
+        &self,
+        token: FencingToken,
+        sent: Instant,
+        slot: u64,
+        leader: Option<CancellationToken>,
+        exclusive: OwnedMutexGuard<()>,
+    ) -> Result<Ticket, Skip> {
+        let guard = match self.lease.adopt(token, sent).await {
+            Ok(guard) => guard,
+            Err(e) => return Err(self.lease_failed(e)),
+        };
+        if guard.cancellation_token().is_cancelled() || !guard.is_held() {
+            tracing::warn!(task = %self.task(), slot, "task lease expiring before the run could start; slot not run");
+            release_in_background(guard);
+            return Err(Skip::Expiring);
+        }
+        Ok(Ticket {
+            guard,
+            slot,
+            trigger: Trigger::Timer,
+            request: None,
+            leader,
+            _exclusive: exclusive,
+        })
+    }
+
+    /// The skip for a task lease that could not be taken.
+    fn lease_failed(&self, e: crate::LeaseError) -> Skip {
+        match e {
+            crate::LeaseError::Store(e) => Skip::from_store(e),
+            // A grant that came too late, or a timing the store cannot hold.
+            other => Skip::StoreDown(StoreError::Timeout(match other {
+                crate::LeaseError::LateReply { elapsed } => elapsed,
+                _ => self.limit(),
+            })),
+        }
+    }
+
     async fn try_decide(
         &self,
         reading: &Reading,
@@ -301,10 +516,18 @@ impl<S: Slots + Catalog> Gate<S> {
             self.paused(slot, &pause).await;
             return Err(Skip::Paused(pause));
         }
-        let exclusive = self.exclusive.clone().try_lock_owned().map_err(|_| {
+        let mut exclusive = self.exclusive.clone().try_lock_owned().map_err(|_| {
             self.missed(slot, MissReason::Overlap);
             Skip::Overlap
         })?;
+        if trigger == Trigger::Timer && self.one_call_answers() {
+            // The store's clock passed `slot` when `reading` was taken; it is outside it now
+            // only if it stepped back, and then the calls below decide as they always did.
+            match self.one_call(slot, None, leader.clone(), exclusive).await {
+                OneCall::Decided(_, outcome) => return outcome,
+                OneCall::Undecided(_, handed_back) => exclusive = handed_back,
+            }
+        }
         let mut attempt = self.lease.try_acquire().await;
         if trigger == Trigger::CatchUp
             && let Ok(TryAcquire::Busy { remaining, .. }) = &attempt
@@ -320,16 +543,7 @@ impl<S: Slots + Catalog> Gate<S> {
         let guard = match attempt {
             Ok(TryAcquire::Acquired(guard)) => guard,
             Ok(TryAcquire::Busy { holder, .. }) => return Err(self.busy(slot, holder).await),
-            Err(e) => {
-                return Err(match e {
-                    crate::LeaseError::Store(e) => Skip::from_store(e),
-                    // A grant that came too late, or a timing the store cannot hold.
-                    other => Skip::StoreDown(StoreError::Timeout(match other {
-                        crate::LeaseError::LateReply { elapsed } => elapsed,
-                        _ => self.limit(),
-                    })),
-                });
-            }
+            Err(e) => return Err(self.lease_failed(e)),
         };
         let expiring = guard.cancellation_token();
         let claim = tokio::select! {
@@ -427,12 +641,20 @@ impl<S: Slots + Catalog> Gate<S> {
     /// usually another instance running this very slot, which the slot record tells.
     async fn busy(&self, slot: u64, holder: HolderId) -> Skip {
         if !matches!(self.contender, Contender::Anyone) {
+            return self.busy_with(slot, holder, None);
+        }
+        let last = crate::store::within(self.limit(), self.lease.store().last_slot(self.task()));
+        self.busy_with(slot, holder, last.await.ok().flatten())
+    }
+
+    /// [`busy`](Self::busy) with the highest slot claimed already known (`last`).
+    fn busy_with(&self, slot: u64, holder: HolderId, last: Option<u64>) -> Skip {
+        if !matches!(self.contender, Contender::Anyone) {
             self.missed(slot, MissReason::Overlap);
             return Skip::Busy { holder };
         }
-        let last = crate::store::within(self.limit(), self.lease.store().last_slot(self.task()));
-        match last.await {
-            Ok(Some(last)) if last >= slot => Skip::AlreadyRun { last },
+        match last {
+            Some(last) if last >= slot => Skip::AlreadyRun { last },
             _ => Skip::Busy { holder },
         }
     }
@@ -459,6 +681,32 @@ impl<S: Slots + Catalog> Gate<S> {
             let record = RunRecord::missed(slot, 1, slot, reason, self.lease.holder());
             history.record(self.task(), record);
         }
+    }
+}
+
+/// The reading a [`Slots::tick`] answer carries, taken at the middle of the round trip that
+/// started at `sent`.
+fn reading_of(answer: &TickAnswer, sent: Instant) -> Result<Reading, StoreError> {
+    let (control, control_version) = match &answer.control {
+        Some(v) => (Some(Control::from_json(&v.value)?), Some(v.version)),
+        None => (None, None),
+    };
+    Ok(Reading {
+        now_ms: answer.now_ms,
+        at: sent + sent.elapsed() / 2,
+        control,
+        control_version,
+    })
+}
+
+fn decided(reading: Reading, slot: u64, outcome: Result<Ticket, Skip>) -> Due {
+    Due::Decided {
+        reading,
+        slot,
+        decision: match outcome {
+            Ok(ticket) => Decision::Run(ticket),
+            Err(skip) => Decision::Skip(skip),
+        },
     }
 }
 
@@ -489,7 +737,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Whether a refused catalog was warned about (once per process).
-static CATALOG_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static CATALOG_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the store refused the one-call tick decision (then ticks use the separate calls).
+static ONE_CALL_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// How long a new campaign may take to settle before a tick answers not-leader.
 const FIRST_ELECTION: Duration = Duration::from_secs(1);

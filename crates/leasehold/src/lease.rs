@@ -170,6 +170,38 @@ impl<S: Store> Lease<S> {
                 Ok(granted) => granted,
                 Err(busy) => return Ok(busy),
             };
+        Ok(TryAcquire::Acquired(self.start_guard(token, deadline)))
+    }
+
+    /// The guard of a tenure the store granted in another call (a gated tick's
+    /// [`Slots::tick`](crate::Slots::tick)) sent at `sent`: its local deadline is measured from
+    /// then, as [`try_acquire`](Self::try_acquire)'s is, and a grant that arrived after it is
+    /// released and reported as [`LeaseError::LateReply`].
+    pub(crate) async fn adopt(
+        &self,
+        token: FencingToken,
+        sent: Instant,
+    ) -> Result<LeaseGuard, LeaseError> {
+        let _turn = self.acquiring.lock().await;
+        if let Some(previous) = lock(&self.current).take() {
+            previous.end(LossReason::Superseded);
+        }
+        let deadline = sent + self.config.ttl - self.config.drift_margin;
+        if Instant::now() >= deadline {
+            return Err(late_grant(
+                &self.store,
+                &self.name,
+                &self.holder,
+                token,
+                sent,
+            ));
+        }
+        Ok(self.start_guard(token, deadline))
+    }
+
+    /// Starts the guard (and its renewer) of a tenure granted with `token`, held here until
+    /// `deadline` unless renewed.
+    fn start_guard(&self, token: FencingToken, deadline: Instant) -> LeaseGuard {
         tracing::debug!(lease = %self.name, holder = %self.holder, %token, "lease acquired");
         let sent = deadline + self.config.drift_margin - self.config.ttl;
         let guard = LeaseGuard::start(
@@ -182,7 +214,7 @@ impl<S: Store> Lease<S> {
             sent + self.config.renew_interval,
         );
         *lock(&self.current) = Some(guard.shared.clone());
-        Ok(TryAcquire::Acquired(guard))
+        guard
     }
 
     /// Waits until the lease is ours. While it is busy, wakes on the store's release
@@ -249,19 +281,29 @@ pub(crate) async fn acquire_once<S: Store>(
     match reply {
         Acquisition::Busy { holder, remaining } => Ok(Err(TryAcquire::Busy { holder, remaining })),
         Acquisition::Acquired { token } => {
-            let now = Instant::now();
-            if now >= deadline {
-                // The store may still list us; free it for others rather than wait for expiry.
-                let (store, name, holder) = (store.clone(), name.clone(), holder.clone());
-                tokio::spawn(async move {
-                    let _ = store.release(&name, &holder, token).await;
-                });
-                return Err(LeaseError::LateReply {
-                    elapsed: now - sent,
-                });
+            if Instant::now() >= deadline {
+                return Err(late_grant(store, name, holder, token, sent));
             }
             Ok(Ok((token, deadline)))
         }
+    }
+}
+
+/// A grant whose reply came after its local deadline: not a lease. The store may still list
+/// us, so it is released for others rather than left to expire.
+fn late_grant<S: Store>(
+    store: &S,
+    name: &LeaseName,
+    holder: &HolderId,
+    token: FencingToken,
+    sent: Instant,
+) -> LeaseError {
+    let (store, name, holder) = (store.clone(), name.clone(), holder.clone());
+    tokio::spawn(async move {
+        let _ = store.release(&name, &holder, token).await;
+    });
+    LeaseError::LateReply {
+        elapsed: Instant::now() - sent,
     }
 }
 

@@ -65,7 +65,7 @@ pub mod store {
     pub use crate::notify::{ReleaseHub, ReleaseSubscription};
     pub use crate::store_api::{
         Acquisition, Answer, BoxError, Layer, Operation, Renewal, SlotClaim, StoreResult,
-        unsupported,
+        TickAnswer, TickClaim, TickRequest, unsupported,
     };
     pub use crate::timeout::{Timeout, within};
 }

@@ -13,7 +13,7 @@ use crate::catalog::{
 use crate::notify::{ReleaseHub, ReleaseSubscription};
 use crate::store_api::{
     Acquisition, Capabilities, Catalog, LeaseState, Membership, Purge, Release, Renewal, SlotClaim,
-    Slots, Store, StoreResult,
+    Slots, Store, StoreResult, TickAnswer, TickRequest, compose_tick,
 };
 use crate::{FencingToken, HolderId, LeaseName};
 
@@ -225,11 +225,17 @@ impl Store for MemoryStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities::ALL | Capabilities::TICK
     }
 }
 
 impl Slots for MemoryStore {
+    /// The clock and the control record as the gate reads them, then the calls of the default.
+    async fn tick(&self, request: &TickRequest<'_>) -> StoreResult<TickAnswer> {
+        let read = self.control(request.task).await?;
+        compose_tick(self, request, Some(read)).await
+    }
+
     fn claim_slot(
         &self,
         task: &LeaseName,

@@ -129,6 +129,95 @@ pub enum SlotClaim {
     },
 }
 
+/// What [`Slots::tick`] is asked: the store's half of a gated tick of `task`.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct TickRequest<'a> {
+    /// The task: its lease, slot record and control record.
+    pub task: &'a LeaseName,
+    /// Who takes the task lease.
+    pub holder: &'a HolderId,
+    /// The task lease's ttl.
+    pub ttl: Duration,
+    /// The slot to claim (ms on the store's clock), named by the caller's idea of that clock.
+    pub slot: u64,
+    /// The slot after it, if there is one. The claim is made only while the store's clock is
+    /// at or past `slot` and before `next`, so a slot named from a stale idea of the clock is
+    /// never claimed in place of the one due.
+    pub next: Option<u64>,
+}
+
+impl<'a> TickRequest<'a> {
+    /// A tick of `task` by `holder` (task lease ttl `ttl`) for `slot`, before `next`.
+    pub fn new(
+        task: &'a LeaseName,
+        holder: &'a HolderId,
+        ttl: Duration,
+        slot: u64,
+        next: Option<u64>,
+    ) -> Self {
+        Self {
+            task,
+            holder,
+            ttl,
+            slot,
+            next,
+        }
+    }
+}
+
+/// Answer to [`Slots::tick`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TickAnswer {
+    /// The store's clock when it decided, ms since the Unix epoch.
+    pub now_ms: u64,
+    /// The task's control record, where the store read it ([`Capabilities::TICK`]).
+    pub control: Option<crate::catalog::Versioned>,
+    /// What happened.
+    pub claim: TickClaim,
+}
+
+impl TickAnswer {
+    /// The store's clock `now_ms`, the control record if read, and what happened.
+    pub fn new(now_ms: u64, control: Option<crate::catalog::Versioned>, claim: TickClaim) -> Self {
+        Self {
+            now_ms,
+            control,
+            claim,
+        }
+    }
+}
+
+/// What [`Slots::tick`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TickClaim {
+    /// The task lease is taken (a new tenure with this token) and the slot claimed: run it.
+    Claimed {
+        /// The task lease's fencing token.
+        token: FencingToken,
+    },
+    /// The store's clock is not in `[slot, next)`: nothing was done; `now_ms` names the slot.
+    OutsideSlot,
+    /// The task's control record pauses it: nothing was done (the caller records the slot).
+    Paused,
+    /// Another holder has the task lease: nothing was done.
+    Busy {
+        /// The current holder.
+        holder: HolderId,
+        /// Time left on its lease.
+        remaining: Duration,
+        /// The highest slot claimed so far, if any.
+        last: Option<u64>,
+    },
+    /// This slot, or a later one, was already claimed: the task lease was not taken.
+    AlreadyRun {
+        /// The highest slot claimed so far.
+        last: u64,
+    },
+}
+
 /// What [`Store::inspect`] sees of a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseState {
@@ -158,14 +247,20 @@ impl Capabilities {
     pub const MEMBERSHIP: Self = Self(1 << 2);
     /// [`Catalog`]: the tasks instances run, and fleet-wide pause and trigger.
     pub const CATALOG: Self = Self(1 << 3);
-    /// Every capability there is.
+    /// Every capability of records a store keeps (slots, purge, membership, catalog).
+    /// [`TICK`](Self::TICK), a property of how a store answers, is declared on its own.
     pub const ALL: Self = Self(0b1111);
+    /// [`Slots::tick`] reads the task's control record (pause) itself, with the clock, the task
+    /// lease and the slot claim: a gated tick is then one call (on a server, one round trip).
+    /// Without it the gate reads the control record first, then acquires and claims.
+    pub const TICK: Self = Self(1 << 4);
 
-    const NAMES: [(Self, &'static str); 4] = [
+    const NAMES: [(Self, &'static str); 5] = [
         (Self::SLOTS, "slots"),
         (Self::PURGE, "purge"),
         (Self::MEMBERSHIP, "membership"),
         (Self::CATALOG, "catalog"),
+        (Self::TICK, "tick"),
     ];
 
     /// Both sets together.
@@ -295,6 +390,18 @@ impl Answer for () {}
 impl Answer for u64 {}
 impl Answer for Option<u64> {}
 impl Answer for Option<LeaseState> {}
+
+impl Answer for TickAnswer {
+    fn label(&self) -> &'static str {
+        match self.claim {
+            TickClaim::Claimed { .. } => "claimed",
+            TickClaim::OutsideSlot => "outside-slot",
+            TickClaim::Paused => "paused",
+            TickClaim::Busy { .. } => "busy",
+            TickClaim::AlreadyRun { .. } => "already-run",
+        }
+    }
+}
 impl Answer for Vec<String> {}
 impl Answer for Vec<HolderId> {}
 impl Answer for Option<Versioned> {}
@@ -580,6 +687,21 @@ store_traits! {
             let _ = (task, limit);
             unsupported("history")
         }
+
+        /// The store's half of a gated tick, as one operation: the clock (is it in the
+        /// request's slot?), then, where the store declares [`Capabilities::TICK`], the task's
+        /// control record (paused?), then the slot record (already run?) and the task lease
+        /// (busy?), and only if all agree the task lease (a new tenure) and the forward-only slot
+        /// claim. Nothing is written unless both are.
+        ///
+        /// The default composes the calls above ([`now_millis`](Store::now_millis),
+        /// [`acquire`](Store::acquire), [`claim_slot`](Self::claim_slot), and
+        /// [`last_slot`](Self::last_slot) or [`release`](Store::release) when the claim or the
+        /// lease says no), reads no control record, and may consume a token without a claim;
+        /// stores override it to answer in one round trip.
+        fn tick(&self, request: &'a TickRequest<'a>) -> TickAnswer {
+            compose_tick(self, request, None)
+        }
     }
 
     /// Deleting long-free lease records: what a [`LeaseSession`](crate::LeaseSession) that sees
@@ -671,6 +793,63 @@ store_traits! {
             unsupported("leases")
         }
     }
+}
+
+/// [`Slots::tick`] from the separate calls (see there); with `read` (the clock and the task's
+/// control record, read by the caller) the control record is honoured too.
+pub(crate) async fn compose_tick<S: Slots>(
+    store: &S,
+    request: &TickRequest<'_>,
+    read: Option<ControlRead>,
+) -> StoreResult<TickAnswer> {
+    let TickRequest {
+        task,
+        holder,
+        ttl,
+        slot,
+        next,
+    } = *request;
+    let (now_ms, control) = match read {
+        Some(read) => (read.now_ms, read.control),
+        None => (store.now_millis().await?, None),
+    };
+    let paused = match &control {
+        Some(v) => crate::catalog::Control::from_json(&v.value)?
+            .paused
+            .is_some(),
+        None => false,
+    };
+    let answer = |claim| TickAnswer {
+        now_ms,
+        control: control.clone(),
+        claim,
+    };
+    if now_ms < slot || next.is_some_and(|next| now_ms >= next) {
+        return Ok(answer(TickClaim::OutsideSlot));
+    }
+    if paused {
+        return Ok(answer(TickClaim::Paused));
+    }
+    let token = match store.acquire(task, holder, ttl).await? {
+        Acquisition::Acquired { token } => token,
+        Acquisition::Busy { holder, remaining } => {
+            let last = store.last_slot(task).await?;
+            return Ok(answer(TickClaim::Busy {
+                holder,
+                remaining,
+                last,
+            }));
+        }
+    };
+    let claim = store.claim_slot(task, slot).await;
+    if !matches!(claim, Ok(SlotClaim::Claimed)) {
+        // Not ours to run: hand the lease back (it expires after its ttl if this fails).
+        let _ = store.release(task, holder, token).await;
+    }
+    Ok(answer(match claim? {
+        SlotClaim::Claimed => TickClaim::Claimed { token },
+        SlotClaim::AlreadyRun { last } => TickClaim::AlreadyRun { last },
+    }))
 }
 
 /// Any store behind one type, for stores chosen at run time (the CLI picks one from a URL). It
