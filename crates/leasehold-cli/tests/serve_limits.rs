@@ -304,7 +304,11 @@ async fn the_connection_limit_is_logged_when_reached_and_when_it_clears() {
     assert!(reached >= 1, "one line when reached: {log}");
     assert_eq!(reached, cleared, "one line when each episode clears: {log}");
     assert!(log.contains("max_connections=20"), "{log}");
-    let last = log.lines().rev().find(|l| l.contains("connection limit")).unwrap();
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("connection limit"))
+        .unwrap();
     assert!(last.contains("below the connection limit again"), "{log}");
 }
 
