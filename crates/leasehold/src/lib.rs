@@ -24,6 +24,7 @@ mod notify;
 mod schedule;
 mod scheduler;
 mod session;
+pub mod skew;
 mod store_api;
 mod timeout;
 mod token;
