@@ -236,3 +236,31 @@ fn a_store_that_needs_a_newer_release_is_refused_with_exit_78() {
     }
     assert_eq!(std::fs::read(&path).unwrap(), before, "nothing written");
 }
+
+/// `leasehold --version` names the release and the commit it was built from (`unknown` only
+/// for sources without git metadata, which a checkout is not).
+#[test]
+fn version_names_the_release_and_its_commit() {
+    let out = leasehold(BIN.as_ref(), &["--version"]);
+    let line = String::from_utf8(out.stdout).unwrap();
+    let rest = line
+        .trim_end()
+        .strip_prefix(concat!(
+            "leasehold ",
+            env!("CARGO_PKG_VERSION"),
+            " (commit "
+        ))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{line:?}"));
+    let from_git = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.git")
+        .exists();
+    if from_git {
+        assert!(
+            rest.len() == 40 && rest.chars().all(|c| c.is_ascii_hexdigit()),
+            "{line:?}"
+        );
+    } else {
+        assert_eq!(rest, "unknown", "{line:?}");
+    }
+}
