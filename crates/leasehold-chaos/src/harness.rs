@@ -11,17 +11,12 @@ use serde::Serialize;
 
 use crate::check::{self, CheckReport, LossWindow};
 use crate::error::{ChaosError, Result};
-use crate::etcd_members::EtcdMembers;
 use crate::fence;
 use crate::ledger::{self, Fenced, LedgerEntry};
-use crate::mysql_server::MySqlServer;
-use crate::pg_server::{self, PgServer};
-use crate::pg_url::PgTarget;
-use crate::procs::{self, RedisServer, Replica, Watchdog, epoch_ms};
+use crate::procs::{self, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
-use crate::redis_cluster::ClusterGroup;
 use crate::schedule::{self, FaultKind, PlannedFault};
-use crate::sentinel::SentinelGroup;
+use crate::servers::{self, StoreServer};
 use crate::svg::{Marker, Span, Timeline};
 use crate::{ChaosArgs, StoreKind};
 
@@ -238,12 +233,7 @@ struct Harness {
     poller: Option<Poller>,
     polled: PollState,
     proxy: Option<FaultProxy>,
-    redis: Option<RedisServer>,
-    sentinel: Option<SentinelGroup>,
-    cluster: Option<ClusterGroup>,
-    postgres: Option<PgServer>,
-    mysql: Option<MySqlServer>,
-    etcd: Option<EtcdMembers>,
+    server: Option<StoreServer>,
     watchdog: Watchdog,
     /// The store, opened directly (not through the proxy), for the restart checks; closed at
     /// shutdown, before the server stops.
@@ -255,13 +245,6 @@ struct Harness {
     restarts: Vec<RestartCheck>,
     loss: Vec<LossWindow>,
     notes: Vec<String>,
-}
-
-/// The fault proxy in front of `upstream`.
-async fn start_proxy(upstream: std::net::SocketAddr) -> Result<FaultProxy> {
-    FaultProxy::start(upstream)
-        .await
-        .map_err(|e| ChaosError::io(format!("cannot start the fault proxy to {upstream}"), e))
 }
 
 pub(crate) async fn run(args: ChaosArgs) -> Result<u8> {
@@ -358,118 +341,13 @@ impl Harness {
             bin,
         };
         let watchdog = Watchdog::start(&paused_file, &servers_file)?;
-        let mut notes = Vec::new();
-        let (mut redis, mut postgres, mut proxy, mut sqlite_dir, mut etcd) =
-            (None, None, None, None, None);
-        let (mut sentinel, mut cluster, mut mysql) = (None, None, None);
-        let (replica_url, poll_url) = match args.store {
-            StoreKind::Sqlite => {
-                let dir = tempfile::Builder::new()
-                    .prefix("leasehold-chaos-db-")
-                    .tempdir()
-                    .map_err(|e| {
-                        ChaosError::io("cannot create a temporary directory for SQLite", e)
-                    })?;
-                let url = format!("sqlite:{}", dir.path().join("chaos.db").display());
-                sqlite_dir = Some(dir);
-                notes.push(
-                    "sqlite: one file on this machine; no proxy faults, no store restart".into(),
-                );
-                (url.clone(), url)
-            }
-            StoreKind::Redis => {
-                let server = RedisServer::start(
-                    &args.redis_server,
-                    &logs.join("redis-server.log"),
-                    watchdog.group(),
-                )
-                .await?;
-                let p = start_proxy(server.addr()).await?;
-                let urls = (
-                    format!("redis://{}/0", p.addr()),
-                    format!("redis://{}/0", server.addr()),
-                );
-                redis = Some(server);
-                proxy = Some(p);
-                notes.push("redis: the harness's own redis-server without persistence; a restart loses every lease and slot (a documented non-guarantee), so overlaps and duplicate slots that begin in the window after a restart are reported as excused; fencing must hold there too".into());
-                urls
-            }
-            StoreKind::RedisSentinel => {
-                let group =
-                    SentinelGroup::start(&args.redis_server, &logs, watchdog.group()).await?;
-                let url = group.url();
-                sentinel = Some(group);
-                notes.push("redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after 2000 ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too".into());
-                (url.clone(), url)
-            }
-            StoreKind::RedisCluster => {
-                let group =
-                    ClusterGroup::start(&args.redis_server, &logs, watchdog.group()).await?;
-                let url = group.url();
-                cluster = Some(group);
-                notes.push(format!("redis-cluster: the harness's own six-node Redis Cluster (three primaries with one replica each, cluster-node-timeout {} ms, nodes.conf and logs in logs/), no proxy; a store restart SIGKILLs the primary serving the task lease's slot, the cluster promotes its replica and the killed node returns as the promoted node's replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too", crate::redis_cluster::NODE_TIMEOUT_MS));
-                (url.clone(), url)
-            }
-            StoreKind::Postgres => match &args.postgres_url {
-                Some(shared) => {
-                    let target = PgTarget::parse(shared)?;
-                    let p = start_proxy(target.addr).await?;
-                    let urls = (target.url_at(p.addr()), target.url_at(target.addr));
-                    proxy = Some(p);
-                    notes.push("postgres: a running server (--postgres-url), through the proxy; it is not the harness's, so it is not restarted (no store-restart faults)".into());
-                    urls
-                }
-                None => {
-                    let bin = pg_server::find_bindir(args.postgres_bin.as_deref())?;
-                    // Each replica (and a replacement overlapping it) holds a pool of 4 and a
-                    // listener; so does the harness's own view of the lease.
-                    let max_connections = ((args.replicas * 2 + 2) * 5 + 20).max(50);
-                    let server = PgServer::start(
-                        &bin,
-                        &logs.join("postgres.log"),
-                        &watchdog,
-                        max_connections,
-                    )
-                    .await?;
-                    let p = start_proxy(server.addr()).await?;
-                    let target = server.target();
-                    let urls = (target.url_at(p.addr()), target.url_at(target.addr));
-                    postgres = Some(server);
-                    proxy = Some(p);
-                    notes.push(format!("postgres: the harness's own server ({}; fsync and synchronous commit on), through the proxy; a store restart is a crash (pg_ctl stop -m immediate: no checkpoint) and a start that replays the WAL; a durable store forgets nothing, so nothing is excused: overlaps and duplicate slots must stay 0 across restarts, and both leases' tokens must survive each one", bin.display()));
-                    urls
-                }
-            },
-            StoreKind::Mysql => {
-                // Each replica (and a replacement overlapping it) holds a pool of 4 and a
-                // poller; so does the harness's own view of the lease.
-                let max_connections = ((args.replicas * 2 + 2) * 5 + 20).max(50);
-                let server =
-                    MySqlServer::start(&logs.join("mariadb.log"), &watchdog, max_connections)
-                        .await?;
-                let p = start_proxy(server.addr()).await?;
-                let urls = (
-                    MySqlServer::url_at(p.addr()),
-                    MySqlServer::url_at(server.addr()),
-                );
-                mysql = Some(server);
-                proxy = Some(p);
-                notes.push("mysql: the harness's own MariaDB server (mariadbd, InnoDB with innodb_flush_log_at_trx_commit=1 and the doublewrite buffer, no binary log), through the proxy; a store restart is a crash (SIGKILL: no shutdown, no checkpoint) and a start that runs InnoDB's crash recovery; a durable store forgets nothing, so nothing is excused: overlaps and duplicate slots must stay 0 across restarts, and both leases' tokens must survive each one".into());
-                urls
-            }
-            StoreKind::Etcd => {
-                let members = EtcdMembers::start().await?;
-                let url = members.url();
-                etcd = Some(members);
-                notes.push("etcd: a 3-member cluster of the harness's own on loopback (data on disk, fsync on), no proxy (three endpoints); a store restart SIGKILLs, in turn, the Raft leader (kept down 2 ttl), the leader and a follower together (no quorum for 2 ttl), or a follower (restarted at once) and starts them again on their data; Raft commits every write on a majority, so nothing is excused: overlaps and duplicate slots must stay 0 and both leases' tokens must survive each restart".into());
-                (url.clone(), url)
-            }
-        };
+        let started = servers::start(&args, &logs, &watchdog).await?;
+        let notes = vec![started.note];
         let name = LeaseName::new(&lease).map_err(|source| ChaosError::LeaseName {
             name: lease.clone(),
             source,
         })?;
-        let store = leasehold_connect::open_store(&poll_url)
+        let store = leasehold_connect::open_store(&started.direct_url)
             .await
             .map_err(ChaosError::Store)?;
         let poller = Poller::start(store.clone(), name);
@@ -480,21 +358,16 @@ impl Harness {
             fence,
             logs,
             lease,
-            replica_url,
+            replica_url: started.replica_url,
             replicas: Vec::new(),
             retired: Vec::new(),
             poller: Some(poller),
             polled: PollState::default(),
-            proxy,
-            redis,
-            sentinel,
-            cluster,
-            postgres,
-            mysql,
-            etcd,
+            proxy: started.proxy,
+            server: started.server,
             watchdog,
             direct: Some(store),
-            _sqlite_dir: sqlite_dir,
+            _sqlite_dir: started.sqlite_dir,
             faults: Vec::new(),
             checks: Vec::new(),
             probes: Vec::new(),
@@ -824,81 +697,18 @@ impl Harness {
             }
             FaultKind::StoreRestart => {
                 let before = self.direct_tokens().await;
-                let (stopped, ready, detail) = if let Some(redis) = self.redis.as_mut() {
-                    let (killed, ready) = redis.restart().await?;
-                    self.note_loss(killed, ready);
-                    let detail = format!(
-                        "redis-server SIGKILLed and restarted (down {} ms; every lease forgotten)",
-                        ready - killed
-                    );
-                    (killed, ready, detail)
-                } else if let Some(group) = self.sentinel.as_mut() {
-                    let (killed, promoted) = group.fail_over().await?;
-                    self.note_loss(killed, promoted);
-                    let detail = format!(
-                        "primary SIGKILLed, replica promoted by the sentinels {} ms later; the killed server restarted as its replica",
-                        promoted - killed
-                    );
-                    (killed, promoted, detail)
-                } else if let Some(group) = self.cluster.as_mut() {
-                    // The keys of the leader lease and of the lease `leasehold run` takes for each
-                    // tick (default prefix; each lease's keys share its name as hash tag, so the
-                    // task's slot also holds its fencing counter and slot claims).
-                    let key = |name: &str| format!("leasehold:{{{name}}}:lease");
-                    let task_key = key(&format!("{}:run", self.lease));
-                    let f = group.fail_over(&task_key, &key(&self.lease)).await?;
-                    self.note_loss(f.killed_ms, f.serving_ms);
-                    let detail = format!(
-                        "primary :{} (serving the task's slot {}, {}) SIGKILLed; its replica :{} promoted {} ms later, every node serving again after {} ms; the killed node rejoined as its replica ({} ms after the kill)",
-                        f.killed_port,
-                        f.slot,
-                        if f.other_in_shard {
-                            "and the leader lease's"
-                        } else {
-                            "not the leader lease's"
-                        },
-                        f.promoted_port,
-                        f.promoted_ms - f.killed_ms,
-                        f.serving_ms - f.killed_ms,
-                        f.ready_ms - f.killed_ms
-                    );
-                    (f.killed_ms, f.serving_ms, detail)
-                } else if let Some(pg) = self.postgres.as_mut() {
-                    // Odd-numbered restarts (first, third, ...) keep the server down past the
-                    // ttl: the lease runs out during the outage and someone takes over after
-                    // it. Even-numbered ones start at once: the holder keeps its lease.
-                    let down = if self.restarts.len().is_multiple_of(2) {
-                        self.s.ttl * 2
-                    } else {
-                        Duration::ZERO
-                    };
-                    let (stopped, ready) = pg.restart(down).await?;
-                    let detail = format!(
-                        "postgres crashed (pg_ctl stop -m immediate), kept down {} ms, restarted with WAL recovery (down {} ms in all)",
-                        down.as_millis(),
-                        ready - stopped
-                    );
-                    (stopped, ready, detail)
-                } else if let Some(server) = self.mysql.as_mut() {
-                    // As for PostgreSQL: every other restart keeps the server down past the ttl.
-                    let down = if self.restarts.len().is_multiple_of(2) {
-                        self.s.ttl * 2
-                    } else {
-                        Duration::ZERO
-                    };
-                    let (stopped, ready) = server.restart(down).await?;
-                    let detail = format!(
-                        "mariadbd SIGKILLed, kept down {} ms, restarted with InnoDB crash recovery (down {} ms in all)",
-                        down.as_millis(),
-                        ready - stopped
-                    );
-                    (stopped, ready, detail)
-                } else if let Some(etcd) = self.etcd.as_mut() {
-                    etcd.restart(self.restarts.len(), self.s.ttl * 2).await?
-                } else {
+                let Some(server) = self.server.as_mut() else {
                     self.skip(f.kind, "the harness runs no store server");
                     return Ok(());
                 };
+                let restart = server
+                    .restart(self.restarts.len(), self.s.ttl, &self.lease)
+                    .await?;
+                let (stopped, ready, detail) =
+                    (restart.stopped_ms, restart.ready_ms, restart.detail);
+                if restart.loses_writes {
+                    self.note_loss(stopped, ready);
+                }
                 // The store answers again; the pooled connections it broke are replaced on use.
                 let mut after = Err("not read".to_owned());
                 let deadline = Instant::now() + Duration::from_secs(10);
@@ -1084,23 +894,8 @@ impl Harness {
         }
         self.proxy = None;
         self.direct = None;
-        if let Some(mut redis) = self.redis.take() {
-            redis.stop().await;
-        }
-        if let Some(mut group) = self.sentinel.take() {
-            group.stop().await;
-        }
-        if let Some(mut group) = self.cluster.take() {
-            group.stop().await;
-        }
-        if let Some(mut postgres) = self.postgres.take() {
-            postgres.stop().await;
-        }
-        if let Some(mut server) = self.mysql.take() {
-            server.stop().await;
-        }
-        if let Some(etcd) = self.etcd.take() {
-            etcd.stop(&self.logs);
+        if let Some(server) = self.server.take() {
+            server.stop(&self.logs).await;
         }
         self.watchdog.stop();
     }

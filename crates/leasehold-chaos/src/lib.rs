@@ -17,6 +17,7 @@ mod proxy;
 mod redis_cluster;
 mod schedule;
 mod sentinel;
+mod servers;
 mod svg;
 
 use std::path::PathBuf;

@@ -232,12 +232,9 @@ impl MySqlServer {
         })
     }
 
-    /// Where the log is, and its last lines (on one line: this ends up in an error message).
+    /// Where the log is, and its last lines.
     fn see_log(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
-        format!("see {} (last lines: {tail})", self.log.display())
+        procs::see_log(&self.log)
     }
 
     /// Crashes the server (SIGKILL: no shutdown, no checkpoint), leaves it down for `down`, and
@@ -270,12 +267,11 @@ impl MySqlServer {
     /// Tells the watchdog which server to stop and which directory to remove, should the
     /// harness die without stopping them.
     fn note_for_watchdog(&self, pid: Option<u32>) {
-        let pid = pid.map_or("-".to_owned(), |p| p.to_string());
-        let _ = std::fs::write(&self.servers, format!("{pid} {}\n", self.dir().display()));
+        procs::note_server(&self.servers, pid, self.dir());
     }
 
     fn forget_for_watchdog(&self) {
-        let _ = std::fs::write(&self.servers, "");
+        procs::forget_servers(&self.servers);
     }
 }
 

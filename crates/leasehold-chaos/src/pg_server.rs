@@ -323,12 +323,9 @@ impl PgServer {
         })
     }
 
-    /// Where the log is, and its last lines (on one line: this ends up in an error message).
+    /// Where the log is, and its last lines.
     fn see_log(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
-        format!("see {} (last lines: {tail})", self.log.display())
+        procs::see_log(&self.log)
     }
 
     /// Crashes the server (`pg_ctl stop -m immediate`: every server process quits at once, no
@@ -380,12 +377,11 @@ impl PgServer {
     /// Tells the watchdog which postmaster to stop and which directory to remove, should the
     /// harness die without stopping them.
     fn note_for_watchdog(&self, pid: Option<u32>) {
-        let pid = pid.map_or("-".to_owned(), |p| p.to_string());
-        let _ = std::fs::write(&self.servers, format!("{pid} {}\n", self.dir().display()));
+        procs::note_server(&self.servers, pid, self.dir());
     }
 
     fn forget_for_watchdog(&self) {
-        let _ = std::fs::write(&self.servers, "");
+        procs::forget_servers(&self.servers);
     }
 }
 

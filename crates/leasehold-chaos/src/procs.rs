@@ -295,6 +295,26 @@ async fn ping(addr: SocketAddr) -> bool {
         .is_some()
 }
 
+/// Where a server's log is, and its last lines (on one line: this ends up in an error message).
+pub(crate) fn see_log(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+    format!("see {} (last lines: {tail})", log.display())
+}
+
+/// Tells the watchdog, through its `servers` file, which server process (if one runs now) to
+/// stop and which directory to remove, should the harness die without stopping them.
+pub(crate) fn note_server(servers: &Path, pid: Option<u32>, dir: &Path) {
+    let pid = pid.map_or("-".to_owned(), |p| p.to_string());
+    let _ = std::fs::write(servers, format!("{pid} {}\n", dir.display()));
+}
+
+/// Tells the watchdog there is nothing left to clean up.
+pub(crate) fn forget_servers(servers: &Path) {
+    let _ = std::fs::write(servers, "");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
