@@ -264,3 +264,36 @@ fn version_names_the_release_and_its_commit() {
         assert_eq!(rest, "unknown", "{line:?}");
     }
 }
+
+/// The same on a server store, where `run` with a schedule connects in the background: `status`
+/// refuses at once, `run` after its refusals in a row, both with exit 78 and the release to
+/// upgrade to; the only key on the server stays the newer release's record.
+#[test]
+fn a_redis_that_needs_a_newer_release_is_refused_with_exit_78() {
+    let redis = leasehold_testkit::redis::OwnRedis::start(&[]);
+    let record = "leasehold:{#meta}:release";
+    redis.cli(&[
+        "HSET",
+        record,
+        "min_writer",
+        "99.0.0",
+        "schema_version",
+        "9",
+    ]);
+    let url = redis.url();
+    for args in [
+        &["status", "--store", &url, "job"][..],
+        &[
+            "run", "--store", &url, "--lease", "job", "--every", "1s", "--", "true",
+        ],
+    ] {
+        let out = leasehold(BIN.as_ref(), args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("upgrade leasehold to at least 99.0.0"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert_eq!(redis.cli(&["KEYS", "*"]).trim(), record, "nothing written");
+}
