@@ -19,6 +19,44 @@ fn meta(path: &Path, key: &str) -> Option<String> {
         .ok()
 }
 
+/// Everything the file holds, logically: `user_version`, every table's SQL and rows (bytes on
+/// disk may change without a write, when the last connection checkpoints the WAL).
+fn contents(path: &Path) -> Vec<String> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    let mut out = vec![format!("user_version {version}")];
+    let tables: Vec<(String, String)> = conn
+        .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    for (name, sql) in tables {
+        out.push(sql);
+        let mut rows = conn
+            .prepare(&format!("SELECT * FROM \"{name}\" ORDER BY 1"))
+            .unwrap();
+        let columns = rows.column_count();
+        let rows: Vec<String> = rows
+            .query_map([], |r| {
+                (0..columns)
+                    .map(|i| {
+                        r.get::<_, rusqlite::types::Value>(i)
+                            .map(|v| format!("{v:?}"))
+                    })
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .unwrap()
+            .map(|row| format!("{name}: {}", row.unwrap().join(", ")))
+            .collect();
+        out.extend(rows);
+    }
+    out
+}
+
 fn set_meta(path: &Path, key: &str, value: &str) {
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.execute(
@@ -97,7 +135,7 @@ async fn a_file_that_needs_a_newer_release_is_refused_and_left_as_it_was() {
     set_meta(&path, "min_writer", "99.0.0");
     // What a newer release may have changed, which this one must not undo.
     set_meta(&path, "boot_id", "a boot of the newer release");
-    let before = std::fs::read(&path).unwrap();
+    let before = contents(&path);
 
     let err = SqliteStore::open(&path, SqliteConfig::default())
         .await
@@ -112,7 +150,7 @@ async fn a_file_that_needs_a_newer_release_is_refused_and_left_as_it_was() {
         message.contains("upgrade leasehold to at least 99.0.0"),
         "{message}"
     );
-    assert_eq!(std::fs::read(&path).unwrap(), before, "nothing written");
+    assert_eq!(contents(&path), before, "nothing written");
     assert_eq!(
         meta(&path, "boot_id").as_deref(),
         Some("a boot of the newer release")
