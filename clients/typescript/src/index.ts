@@ -91,7 +91,113 @@ export type GateResult = "ran" | "failed" | NotRun["reason"];
 export interface NotRun {
   run: false;
   slot: number | null;
-  reason: "not-leader" | "already-run" | "busy" | "store-down" | "not-due" | "sidecar-down";
+  reason: "not-leader" | "already-run" | "busy" | "store-down" | "not-due" | "paused" | "sidecar-down";
+}
+
+/** Who paused a task, when (store clock, ms) and why. */
+export interface Pause {
+  by: string;
+  reason?: string | null;
+  at_ms: number;
+}
+
+/** A manual run asked for: its history record carries `id` (`request.id`). */
+export interface TriggerRequest {
+  id: string;
+  by: string;
+  at_ms: number;
+  /** No instance takes it after this (store clock, ms). */
+  expires_ms: number;
+}
+
+/** A task's definition, as the instance that registered it last wrote it. */
+export interface TaskDefinition {
+  /** `scheduler`, `run`, `sidecar` (or `other`). */
+  source: string;
+  /** As written: `every 30s`, `cron "0 3 * * *"`. */
+  schedule: string;
+  time_zone: string | null;
+  on_store_down: string;
+  catch_up: string | null;
+  gated: boolean;
+  leader_group: string | null;
+  spread_group: string | null;
+}
+
+export interface TaskInstance {
+  instance: string;
+  live: boolean;
+  /** Time left on its heartbeat. */
+  remaining_ms: number;
+  version: string | null;
+  host: string | null;
+  pid: number | null;
+}
+
+/** One history entry: a run, or slots that did not run (`outcome: "missed"`). */
+export interface RunEntry {
+  slot_ms: number | null;
+  /** `timer`, `catch-up`, `manual`; null for missed slots. */
+  trigger: string | null;
+  holder: string;
+  token: string | null;
+  started_ms: number | null;
+  ended_ms: number | null;
+  duration_ms: number | null;
+  /** `running`, `ok`, `failed`, `cancelled`, `aborted`, `panicked`, `lost`, `missed`. */
+  outcome: string;
+  /** A failed run's error, or why a cancelled run was told to stop. */
+  error: string | null;
+  /** For slots that fell while paused. */
+  paused: Pause | null;
+  /** For a manual run asked for by `trigger`. */
+  request: { id: string; by: string } | null;
+  /** For slots that did not run: how many from `slot_ms` to `last_slot_ms`, and why. */
+  missed: { count: number; last_slot_ms: number; reason: string } | null;
+}
+
+export interface Miss {
+  slot_ms: number;
+  count: number;
+  last_slot_ms: number;
+  /** `paused`, `not-claimed`, `store-down`, `overlap`, `outside-catch-up-window`. */
+  reason: string;
+}
+
+/** A task in the store's catalog. */
+export interface TaskSummary {
+  name: string;
+  /** `running` while its lease is held, else `paused`, else `no_instance`, else `idle`. */
+  state: "running" | "paused" | "no_instance" | "idle";
+  /** Null until an instance registered it. */
+  definition: TaskDefinition | null;
+  paused: Pause | null;
+  /** A trigger not taken yet. */
+  trigger: TriggerRequest | null;
+  /** Live ones first. */
+  instances: TaskInstance[];
+  /** The task lease, while a run holds it. */
+  lease: { holder: string; token: string; remaining_ms: number } | null;
+  last_run: RunEntry | null;
+  /** Null while no instance runs it. */
+  next_slot_ms: number | null;
+  /** Slots that did not run in the last 24 hours, paused ones included. */
+  missed_24h: number;
+}
+
+export interface TaskDetail extends TaskSummary {
+  now_ms: number;
+  /** Newest first. */
+  history: RunEntry[];
+  /** The last 24 hours, newest first. */
+  missed: Miss[];
+}
+
+export interface LeaseEntry {
+  name: string;
+  holder: string | null;
+  token: string | null;
+  remaining_ms: number | null;
 }
 
 type Json = Record<string, unknown>;
@@ -215,13 +321,15 @@ export class Run extends Lease {
   constructor(
     client: LeaseholdClient,
     readonly task: string,
-    /** The slot: ms since the epoch of the firing this run is for. */
+    /** The slot: ms since the epoch of the firing this run is for (a manual run: when it was asked for). */
     readonly slot: number,
     token: string,
     holder: string,
     sentAt: number,
     validForMs: number,
     keepaliveMs: number,
+    /** `timer` for the schedule's slot, `manual` for a run asked for with `trigger` (or `leasehold trigger`). */
+    readonly trigger: "timer" | "manual" = "timer",
   ) {
     super(client, task, token, holder, sentAt, validForMs, keepaliveMs);
   }
@@ -367,6 +475,52 @@ export class LeaseholdClient {
     return answer as unknown as GroupState;
   }
 
+  /** Every task in the store's catalog, with the store's clock. */
+  async tasks(): Promise<{ now_ms: number; tasks: TaskSummary[] }> {
+    return (await this.request("GET", "/v1/tasks")) as unknown as { now_ms: number; tasks: TaskSummary[] };
+  }
+
+  /**
+   * One task with its newest `limit` history entries (default 50, at most 500) and its misses of
+   * the last 24 hours. `name` is also the `--lease` of a `leasehold run` task. Rejects with
+   * `unknown-task` (404).
+   */
+  async task(name: string, options: { limit?: number } = {}): Promise<TaskDetail> {
+    const query = options.limit === undefined ? "" : `?limit=${options.limit}`;
+    return (await this.request("GET", `/v1/tasks/${enc(name)}${query}`)) as unknown as TaskDetail;
+  }
+
+  /** Lease records in the store (tasks' run leases, leader groups, applications' leases). */
+  async leases(): Promise<{ now_ms: number; leases: LeaseEntry[] }> {
+    return (await this.request("GET", "/v1/leases")) as unknown as { now_ms: number; leases: LeaseEntry[] };
+  }
+
+  /**
+   * Pauses `name` on every instance from their next tick (slots are recorded as paused and never
+   * caught up; a run going finishes); resolves to the task. Rejects with `unknown-task` (404).
+   */
+  async pause(name: string, options: { reason?: string; by?: string } = {}): Promise<TaskSummary> {
+    const body: Json = {};
+    if (options.reason !== undefined) body.reason = options.reason;
+    if (options.by !== undefined) body.by = options.by;
+    return (await this.post(`/v1/tasks/${enc(name)}/pause`, body)) as unknown as TaskSummary;
+  }
+
+  /** Lifts `name`'s pause; resolves to the task. */
+  async resume(name: string): Promise<TaskSummary> {
+    return (await this.post(`/v1/tasks/${enc(name)}/resume`, {})) as unknown as TaskSummary;
+  }
+
+  /**
+   * Asks whichever instance runs `name` to run it once, as soon as it can; resolves to the
+   * request, whose `id` the run's history entry carries (`task(name).history[i].request.id`).
+   * Rejects with `no-instance` (409) when no instance runs it, `unknown-task` (404).
+   */
+  async trigger(name: string, options: { by?: string } = {}): Promise<TriggerRequest> {
+    const body: Json = options.by === undefined ? {} : { by: options.by };
+    return (await this.post(`/v1/tasks/${enc(name)}/trigger`, body)) as unknown as TriggerRequest;
+  }
+
   /**
    * The gated tick: call it from your own timer. Resolves to a `Run` on exactly one caller per
    * slot of the task (across every sidecar on the store), otherwise to why not.
@@ -393,6 +547,7 @@ export class LeaseholdClient {
       sentAt,
       Number(answer.valid_for_ms),
       Number(answer.keepalive_ms),
+      answer.trigger === "manual" ? "manual" : "timer",
     );
   }
 

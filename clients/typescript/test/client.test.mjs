@@ -1,7 +1,7 @@
 // The client against real sidecars: a SQLite file shared by two sidecars, and one Redis test.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -135,7 +135,12 @@ test("a failed job is recorded failed with its error", async () => {
     throw new Error("webhook endpoint answered 500");
   });
   assert.equal(result, "failed");
-  const history = JSON.parse(execFileSync(BIN, ["history", "--store", store, "ts-failing", "--json"]).toString()).runs;
+  // The outcome is written to the store in the background, after the answer to done.
+  let history;
+  for (let i = 0; i < 50 && history?.[0]?.outcome !== "failed"; i++) {
+    if (i > 0) await sleep(100);
+    history = JSON.parse(execFileSync(BIN, ["history", "--store", store, "ts-failing", "--json"]).toString()).runs;
+  }
   assert.equal(history.length, 1, JSON.stringify(history));
   assert.equal(history[0].outcome, "failed");
   assert.match(JSON.stringify(history[0]), /webhook endpoint answered 500/);
@@ -355,4 +360,78 @@ describe("on a redis-server of the test's own", () => {
     assert.equal(result, "ran", "gated runs resume once the store is back");
     assert.equal(ran.at(-1).gated, true);
   });
+});
+
+test("fleet: a leasehold run task is listed, paused, resumed and triggered through the sidecar", async () => {
+  // An instance of the task: `leasehold run --every` registers it in the store's catalog.
+  const job = spawn(BIN, ["run", "--store", store, "--lease", "ts-fleet", "--every", "1s", "--ttl", "3s", "--", "true"], {
+    stdio: "ignore",
+  });
+  try {
+    let listed;
+    for (let i = 0; i < 100 && !listed; i++) {
+      listed = (await ca.tasks()).tasks.find((t) => t.name === "ts-fleet:run" && t.instances.some((x) => x.live));
+      if (!listed) await sleep(100);
+    }
+    assert.ok(listed, "the run task is in the catalog");
+    assert.equal(listed.definition.source, "run");
+    assert.equal(listed.definition.schedule, "every 1s");
+    assert.ok(listed.next_slot_ms > 0);
+    // The name given to `leasehold run --lease` finds it, on either sidecar.
+    const paused = await cb.pause("ts-fleet", { reason: "ts test", by: "node" });
+    assert.equal(paused.state === "paused" || paused.state === "running", true, paused.state);
+    assert.deepEqual([paused.paused.by, paused.paused.reason], ["node", "ts test"]);
+    await sleep(2500);
+    const detail = await ca.task("ts-fleet", { limit: 10 });
+    assert.ok(detail.history.length <= 10);
+    assert.ok(detail.missed.some((m) => m.reason === "paused"), JSON.stringify(detail.missed));
+    assert.ok(detail.missed_24h >= 1);
+    assert.equal((await ca.resume("ts-fleet")).paused, null);
+    const asked = await ca.trigger("ts-fleet", { by: "node" });
+    assert.equal(asked.by, "node");
+    let manual;
+    for (let i = 0; i < 100 && !manual; i++) {
+      manual = (await ca.task("ts-fleet")).history.find((r) => r.request?.id === asked.id && r.outcome !== "running");
+      if (!manual) await sleep(100);
+    }
+    assert.ok(manual, "the triggered run is in the history");
+    assert.equal(manual.trigger, "manual");
+    assert.equal(manual.outcome, "ok");
+    const leases = await ca.leases();
+    assert.ok(leases.leases.some((l) => l.name === "ts-fleet"), "the run's leader group is a lease");
+  } finally {
+    job.kill("SIGTERM");
+  }
+  await assert.rejects(ca.task("no-such-task"), (e) => {
+    assert.ok(e instanceof LeaseholdError);
+    assert.equal(e.status, 404);
+    assert.equal(e.code, "unknown-task");
+    return true;
+  });
+});
+
+test("fleet: a sidecar task is registered by its ticks and a trigger is taken as a manual run", async () => {
+  const schedule = { everyMs: 3_600_000 };
+  const first = await ca.tick("ts-side", schedule);
+  assert.equal(first.run, true);
+  assert.equal(first.trigger, "timer");
+  await first.done("ok");
+  const listed = (await cb.tasks()).tasks.find((t) => t.name === "ts-side");
+  assert.equal(listed?.definition?.source, "sidecar", JSON.stringify(listed));
+  assert.equal(listed.definition.schedule, "every 3600s");
+  const asked = await cb.trigger("ts-side", { by: "node" });
+  // The hourly slot already ran: the next tick runs only because it was asked for.
+  const manual = await cb.tick("ts-side", schedule);
+  assert.equal(manual.run, true, JSON.stringify(manual));
+  assert.equal(manual.trigger, "manual");
+  assert.equal(manual.slot, asked.at_ms);
+  await manual.done("ok");
+  // The outcome is written to the store in the background, after the answer to done.
+  let run;
+  for (let i = 0; i < 50 && run?.outcome !== "ok"; i++) {
+    if (i > 0) await sleep(100);
+    run = (await ca.task("ts-side")).history.find((r) => r.request?.id === asked.id);
+  }
+  assert.equal(run?.outcome, "ok", JSON.stringify(run));
+  assert.equal((await ca.tick("ts-side", schedule)).reason, "already-run");
 });

@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
 use clap::Args;
-use leasehold::history::{RecordedSchedule, RunOutcome, RunRecord};
-use leasehold::{BoxStore, LeaseName, Schedule, Store};
+use leasehold::history::{RunOutcome, RunRecord};
+use leasehold::{BoxStore, LeaseName, Store};
 
 use crate::Failure;
 use crate::output::outln;
@@ -139,6 +139,14 @@ pub fn time(ms: u64) -> String {
 
 /// The outcome and its detail, on one line.
 pub fn outcome(r: &RunRecord) -> String {
+    if let (Some(pause), RunOutcome::Missed { .. }) = (&r.paused, &r.outcome) {
+        let reason = pause
+            .reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        return format!("paused by {}{reason}", pause.by);
+    }
     match &r.outcome {
         RunOutcome::Failed { error } => format!("failed: {error}"),
         RunOutcome::Cancelled { why } => format!("cancelled: {why}"),
@@ -149,15 +157,6 @@ pub fn outcome(r: &RunRecord) -> String {
         } if *count > 1 => format!("missed {count} slots to {}: {reason}", time(*last_slot)),
         RunOutcome::Missed { reason, .. } => format!("missed: {reason}"),
         other => other.as_str().to_owned(),
-    }
-}
-
-/// The schedule the task's last record carries (a cron expression with its `CRON_TZ=` zone).
-pub fn schedule(records: &[RunRecord]) -> Option<Schedule> {
-    match records.iter().find_map(|r| r.schedule.as_ref())? {
-        RecordedSchedule::EveryMs(ms) => Schedule::every(Duration::from_millis(*ms)).ok(),
-        RecordedSchedule::Cron(expr) => Schedule::cron(expr).ok(),
-        _ => None,
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod child;
 mod demo;
+mod fleet;
 mod history;
 mod link;
 mod logging;
@@ -21,6 +22,13 @@ use clap::{CommandFactory, Parser, Subcommand};
 pub const EXIT_BUSY: u8 = 75;
 /// Exit status when the store cannot be reached (and the policy does not allow running anyway).
 pub const EXIT_STORE_DOWN: u8 = 69;
+/// Exit status of `pause`, `resume`, `trigger` for a task the store's catalog does not have
+/// (sysexits' EX_NOINPUT).
+pub const EXIT_UNKNOWN_TASK: u8 = 66;
+/// Exit status of `trigger` when no instance runs the task: nobody would take it (EX_NOHOST).
+pub const EXIT_NO_INSTANCE: u8 = 68;
+/// Exit status of `trigger --wait` when the run did not end in time (as `timeout`'s).
+pub const EXIT_NOT_ENDED: u8 = 124;
 /// Exit status for bad input.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status when the store keeps refusing the lease (a key of the wrong type, no permission,
@@ -48,8 +56,19 @@ enum Command {
     /// Run COMMAND on exactly one of all instances that run the same lease: once per tick with
     /// --every/--cron, else once if the lease is free (a distributed flock; exits 75 if busy).
     Run(run::RunArgs),
-    /// Show holder, fencing token and remaining time of leases.
+    /// Without names: every task in the store's catalog (state, schedule, instances, last run,
+    /// next slot), the leases and the leader groups. With names: holder, fencing token and
+    /// remaining time of those leases.
     Status(status::StatusArgs),
+    /// Pause a task on every instance, from their next tick: its slots are recorded as paused
+    /// and never caught up; a run already going finishes. Exits 66 for an unknown task.
+    Pause(fleet::PauseArgs),
+    /// Lift a task's pause: its next slot runs.
+    Resume(fleet::ResumeArgs),
+    /// Ask whichever instance runs a task to run it once, as soon as it can (--wait: and print
+    /// how it ended). Exits 66 for an unknown task, 68 when no instance runs it, 124 when the
+    /// run did not end within --wait.
+    Trigger(fleet::TriggerArgs),
     /// The sidecar: an HTTP API (JSON, OpenAPI at /openapi.json) for leases, leadership and
     /// gated ticks, for applications in any language; Prometheus metrics at /metrics.
     Serve(serve::ServeArgs),
@@ -143,6 +162,14 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// `error` with exit status `code`.
+    pub fn with_code(code: u8, error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            code,
+            error: error.into(),
+        }
+    }
+
     /// Bad input: exit 2.
     pub fn usage(error: impl Into<anyhow::Error>) -> Self {
         Self {
@@ -291,6 +318,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::Pause(args) => fleet::pause(args).await,
+            Command::Resume(args) => fleet::resume(args).await,
+            Command::Trigger(args) => fleet::trigger(args).await,
             Command::History(args) => history::history(args).await,
             Command::Next(args) => next::next(args),
             Command::Serve(args) => serve::serve(args).await,

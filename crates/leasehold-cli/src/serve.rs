@@ -21,8 +21,8 @@ pub struct ServeArgs {
     /// --auth-token-file.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: Listen,
-    /// A file holding the bearer token every request (but /healthz, /openapi.json and /metrics)
-    /// must carry.
+    /// A file holding the bearer token every request (but /healthz, /openapi.json, /metrics and
+    /// the page's own files) must carry; the page at / asks for it.
     #[arg(long)]
     auth_token_file: Option<PathBuf>,
     /// What a tick does while the store cannot answer, unless the tick says: fail-closed (skip),

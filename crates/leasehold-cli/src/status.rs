@@ -1,12 +1,19 @@
 //! `leasehold status`: who holds which lease.
 
+use std::time::Duration;
+
 use clap::Args;
-use leasehold::{LeaseName, Schedule, Store};
+use leasehold::fleet::Fleet;
+use leasehold::overview::{self, LeaseSummary, TaskSummary as FleetTask};
+use leasehold::{BoxStore, LeaseName, Schedule, Store};
 
 use leasehold::history::{RunOutcome, RunRecord};
 
 use crate::output::outln;
-use crate::{Failure, history};
+use crate::{Failure, fleet, history};
+
+/// The most leases `status` without names lists.
+const LEASE_LIMIT: usize = 1000;
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -14,7 +21,7 @@ pub struct StatusArgs {
     #[arg(long)]
     store: Option<String>,
     /// Lease names to show (a scheduled job `NAME` also has `NAME:run`, held while it runs).
-    #[arg(required = true)]
+    /// Without names: every task in the store's catalog, the leases and the groups.
     names: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -29,6 +36,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
     let store = history::open(args.store).await?;
+    if names.is_empty() {
+        return fleet_status(store, args.json).await;
+    }
     let mut rows = Vec::new();
     let mut tasks = Vec::new();
     let now_ms = match store.now_millis().await {
@@ -168,7 +178,7 @@ impl TaskSummary {
             .filter(|r| !matches!(r.outcome, RunOutcome::Missed { .. }))
             .max_by_key(|r| r.started_ms)
             .cloned();
-        let schedule = history::schedule(records);
+        let schedule = overview::recorded_schedule(records);
         Self {
             task,
             last_run,
@@ -202,4 +212,183 @@ impl TaskSummary {
             "next_due_local": self.next_due_local(),
         })
     }
+}
+
+/// `leasehold status` without names: every task in the store's catalog, the leases, and the
+/// leader groups (`leasehold::overview`, as the sidecar's GET /v1/tasks answers it).
+async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
+    let fleet = Fleet::new(store);
+    let list = overview::tasks(&fleet).await.map_err(fleet::failure)?;
+    let leases = overview::leases(&fleet, LEASE_LIMIT)
+        .await
+        .map_err(fleet::failure)?
+        .leases;
+    let groups = groups(&list.tasks, &leases);
+    let kind = |name: &str| match () {
+        () if list.tasks.iter().any(|t| t.name == name) => "task",
+        () if groups.iter().any(|g| g.name == name) => "group",
+        () => "lease",
+    };
+    if json {
+        let leases: Vec<_> = leases
+            .iter()
+            .map(|l| {
+                let mut v = serde_json::to_value(l).unwrap_or_default();
+                v["kind"] = kind(&l.name).into();
+                v
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "store": fleet.store().describe(),
+            "now_ms": list.now_ms,
+            "tasks": list.tasks,
+            "leases": leases,
+            "groups": groups.iter().map(Group::json).collect::<Vec<_>>(),
+        });
+        outln!("{doc}")?;
+        return Ok(0);
+    }
+    outln!("store: {}", fleet.store().describe())?;
+    if list.tasks.is_empty() {
+        outln!("no tasks in the catalog")?;
+    } else {
+        let width = column(list.tasks.iter().map(|t| t.name.as_str()), "TASK");
+        let sched = column(
+            list.tasks
+                .iter()
+                .map(|t| t.definition.as_ref().map_or("-", |d| d.schedule.as_str())),
+            "SCHEDULE",
+        );
+        outln!(
+            "{:<width$}  {:<11}  {:<sched$}  {:<9}  {:<24}  {:<9}  {:<24}  MISSED 24H",
+            "TASK",
+            "STATE",
+            "SCHEDULE",
+            "INSTANCES",
+            "LAST RUN (UTC)",
+            "OUTCOME",
+            "NEXT SLOT (UTC)",
+        )?;
+        for t in &list.tasks {
+            let live = t.instances.iter().filter(|i| i.live).count();
+            let dash = || "-".to_owned();
+            outln!(
+                "{:<width$}  {:<11}  {:<sched$}  {:<9}  {:<24}  {:<9}  {:<24}  {}",
+                t.name,
+                t.state.as_str(),
+                t.definition.as_ref().map_or("-", |d| d.schedule.as_str()),
+                format!("{live}/{}", t.instances.len()),
+                t.last_run
+                    .as_ref()
+                    .and_then(|r| r.started_ms)
+                    .map_or_else(dash, history::time),
+                t.last_run.as_ref().map_or("-", |r| r.outcome.as_str()),
+                t.next_slot_ms.map_or_else(dash, history::time),
+                t.missed_24h,
+            )?;
+            if let Some(p) = &t.paused {
+                let reason = p
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default();
+                outln!(
+                    "{:<width$}  paused by {} at {}{reason}",
+                    "",
+                    p.by,
+                    history::time(p.at_ms)
+                )?;
+            }
+            if let Some(q) = &t.trigger {
+                outln!(
+                    "{:<width$}  run {} asked for by {}, not taken yet",
+                    "",
+                    q.id,
+                    q.by
+                )?;
+            }
+        }
+    }
+    if !leases.is_empty() {
+        let width = column(leases.iter().map(|l| l.name.as_str()), "LEASE");
+        outln!(
+            "\n{:<width$}  {:<5}  {:>20}  {:>10}  HOLDER",
+            "LEASE",
+            "KIND",
+            "TOKEN",
+            "REMAINING"
+        )?;
+        for l in &leases {
+            outln!(
+                "{:<width$}  {:<5}  {:>20}  {:>10}  {}",
+                l.name,
+                kind(&l.name),
+                l.token.as_deref().unwrap_or("-"),
+                l.remaining_ms.map_or("-".to_owned(), |ms| format!(
+                    "{:.1?}",
+                    Duration::from_millis(ms)
+                )),
+                l.holder.as_deref().unwrap_or("-"),
+            )?;
+        }
+    }
+    if !groups.is_empty() {
+        let width = column(groups.iter().map(|g| g.name.as_str()), "GROUP");
+        outln!("\n{:<width$}  {:<40}  TASKS", "GROUP", "LEADER")?;
+        for g in &groups {
+            outln!(
+                "{:<width$}  {:<40}  {}",
+                g.name,
+                g.leader.as_deref().unwrap_or("-"),
+                g.tasks.join(", ")
+            )?;
+        }
+    }
+    Ok(0)
+}
+
+/// A leader group: the tasks gated on it and its leader now.
+struct Group {
+    name: String,
+    leader: Option<String>,
+    token: Option<String>,
+    tasks: Vec<String>,
+}
+
+impl Group {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "leader": self.leader,
+            "token": self.token,
+            "tasks": self.tasks,
+        })
+    }
+}
+
+fn groups(tasks: &[FleetTask], leases: &[LeaseSummary]) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    for t in tasks {
+        let Some(name) = t.definition.as_ref().and_then(|d| d.leader_group.clone()) else {
+            continue;
+        };
+        match groups.iter_mut().find(|g| g.name == name) {
+            Some(g) => g.tasks.push(t.name.clone()),
+            None => {
+                let lease = leases.iter().find(|l| l.name == name);
+                groups.push(Group {
+                    leader: lease.and_then(|l| l.holder.clone()),
+                    token: lease.and_then(|l| l.token.clone()),
+                    tasks: vec![t.name.clone()],
+                    name,
+                });
+            }
+        }
+    }
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    groups
+}
+
+fn column<'a>(names: impl Iterator<Item = &'a str>, head: &str) -> usize {
+    names.map(str::len).max().unwrap_or(0).max(head.len())
 }

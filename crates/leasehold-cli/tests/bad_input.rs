@@ -249,9 +249,34 @@ fn missing_command() {
     fails_in_one_line(&["run", "--lease", "a", "--every", "1s"], "required");
 }
 
+/// Without names, status lists the store's catalog (issue 25): an empty one says so.
 #[test]
-fn status_without_names() {
-    fails_in_one_line(&["status", "--store", "sqlite:t.db"], "required");
+fn status_without_names_lists_the_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["status", "--store", "sqlite:t.db"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("no tasks in the catalog"), "{stdout}");
+}
+
+#[test]
+fn control_without_a_task_name() {
+    for command in ["pause", "resume", "trigger"] {
+        fails_in_one_line(&[command, "--store", "sqlite:t.db"], "<NAME>");
+    }
+    fails_in_one_line(
+        &["trigger", "--store", "sqlite:t.db", "x", "--wait=2d"],
+        "above the maximum",
+    );
+    // A bare --wait before the name does not take the name for a duration.
+    fails_in_one_line(
+        &["trigger", "--store", "sqlite:t.db", "--wait", "x"],
+        "no task x",
+    );
 }
 
 /// Issue 18 case 7: durations beyond a sane bound are usage errors, not a panic or a timer

@@ -103,6 +103,10 @@ impl ApiError {
         )
     }
 
+    pub(crate) fn cross_site(why: String) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "cross-site", why)
+    }
+
     pub(crate) fn not_found() -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
@@ -121,6 +125,24 @@ impl ApiError {
 
     pub(crate) fn is_bad_request(&self) -> bool {
         self.status == StatusCode::BAD_REQUEST
+    }
+
+    /// A fleet operation's failure: an unknown task 404, a trigger nobody would take or a
+    /// contended control record 409, a store without a catalog 501, the store's own as
+    /// [`store`](Self::store).
+    pub(crate) fn fleet(e: &leasehold::fleet::FleetError) -> Self {
+        use leasehold::fleet::FleetError;
+        let (status, code) = match e {
+            FleetError::UnknownTask(_) => (StatusCode::NOT_FOUND, "unknown-task"),
+            FleetError::NoInstance(_) => (StatusCode::CONFLICT, "no-instance"),
+            FleetError::Contended(_) => (StatusCode::CONFLICT, "contended"),
+            FleetError::NoCatalog(_) => (StatusCode::NOT_IMPLEMENTED, "no-catalog"),
+            FleetError::Store(e) if e.is_transient() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "store-down")
+            }
+            _ => (StatusCode::SERVICE_UNAVAILABLE, "store-refused"),
+        };
+        Self::new(status, code, e.to_string())
     }
 
     /// A store error: unreachable or slow is `store-down`, a refusal `store-refused`.

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use leasehold::history::{HistoryWriter, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
+use leasehold::history::{
+    HistoryWriter, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord, RunRequest,
+};
 use leasehold::{CancellationToken, FencingToken, LeaseGuard, LeaseName, LossReason, Release};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -21,10 +23,14 @@ use crate::error::EndReason;
 /// How long an ended entry is remembered, so a keepalive after the end gets its reason.
 const TOMBSTONE: Duration = Duration::from_secs(120);
 
-/// A run of a task's slot, granted by a tick.
+/// A run of a task's slot, or a manual run asked for through the catalog, granted by a tick.
 #[derive(Debug, Clone)]
 pub(crate) struct RunInfo {
+    /// The slot (for a manual run: when it was asked for, which `done` names).
     pub(crate) slot: u64,
+    pub(crate) trigger: RecordTrigger,
+    /// For a manual run: the request's id and who asked.
+    pub(crate) request: Option<RunRequest>,
     pub(crate) started_ms: u64,
     pub(crate) started_at: Instant,
     pub(crate) schedule: RecordedSchedule,
@@ -131,14 +137,17 @@ impl Entry {
     /// The history record of this entry's run ending with `outcome`.
     pub(crate) fn run_record(&self, outcome: RunOutcome) -> Option<RunRecord> {
         let run = self.run.as_ref()?;
-        let record = RunRecord::started(
-            Some(run.slot),
-            RecordTrigger::Timer,
+        // Manual runs are filed by their start, as the scheduler files them.
+        let slot = (run.trigger != RecordTrigger::Manual).then_some(run.slot);
+        let mut record = RunRecord::started(
+            slot,
+            run.trigger,
             self.holder.clone(),
             Some(self.token),
             run.started_ms,
             Some(run.schedule.clone()),
         );
+        record.request = run.request.clone();
         Some(match outcome {
             RunOutcome::Running => record,
             outcome => record.ended(run.started_ms + ms(run.started_at.elapsed()), outcome),

@@ -34,6 +34,24 @@
 //! # }
 //! ```
 //!
+//! ## The fleet
+//!
+//! Every sidecar also answers for the whole store (`leasehold::overview` computes it, so
+//! `leasehold status` shows the same): `GET /v1/tasks` lists the tasks of the store's catalog
+//! (library schedulers, `leasehold run`, sidecar ticks) with their state, instances, last run,
+//! next slot and misses of the last 24 hours; `GET /v1/tasks/{task}` adds the history;
+//! `GET /v1/leases` lists the leases. `POST /v1/tasks/{task}/pause`, `/resume` and `/trigger`
+//! act on every instance of the task through the store (`leasehold::fleet::Fleet`). Errors are
+//! typed: `unknown-task` 404, `no-instance` 409 (a trigger nobody would take), `no-catalog` 501.
+//!
+//! Ticks register their task in the catalog (source `sidecar`, with its schedule and policy,
+//! this sidecar as an instance) for as long as they keep coming: twice the interval plus the
+//! ttl. A paused task's ticks answer `run: false, reason: "paused"`; a trigger is taken by the
+//! task's next tick on an instance that may run it, which answers `run: true, trigger:
+//! "manual"` (the application hears of it only when it ticks). A grant that does not follow the
+//! previous firing granted by this sidecar records the slots in between that nobody ran as
+//! missed, so a crash or an outage shows in `leasehold history`.
+//!
 //! ## Connections
 //!
 //! The server (HTTP/1.1, [`serve`]) bounds every wait on a client, so clients that connect and
@@ -52,6 +70,21 @@
 //! by `max_wait`. A request with both `Content-Length` and `Transfer-Encoding` is refused
 //! (400, connection closed): a proxy in front might have framed it differently.
 //!
+//! ## The page
+//!
+//! `GET /` is a live page of the fleet for a person: the tasks of the store's catalog (state,
+//! leader or owner, last run, next due slot, missed slots of the last 24 h and why, instances),
+//! leader groups and leases (holder, fencing token, time left), and per task (`/tasks/NAME`)
+//! its run history as the timeline picture `leasehold history --svg` draws (served at
+//! `GET /v1/tasks/{task}/history.svg`) above the runs, newest first, with Pause, Resume and
+//! Trigger buttons that ask for confirmation. It reads the fleet endpoints once a second rather
+//! than over server-sent events: `EventSource` cannot send the bearer token, and a poll is a
+//! short request the connection bounds above already fit. Its HTML, CSS and JavaScript are
+//! embedded in the binary and fetch nothing from elsewhere. They carry no data, so they are
+//! served without the token; with one set, the page asks for it, keeps it in the tab's
+//! `sessionStorage` and says so on a 401. A browser's request for an unknown path (or a task
+//! the catalog does not know) gets a 404 page; other clients get the API's JSON 404.
+//!
 //! ## Metrics
 //!
 //! Given a [`Metrics`] recorder ([`SidecarConfig::metrics`]; `leasehold serve` always gives
@@ -67,9 +100,12 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod catalog;
 mod error;
+mod fleet;
 mod held;
 mod leases;
+mod page;
 mod prometheus;
 mod server;
 mod ticks;
@@ -85,15 +121,18 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::HeaderMap;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use leasehold::fleet::Fleet;
 use leasehold::gate::Campaigns;
 use leasehold::history::{DEFAULT_HISTORY_LIMIT, HistoryWriter};
 use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
 use serde::Serialize;
 
+use crate::catalog::Registrations;
 use crate::error::{ApiError, MAX_BODY};
 use crate::held::Registry;
 pub use crate::prometheus::{Metrics, MetricsError, MetricsListener};
@@ -104,6 +143,11 @@ const HISTORY_WRITE_LIMIT: Duration = Duration::from_secs(5);
 /// The holder id of a sidecar's campaigns for tick groups.
 fn group_holder(holder: &str) -> HolderId {
     HolderId::new(format!("{holder}#group")).unwrap_or_else(|_| HolderId::generate())
+}
+
+/// The instance id a sidecar registers its ticked tasks under in the catalog.
+fn catalog_instance(holder: &str) -> HolderId {
+    HolderId::new(holder).unwrap_or_else(|_| HolderId::generate())
 }
 
 /// The API's OpenAPI 3 document, as served at `GET /openapi.json`.
@@ -172,6 +216,8 @@ pub struct Sidecar(Arc<Shared>);
 
 struct Shared {
     store: BoxStore,
+    /// The catalog and control the fleet endpoints read and write.
+    fleet: Fleet<BoxStore>,
     holder: String,
     seq: AtomicU64,
     on_store_down: StoreDownPolicy,
@@ -182,6 +228,8 @@ struct Shared {
     campaigns: Campaigns<BoxStore>,
     /// Where runs and misses are recorded.
     history: HistoryWriter,
+    /// The ticked tasks' registrations in the store's catalog.
+    catalog: Arc<Registrations>,
     /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
     store_state: AtomicU8,
     stop: CancellationToken,
@@ -225,7 +273,13 @@ impl Sidecar {
         Self(Arc::new(Shared {
             registry: Arc::new(Registry::new(history.clone(), stop.clone())),
             campaigns: Campaigns::new(store.clone(), group_holder, stop.clone()),
+            catalog: Arc::new(Registrations::new(
+                store.clone(),
+                catalog_instance(&config.holder),
+                stop.clone(),
+            )),
             history,
+            fleet: Fleet::new(store.clone()),
             store,
             holder: config.holder,
             seq: AtomicU64::new(0),
@@ -237,12 +291,19 @@ impl Sidecar {
         }))
     }
 
-    /// The HTTP API. With `auth_token`, every request but `/healthz`, `/openapi.json` and
-    /// `/metrics` must carry `Authorization: Bearer TOKEN`. (The token grants taking and
+    /// The HTTP API and the live page. With `auth_token`, every request but `/healthz`,
+    /// `/openapi.json`, `/metrics` and the page's own files (`/`, `/tasks/NAME`, `/assets/…`,
+    /// which carry no data) must carry `Authorization: Bearer TOKEN`. (The token grants taking and
     /// releasing leases; a scraper needs none of that, and metrics carry counts and task names,
     /// never holders, tokens or store credentials.)
     pub fn router(&self, auth_token: Option<String>) -> Router {
         let api = Router::new()
+            .route("/v1/tasks", get(fleet::tasks))
+            .route("/v1/tasks/{task}", get(fleet::task))
+            .route("/v1/tasks/{task}/pause", post(fleet::pause))
+            .route("/v1/tasks/{task}/resume", post(fleet::resume))
+            .route("/v1/tasks/{task}/trigger", post(fleet::trigger))
+            .route("/v1/leases", get(fleet::leases))
             .route("/v1/leases/{name}", get(leases::state))
             .route("/v1/leases/{name}/acquire", post(leases::acquire))
             .route("/v1/leases/{name}/keepalive", post(leases::keepalive_lease))
@@ -253,6 +314,7 @@ impl Sidecar {
             .route("/v1/groups/{group}/observe", post(leases::observe))
             .route("/v1/tasks/{task}/ticks", post(ticks::tick))
             .route("/v1/tasks/{task}/ticks/{slot}/done", post(ticks::done))
+            .route("/v1/tasks/{task}/history.svg", get(page::history_svg))
             .route_layer(axum::middleware::from_fn_with_state(
                 Arc::new(auth_token),
                 authorize,
@@ -261,6 +323,10 @@ impl Sidecar {
             .route("/healthz", get(health))
             .route("/openapi.json", get(openapi))
             .route("/metrics", get(prometheus::sidecar_scrape))
+            .route("/", get(page::index))
+            .route("/tasks/{*task}", get(page::task_page))
+            .route("/assets/page.js", get(page::script))
+            .route("/assets/page.css", get(page::style))
             .merge(api)
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
@@ -275,7 +341,8 @@ impl Sidecar {
         self.0.stop.cancel();
         let registry = self.0.registry.shut_down(limit);
         let groups = self.0.campaigns.shut_down(limit);
-        tokio::join!(registry, groups);
+        let catalog = self.0.catalog.shut_down(limit);
+        tokio::join!(registry, groups, catalog);
     }
 
     /// Leases and runs held for applications now.
@@ -289,6 +356,9 @@ async fn authorize(
     request: Request,
     next: Next,
 ) -> Response {
+    if let Some(why) = cross_site(request.headers(), token.is_some()) {
+        return ApiError::cross_site(why).into_response();
+    }
     if let Some(token) = token.as_deref() {
         let given = request
             .headers()
@@ -301,6 +371,49 @@ async fn authorize(
         }
     }
     next.run(request).await
+}
+
+/// Why a request a browser sent on behalf of another site is refused, if it is one. Any page a
+/// browser on this machine opens can post to a loopback sidecar (a form needs no preflight), or
+/// reach it under a DNS name of its own rebound to 127.0.0.1. Browsers say where such requests
+/// come from: `Origin` must be the sidecar itself, under the name it was reached by, and without
+/// a token that name must be a loopback one. Clients that are not browsers send no `Origin`.
+fn cross_site(headers: &HeaderMap, token_set: bool) -> Option<String> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if text("sec-fetch-site") == Some("cross-site") {
+        return Some("requests from another site's pages are refused".into());
+    }
+    let origin = text(ORIGIN.as_str())?;
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let host = text(HOST.as_str()).unwrap_or("");
+    match authority {
+        Some(a) if a.eq_ignore_ascii_case(host) => {}
+        _ => {
+            return Some(format!(
+                "requests from another site's pages are refused (Origin {origin} is not this sidecar)"
+            ));
+        }
+    }
+    if !token_set && !is_loopback_name(host) {
+        return Some(format!(
+            "without an auth token the sidecar answers browsers only under a loopback address (this page came from {origin}; open it at 127.0.0.1 or localhost)"
+        ));
+    }
+    None
+}
+
+/// Whether `host` (a Host header: name or address, with an optional port) names this machine.
+fn is_loopback_name(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Compares without stopping at the first difference, so timing does not reveal the token.
@@ -334,8 +447,13 @@ async fn openapi() -> Response {
     ([(CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-async fn not_found() -> ApiError {
-    ApiError::not_found()
+/// A browser's navigation to an unknown path gets the page's 404; anything else the API's.
+async fn not_found(request: Request) -> Response {
+    if page::wants_html(&request) {
+        page::not_found_page()
+    } else {
+        ApiError::not_found().into_response()
+    }
 }
 
 async fn method_not_allowed() -> ApiError {

@@ -35,7 +35,8 @@ use tokio_util::task::TaskTracker;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServeConfig {
-    /// The bearer token every request but `/healthz`, `/openapi.json` and `/metrics` must carry.
+    /// The bearer token every request but `/healthz`, `/openapi.json`, `/metrics` and the page's
+    /// own files must carry.
     /// Default none (then only loopback and unix sockets may be served).
     pub auth_token: Option<String>,
     /// How long a request's head (request line and headers) may take to arrive: from its first
@@ -73,8 +74,8 @@ impl Default for ServeConfig {
 }
 
 impl ServeConfig {
-    /// Requires `Authorization: Bearer TOKEN` on every request but `/healthz`, `/openapi.json`
-    /// and `/metrics`.
+    /// Requires `Authorization: Bearer TOKEN` on every request but `/healthz`, `/openapi.json`,
+    /// `/metrics` and the page's own files.
     pub fn auth_token(mut self, token: impl Into<String>) -> Self {
         self.auth_token = Some(token.into());
         self

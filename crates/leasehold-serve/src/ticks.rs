@@ -14,9 +14,10 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use leasehold::gate::{Decision, Gate, Skip};
-use leasehold::history::{RecordedSchedule, RunOutcome};
-use leasehold::{Lease, Schedule, ScheduleError, StoreDownPolicy, Trigger};
+use leasehold::catalog::{TaskDefinition, TaskSource};
+use leasehold::gate::{Decision, Gate, Skip, Ticket};
+use leasehold::history::{self, RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
+use leasehold::{Lease, LeaseConfig, LeaseName, Schedule, ScheduleError, StoreDownPolicy, Trigger};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -56,6 +57,8 @@ pub(crate) struct TickResponse {
     slot: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     gated: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trigger: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -174,19 +177,54 @@ pub(crate) async fn tick(
         Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
         Err(e) => return Err(ApiError::store(&e.into())),
     };
-    let Some(slot) = schedule.latest_at_or_before(reading.now_ms) else {
-        return Ok(Json(answer(false, None, Some("not-due"))));
+    let slot = schedule.latest_at_or_before(reading.now_ms);
+    // How long ticks may stop before this sidecar gives up the group and the catalog entry.
+    let base = slot.unwrap_or(reading.now_ms);
+    let interval = schedule
+        .next_after(base)
+        .map_or(Duration::ZERO, |next| Duration::from_millis(next - base));
+    let definition = TaskDefinition {
+        source: TaskSource::Sidecar,
+        schedule: schedule.to_string(),
+        time_zone: schedule.time_zone().map(str::to_owned),
+        on_store_down: policy.as_str().to_owned(),
+        catch_up: None,
+        gated: true,
+        leader_group: group.as_ref().map(ToString::to_string),
+        spread_group: None,
     };
+    let idle = interval.saturating_mul(2) + config.ttl;
+    shared.catalog.ticked(&task, &definition, config.ttl, idle);
     if let Some(group) = &group {
-        let interval = schedule
-            .next_after(slot)
-            .map_or(Duration::ZERO, |next| Duration::from_millis(next - slot));
         let campaign = shared
             .campaigns
             .campaign(group, config, interval)
             .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
         gate = gate.led_by(campaign);
     }
+    let grant = Granting {
+        sidecar: &sidecar,
+        task: &task,
+        arrival,
+        keepalive,
+        config,
+        started_ms: reading.now_ms,
+        schedule: &recorded,
+    };
+    // A manual run asked for through the catalog (`leasehold trigger`) goes first: the
+    // application hears of it only when it ticks, and its timer slot would win every time.
+    if let (Some(control), Some(version)) = (&reading.control, reading.control_version)
+        && control.trigger.is_some()
+    {
+        match gate.take_trigger(control, version, reading.now_ms).await {
+            Ok(Some(ticket)) => return Ok(Json(grant.run(ticket).await)),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(task = %task, error = %e, "manual trigger not taken"),
+        }
+    }
+    let Some(slot) = slot else {
+        return Ok(Json(answer(false, None, Some("not-due"))));
+    };
     let ticket = match gate.decide(&reading, slot, Trigger::Timer).await {
         Decision::Run(ticket) => ticket,
         Decision::Skip(skip) => {
@@ -203,31 +241,102 @@ pub(crate) async fn tick(
             return Ok(Json(answer(false, Some(slot), Some(reason))));
         }
     };
-    let guard = ticket.into_guard();
-    let token = guard.token();
-    let entry = shared.registry.insert(Grant {
-        guard,
-        keepalive,
-        stop_margin: config.stop_margin,
-        granted: Instant::now(),
-        run: Some(RunInfo {
-            slot,
-            started_ms: reading.now_ms,
-            started_at: arrival,
-            schedule: recorded,
-        }),
+    // The previous firing was not granted here: record the slots nobody accounted for (a
+    // crash, an outage, every instance down), as the scheduler's timer does.
+    let previous = slot
+        .checked_sub(1)
+        .and_then(|s| schedule.latest_at_or_before(s));
+    if previous.is_some() && shared.catalog.granted(&task, slot) != previous {
+        record_gap(&sidecar, &task, &schedule, slot);
+    }
+    Ok(Json(grant.run(ticket).await))
+}
+
+/// What a granted tick answers with, and holds for the application.
+struct Granting<'a> {
+    sidecar: &'a Sidecar,
+    task: &'a LeaseName,
+    arrival: Instant,
+    keepalive: Duration,
+    config: LeaseConfig,
+    started_ms: u64,
+    schedule: &'a RecordedSchedule,
+}
+
+impl Granting<'_> {
+    /// Holds `ticket`'s task lease for the application's run and answers the grant.
+    async fn run(&self, ticket: Ticket) -> TickResponse {
+        let slot = ticket.slot();
+        let trigger = match ticket.trigger() {
+            Trigger::Manual => RecordTrigger::Manual,
+            _ => RecordTrigger::Timer,
+        };
+        let request = ticket.request().map(|r| RunRequest {
+            id: r.id.clone(),
+            by: r.by.clone(),
+        });
+        if let Some(request) = &request {
+            tracing::info!(task = %self.task, id = %request.id, by = %request.by, "manual run asked for through the catalog");
+        }
+        let guard = ticket.into_guard();
+        let token = guard.token();
+        let entry = self.sidecar.0.registry.insert(Grant {
+            guard,
+            keepalive: self.keepalive,
+            stop_margin: self.config.stop_margin,
+            granted: Instant::now(),
+            run: Some(RunInfo {
+                slot,
+                trigger,
+                request,
+                started_ms: self.started_ms,
+                started_at: self.arrival,
+                schedule: self.schedule.clone(),
+            }),
+        });
+        let answer = TickResponse {
+            run: true,
+            task: self.task.to_string(),
+            slot: Some(slot),
+            ..TickResponse::default()
+        };
+        let Ok(valid_for_ms) = entry.valid_for_ms(self.arrival) else {
+            let _ = entry.end(EndReason::Expired).await;
+            return TickResponse {
+                run: false,
+                reason: Some("store-down"),
+                ..answer
+            };
+        };
+        TickResponse {
+            gated: Some(true),
+            trigger: Some(if trigger == RecordTrigger::Manual {
+                "manual"
+            } else {
+                "timer"
+            }),
+            token: Some(token.to_string()),
+            valid_for_ms: Some(valid_for_ms),
+            keepalive_ms: Some(ms(self.keepalive)),
+            ..answer
+        }
+    }
+}
+
+/// Records, in the background, the slots of `task` before `slot` that its history does not
+/// account for.
+fn record_gap(sidecar: &Sidecar, task: &LeaseName, schedule: &Schedule, slot: u64) {
+    let shared = sidecar.0.clone();
+    let (task, schedule) = (task.clone(), schedule.clone());
+    tokio::spawn(async move {
+        let holder = shared.holder.clone();
+        let gap = history::gap_before(&shared.store, &task, &schedule, slot, &holder);
+        match leasehold::store::within(crate::HISTORY_WRITE_LIMIT, gap).await {
+            Ok(Some(record)) => shared.history.record(&task, record),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(task = %task, error = %e, "missed slots not looked for"),
+        }
     });
-    let Ok(valid_for_ms) = entry.valid_for_ms(arrival) else {
-        let _ = entry.end(EndReason::Expired).await;
-        return Ok(Json(answer(false, Some(slot), Some("store-down"))));
-    };
-    Ok(Json(TickResponse {
-        gated: Some(true),
-        token: Some(token.to_string()),
-        valid_for_ms: Some(valid_for_ms),
-        keepalive_ms: Some(ms(keepalive)),
-        ..answer(true, Some(slot), None)
-    }))
 }
 
 #[derive(Deserialize)]

@@ -38,6 +38,8 @@ pub struct Faults {
     pub refuse: AtomicBool,
     /// `members` answers `Unsupported`, as from a store that keeps no membership.
     pub members_unsupported: AtomicBool,
+    /// The store declares no catalog, as one from before it.
+    pub catalog_unsupported: AtomicBool,
     /// Renewals hang forever.
     pub renew_hangs: AtomicBool,
     /// Renewals answer `Lost`.
@@ -215,10 +217,13 @@ impl<S: Store> Layer for FaultyStore<S> {
     }
 
     fn capabilities_offered(&self) -> Capabilities {
-        let all = self.inner.capabilities();
-        match self.faults.members_unsupported.load(Ordering::SeqCst) {
-            true => all.without(Capabilities::MEMBERSHIP),
-            false => all,
+        let mut all = self.inner.capabilities();
+        if self.faults.members_unsupported.load(Ordering::SeqCst) {
+            all = all.without(Capabilities::MEMBERSHIP);
         }
+        if self.faults.catalog_unsupported.load(Ordering::SeqCst) {
+            all = all.without(Capabilities::CATALOG);
+        }
+        all
     }
 }

@@ -21,6 +21,7 @@ mod metered;
 mod metrics_help;
 mod name;
 mod notify;
+pub mod overview;
 mod schedule;
 mod scheduler;
 mod session;

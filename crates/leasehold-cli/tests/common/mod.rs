@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+pub mod sidecar;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
 /// A `leasehold run` process, killed when dropped.

@@ -1,0 +1,161 @@
+//! `leasehold pause`, `resume` and `trigger`: fleet-wide control of a task through the store
+//! (`leasehold::fleet::Fleet`), the same records the sidecar's HTTP API and the library act on.
+
+use std::time::Duration;
+
+use clap::Args;
+use leasehold::fleet::{Fleet, FleetError};
+use leasehold::history::RunOutcome;
+use leasehold::{BoxStore, LeaseName};
+
+use crate::output::outln;
+use crate::{
+    EXIT_BUSY, EXIT_NO_INSTANCE, EXIT_NOT_ENDED, EXIT_REFUSED, EXIT_UNKNOWN_TASK, Failure,
+};
+use crate::{duration_arg, history};
+
+#[derive(Args)]
+pub struct PauseArgs {
+    /// Store URL [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
+    #[arg(long)]
+    store: Option<String>,
+    /// The task: a library task's name, the sidecar's {task}, or the --lease of `leasehold run`.
+    name: String,
+    /// Why (shown by `leasehold status` and `history`, and recorded with each paused slot).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who pauses (default: $USER@HOST).
+    #[arg(long)]
+    by: Option<String>,
+}
+
+#[derive(Args)]
+pub struct ResumeArgs {
+    /// Store URL [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
+    #[arg(long)]
+    store: Option<String>,
+    /// The task (as for pause).
+    name: String,
+}
+
+#[derive(Args)]
+pub struct TriggerArgs {
+    /// Store URL [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
+    #[arg(long)]
+    store: Option<String>,
+    /// The task (as for pause).
+    name: String,
+    /// Who asks (default: $USER@HOST).
+    #[arg(long)]
+    by: Option<String>,
+    /// Wait for the run to end (at most DURATION, given as `--wait=DURATION`, default 10m) and
+    /// print its outcome; exit 0 if it succeeded, 1 if not, 124 if it did not end in time.
+    // `require_equals`: a bare `--wait` followed by the task's name must not take the name for
+    // a duration.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "10m", value_parser = duration_arg)]
+    wait: Option<Duration>,
+}
+
+/// The exit status and message of a fleet operation that failed.
+pub fn failure(error: FleetError) -> Failure {
+    let code = match &error {
+        FleetError::UnknownTask(_) => EXIT_UNKNOWN_TASK,
+        FleetError::NoInstance(_) => EXIT_NO_INSTANCE,
+        FleetError::NoCatalog(_) => EXIT_REFUSED,
+        FleetError::NotEnded { .. } => EXIT_NOT_ENDED,
+        FleetError::Contended(_) => EXIT_BUSY,
+        FleetError::Store(e) => {
+            let transient = e.is_transient();
+            return Failure::store(anyhow::Error::new(error), transient);
+        }
+        _ => 1,
+    };
+    Failure::with_code(code, error)
+}
+
+async fn open(store: Option<String>, name: &str) -> Result<(Fleet<BoxStore>, LeaseName), Failure> {
+    let name = LeaseName::new(name).map_err(Failure::usage)?;
+    Ok((Fleet::new(history::open(store).await?), name))
+}
+
+/// `$USER@HOST`, for who paused or asked.
+fn operator(by: Option<String>) -> String {
+    by.unwrap_or_else(|| {
+        let user = std::env::var("USER").unwrap_or_else(|_| "cli".to_owned());
+        format!(
+            "{user}@{}",
+            leasehold::catalog::InstanceInfo::current().host
+        )
+    })
+}
+
+pub async fn pause(args: PauseArgs) -> Result<u8, Failure> {
+    let (fleet, name) = open(args.store, &args.name).await?;
+    let by = operator(args.by);
+    let task = fleet.task(&name).await.map_err(failure)?.name;
+    let pause = fleet
+        .pause(&task, &by, args.reason.as_deref())
+        .await
+        .map_err(failure)?;
+    let reason = pause
+        .reason
+        .as_deref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default();
+    let already = if pause.by == by { "" } else { "already " };
+    outln!(
+        "{task} is {already}paused (by {} at {}{reason}); its slots are recorded as paused until `leasehold resume {}`",
+        pause.by,
+        history::time(pause.at_ms),
+        args.name,
+    )?;
+    Ok(0)
+}
+
+pub async fn resume(args: ResumeArgs) -> Result<u8, Failure> {
+    let (fleet, name) = open(args.store, &args.name).await?;
+    let task = fleet.task(&name).await.map_err(failure)?.name;
+    match fleet.resume(&task).await.map_err(failure)? {
+        true => outln!("{task} resumed: its next slot runs")?,
+        false => outln!("{task} was not paused")?,
+    }
+    Ok(0)
+}
+
+pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
+    let (fleet, name) = open(args.store, &args.name).await?;
+    let by = operator(args.by);
+    let task = fleet.task(&name).await.map_err(failure)?.name;
+    let request = fleet.trigger(&task, &by).await.map_err(failure)?;
+    outln!(
+        "{task}: run {} asked for by {} (an instance takes it within a third of its ttl; it lapses at {})",
+        request.id,
+        request.by,
+        history::time(request.expires_ms),
+    )?;
+    let Some(limit) = args.wait else {
+        return Ok(0);
+    };
+    let run = fleet
+        .wait_for_run(&task, &request, limit)
+        .await
+        .map_err(failure)?;
+    let took = run
+        .duration()
+        .map(|d| format!(" in {d:.1?}"))
+        .unwrap_or_default();
+    let token = run
+        .token
+        .map(|t| format!(", token {t}"))
+        .unwrap_or_default();
+    outln!(
+        "{task}: run {} ended {}{took} (holder {}{token})",
+        request.id,
+        history::outcome(&run),
+        run.holder
+    )?;
+    Ok(match run.outcome {
+        RunOutcome::Ok => 0,
+        _ => 1,
+    })
+}

@@ -1,0 +1,337 @@
+//! `leasehold status`, `pause`, `resume` and `trigger` as an operator uses them, on every store
+//! (etcd: one of the test's own): a `leasehold run --every` task on two instances, and a task
+//! an application ticks through a real `leasehold serve` sidecar. A pause stops runs and
+//! records the paused slots, a resume lets them run again, a trigger runs once on one
+//! instance; unknown tasks and tasks nobody runs exit with their documented statuses.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::sidecar::Sidecar;
+use common::*;
+use leasehold_testkit::free_port;
+use serde_json::{Value, json};
+
+/// `leasehold ARGS` to the end.
+fn leasehold(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run leasehold")
+}
+
+/// `leasehold ARGS --json` parsed, which must succeed.
+fn json_of(args: &[&str]) -> Value {
+    let out = leasehold(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// `status --store URL --json`'s entry for `task` once `check` holds for it (at most 20 s).
+fn task_when(url: &str, task: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = json_of(&["status", "--store", url, "--json"]);
+        let found = status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == task)
+            .cloned();
+        if let Some(t) = found.filter(|t| check(t)) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{task}: {what}: {status}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn history(url: &str, task: &str) -> Vec<Value> {
+    json_of(&["history", "--store", url, task, "--json", "--limit", "100"])["runs"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn two_live(task: &Value) -> bool {
+    let instances = task["instances"].as_array().unwrap();
+    instances.iter().filter(|i| i["live"] == true).count() == 2
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), free_port())
+}
+
+/// Two `leasehold run --every 1s` instances: status lists the task with both and its group's
+/// leader; pause stops the runs and records the paused slots; resume and trigger --wait run
+/// it again, the manual run once, on one instance.
+fn run_task(url: &str) {
+    let dir = temp_dir();
+    let ledger = ledger_in(dir.path());
+    let lease = unique("ctl");
+    let task = format!("{lease}:run");
+    let args = [
+        "--store", url, "--lease", &lease, "--every", "1s", "--ttl", "3s",
+    ];
+    let instances: Vec<Instance> = ["i1", "i2"]
+        .iter()
+        .map(|name| Instance::start(name, &args, &ledger, "20ms", dir.path()))
+        .collect();
+    let listed = task_when(url, &task, "two live instances", two_live);
+    assert_eq!(listed["definition"]["source"], "run", "{listed}");
+    assert_eq!(listed["definition"]["leader_group"], lease.as_str());
+    let status = json_of(&["status", "--store", url, "--json"]);
+    let group = status["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == lease.as_str())
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        ["i1", "i2"].contains(&group["leader"].as_str().unwrap_or("")),
+        "{group}"
+    );
+
+    let paused = leasehold(&[
+        "pause", "--store", url, &lease, "--reason", "freeze", "--by", "ops",
+    ]);
+    assert_eq!(
+        code(&paused),
+        0,
+        "{}",
+        String::from_utf8_lossy(&paused.stderr)
+    );
+    let pause_at = task_when(url, &task, "paused", |t| t["state"] == "paused")["paused"]["at_ms"]
+        .as_u64()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    let records = history(url, &task);
+    let paused_slots = records
+        .iter()
+        .filter(|r| r["paused"]["by"] == "ops")
+        .count();
+    assert!(paused_slots >= 2, "{records:?}");
+    let resumed = leasehold(&["resume", "--store", url, &lease]);
+    assert_eq!(code(&resumed), 0);
+    let resumed_at = pause_at + 3500;
+    let ran_while_paused: Vec<_> = read_ledger(&ledger)
+        .into_iter()
+        .filter(|r| {
+            r.slot
+                .is_some_and(|s| s > pause_at + 1000 && s < resumed_at)
+        })
+        .collect();
+    assert!(ran_while_paused.is_empty(), "{ran_while_paused:?}");
+
+    let triggered = leasehold(&[
+        "trigger",
+        "--store",
+        url,
+        &lease,
+        "--by",
+        "ops",
+        "--wait=30s",
+    ]);
+    let stdout = String::from_utf8_lossy(&triggered.stdout);
+    assert_eq!(
+        code(&triggered),
+        0,
+        "{stdout} {}",
+        String::from_utf8_lossy(&triggered.stderr)
+    );
+    assert!(stdout.contains("ended ok"), "{stdout}");
+    std::thread::sleep(Duration::from_millis(2000));
+    for i in instances {
+        assert_eq!(i.stop(Duration::from_secs(10)), 0);
+    }
+    let runs = read_ledger(&ledger);
+    let manual: Vec<_> = runs.iter().filter(|r| r.trigger == "manual").collect();
+    assert_eq!(manual.len(), 1, "{runs:?}");
+    assert!(
+        ["i1", "i2"].contains(&manual[0].holder.as_str()),
+        "{manual:?}"
+    );
+    assert!(
+        runs.iter()
+            .any(|r| r.trigger == "timer" && r.start_ms > manual[0].end_ms),
+        "timer runs go on after the resume: {runs:?}"
+    );
+    let records = history(url, &task);
+    let manual: Vec<_> = records
+        .iter()
+        .filter(|r| r["trigger"] == "manual")
+        .collect();
+    assert_eq!(manual.len(), 1, "{records:?}");
+    assert_eq!(manual[0]["request"]["by"], "ops");
+
+    // The instances stopped (the task stays listed: it was paused once): nobody would take it.
+    assert_eq!(code(&leasehold(&["trigger", "--store", url, &lease])), 68);
+    assert_eq!(
+        code(&leasehold(&["pause", "--store", url, "no-such-task"])),
+        66
+    );
+    assert_eq!(
+        code(&leasehold(&["trigger", "--store", url, "no-such-task"])),
+        66
+    );
+}
+
+fn tick(sidecar: &Sidecar, task: &str) -> Value {
+    let (status, answer) = sidecar.post(
+        &format!("/v1/tasks/{task}/ticks"),
+        json!({"every_ms": 1000, "ttl_ms": 3000}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+fn done(sidecar: &Sidecar, task: &str, granted: &Value) {
+    let slot = granted["slot"].as_u64().unwrap();
+    let (status, answer) = sidecar.post(
+        &format!("/v1/tasks/{task}/ticks/{slot}/done"),
+        json!({"token": granted["token"], "outcome": "ok"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// A task two real sidecars tick: listed by status with both, paused (their ticks answer
+/// paused, the slot is recorded), resumed, and triggered (exactly one of their next ticks
+/// answers a manual run).
+fn sidecar_task(url: &str) {
+    let sidecars = [Sidecar::start(url, "side-a"), Sidecar::start(url, "side-b")];
+    let task = unique("side");
+    // Both tick each round, as replicas' timers fire together; granted runs end at once.
+    let round = || -> Vec<Value> {
+        let answers: Vec<Value> = sidecars.iter().map(|s| tick(s, &task)).collect();
+        for (sidecar, answer) in sidecars.iter().zip(&answers) {
+            if answer["run"] == true {
+                done(sidecar, &task, answer);
+            }
+        }
+        answers
+    };
+    let first = round();
+    let ran: Vec<&Value> = first
+        .iter()
+        .filter(|a| a["run"] == true)
+        .map(|a| &a["slot"])
+        .collect();
+    // Two runs only for two slots: a second began between the two ticks.
+    assert!(
+        !ran.is_empty() && (ran.len() == 1 || ran[0] != ran[1]),
+        "{first:?}"
+    );
+    let listed = task_when(url, &task, "registered by both sidecars", two_live);
+    assert_eq!(listed["definition"]["source"], "sidecar", "{listed}");
+    assert_eq!(listed["definition"]["schedule"], "every 1s");
+
+    assert_eq!(
+        code(&leasehold(&["pause", "--store", url, &task, "--by", "ops"])),
+        0
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let paused = round();
+    assert!(paused.iter().all(|a| a["reason"] == "paused"), "{paused:?}");
+    assert_eq!(code(&leasehold(&["resume", "--store", url, &task])), 0);
+    let out = leasehold(&["trigger", "--store", url, &task, "--by", "ops"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let triggered = round();
+    let manual = triggered
+        .iter()
+        .filter(|a| a["trigger"] == "manual")
+        .count();
+    assert_eq!(manual, 1, "one manual run, on one instance: {triggered:?}");
+    let after = round();
+    assert!(
+        after.iter().all(|a| a["trigger"] != "manual"),
+        "taken once: {after:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let records = history(url, &task);
+    assert_eq!(
+        records.iter().filter(|r| r["trigger"] == "manual").count(),
+        1,
+        "{records:?}"
+    );
+    assert!(
+        records.iter().any(|r| r["paused"]["by"] == "ops"),
+        "{records:?}"
+    );
+}
+
+fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite:{}", path_str(&dir.path().join("leases.db")))
+}
+
+fn env_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+#[test]
+fn sqlite_run_task_is_paused_resumed_and_triggered() {
+    let dir = temp_dir();
+    run_task(&sqlite_url(&dir));
+}
+
+#[test]
+fn sqlite_sidecar_task_is_paused_resumed_and_triggered() {
+    let dir = temp_dir();
+    sidecar_task(&sqlite_url(&dir));
+}
+
+#[test]
+fn redis_run_task_is_paused_resumed_and_triggered() {
+    run_task(&env_url(
+        "LEASEHOLD_TEST_REDIS_URL",
+        "redis://127.0.0.1:6379",
+    ));
+}
+
+#[test]
+fn redis_sidecar_task_is_paused_resumed_and_triggered() {
+    sidecar_task(&env_url(
+        "LEASEHOLD_TEST_REDIS_URL",
+        "redis://127.0.0.1:6379",
+    ));
+}
+
+const POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+#[test]
+fn postgres_run_task_is_paused_resumed_and_triggered() {
+    run_task(&env_url("LEASEHOLD_TEST_POSTGRES_URL", POSTGRES));
+}
+
+#[test]
+fn postgres_sidecar_task_is_paused_resumed_and_triggered() {
+    sidecar_task(&env_url("LEASEHOLD_TEST_POSTGRES_URL", POSTGRES));
+}
+
+const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
+
+#[test]
+fn mysql_run_task_is_paused_resumed_and_triggered() {
+    run_task(&env_url("LEASEHOLD_TEST_MYSQL_URL", MYSQL));
+}
+
+#[test]
+fn mysql_sidecar_task_is_paused_resumed_and_triggered() {
+    sidecar_task(&env_url("LEASEHOLD_TEST_MYSQL_URL", MYSQL));
+}
+
+#[test]
+fn etcd_run_and_sidecar_tasks_are_paused_resumed_and_triggered() {
+    let etcd = leasehold_etcd::testing::EtcdCluster::start(1);
+    run_task(&etcd.url());
+    sidecar_task(&etcd.url());
+}

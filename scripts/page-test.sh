@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The sidecar's live page in a real browser: tests/page/page.test.mjs drives Debian's chromium
+# with playwright-core (npm ci from the committed lockfile into tests/page/node_modules; the
+# browser comes from apt, installed here when missing; playwright downloads none). Screenshots
+# of each state go to target/page-test/. Usage: scripts/page-test.sh [LEASEHOLD_BIN]; the binary
+# defaults to $LEASEHOLD_BIN, else target/debug/leasehold. About 40 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}"
+if [ ! -x "$bin" ]; then
+  echo "page-test: no leasehold binary at $bin (cargo build -p leasehold-cli --bin leasehold)" >&2
+  exit 1
+fi
+chromium="${CHROMIUM:-$(command -v chromium || true)}"
+if [ -z "$chromium" ]; then
+  echo "page-test: installing Debian's chromium"
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  chromium=$(command -v chromium)
+fi
+command -v node >/dev/null || { echo "page-test: node is not on PATH" >&2; exit 1; }
+export CHROMIUM="$chromium" LEASEHOLD_BIN PAGE_TEST_OUT
+LEASEHOLD_BIN=$(realpath "$bin")
+PAGE_TEST_OUT=$(realpath -m target/page-test)
+echo "== the sidecar's page in $("$chromium" --version 2>/dev/null || echo chromium)"
+cd tests/page
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefer-offline --no-audit --no-fund --loglevel=error
+node page.test.mjs
