@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: stores, formatting, lints, unit/integration/doc tests, the short chaos run,
-# the sidecar's API fuzzing, the Node client and NestJS example against real sidecars, and the
-# sidecar's page in a real browser.
+# The whole test suite: stores, formatting, lints, packaging, the sidecar API's compatibility with
+# the previous release, unit/integration/doc tests (the version-skew test among them), the short
+# chaos run, the sidecar's API fuzzing, the Node client and NestJS example against real sidecars,
+# and the sidecar's page in a real browser.
 # This is the command the README gives and CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,14 @@ cargo package --workspace --exclude leasehold-testkit --exclude leasehold-exampl
   --no-verify --allow-dirty --locked --quiet
 echo "== cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
+echo "== sidecar HTTP API: only additive changes since the previous release (openapi.json)"
+python3 scripts/openapi-compat.py --self-test
+python3 scripts/openapi-compat.py
+echo "== the previous release's leasehold, for the version-skew test (tests/skew.rs)"
+# Built before the tests, into this target directory (its dependencies are mostly shared):
+# the next cargo build links this release's binary back in place.
+LEASEHOLD_PREVIOUS_RELEASE=$(bash scripts/previous-release.sh)
+export LEASEHOLD_PREVIOUS_RELEASE
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-features --locked --no-fail-fast

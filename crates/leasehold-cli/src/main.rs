@@ -35,8 +35,17 @@ pub const EXIT_USAGE: u8 = 2;
 /// scripts disabled): retrying cannot fix it, so `run` gives up (sysexits' EX_CONFIG).
 pub const EXIT_REFUSED: u8 = 78;
 
+/// `leasehold --version`: the release and the commit it was built from (`unknown` when the
+/// source had no git metadata; see build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LEASEHOLD_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
-#[command(name = "leasehold", version, about = "Run any command as a single-active job across machines", long_about = None)]
+#[command(name = "leasehold", version = VERSION, about = "Run any command as a single-active job across machines", long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -30,6 +30,16 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+    /// The keys are in use by a newer release that does not let this one write to them
+    /// (`PREFIX meta/min_writer`, see [`leasehold::skew`]). Nothing was written.
+    #[error("{endpoints}")]
+    TooOld {
+        /// The parsed URL, without the password.
+        endpoints: String,
+        /// The release the keys need.
+        #[source]
+        source: leasehold::skew::TooOld,
+    },
 }
 
 impl Error {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use leasehold::catalog::{
     ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
 };
+use leasehold::skew;
 use leasehold::store::Operation as Op;
 use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
@@ -29,6 +30,10 @@ use crate::wire::{
     KeyValue, RangeResponse, TxnResponse, absent, delete, delete_range, get, get_prefixed,
     modified_at, nested, prefix_end, put, txn, value_is, version_is,
 };
+
+/// The keys' schema version (`PREFIX meta/schema_version`): 1 was release 0.1.0's keys, 2 added
+/// the catalog's and the meta keys.
+pub(crate) const KEYS_VERSION: i64 = 2;
 
 /// How often an acquire re-reads a record that changed under it before giving up.
 const MAX_ACQUIRE_ATTEMPTS: usize = 16;
@@ -57,6 +62,9 @@ struct Inner {
     releases: Option<ReleaseFeed>,
     /// Per lease key: the revision this process last saw and when it first saw it.
     observed: Arc<Observations>,
+    /// Whether this release may write to the keys, once a member has said (see
+    /// [`Inner::check_release`]).
+    release: tokio::sync::OnceCell<std::result::Result<(), skew::TooOld>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -107,6 +115,17 @@ impl EtcdStore {
             Err(_) => return Err(failed(StoreError::Timeout(op_timeout))),
             Ok(Err(e)) => return Err(failed(e.into_store_error("connect"))),
             Ok(Ok(_)) => {}
+        }
+        match tokio::time::timeout(op_timeout, inner.check_release()).await {
+            Err(_) => return Err(failed(StoreError::Timeout(op_timeout))),
+            Ok(Err(e)) => return Err(failed(e)),
+            Ok(Ok(Err(source))) => {
+                return Err(Error::TooOld {
+                    endpoints: inner.described.clone(),
+                    source,
+                });
+            }
+            Ok(Ok(Ok(()))) => {}
         }
         let store = Self::watching(inner, &config);
         if let Some(releases) = &store.inner.releases {
@@ -196,6 +215,7 @@ impl EtcdStore {
     }
 
     async fn txn(&self, op: Op<'_>, request: serde_json::Value) -> StoreResult<TxnResponse> {
+        self.inner.may_write(op).await?;
         self.inner
             .gateway
             .call("/v3/kv/txn", &request)
@@ -204,6 +224,7 @@ impl EtcdStore {
     }
 
     async fn range(&self, op: Op<'_>, request: serde_json::Value) -> StoreResult<RangeResponse> {
+        self.inner.may_write(op).await?;
         self.inner
             .gateway
             .call("/v3/kv/range", &request)
@@ -1034,7 +1055,87 @@ impl Inner {
             described: config.describe(),
             releases: None,
             observed: Arc::default(),
+            release: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The keys that record their schema version and the oldest release that may still write
+    /// to them: `PREFIX meta/schema_version`, `PREFIX meta/min_writer` (see [`leasehold::skew`]).
+    fn meta_key(&self, what: &str) -> Vec<u8> {
+        format!("{}meta/{what}", self.prefix).into_bytes()
+    }
+
+    /// Whether this release may write to the keys, asked of a member once per store (before
+    /// its first operation; a failure to ask is not remembered). Where it may, records this
+    /// release's schema version and oldest writer where they are missing or lower, each by a
+    /// compare on the revision read, so a concurrent writer's record is never overwritten.
+    async fn check_release(&self) -> StoreResult<std::result::Result<(), skew::TooOld>> {
+        let verdict = self
+            .release
+            .get_or_try_init(|| async {
+                let op = Op::new("release check", None);
+                let (version_key, writer_key) = (
+                    self.meta_key(skew::SCHEMA_VERSION_KEY),
+                    self.meta_key(skew::MIN_WRITER_KEY),
+                );
+                let read = txn(vec![], vec![get(&version_key), get(&writer_key)], vec![]);
+                let answer: TxnResponse = self
+                    .gateway
+                    .call("/v3/kv/txn", &read)
+                    .await
+                    .map_err(|e: RequestError| e.into_store_error(op))?;
+                let found = |i: usize| -> StoreResult<Option<(String, u64)>> {
+                    let Some(kv) = answer.range(i).and_then(|r| r.kvs.first()) else {
+                        return Ok(None);
+                    };
+                    let bytes = unb64(&kv.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    Ok(Some((
+                        String::from_utf8_lossy(&bytes).into_owned(),
+                        kv.mod_revision,
+                    )))
+                };
+                let (version, min_writer) = (found(0)?, found(1)?);
+                if let Some((recorded, _)) = &min_writer
+                    && let Err(too_old) = skew::check_writer(recorded)
+                {
+                    return Ok(Err(too_old));
+                }
+                let (mut compare, mut writes) = (Vec::new(), Vec::new());
+                let was = |key: &[u8], found: &Option<(String, u64)>| match found {
+                    Some((_, revision)) => modified_at(key, *revision),
+                    None => absent(key),
+                };
+                let version_behind = version
+                    .as_ref()
+                    .and_then(|(v, _)| v.parse::<i64>().ok())
+                    .is_none_or(|v| v < KEYS_VERSION);
+                if version_behind {
+                    compare.push(was(&version_key, &version));
+                    writes.push(put(&version_key, KEYS_VERSION.to_string().as_bytes()));
+                }
+                if let Some(raised) =
+                    skew::raised_min_writer(min_writer.as_ref().map(|(v, _)| v.as_str()))
+                {
+                    compare.push(was(&writer_key, &min_writer));
+                    writes.push(put(&writer_key, raised.as_bytes()));
+                }
+                if !writes.is_empty() {
+                    self.gateway
+                        .call::<TxnResponse>("/v3/kv/txn", &txn(compare, writes, vec![]))
+                        .await
+                        .map_err(|e: RequestError| e.into_store_error(op))?;
+                }
+                Ok(Ok(()))
+            })
+            .await?;
+        Ok(verdict.clone())
+    }
+
+    /// [`check_release`](Self::check_release) as an operation's error.
+    async fn may_write(&self, op: Op<'_>) -> StoreResult<()> {
+        self.check_release()
+            .await?
+            .map_err(|too_old| StoreError::rejected(format!("{op}: {too_old}"), too_old))
     }
 
     /// What `inspect` answers for the lease record `kv` of `name` at `key`.

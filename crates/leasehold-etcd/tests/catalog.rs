@@ -11,12 +11,12 @@ use leasehold::{Catalog, HolderId, LeaseName, Store, store::Acquisition};
 use leasehold_etcd::EtcdStore;
 
 /// The keys under `prefix` (text up to the first NUL, which etcdctl cannot take), as etcdctl
-/// lists them, NULs shown as `\0`.
+/// lists them, NULs shown as `\0`; the store's release record (`meta/`) left out.
 fn keys(prefix: &str) -> Vec<String> {
     common::shared_cluster()
         .etcdctl(None, &["get", "--prefix", "--keys-only", prefix])
         .lines()
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.is_empty() && !l.starts_with(&format!("{prefix}meta/")))
         .map(|l| l.replace('\0', "\\0"))
         .collect()
 }

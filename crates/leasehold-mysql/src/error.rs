@@ -46,6 +46,16 @@ pub enum Error {
         /// What is wrong, naming the table.
         problem: String,
     },
+    /// The tables are in use by a newer release that does not let this one write to them
+    /// (row 3 of `{prefix}schema`, see [`leasehold::skew`]). Nothing was written.
+    #[error("{url}")]
+    TooOld {
+        /// The server, as [`MySqlConfig::describe`](crate::MySqlConfig::describe) shows it.
+        url: String,
+        /// The release the tables need.
+        #[source]
+        source: leasehold::skew::TooOld,
+    },
     /// Creating the tables failed (for example: no permission to create tables).
     #[error("could not create the lease tables on {url}")]
     Migrate {

@@ -1,5 +1,6 @@
 //! The tables, the SQL of every operation, and the migration that checks and creates the tables.
 
+use leasehold::skew;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
@@ -12,6 +13,10 @@ use mysql_async::{Conn, Row};
 /// (tables, nullable columns) raises row 2 alone, so the builds before it keep working beside
 /// it; one that changes or removes what an older build relies on raises row 1 as well (expand,
 /// then contract). Tables of version 1 have row 1 only.
+///
+/// Row 3 is the oldest *release* that may still write to the tables, as
+/// [`Version::number`](leasehold::skew::Version::number) (see [`leasehold::skew`]): a release
+/// below it refuses the tables before writing anything. Raised, never lowered.
 pub const SCHEMA_VERSION: i64 = 2;
 
 /// The oldest schema version whose builds can use the tables this build creates: version 2
@@ -435,6 +440,8 @@ pub(crate) enum MigrateError {
     Sql(mysql_async::Error),
     /// The tables cannot be used as they are; nothing was written.
     Shape(String),
+    /// The tables need a newer release; nothing was written.
+    TooOld(leasehold::skew::TooOld),
 }
 
 impl From<mysql_async::Error> for MigrateError {
@@ -541,13 +548,14 @@ pub(crate) async fn migrate(
     }
     let schema_table = &names[SHAPES.len() - 1];
     // Row 1: the oldest version that can use the tables; row 2: the version they are at
-    // (tables of version 1 have row 1 only, which then says both).
-    let (oldest_user, at) = if missing.contains(&schema_table.as_str()) {
-        (None, None)
+    // (tables of version 1 have row 1 only, which then says both); row 3: the oldest release
+    // that may write.
+    let (oldest_user, at, min_writer) = if missing.contains(&schema_table.as_str()) {
+        (None, None, None)
     } else {
         let rows: Vec<Row> = conn
             .exec(
-                format!("SELECT id, version FROM `{schema_table}` WHERE id IN (1, 2)"),
+                format!("SELECT id, version FROM `{schema_table}` WHERE id IN (1, 2, 3)"),
                 (),
             )
             .await?;
@@ -558,8 +566,14 @@ pub(crate) async fn migrate(
                 .and_then(Result::ok)
         };
         let oldest_user = row_of(1);
-        (oldest_user, row_of(2).or(oldest_user))
+        (oldest_user, row_of(2).or(oldest_user), row_of(3))
     };
+    let min_writer = min_writer.map(|n| skew::Version::from_number(n.unsigned_abs()));
+    if let Some(min_writer) = min_writer {
+        skew::check_writer(&min_writer.to_string()).map_err(MigrateError::TooOld)?;
+    }
+    let ours = skew::Version::parse(skew::OLDEST_WRITER).map_or(0, skew::Version::number);
+    let writer_recorded = min_writer.is_some_and(|v| v.number() >= ours);
     if let Some(oldest) = oldest_user
         && oldest > SCHEMA_VERSION
     {
@@ -569,7 +583,7 @@ pub(crate) async fn migrate(
         )));
     }
     let current = oldest_user.is_some() && at.is_some_and(|v| v >= SCHEMA_VERSION);
-    if missing.is_empty() && current {
+    if missing.is_empty() && current && (writer_recorded || !create) {
         return Ok(());
     }
     if !create {
@@ -586,15 +600,17 @@ pub(crate) async fn migrate(
     }
     // Idempotent: instances starting at once each run these; the server serializes DDL on a
     // table name, and GREATEST keeps a newer build's numbers.
-    for create in &sql.create_tables {
-        conn.query_drop(create.as_str()).await?;
+    if !missing.is_empty() || !current {
+        for create in &sql.create_tables {
+            conn.query_drop(create.as_str()).await?;
+        }
     }
     conn.exec_drop(
         format!(
-            "INSERT INTO `{schema_table}` (id, version) VALUES (1, ?), (2, ?)
+            "INSERT INTO `{schema_table}` (id, version) VALUES (1, ?), (2, ?), (3, ?)
 ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))"
         ),
-        (OLDEST_USER, SCHEMA_VERSION),
+        (OLDEST_USER, SCHEMA_VERSION, ours),
     )
     .await?;
     Ok(())

@@ -609,6 +609,12 @@ async fn set_up(pool: &Pool, config: &MySqlConfig, url: &str, sql: &Statements) 
                     problem,
                 });
             }
+            Err(MigrateError::TooOld(source)) => {
+                return Err(Error::TooOld {
+                    url: url.to_owned(),
+                    source,
+                });
+            }
             Err(MigrateError::Sql(e)) => {
                 return Err(Error::Migrate {
                     url: url.to_owned(),

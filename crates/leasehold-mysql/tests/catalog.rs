@@ -173,7 +173,10 @@ async fn version_1_tables_gain_the_catalog_and_nothing_else() {
     .map(|t| format!("{prefix}{t}"))
     .collect();
     assert_eq!(tables, expected);
-    assert_eq!(schema_rows(&mut admin, &prefix).await, vec![(1, 1), (2, 2)]);
+    assert_eq!(
+        schema_rows(&mut admin, &prefix).await,
+        vec![(1, 1), (2, 2), (3, 1000)]
+    );
 
     let (task, me) = (
         LeaseName::new("new-task").unwrap(),
@@ -208,7 +211,10 @@ async fn version_1_tables_gain_the_catalog_and_nothing_else() {
         .await
         .unwrap();
     assert_eq!(columns(&mut admin, &prefix).await, after);
-    assert_eq!(schema_rows(&mut admin, &prefix).await, vec![(1, 1), (2, 2)]);
+    assert_eq!(
+        schema_rows(&mut admin, &prefix).await,
+        vec![(1, 1), (2, 2), (3, 1000)]
+    );
     assert_eq!(
         again.control(&task).await.unwrap().control.unwrap().version,
         1
@@ -239,7 +245,10 @@ async fn a_later_version_that_only_adds_is_used_and_left_alone() {
     store.register(&registration(&task, &me)).await.unwrap();
     assert_eq!(store.set_control(&task, None, "{}").await.unwrap(), Some(1));
     assert_eq!(store.tasks(CATALOG_RETENTION).await.unwrap().len(), 1);
-    assert_eq!(schema_rows(&mut admin, &prefix).await, vec![(1, 1), (2, 3)]);
+    assert_eq!(
+        schema_rows(&mut admin, &prefix).await,
+        vec![(1, 1), (2, 3), (3, 1000)]
+    );
     assert_eq!(columns(&mut admin, &prefix).await, columns_then);
     drop(store);
 
@@ -260,7 +269,10 @@ async fn a_later_version_that_only_adds_is_used_and_left_alone() {
         line.contains("need a build of version 3") && line.contains("upgrade leasehold"),
         "{line}"
     );
-    assert_eq!(schema_rows(&mut admin, &prefix).await, vec![(1, 3), (2, 3)]);
+    assert_eq!(
+        schema_rows(&mut admin, &prefix).await,
+        vec![(1, 3), (2, 3), (3, 1000)]
+    );
     common::drop_prefix(&prefix).await;
 }
 

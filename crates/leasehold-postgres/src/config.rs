@@ -23,6 +23,9 @@ pub const DEFAULT_MEMBERS_TABLE: &str = "members";
 pub const DEFAULT_TASKS_TABLE: &str = "tasks";
 /// Default name of the catalog's instance table (each instance's registration of a task).
 pub const DEFAULT_INSTANCES_TABLE: &str = "task_instances";
+/// Default name of the table that records the schema version and the oldest release that may
+/// still write to the tables (see [`leasehold::skew`]).
+pub const DEFAULT_META_TABLE: &str = "meta";
 /// Default name of the fence table (see [`Fence`](crate::Fence)).
 pub const DEFAULT_FENCE_TABLE: &str = "fences";
 /// Default time limit of one store operation.
@@ -66,6 +69,10 @@ pub struct PgConfig {
     /// timestamptz, PRIMARY KEY (task, instance)`. Default [`DEFAULT_INSTANCES_TABLE`]
     /// (`task_instances`). A plain identifier.
     pub instances_table: String,
+    /// What the tables record about the releases that use them: `key text PRIMARY KEY, value
+    /// text NOT NULL`, rows `schema_version` and `min_writer` (see [`leasehold::skew`]).
+    /// Default [`DEFAULT_META_TABLE`] (`meta`). A plain identifier.
+    pub meta_table: String,
     /// The LISTEN/NOTIFY channel releases are announced on. Default `None`: `SCHEMA.LEASE_TABLE`
     /// (`leasehold.leases`), so stores on different tables do not wake each other. At most 63
     /// bytes.
@@ -115,6 +122,7 @@ impl PgConfig {
             members_table: DEFAULT_MEMBERS_TABLE.to_owned(),
             tasks_table: DEFAULT_TASKS_TABLE.to_owned(),
             instances_table: DEFAULT_INSTANCES_TABLE.to_owned(),
+            meta_table: DEFAULT_META_TABLE.to_owned(),
             channel: None,
             migrate: true,
             pool_size: 4,
@@ -167,6 +175,12 @@ impl PgConfig {
     /// Sets [`instances_table`](Self::instances_table).
     pub fn instances_table(mut self, table: impl Into<String>) -> Self {
         self.instances_table = table.into();
+        self
+    }
+
+    /// Sets [`meta_table`](Self::meta_table).
+    pub fn meta_table(mut self, table: impl Into<String>) -> Self {
+        self.meta_table = table.into();
         self
     }
 
@@ -236,7 +250,7 @@ impl PgConfig {
     }
 
     /// The store's tables (not the fence's), as configured.
-    pub(crate) fn tables(&self) -> [&str; 6] {
+    pub(crate) fn tables(&self) -> [&str; 7] {
         [
             &self.lease_table,
             &self.slot_table,
@@ -244,6 +258,7 @@ impl PgConfig {
             &self.members_table,
             &self.tasks_table,
             &self.instances_table,
+            &self.meta_table,
         ]
     }
 
@@ -256,6 +271,7 @@ impl PgConfig {
         check_identifier("members_table", &self.members_table)?;
         check_identifier("tasks_table", &self.tasks_table)?;
         check_identifier("instances_table", &self.instances_table)?;
+        check_identifier("meta_table", &self.meta_table)?;
         let tables = self.tables();
         if (1..tables.len()).any(|i| tables[..i].contains(&tables[i])) {
             return Err(Error::Config(
@@ -378,6 +394,7 @@ impl fmt::Debug for PgConfig {
             .field("members_table", &self.members_table)
             .field("tasks_table", &self.tasks_table)
             .field("instances_table", &self.instances_table)
+            .field("meta_table", &self.meta_table)
             .field("channel", &self.channel)
             .field("migrate", &self.migrate)
             .field("pool_size", &self.pool_size)

@@ -55,6 +55,16 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+    /// The tables are in use by a newer release that does not let this one write to them
+    /// (the meta table's `min_writer`, see [`leasehold::skew`]). Nothing was written.
+    #[error("{url}")]
+    TooOld {
+        /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
+        url: String,
+        /// The release the tables need.
+        #[source]
+        source: leasehold::skew::TooOld,
+    },
 }
 
 impl Error {

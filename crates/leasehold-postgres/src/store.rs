@@ -10,6 +10,7 @@ use deadpool_postgres::{
 use leasehold::catalog::{
     ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
 };
+use leasehold::skew;
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
@@ -154,6 +155,11 @@ pub struct Statements {
     /// listener announces them after it reconnects, since notifications sent while it was away
     /// are lost.
     pub recent_releases: String,
+    /// What the tables record about the releases that use them: `(key text, value text)` for
+    /// the `schema_version` and `min_writer` rows (see [`leasehold::skew`]).
+    pub read_meta: String,
+    /// Records a meta row: `$1` key, `$2` value (an insert, or an update of the row).
+    pub write_meta: String,
     /// The migration: creates the schema's tables if missing (run after the schema exists,
     /// under `pg_advisory_xact_lock`).
     pub create_tables: String,
@@ -168,6 +174,7 @@ impl Statements {
         let members = qualified(schema, &config.members_table);
         let tasks = qualified(schema, &config.tasks_table);
         let instances = qualified(schema, &config.instances_table);
+        let meta = qualified(schema, &config.meta_table);
         let ms = "* interval '1 millisecond'";
         Self {
             // Every acquisition is a new tenure, the holder's own included: the token goes up.
@@ -382,6 +389,13 @@ SELECT l.name, l.holder, l.token,
  WHERE holder IS NULL AND expires_at > clock_timestamp() - $1::bigint {ms}
  ORDER BY expires_at DESC LIMIT 1000"
             ),
+            read_meta: format!(
+                "SELECT key, value FROM {meta} WHERE key IN ('schema_version', 'min_writer')"
+            ),
+            write_meta: format!(
+                "INSERT INTO {meta} (key, value) VALUES ($1::text, $2::text)
+  ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+            ),
             create_tables: format!(
                 "CREATE TABLE IF NOT EXISTS {leases} (
   name text PRIMARY KEY,
@@ -418,6 +432,10 @@ CREATE TABLE IF NOT EXISTS {instances} (
   about text NOT NULL,
   expires_at timestamptz NOT NULL,
   PRIMARY KEY (task, instance)
+);
+CREATE TABLE IF NOT EXISTS {meta} (
+  key text PRIMARY KEY,
+  value text NOT NULL
 );"
             ),
         }
@@ -484,6 +502,20 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
             }
             e => connect_err(pool_error(e, op, config.op_timeout)),
         })?;
+    let migrate_err = |e| Error::Migrate {
+        url: url.to_owned(),
+        source: classify(e, Op::new("migration", None), config.op_timeout),
+    };
+    // Before anything is written: a newer release may not let this one write to the tables.
+    let recorded = read_meta(&client, &sql.read_meta)
+        .await
+        .map_err(migrate_err)?;
+    if let Some(min_writer) = recorded.min_writer.as_deref() {
+        skew::check_writer(min_writer).map_err(|source| Error::TooOld {
+            url: url.to_owned(),
+            source,
+        })?;
+    }
     if !config.migrate {
         return Ok(());
     }
@@ -494,10 +526,55 @@ async fn migrate_on(pool: &Pool, config: &PgConfig, url: &str, sql: &Statements)
         &sql.create_tables,
     )
     .await
-    .map_err(|e| Error::Migrate {
-        url: url.to_owned(),
-        source: classify(e, Op::new("migration", None), config.op_timeout),
-    })
+    .map_err(migrate_err)?;
+    let tables_behind = recorded.schema_version.is_none_or(|v| v < TABLES_VERSION);
+    if tables_behind {
+        let version = TABLES_VERSION.to_string();
+        client
+            .execute(&sql.write_meta, &[&skew::SCHEMA_VERSION_KEY, &version])
+            .await
+            .map_err(migrate_err)?;
+    }
+    if let Some(min_writer) = skew::raised_min_writer(recorded.min_writer.as_deref()) {
+        client
+            .execute(&sql.write_meta, &[&skew::MIN_WRITER_KEY, &min_writer])
+            .await
+            .map_err(migrate_err)?;
+    }
+    Ok(())
+}
+
+/// The tables' schema version in the meta table: 1 was release 0.1.0's four tables, 2 added
+/// the catalog's two and the meta table itself.
+pub(crate) const TABLES_VERSION: i64 = 2;
+
+/// What the meta table says; nothing when it does not exist yet (tables of release 0.1.0).
+#[derive(Debug, Default)]
+struct MetaRecord {
+    schema_version: Option<i64>,
+    min_writer: Option<String>,
+}
+
+async fn read_meta(
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> std::result::Result<MetaRecord, tokio_postgres::Error> {
+    let rows = match client.query(sql, &[]).await {
+        Ok(rows) => rows,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            return Ok(MetaRecord::default());
+        }
+        Err(e) => return Err(e),
+    };
+    let mut record = MetaRecord::default();
+    for row in rows {
+        let value: String = row.try_get(1)?;
+        match row.try_get::<_, String>(0)?.as_str() {
+            "schema_version" => record.schema_version = value.parse().ok(),
+            _ => record.min_writer = Some(value),
+        }
+    }
+    Ok(record)
 }
 
 impl PgStore {
@@ -617,6 +694,11 @@ impl PgStore {
                     Ok(()) => {
                         tracing::info!(url = %url, "connected to postgres");
                         ready_tx.send_replace(Readiness::Ready);
+                        return;
+                    }
+                    Err(Error::TooOld { source, .. }) => {
+                        tracing::error!(url = %url, error = %source, "every operation will be refused");
+                        ready_tx.send_replace(Readiness::MigrationRefused(source.to_string()));
                         return;
                     }
                     Err(Error::Migrate { source, .. }) if !source.is_transient() => {

@@ -85,7 +85,8 @@ async fn least_privileged_role_runs_everything_with_migration_on() {
                    TO \"{role}\";
              GRANT SELECT, INSERT, UPDATE, DELETE ON \"{schema}\".leases,
                    \"{schema}\".history, \"{schema}\".members, \"{schema}\".tasks,
-                   \"{schema}\".task_instances TO \"{role}\";"
+                   \"{schema}\".task_instances TO \"{role}\";
+             GRANT SELECT ON \"{schema}\".meta TO \"{role}\";"
         ))
         .await
         .unwrap();

@@ -31,6 +31,17 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+    /// The keys are in use by a newer release that does not let this one write to them
+    /// (the `{#meta}:release` hash's `min_writer`, see [`leasehold::skew`]). Nothing was
+    /// written.
+    #[error("{url}")]
+    TooOld {
+        /// The URL, password removed.
+        url: String,
+        /// The release the keys need.
+        #[source]
+        source: leasehold::skew::TooOld,
+    },
 }
 
 impl Error {

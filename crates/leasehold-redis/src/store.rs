@@ -8,6 +8,7 @@ use std::time::Duration;
 use leasehold::catalog::{
     ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
 };
+use leasehold::skew;
 use leasehold::store::Operation as Op;
 use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
@@ -90,6 +91,8 @@ enum Access {
     Known,
     /// The server refused the credentials, as operations report it.
     Refused(String),
+    /// The keys need a newer release: every operation is refused, for good.
+    TooOld(skew::TooOld),
 }
 
 /// How the store reaches its data.
@@ -304,6 +307,13 @@ impl RedisStore {
             .await
             .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
             .map_err(|e| connect_err(classify(e, op, &config.prefix, &url)))?;
+        check_release(&mut RedisConnection(conn.clone()), &config.prefix)
+            .await
+            .map_err(|e| connect_err(classify(e, op, &config.prefix, &url)))?
+            .map_err(|source| Error::TooOld {
+                url: url.clone(),
+                source,
+            })?;
 
         let channel = format!("{}:released", config.prefix);
         let op_timeout = config.max_op_timeout();
@@ -413,6 +423,7 @@ impl RedisStore {
         ttl: Option<Duration>,
     ) -> StoreResult<Value> {
         let attempt = async {
+            self.inner.ready(op).await?;
             let mut retried = false;
             loop {
                 match self.eval_once(script, keys, args).await {
@@ -478,6 +489,7 @@ impl RedisStore {
             pipe
         };
         let attempt = async {
+            self.inner.ready(op).await?;
             let mut conn = self.inner.ready_conn().await;
             let replies: Vec<Value> = match pipeline(true).query_async(&mut conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -520,6 +532,20 @@ impl RedisStore {
 }
 
 impl Inner {
+    /// Waits for a lazily connecting store's first attempt; then refuses every operation if
+    /// the keys need a newer release, before anything is written.
+    async fn ready(&self, op: Op<'_>) -> StoreResult<()> {
+        let mut access = self.access.clone();
+        let _ = access.wait_for(|a| *a != Access::Connecting).await;
+        match &*access.borrow() {
+            Access::TooOld(too_old) => Err(StoreError::rejected(
+                format!("{op}: {too_old}"),
+                too_old.clone(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The connection, once a lazily connecting store's first attempt has ended.
     async fn ready_conn(&self) -> RedisConnection {
         let mut access = self.access.clone();
@@ -594,6 +620,28 @@ async fn warm_up(
                 access.send_replace(Access::Known);
                 Some(format!("no answer within {connect_timeout:?}"))
             }
+        };
+        let failure = match failure {
+            Some(failure) => Some(failure),
+            None => match inner.upgrade() {
+                None => return,
+                Some(store) => {
+                    let (mut conn, prefix) = (store.conn(), store.prefix.clone());
+                    drop(store);
+                    match tokio::time::timeout(connect_timeout, check_release(&mut conn, &prefix))
+                        .await
+                    {
+                        Ok(Ok(Ok(()))) => None,
+                        Ok(Ok(Err(too_old))) => {
+                            tracing::error!(url = %setup.url, error = %too_old, "every operation will be refused");
+                            access.send_replace(Access::TooOld(too_old));
+                            return;
+                        }
+                        Ok(Err(e)) => Some(e.to_string()),
+                        Err(_) => Some(format!("no answer within {connect_timeout:?}")),
+                    }
+                }
+            },
         };
         let Some(failure) = failure else {
             access.send_replace(Access::Known);
@@ -732,6 +780,64 @@ fn classify(e: RedisError, op: Op<'_>, prefix: &str, url: &str) -> StoreError {
             _ => StoreError::rejected(format!("{op}: redis refused: {e}"), e),
         },
     }
+}
+
+/// The hash that records the keys' schema version and the oldest release that may still write
+/// to them (see [`leasehold::skew`]): `PREFIX:{#meta}:release`, under a tag of its own like the
+/// catalog's index.
+const META: &str = "#meta";
+const RELEASE_KIND: &str = "release";
+/// The keys' schema version: 1 was release 0.1.0's keys, 2 added the catalog's and this hash.
+pub(crate) const KEYS_VERSION: i64 = 2;
+
+/// Refuses (`Ok(Err)`) keys that need a newer release, before anything is written; otherwise
+/// records this release's schema version and oldest writer where they are missing or lower.
+/// A user whose ACL predates the record (no hash commands) is let through unchecked, as it is
+/// to the catalog.
+async fn check_release(
+    conn: &mut RedisConnection,
+    prefix: &str,
+) -> redis::RedisResult<std::result::Result<(), skew::TooOld>> {
+    let key = key_parts(prefix, META, RELEASE_KIND).concat();
+    let no_perm = |e: &RedisError| e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm);
+    let read: redis::RedisResult<(Option<String>, Option<String>)> = redis::cmd("HMGET")
+        .arg(&key)
+        .arg(skew::SCHEMA_VERSION_KEY)
+        .arg(skew::MIN_WRITER_KEY)
+        .query_async(conn)
+        .await;
+    let (version, min_writer) = match read {
+        Err(e) if no_perm(&e) => return Ok(Ok(())),
+        read => read?,
+    };
+    if let Some(min_writer) = &min_writer
+        && let Err(too_old) = skew::check_writer(min_writer)
+    {
+        return Ok(Err(too_old));
+    }
+    let mut write = redis::cmd("HSET");
+    write.arg(&key);
+    let mut fields = 0;
+    if version
+        .and_then(|v| v.parse::<i64>().ok())
+        .is_none_or(|v| v < KEYS_VERSION)
+    {
+        write.arg(skew::SCHEMA_VERSION_KEY).arg(KEYS_VERSION);
+        fields += 1;
+    }
+    if let Some(raised) = skew::raised_min_writer(min_writer.as_deref()) {
+        write.arg(skew::MIN_WRITER_KEY).arg(raised);
+        fields += 1;
+    }
+    if fields > 0 {
+        match write.query_async::<Value>(conn).await {
+            Err(e) if no_perm(&e) => {}
+            written => {
+                written?;
+            }
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// PING, answered by a server that accepts this connection's credentials. A user without
@@ -964,6 +1070,7 @@ impl Store for RedisStore {
     async fn now_millis(&self) -> StoreResult<u64> {
         let op = Op::new("time", None);
         let attempt = async {
+            self.inner.ready(op).await?;
             let mut conn = self.inner.ready_conn().await;
             let (secs, micros): (u64, u64) = redis::cmd("TIME")
                 .query_async(&mut conn)
@@ -1395,7 +1502,8 @@ impl RedisStore {
         };
         let timeout = self.inner.op_timeout;
         let mut keys = Vec::new();
-        let mut conn = within(timeout, async { Ok(self.inner.ready_conn().await) }).await?;
+        within(timeout, self.inner.ready(op)).await?;
+        let mut conn = self.inner.ready_conn().await;
         if let Conn::Cluster(cluster) = &mut conn.0 {
             let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             let first = step(

@@ -59,7 +59,8 @@ async fn counters_of_names_used_once_expire_and_tokens_stay_ahead() {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            keys.len()
+            // The store's release record (`{#meta}:release`) is kept for good.
+            keys.iter().filter(|k| !k.contains(":{#meta}:")).count()
         }
     };
     // The last counters still exist, each expiring within the retention.

@@ -76,6 +76,16 @@ pub enum Error {
         /// The newest version this build knows.
         supported: i64,
     },
+    /// The file is in use by a newer release that does not let this one write to it
+    /// (`meta.min_writer`, see [`leasehold::skew`]). Nothing was written.
+    #[error("sqlite database {}", path.display())]
+    TooOld {
+        /// The database file.
+        path: PathBuf,
+        /// The release the file needs.
+        #[source]
+        source: leasehold::skew::TooOld,
+    },
     /// A background task could not be started (no tokio runtime, or it panicked).
     #[error("sqlite store setup failed: {0}")]
     Runtime(String),

@@ -102,6 +102,20 @@ pub(crate) const NOW: &str = concat!("SELECT ", now_ms!());
 /// now.
 pub(crate) const TO_HOST_CLOCK: &str = "UPDATE leases SET expires_at_ms = expires_at_ms - ?1 + ?2";
 
+/// What `meta` says about the releases that use the file (see [`leasehold::skew`]): the schema
+/// version of its tables (`user_version` stays 4 so release 0.1.0 keeps opening the file; this
+/// counts on from it: 5 added the catalog and these rows) and the oldest release that may still
+/// write to it.
+pub(crate) const TABLES_VERSION: i64 = 5;
+
+/// Whether `meta` exists: a new file, or one older than version 3, has none (and so no record).
+pub(crate) const HAS_META: &str =
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'";
+
+pub(crate) const META_VALUE: &str = "SELECT value FROM meta WHERE key = ?1";
+
+pub(crate) const SET_META_VALUE: &str = "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)";
+
 pub(crate) const BOOT_ID: &str = "SELECT value FROM meta WHERE key = 'boot_id'";
 
 pub(crate) const SET_BOOT_ID: &str =

@@ -11,6 +11,7 @@ use std::time::Duration;
 use leasehold::catalog::{
     ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
 };
+use leasehold::skew;
 use leasehold::store::{
     Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
@@ -172,6 +173,13 @@ fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<P
             mode,
         });
     }
+    // Before anything is written: a newer release may not let this one write to the file.
+    if let Some(recorded) = meta_value(&conn, skew::MIN_WRITER_KEY).map_err(open_err)? {
+        skew::check_writer(&recorded).map_err(|source| Error::TooOld {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(open_err)?;
@@ -206,6 +214,7 @@ fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<P
         tx.commit().map_err(open_err)?;
     }
     add_catalog(&mut conn).map_err(open_err)?;
+    record_release(&mut conn).map_err(open_err)?;
     check_boot(&mut conn).map_err(open_err)?;
     let poller = if config.notifications {
         Some(Poller::open(path, config).map_err(open_err)?)
@@ -228,6 +237,45 @@ fn add_catalog(conn: &mut Connection) -> rusqlite::Result<()> {
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(schema::CATALOG_SCHEMA)?;
+    tx.commit()
+}
+
+/// A `meta` value, `None` when the row or the table is missing.
+fn meta_value(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    if conn.query_row(schema::HAS_META, [], |r| r.get::<_, i64>(0))? == 0 {
+        return Ok(None);
+    }
+    conn.query_row(schema::META_VALUE, [key], |r| r.get(0))
+        .optional()
+}
+
+/// Records the tables' schema version and the oldest release that may still write to the file
+/// (`meta`, see [`leasehold::skew`]) where they are missing or lower; never lowers them.
+fn record_release(conn: &mut Connection) -> rusqlite::Result<()> {
+    let stale = |conn: &Connection| -> rusqlite::Result<(bool, Option<&'static str>)> {
+        let tables = meta_value(conn, skew::SCHEMA_VERSION_KEY)?;
+        let tables_behind = tables
+            .and_then(|v| v.parse::<i64>().ok())
+            .is_none_or(|v| v < schema::TABLES_VERSION);
+        let min_writer = meta_value(conn, skew::MIN_WRITER_KEY)?;
+        Ok((
+            tables_behind,
+            skew::raised_min_writer(min_writer.as_deref()),
+        ))
+    };
+    if stale(conn)? == (false, None) {
+        return Ok(());
+    }
+    // Again under the write lock, so racing opens (or a newer release) are not overwritten.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let (tables_behind, min_writer) = stale(&tx)?;
+    if tables_behind {
+        let version = schema::TABLES_VERSION.to_string();
+        tx.execute(schema::SET_META_VALUE, [skew::SCHEMA_VERSION_KEY, &version])?;
+    }
+    if let Some(min_writer) = min_writer {
+        tx.execute(schema::SET_META_VALUE, [skew::MIN_WRITER_KEY, min_writer])?;
+    }
     tx.commit()
 }
 

@@ -25,6 +25,7 @@ pub mod overview;
 mod schedule;
 mod scheduler;
 mod session;
+pub mod skew;
 mod store_api;
 mod timeout;
 mod token;

@@ -34,8 +34,22 @@ impl Instance {
         log_dir: &Path,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_program(BIN.as_ref(), name, args, ledger, work, log_dir, env)
+    }
+
+    /// [`Instance::start_with_env`] with another `leasehold` as the runner (another release,
+    /// say); the witness is this build's.
+    pub fn start_program(
+        program: &Path,
+        name: &str,
+        args: &[&str],
+        ledger: &Path,
+        work: &str,
+        log_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(BIN)
+        let child = Command::new(program)
             .envs(env.iter().copied())
             .arg("run")
             .args(["--holder", name])
