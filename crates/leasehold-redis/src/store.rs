@@ -1163,7 +1163,7 @@ impl Slots for RedisStore {
         slot_number(op, Some(&reply)).map(Some)
     }
 
-    /// One script ([`TICK`]): the clock, the control record, the slot, the lease, and the
+    /// One script (`scripts::TICK`): the clock, the control record, the slot, the lease, and the
     /// lease and the claim if all agree; every key under the task's hash tag.
     async fn tick(&self, request: &TickRequest<'_>) -> StoreResult<TickAnswer> {
         let task = request.task;
