@@ -483,7 +483,7 @@ mod tests {
             report
                 .notes
                 .iter()
-                .any(|n| n.starts_with("redis: server time per call (INFO")),
+                .any(|n| n.starts_with("redis: server time per acquire")),
             "{:?}",
             report.notes
         );

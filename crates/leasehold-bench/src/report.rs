@@ -180,6 +180,8 @@ pub(crate) struct Report {
     pub(crate) ops: usize,
     pub(crate) quick: bool,
     pub(crate) operations: Vec<OpRow>,
+    /// Only with a Redis store measured: a report without it keeps 0.1.0's shape.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) sidecar: Vec<SidecarRow>,
     pub(crate) held_renewal: Vec<HeldRow>,
     pub(crate) takeover: Vec<TakeoverRow>,
