@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// Leases held by one process for the renewal benchmark [default: 10000, 1000 with --quick].
     #[arg(long)]
     pub held: Option<usize>,
+    /// Requests of the sidecar's memory pass (Redis), after a warm-up of a tenth as many
+    /// [default: 1000000, 20000 with --quick; 0: no memory pass].
+    #[arg(long)]
+    pub sidecar_requests: Option<usize>,
     /// Print the figures as one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -124,6 +128,8 @@ pub(crate) struct Plan {
     pub(crate) expiry_trials: usize,
     pub(crate) expiry_ttl: Duration,
     pub(crate) memory_leases: usize,
+    /// Requests of the sidecar's memory pass.
+    pub(crate) sidecar_requests: usize,
     pub(crate) quick: bool,
     /// Unique per run: key prefixes and lease names start with it.
     pub(crate) run_id: String,
@@ -149,6 +155,9 @@ impl Plan {
             expiry_trials: if q { 3 } else { 10 },
             expiry_ttl: Duration::from_millis(300),
             memory_leases: 10_000,
+            sidecar_requests: args
+                .sidecar_requests
+                .unwrap_or(if q { 20_000 } else { 1_000_000 }),
             quick: q,
             run_id: run_id(),
         };
@@ -288,6 +297,7 @@ mod tests {
             etcd_url: String::new(),
             mysql_url: String::new(),
             sqlite_dir: None,
+            sidecar_requests: None,
             rounds: None,
             ops: Some(50),
             held: None,
@@ -469,9 +479,21 @@ mod tests {
         let paths: Vec<&str> = report.takeover.iter().map(|r| r.path).collect();
         assert_eq!(paths, ["graceful", "expiry"]);
         assert!(report.notes.iter().any(|n| n == redis::RSLOCK_SKIPPED));
+        // The sidecar's rows, and its memory pass over the quick run's 20,000 requests.
+        let requests: Vec<(&str, usize)> = report
+            .sidecar
+            .iter()
+            .map(|r| (r.op.as_str(), r.clients))
+            .collect();
+        assert_eq!(requests.len(), 10, "{requests:?}");
+        assert_eq!(requests[1], ("tick (gated decision)", 1));
+        let memory = report.sidecar_memory.as_ref().expect("a memory pass");
+        assert!(memory.requests >= 20_000, "{memory:?}");
+        assert!(memory.rss_before_bytes > 1 << 20, "{memory:?}");
         // The row list above has no rslock row; the table says why.
         let table = report.table();
         assert!(table.contains(redis::RSLOCK_SKIPPED), "{table}");
+        assert!(table.contains("sidecar resident set over 20,"), "{table}");
         report
     }
 

@@ -13,7 +13,7 @@ use leasehold::{Slots, Store};
 
 use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
 use crate::error::{BenchError, Result};
-use crate::report::{Kind, OpRow, Report, Target};
+use crate::report::{Kind, OpRow, Report, SidecarMemoryRow, Target};
 use crate::sidecar::{self, ServerClock, SidecarPlan};
 use crate::stats::{Figure, Recorder, Round};
 use crate::{Plan, StoreKind};
@@ -242,13 +242,26 @@ async fn bench_with(
         one: plan.ops,
         each_of_many: (plan.ops / 4).max(10),
         acquire_p50_us: Figure::of(&rounds.acquire).p50_us.median,
+        memory_requests: plan.sidecar_requests,
     };
     let probe_server = Commandstats {
         store: store.clone(),
         skip: deployment == Deployment::Cluster,
     };
-    let (rows, notes) = sidecar::bench(&sidecar_plan, sidecar_store, &probe_server).await?;
+    let (rows, notes, growth) = sidecar::bench(&sidecar_plan, sidecar_store, &probe_server).await?;
     report.sidecar.extend(rows);
+    if let Some(g) = growth {
+        let grew = g.rss_after.saturating_sub(g.rss_before);
+        report.sidecar_memory = Some(SidecarMemoryRow {
+            requests: g.requests,
+            rss_before_bytes: g.rss_before,
+            rss_after_bytes: g.rss_after,
+            target: Target::new(
+                format!("≤ {} MiB growth", sidecar::MAX_GROWTH >> 20),
+                grew <= sidecar::MAX_GROWTH,
+            ),
+        });
+    }
     report.notes.extend(notes);
 
     let held = HeldPlan::of(plan, "redis", &prefix, 64);

@@ -83,6 +83,16 @@ pub(crate) struct SidecarRow {
     pub(crate) target: Option<Target>,
 }
 
+/// The sidecar's resident set over many requests.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SidecarMemoryRow {
+    /// Requests answered between the two readings (after a warm-up).
+    pub(crate) requests: usize,
+    pub(crate) rss_before_bytes: u64,
+    pub(crate) rss_after_bytes: u64,
+    pub(crate) target: Target,
+}
+
 /// Many leases held by one process in a [`leasehold::LeaseSession`].
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct HeldRow {
@@ -183,6 +193,8 @@ pub(crate) struct Report {
     /// Only with a Redis store measured: a report without it keeps 0.1.0's shape.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) sidecar: Vec<SidecarRow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) sidecar_memory: Option<SidecarMemoryRow>,
     pub(crate) held_renewal: Vec<HeldRow>,
     pub(crate) takeover: Vec<TakeoverRow>,
     pub(crate) memory: Vec<MemoryRow>,
@@ -206,6 +218,12 @@ impl Report {
             if let Some(t) = &r.target {
                 out.push((format!("sidecar {} × {}", r.op, r.clients), t));
             }
+        }
+        if let Some(m) = &self.sidecar_memory {
+            out.push((
+                format!("sidecar RSS over {} requests", fmt_count(m.requests as f64)),
+                &m.target,
+            ));
         }
         for r in &self.held_renewal {
             out.push((format!("{} renew {} held", r.store, r.held), &r.target));
@@ -328,6 +346,18 @@ impl Report {
                     "target",
                 ],
                 rows,
+            ));
+        }
+        if let Some(m) = &self.sidecar_memory {
+            let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+            out.push_str(&format!(
+                "sidecar resident set over {} requests (64 connections: acquire, keepalive, \
+                 release, tick): {:.1} → {:.1} MiB, {:+.1} MiB   {}\n",
+                fmt_count(m.requests as f64),
+                mib(m.rss_before_bytes),
+                mib(m.rss_after_bytes),
+                mib(m.rss_after_bytes) - mib(m.rss_before_bytes),
+                m.target.cell()
             ));
         }
         if !self.held_renewal.is_empty() {
@@ -666,6 +696,7 @@ mod tests {
                 target: Some(target.clone()),
             }],
             sidecar: Vec::new(),
+            sidecar_memory: None,
             held_renewal: vec![HeldRow {
                 store: "redis".into(),
                 held: 100,

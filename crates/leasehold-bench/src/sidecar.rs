@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use leasehold::BoxStore;
 use leasehold_redis::RedisStore;
 use leasehold_serve::{Listen, ServeConfig, Sidecar, SidecarConfig};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -17,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Barrier, oneshot};
 use tokio::task::JoinSet;
 
+use crate::common::rss_bytes;
 use crate::error::{BenchError, Result};
 use crate::report::{SidecarRow, Target};
 use crate::stats::{Figure, Round};
@@ -54,7 +56,20 @@ pub(crate) struct SidecarPlan<'a> {
     pub(crate) each_of_many: usize,
     /// The store's acquire p50 in this run (µs), for the tick target.
     pub(crate) acquire_p50_us: f64,
+    /// Requests of the memory pass (0: none).
+    pub(crate) memory_requests: usize,
 }
+
+/// The resident set's growth over the memory pass.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Growth {
+    pub(crate) requests: usize,
+    pub(crate) rss_before: u64,
+    pub(crate) rss_after: u64,
+}
+
+/// The most the resident set may grow over the memory pass (issue 28).
+pub(crate) const MAX_GROWTH: u64 = 10 << 20;
 
 /// Serves a sidecar over `store` on a loopback port, on a runtime of its own (as the
 /// `leasehold serve` process would run beside the bench's), until the returned sender is
@@ -426,9 +441,17 @@ pub(crate) async fn bench(
     plan: &SidecarPlan<'_>,
     store: RedisStore,
     server: &impl ServerClock,
-) -> Result<(Vec<SidecarRow>, Vec<String>)> {
+) -> Result<(Vec<SidecarRow>, Vec<String>, Option<Growth>)> {
     let (addr, stop, served) = start(store)?;
-    let result = measure(plan, addr, server).await;
+    let result = async {
+        let (rows, notes) = measure(plan, addr, server).await?;
+        let growth = match plan.memory_requests {
+            0 => None,
+            n => Some(memory(addr, plan.prefix, n).await?),
+        };
+        Ok((rows, notes, growth))
+    }
+    .await;
     drop(stop);
     let served = tokio::task::spawn_blocking(move || served.join()).await;
     match served {
@@ -543,4 +566,92 @@ async fn measure(
         }
     }
     Ok((rows, notes))
+}
+
+/// The memory pass: [`MANY`] connections each repeat acquire, keepalive and release of a lease
+/// of their own and a tick of one shared task until `requests` were answered. The resident set
+/// (of this process, which serves the sidecar; the clients keep no per-request state) is read
+/// after a tenth of them, once buffers and pools have grown to their working size, and at the
+/// end.
+async fn memory(addr: SocketAddr, prefix: &str, requests: usize) -> Result<Growth> {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let warm = requests / 10;
+    let before = Arc::new(Mutex::new(None));
+    let mut set = JoinSet::new();
+    for c in 0..MANY {
+        let (sent, before) = (sent.clone(), before.clone());
+        let prefix = format!("{prefix}-mem");
+        set.spawn(async move {
+            let mut conn = Connection::open(addr).await?;
+            let tick = format!("/v1/tasks/{prefix}/ticks");
+            // A few names per connection, reused: the store's keys stay few.
+            for i in 0.. {
+                let lease = format!("/v1/leases/{prefix}-c{c}-{}", i % 4);
+                let answer = ok_json(
+                    "acquire",
+                    &conn
+                        .call(
+                            "POST",
+                            &format!("{lease}/acquire"),
+                            Some(r#"{"ttl_ms":30000}"#),
+                        )
+                        .await?,
+                )?;
+                let token = format!(r#"{{"token":{}}}"#, field("acquire", &answer, "token")?);
+                for op in ["keepalive", "release"] {
+                    ok_json(
+                        op,
+                        &conn
+                            .call("POST", &format!("{lease}/{op}"), Some(&token))
+                            .await?,
+                    )?;
+                }
+                let answer = ok_json(
+                    "tick",
+                    &conn
+                        .call("POST", &tick, Some(r#"{"every_ms":1000,"ttl_ms":10000}"#))
+                        .await?,
+                )?;
+                let mut n = 4;
+                if answer.get("run") == Some(&serde_json::Value::Bool(true)) {
+                    let slot = field("tick", &answer, "slot")?;
+                    let done = format!(
+                        r#"{{"token":{},"outcome":"ok"}}"#,
+                        field("tick", &answer, "token")?
+                    );
+                    ok_json(
+                        "done",
+                        &conn
+                            .call("POST", &format!("{tick}/{slot}/done"), Some(&done))
+                            .await?,
+                    )?;
+                    n += 1;
+                }
+                let total = sent.fetch_add(n, Ordering::Relaxed) + n;
+                if total >= warm {
+                    let mut before = before.lock().unwrap_or_else(|p| p.into_inner());
+                    if before.is_none() {
+                        *before = Some((total, rss_bytes()?));
+                    }
+                }
+                if total >= warm + requests {
+                    break;
+                }
+            }
+            Ok::<(), BenchError>(())
+        });
+    }
+    while let Some(joined) = set.join_next().await {
+        joined.map_err(|e| BenchError::lease("a sidecar client failed", e))??;
+    }
+    let rss_after = rss_bytes()?;
+    let (at, rss_before) = before
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .unwrap_or((0, rss_after));
+    Ok(Growth {
+        requests: sent.load(Ordering::Relaxed) - at,
+        rss_before,
+        rss_after,
+    })
 }

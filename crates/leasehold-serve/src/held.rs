@@ -4,9 +4,11 @@
 //! Every grant is an [`Entry`] with a supervisor task that ends it at the first of: the
 //! application's release, the guard's expiring signal (renewal overdue, or the store said it is
 //! no longer ours), the application's silence for `keepalive`, the sidecar's shutdown. An ended
-//! entry stays a while as a tombstone so that a late keepalive learns *why* it was lost.
+//! entry leaves a tombstone (its name, token and end reason: a few dozen bytes) for a while, so
+//! that a late keepalive learns *why* it was lost; the tombstones are bounded in number, so a
+//! high rate of grants does not grow the sidecar's memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -22,6 +24,10 @@ use crate::error::EndReason;
 
 /// How long an ended entry is remembered, so a keepalive after the end gets its reason.
 const TOMBSTONE: Duration = Duration::from_secs(120);
+/// The most tombstones kept: beyond it the oldest go first (a call naming one then hears
+/// `unknown`). A few hundred bytes each with their names: a couple of MB at most, where
+/// a sidecar granting 10,000 leases a second would otherwise keep over a million.
+const MAX_TOMBSTONES: usize = 10_000;
 
 /// A run of a task's slot, or a manual run asked for through the catalog, granted by a tick.
 #[derive(Debug, Clone)]
@@ -167,10 +173,54 @@ pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+type Key = (LeaseName, u64);
+
+/// What the registry knows of a lease name and token.
+pub(crate) enum Found {
+    Live(Arc<Entry>),
+    /// Ended here, for this reason (remembered for [`TOMBSTONE`]).
+    Ended(EndReason),
+    /// Never granted here, or ended long ago.
+    Unknown,
+}
+
+/// The end reasons of ended entries, each kept [`TOMBSTONE`] and at most [`MAX_TOMBSTONES`].
+#[derive(Default)]
+struct Tombstones {
+    reasons: HashMap<Key, EndReason>,
+    /// Oldest first, with when each is forgotten.
+    order: VecDeque<(Instant, Key)>,
+}
+
+impl Tombstones {
+    /// Forgets the tombstones that are due, and the oldest beyond `keep`.
+    fn sweep(&mut self, now: Instant, keep: usize) {
+        while let Some((until, _)) = self.order.front()
+            && (*until <= now || self.order.len() > keep)
+        {
+            if let Some((_, old)) = self.order.pop_front() {
+                self.reasons.remove(&old);
+            }
+        }
+    }
+
+    fn bury(&mut self, key: Key, reason: EndReason, now: Instant) {
+        self.sweep(now, MAX_TOMBSTONES - 1);
+        self.reasons.insert(key.clone(), reason);
+        self.order.push_back((now + TOMBSTONE, key));
+    }
+
+    fn get(&mut self, key: &Key, now: Instant) -> Option<EndReason> {
+        self.sweep(now, MAX_TOMBSTONES);
+        self.reasons.get(key).copied()
+    }
+}
+
 /// The entries of one sidecar, by lease name and token.
 pub(crate) struct Registry {
     history: HistoryWriter,
-    entries: Mutex<HashMap<(LeaseName, u64), Arc<Entry>>>,
+    entries: Mutex<HashMap<Key, Arc<Entry>>>,
+    ended: Mutex<Tombstones>,
     live: AtomicU64,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -192,6 +242,7 @@ impl Registry {
         Self {
             history,
             entries: Mutex::default(),
+            ended: Mutex::default(),
             live: AtomicU64::new(0),
             stop,
             tasks: TaskTracker::new(),
@@ -203,10 +254,15 @@ impl Registry {
         self.live.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn get(&self, name: &LeaseName, token: FencingToken) -> Option<Arc<Entry>> {
-        lock(&self.entries)
-            .get(&(name.clone(), token.get()))
-            .cloned()
+    pub(crate) fn get(&self, name: &LeaseName, token: FencingToken) -> Found {
+        let key = (name.clone(), token.get());
+        if let Some(entry) = lock(&self.entries).get(&key) {
+            return Found::Live(entry.clone());
+        }
+        match lock(&self.ended).get(&key, Instant::now()) {
+            Some(reason) => Found::Ended(reason),
+            None => Found::Unknown,
+        }
     }
 
     /// Holds `grant` for the application and supervises it.
@@ -275,23 +331,20 @@ impl Registry {
             }
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
-        // Ended here (`reason`) or by the application's call (release, done), which set it.
-        if let Some(ended) = reason.or_else(|| entry.ended.get().copied()) {
+        // Ended by the application's call (release, done) or here (`reason`): the first wins.
+        let ended = entry.ended.get().copied().or(reason);
+        if let Some(ended) = ended {
             metrics::counter!("leasehold_sidecar_ends_total", "reason" => ended.as_str())
                 .increment(1);
         }
         if self.stop.is_cancelled() {
             return;
         }
-        let registry = self.clone();
-        // The tombstone outlives shutdown's wait for supervisors: it is not tracked.
-        tokio::spawn(async move {
-            tokio::select! {
-                () = registry.stop.cancelled() => {}
-                () = tokio::time::sleep(TOMBSTONE) => {}
-            }
-            lock(&registry.entries).remove(&(entry.name.clone(), entry.token.get()));
-        });
+        let key = (entry.name.clone(), entry.token.get());
+        // A call that finds the entry between these two lines hears the same reason from it.
+        let ended = ended.unwrap_or(EndReason::Released);
+        lock(&self.ended).bury(key.clone(), ended, Instant::now());
+        lock(&self.entries).remove(&key);
     }
 
     /// Writes a run record in the background; a lost record never fails a request.
@@ -304,5 +357,43 @@ impl Registry {
         self.stop.cancel();
         self.tasks.close();
         let _ = tokio::time::timeout(limit, self.tasks.wait()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u64) -> Key {
+        (LeaseName::new(format!("lease-{}", i % 7)).unwrap(), i)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tombstones_are_bounded_and_forgotten_after_their_time() {
+        let mut t = Tombstones::default();
+        let start = Instant::now();
+        for i in 0..(MAX_TOMBSTONES as u64 + 500) {
+            let reason = if i % 2 == 0 {
+                EndReason::Released
+            } else {
+                EndReason::AppSilent
+            };
+            t.bury(key(i), reason, start);
+        }
+        // The oldest went first; the newest are all there, with their own reasons.
+        assert_eq!(
+            (t.reasons.len(), t.order.len()),
+            (MAX_TOMBSTONES, MAX_TOMBSTONES)
+        );
+        assert_eq!(t.get(&key(0), start), None);
+        assert_eq!(t.get(&key(499), start), None);
+        assert_eq!(t.get(&key(500), start), Some(EndReason::Released));
+        let last = MAX_TOMBSTONES as u64 + 499;
+        assert_eq!(t.get(&key(last), start), Some(EndReason::AppSilent));
+        // Until their time is up, and not after.
+        let almost = start + TOMBSTONE - Duration::from_millis(1);
+        assert_eq!(t.get(&key(last), almost), Some(EndReason::AppSilent));
+        assert_eq!(t.get(&key(last), start + TOMBSTONE), None);
+        assert!(t.reasons.is_empty() && t.order.is_empty());
     }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::error::{ApiError, EndReason, in_range, not_null, parse};
-use crate::held::{Entry, Grant, ms};
+use crate::held::{Entry, Found, Grant, ms};
 use crate::{Shared, Sidecar};
 
 /// The longest ttl or keepalive: a day.
@@ -242,10 +242,11 @@ fn held(entry: &Entry, arrival: Instant) -> Result<Json<Held>, ApiError> {
 fn find(shared: &Shared, name: &str, token: &str) -> Result<Arc<Entry>, ApiError> {
     let name = lease_name("name", name)?;
     let token = self::token(token)?;
-    shared
-        .registry
-        .get(&name, token)
-        .ok_or(ApiError::lost(EndReason::Unknown))
+    match shared.registry.get(&name, token) {
+        Found::Live(entry) => Ok(entry),
+        Found::Ended(reason) => Err(ApiError::lost(reason)),
+        Found::Unknown => Err(ApiError::lost(EndReason::Unknown)),
+    }
 }
 
 pub(crate) async fn keepalive_lease(

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::Sidecar;
 use crate::error::{ApiError, EndReason, in_range, not_null, parse};
-use crate::held::{Grant, RunInfo, ms};
+use crate::held::{Found, Grant, RunInfo, ms};
 use crate::leases::{keepalive, lease_config, lease_name, token};
 
 /// The task lease's ttl when a tick does not say.
@@ -383,8 +383,10 @@ pub(crate) async fn done(
         return Err(ApiError::field("error", "error must be at most 2000 bytes"));
     }
     let shared = &sidecar.0;
-    let Some(entry) = shared.registry.get(&task, token) else {
-        return Ok(crate::leases::released(false));
+    let entry = match shared.registry.get(&task, token) {
+        Found::Live(entry) => entry,
+        Found::Ended(reason) => return Err(ApiError::lost(reason)),
+        Found::Unknown => return Ok(crate::leases::released(false)),
     };
     // Accepted once, and only while the run's lease is held: a run that was lost (and recorded
     // so) or already reported stays as it is.

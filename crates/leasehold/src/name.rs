@@ -1,7 +1,8 @@
 //! Validated lease names and holder identities.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Longest accepted lease name, in bytes. Keys built from it must stay short on every store.
 pub const MAX_NAME_LEN: usize = 128;
@@ -99,8 +100,9 @@ impl AsRef<str> for LeaseName {
     }
 }
 
-/// Who holds a lease. Defaults to `host:pid:random-128-bit`, so two processes on one host, or two
-/// [`Lease`](crate::Lease) handles in one process, never share an identity.
+/// Who holds a lease. Defaults to `host:pid:` and 128 bits (random per process, counted per
+/// identity), so two processes on one host, or two [`Lease`](crate::Lease) handles in one
+/// process, never share an identity.
 ///
 /// Ordered by its text, byte by byte (so [`Membership::members`](crate::Membership::members) answers
 /// sorted).
@@ -108,16 +110,24 @@ impl AsRef<str> for LeaseName {
 pub struct HolderId(Arc<str>);
 
 impl HolderId {
-    /// A fresh identity: `host:pid:` followed by 128 random bits in hex.
+    /// A fresh identity: `host:pid:` followed by 128 bits in hex, a random number drawn once
+    /// per process plus a count of the identities made before (a sidecar makes one per request:
+    /// no system call each time).
     pub fn generate() -> Self {
-        let mut bytes = [0u8; 16];
-        if getrandom::fill(&mut bytes).is_err() {
-            // No OS randomness: fall back to a seeded generator; pid and host still separate us.
-            bytes = fastrand::u128(..).to_le_bytes();
-        }
-        let random: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let host = host_name();
-        Self(format!("{host}:{}:{random}", std::process::id()).into())
+        static HOST: OnceLock<String> = OnceLock::new();
+        static BASE: OnceLock<u128> = OnceLock::new();
+        static MADE: AtomicU64 = AtomicU64::new(0);
+        let host = HOST.get_or_init(host_name);
+        let base = BASE.get_or_init(|| {
+            let mut bytes = [0u8; 16];
+            if getrandom::fill(&mut bytes).is_err() {
+                // No OS randomness: a seeded generator; pid and host still separate us.
+                bytes = fastrand::u128(..).to_le_bytes();
+            }
+            u128::from_le_bytes(bytes)
+        });
+        let n = base.wrapping_add(u128::from(MADE.fetch_add(1, Ordering::Relaxed)));
+        Self(format!("{host}:{}:{n:032x}", std::process::id()).into())
     }
 
     /// Uses `id` as the identity after checking it (1 to 255 bytes, no whitespace or controls).
