@@ -219,13 +219,9 @@ pub(crate) async fn tick(
             None => shared.catalog.passed_over(&task, false),
             Some((control, version)) => {
                 asked_first = true;
-                match gate.take_trigger(control, version, reading.now_ms).await {
-                    Ok(Some(ticket)) => {
-                        shared.catalog.passed_over(&task, false);
-                        return Ok(Json(granting(reading.now_ms).run(ticket).await));
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::debug!(task = %task, error = %e, "manual trigger not taken"),
+                if let Some(ticket) = take(&gate, control, version, reading.now_ms).await {
+                    shared.catalog.passed_over(&task, false);
+                    return Ok(Json(granting(reading.now_ms).run(ticket).await));
                 }
             }
         }
@@ -250,15 +246,11 @@ pub(crate) async fn tick(
     if let Some((control, version)) = pending(&reading) {
         if timer_runs {
             shared.catalog.passed_over(&task, true);
-        } else if !asked_first {
-            match gate.take_trigger(control, version, reading.now_ms).await {
-                Ok(Some(ticket)) => {
-                    shared.catalog.passed_over(&task, false);
-                    return Ok(Json(grant.run(ticket).await));
-                }
-                Ok(None) => {}
-                Err(e) => tracing::debug!(task = %task, error = %e, "manual trigger not taken"),
-            }
+        } else if !asked_first
+            && let Some(ticket) = take(&gate, control, version, reading.now_ms).await
+        {
+            shared.catalog.passed_over(&task, false);
+            return Ok(Json(grant.run(ticket).await));
         }
     }
     let Some((slot, decision)) = decided else {
@@ -289,6 +281,22 @@ pub(crate) async fn tick(
         record_gap(&sidecar, &task, &schedule, slot);
     }
     Ok(Json(grant.run(ticket).await))
+}
+
+/// Takes the pending trigger of `control` (at `version`) if this instance may run the task now.
+async fn take(
+    gate: &Gate<leasehold::BoxStore>,
+    control: &Control,
+    version: u64,
+    now_ms: u64,
+) -> Option<Ticket> {
+    match gate.take_trigger(control, version, now_ms).await {
+        Ok(ticket) => ticket,
+        Err(e) => {
+            tracing::debug!(task = %gate.lease().name(), error = %e, "manual trigger not taken");
+            None
+        }
+    }
 }
 
 /// The manual trigger `reading`'s control record holds, not yet lapsed, with the record's
