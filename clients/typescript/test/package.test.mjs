@@ -43,7 +43,13 @@ test("npm pack makes an installable package, and the README's snippet runs from 
   symlinkSync(join(here, "node_modules"), join(src, "node_modules"));
   npm(["pack", "--pack-destination", dir], src);
   const tarball = readdirSync(dir).find((f) => f.endsWith(".tgz"));
-  assert.equal(tarball, "leasehold-client-0.1.0.tgz");
+  // Named by the package's version, which is the release's (the crates' workspace version),
+  // as the README's install lines say.
+  const { version } = JSON.parse(readFileSync(join(here, "package.json"), "utf8"));
+  assert.equal(tarball, `leasehold-client-${version}.tgz`);
+  const cargo = readFileSync(join(here, "..", "..", "Cargo.toml"), "utf8");
+  assert.equal(version, cargo.match(/\[workspace\.package\][^[]*?\nversion = "([^"]+)"/)?.[1]);
+  assert.ok(readFileSync(join(here, "README.md"), "utf8").includes(tarball), `the README names ${tarball}`);
   const listing = execFileSync("tar", ["tzf", join(dir, tarball)]).toString();
   assert.match(listing, /^package\/dist\/index\.js$/m);
   assert.match(listing, /^package\/dist\/index\.d\.ts$/m);

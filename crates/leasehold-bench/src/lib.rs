@@ -170,6 +170,9 @@ impl Plan {
                 return Err(BenchError::Usage(format!("{flag} must be at least 1")));
             }
         }
+        if plan.stores.contains(&StoreKind::Etcd) {
+            etcd::floor_config(&plan.etcd_url)?;
+        }
         Ok(plan)
     }
 
@@ -290,11 +293,17 @@ mod tests {
     use super::*;
 
     fn quick_plan(stores: Vec<StoreKind>) -> Plan {
-        let args = BenchArgs {
+        let mut plan = Plan::new(&quick_args(stores)).unwrap();
+        plan.memory_leases = 2000;
+        plan
+    }
+
+    fn quick_args(stores: Vec<StoreKind>) -> BenchArgs {
+        BenchArgs {
             stores,
             redis_url: String::new(),
             postgres_url: String::new(),
-            etcd_url: String::new(),
+            etcd_url: "etcd://127.0.0.1:2379".to_owned(),
             mysql_url: String::new(),
             sqlite_dir: None,
             sidecar_requests: None,
@@ -303,10 +312,7 @@ mod tests {
             held: None,
             json: false,
             quick: true,
-        };
-        let mut plan = Plan::new(&args).unwrap();
-        plan.memory_leases = 2000;
-        plan
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -606,6 +612,17 @@ mod tests {
         let error = &report.failures[0].error;
         assert!(error.contains("without a user"), "{error}");
         assert!(!error.contains("secret"), "{error}");
+        // Given as a flag, the run refuses it before it measures anything.
+        let args = BenchArgs {
+            etcd_url: plan.etcd_url.clone(),
+            ..quick_args(vec![StoreKind::Memory, StoreKind::Etcd])
+        };
+        let refused = Plan::new(&args).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&refused, BenchError::Usage(m) if m.contains("without a user")),
+            "{refused:?}"
+        );
+        assert!(!refused.to_string().contains("secret"), "{refused}");
     }
 
     #[test]

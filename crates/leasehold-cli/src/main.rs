@@ -244,6 +244,22 @@ fn start_runtime(
     })
 }
 
+/// A chaos run's error: exit 2 for a flag it cannot use (also when found once the run had
+/// started, e.g. `--postgres-bin`), 1 for the rest.
+#[cfg(feature = "chaos")]
+fn chaos_failure(error: leasehold_chaos::ChaosError) -> Failure {
+    use leasehold_chaos::ChaosError;
+    let bad_flag = |e: &ChaosError| matches!(e, ChaosError::Usage(_) | ChaosError::PostgresUrl(_));
+    let usage = match &error {
+        ChaosError::Run { source, .. } => bad_flag(source),
+        e => bad_flag(e),
+    };
+    match usage {
+        true => Failure::usage(error),
+        false => Failure::from(anyhow::Error::new(error)),
+    }
+}
+
 /// `supervise` is dispatched before the runtime starts.
 fn unreachable_supervise() -> Result<u8, Failure> {
     Err(Failure::usage(anyhow::anyhow!(
@@ -331,13 +347,12 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             #[cfg(feature = "chaos")]
-            Command::Chaos(args) => leasehold_chaos::run(args)
-                .await
-                .map_err(|e| Failure::from(anyhow::Error::new(e))),
+            Command::Chaos(args) => leasehold_chaos::run(args).await.map_err(chaos_failure),
             #[cfg(feature = "bench")]
-            Command::Bench(args) => leasehold_bench::run(args)
-                .await
-                .map_err(|e| Failure::from(anyhow::Error::new(e))),
+            Command::Bench(args) => leasehold_bench::run(args).await.map_err(|e| match e {
+                leasehold_bench::BenchError::Usage(_) => Failure::usage(e),
+                e => Failure::from(anyhow::Error::new(e)),
+            }),
             Command::Witness(args) => leasehold_witness::run(args)
                 .await
                 .map_err(|e| Failure::from(anyhow::Error::new(e))),

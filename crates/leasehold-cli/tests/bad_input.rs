@@ -306,3 +306,70 @@ fn catch_up_without_a_schedule() {
     let args = ["run", "--lease", "a", "--catch-up", "all", "--", "true"];
     fails_in_one_line(&args, "--catch-up needs a schedule");
 }
+
+/// `args` fails in one line naming `expect`, with the usage status (2) every bad flag gets.
+#[cfg(any(feature = "bench", feature = "chaos"))]
+fn usage_exit(args: &[&str], expect: &str) {
+    fails_in_one_line(args, expect);
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+}
+
+/// `leasehold bench` refuses flags it cannot use with exit 2 (it exited 1, as for a store that
+/// could not be measured), before measuring anything.
+#[cfg(feature = "bench")]
+#[test]
+fn bench_flags_it_cannot_use_exit_2() {
+    usage_exit(
+        &["bench", "--stores", "memory", "--rounds", "0"],
+        "--rounds must be at least 1",
+    );
+    usage_exit(
+        &[
+            "bench",
+            "--stores",
+            "memory,etcd",
+            "--etcd-url",
+            "etcds://127.0.0.1:1",
+        ],
+        "plain HTTP without authentication",
+    );
+}
+
+/// `leasehold chaos` refuses flags it cannot use with exit 2 (it exited 1, as for a run whose
+/// guarantees did not hold).
+#[cfg(feature = "chaos")]
+#[test]
+fn chaos_flags_it_cannot_use_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out = out.to_str().unwrap();
+    let chaos = |extra: &[&'static str]| {
+        let mut args = vec!["chaos", "--out", out];
+        args.extend_from_slice(extra);
+        args
+    };
+    usage_exit(
+        &chaos(&["--store", "sqlite", "--replicas", "1"]),
+        "--replicas must be at least 2",
+    );
+    usage_exit(
+        &chaos(&["--store", "sqlite", "--duration", "5s"]),
+        "--duration must be at least 10s",
+    );
+    usage_exit(
+        &chaos(&[
+            "--store",
+            "postgres",
+            "--postgres-url",
+            "postgres://u@192.0.2.1/db",
+        ]),
+        "not a loopback address",
+    );
+}

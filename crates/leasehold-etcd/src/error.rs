@@ -76,17 +76,22 @@ pub enum RequestError {
     /// etcd's answer could not be read.
     #[error("unreadable answer from etcd: {0}")]
     Decode(String),
+    /// No member could be reached, and one at least because its TLS certificate did not verify
+    /// (a CA other than `?ca=`, or the system's roots, signed it; a host name it is not for) or
+    /// it refused this client: a configuration to fix, which retrying does not.
+    #[error("no member reachable over TLS, certificate refused: {0}")]
+    Certificate(String),
 }
 
 impl RequestError {
-    /// Whether retrying later may succeed: connection failures and the statuses etcd gives while
-    /// it has no leader, is overloaded or timed out a proposal.
+    /// Whether retrying later may succeed: connection failures (but a refused certificate) and
+    /// the statuses etcd gives while it has no leader, is overloaded or timed out a proposal.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Connect(_) | Self::Transport { .. } => true,
             // CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, UNAVAILABLE.
             Self::Status { code, .. } => matches!(code, 1 | 4 | 8 | 10 | 14),
-            Self::Decode(_) => false,
+            Self::Decode(_) | Self::Certificate(_) => false,
         }
     }
 

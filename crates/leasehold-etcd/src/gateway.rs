@@ -260,13 +260,13 @@ impl Gateway {
     ) -> Result<Bytes, RequestError> {
         let n = self.endpoints.len();
         let start = self.preferred.load(Ordering::Relaxed) % n;
-        let mut failures = Vec::new();
+        let mut failures = Failures::default();
         for attempt in 0..n {
             let idx = (start + attempt) % n;
             let (mut sender, reused) = match self.checkout(idx).await {
                 Ok(found) => found,
                 Err(e) => {
-                    failures.push(e);
+                    failures.unopened(e);
                     continue;
                 }
             };
@@ -285,7 +285,7 @@ impl Gateway {
                 // A kept-alive connection that had closed before the request went out: nothing
                 // was sent, so the next member may have it.
                 Err(e) if reused && e.is_canceled() => {
-                    failures.push(format!("{}: {e}", self.endpoints[idx]));
+                    failures.other(format!("{}: {e}", self.endpoints[idx]));
                 }
                 Err(e) => {
                     // Sent, outcome unknown: report it (the caller's retry decides), and start
@@ -296,7 +296,7 @@ impl Gateway {
             }
         }
         self.preferred.store((start + 1) % n, Ordering::Relaxed);
-        Err(RequestError::Connect(failures.join("; ")))
+        Err(failures.into_error())
     }
 
     /// Opens a streaming request (a watch) on a fresh connection, trying the members from `from`
@@ -311,13 +311,13 @@ impl Gateway {
         let body = Bytes::from(body.to_string());
         let token = self.token();
         let n = self.endpoints.len();
-        let mut failures = Vec::new();
+        let mut failures = Failures::default();
         for attempt in 0..n {
             let idx = (from + attempt) % n;
             let mut sender = match self.open(idx).await {
                 Ok(sender) => sender,
                 Err(e) => {
-                    failures.push(e);
+                    failures.unopened(e);
                     continue;
                 }
             };
@@ -325,7 +325,7 @@ impl Gateway {
             let response = match sender.send_request(request).await {
                 Ok(response) => response,
                 Err(e) => {
-                    failures.push(format!("{}: {e}", self.endpoints[idx]));
+                    failures.other(format!("{}: {e}", self.endpoints[idx]));
                     continue;
                 }
             };
@@ -343,7 +343,7 @@ impl Gateway {
             }
             return Ok((idx, response.into_body()));
         }
-        Err(RequestError::Connect(failures.join("; ")))
+        Err(failures.into_error())
     }
 
     pub(crate) fn endpoint_count(&self) -> usize {
@@ -388,7 +388,7 @@ impl Gateway {
         }
     }
 
-    async fn checkout(&self, idx: usize) -> Result<(Sender, bool), String> {
+    async fn checkout(&self, idx: usize) -> Result<(Sender, bool), Unopened> {
         loop {
             let idle = self.idle[idx]
                 .lock()
@@ -414,29 +414,80 @@ impl Gateway {
         }
     }
 
-    async fn open(&self, idx: usize) -> Result<Sender, String> {
+    async fn open(&self, idx: usize) -> Result<Sender, Unopened> {
         let endpoint = &self.endpoints[idx];
         let connect = async {
             let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| Unopened::unreachable(e.to_string()))?;
             let _ = tcp.set_nodelay(true);
             #[cfg(feature = "tls")]
             if let Some(tls) = &self.tls {
                 let name = rustls::pki_types::ServerName::try_from(endpoint.host.clone())
-                    .map_err(|e| e.to_string())?;
-                let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
-                return handshake(stream).await;
+                    .map_err(|e| Unopened::unreachable(e.to_string()))?;
+                let stream = tls.connect(name, tcp).await.map_err(|e| Unopened {
+                    certificate: tls::certificate_refused(&e),
+                    message: e.to_string(),
+                })?;
+                return handshake(stream).await.map_err(Unopened::unreachable);
             }
-            handshake(tcp).await
+            handshake(tcp).await.map_err(Unopened::unreachable)
         };
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(sender)) => Ok(sender),
-            Ok(Err(e)) => Err(format!("{endpoint}: {e}")),
-            Err(_) => Err(format!(
+            Ok(Err(e)) => Err(Unopened {
+                message: format!("{endpoint}: {}", e.message),
+                ..e
+            }),
+            Err(_) => Err(Unopened::unreachable(format!(
                 "{endpoint}: no connection within {:?}",
                 self.connect_timeout
-            )),
+            ))),
+        }
+    }
+}
+
+/// Why a connection to a member could not be opened.
+struct Unopened {
+    message: String,
+    /// The member's certificate did not verify, or it refused this client's: a configuration
+    /// to fix (the CA, the host name), which retrying does not.
+    certificate: bool,
+}
+
+impl Unopened {
+    fn unreachable(message: String) -> Self {
+        Self {
+            message,
+            certificate: false,
+        }
+    }
+}
+
+/// What went wrong with each member a request was tried on.
+#[derive(Default)]
+struct Failures {
+    messages: Vec<String>,
+    certificate: bool,
+}
+
+impl Failures {
+    fn unopened(&mut self, e: Unopened) {
+        self.certificate |= e.certificate;
+        self.messages.push(e.message);
+    }
+
+    fn other(&mut self, message: String) {
+        self.messages.push(message);
+    }
+
+    /// No member answered: a certificate refusal from any of them is the configuration's fault
+    /// (members share their CA), else an outage.
+    fn into_error(self) -> RequestError {
+        let messages = self.messages.join("; ");
+        match self.certificate {
+            true => RequestError::Certificate(messages),
+            false => RequestError::Connect(messages),
         }
     }
 }
@@ -527,5 +578,26 @@ mod tls {
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    }
+
+    /// Whether a failed TLS handshake is a certificate refusal: the member's certificate did
+    /// not verify against the roots given (another CA, a name it is not for, expired), or the
+    /// member refused this client's (it asks for client certificates).
+    pub(crate) fn certificate_refused(e: &std::io::Error) -> bool {
+        use rustls::AlertDescription as Alert;
+        let Some(e) = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) else {
+            return false;
+        };
+        matches!(
+            e,
+            rustls::Error::InvalidCertificate(_)
+                | rustls::Error::AlertReceived(
+                    Alert::BadCertificate
+                        | Alert::UnsupportedCertificate
+                        | Alert::CertificateUnknown
+                        | Alert::UnknownCA
+                        | Alert::CertificateRequired
+                )
+        )
     }
 }

@@ -12,8 +12,8 @@ use leasehold_etcd::testing::{EtcdCluster, TlsFiles};
 use leasehold_testkit::tls::TestCerts;
 
 /// Connecting with `url` fails at once (not after the op timeout) with a connect error whose
-/// message contains `says`; returns that message.
-async fn refused(url: &str, says: &str) -> String {
+/// message contains `says`; returns that message and the error.
+async fn refused(url: &str, says: &str) -> (String, Error) {
     let started = Instant::now();
     let err = leasehold_etcd::connect(url)
         .await
@@ -34,6 +34,30 @@ async fn refused(url: &str, says: &str) -> String {
         started.elapsed() < Duration::from_secs(5),
         "took {:?}",
         started.elapsed()
+    );
+    (shown, err)
+}
+
+/// A certificate that does not verify is a configuration to fix: refused (not retried as an
+/// outage), on connect and on every operation of a store opened without a first round trip.
+async fn certificate_refused(url: &str) -> String {
+    let (shown, err) = refused(url, "certificate").await;
+    assert!(!err.is_transient(), "{shown}");
+    assert!(
+        matches!(
+            &err,
+            Error::Connect {
+                source: StoreError::Rejected { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let lazy = leasehold_etcd::connect_lazy(url).expect("a store without a first round trip");
+    let op = lazy.inspect(&LeaseName::new("tls").unwrap()).await;
+    assert!(
+        matches!(&op, Err(StoreError::Rejected { .. })),
+        "an operation over an unverified certificate: {op:?}"
     );
     shown
 }
@@ -83,14 +107,10 @@ async fn etcds_serves_the_suite_and_refuses_an_unknown_ca() {
     })
     .await;
 
-    let wrong = refused(
-        &format!("etcds://{endpoint}?ca={}", other_ca.display()),
-        "certificate",
-    )
-    .await;
+    let wrong = certificate_refused(&format!("etcds://{endpoint}?ca={}", other_ca.display())).await;
     println!("another CA: {wrong}");
-    let system = refused(&format!("etcds://{endpoint}"), "certificate").await;
+    let system = certificate_refused(&format!("etcds://{endpoint}")).await;
     println!("the system's roots: {system}");
-    let plain = refused(&format!("etcd://{endpoint}"), &endpoint).await;
+    let (plain, _) = refused(&format!("etcd://{endpoint}"), &endpoint).await;
     println!("plain etcd:// to the TLS port: {plain}");
 }

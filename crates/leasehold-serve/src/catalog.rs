@@ -7,7 +7,8 @@
 //!
 //! It also remembers the slot this sidecar granted last per task, so a grant that does not
 //! follow it (the previous firing ran elsewhere, or nowhere) looks for slots nobody accounted
-//! for and records them as missed, as the scheduler's timer does.
+//! for and records them as missed, as the scheduler's timer does; and the tasks whose pending
+//! manual trigger a tick here left for a timer run, so that the next tick takes it first.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,8 @@ pub(crate) struct Registrations {
     heartbeats: TaskTracker,
     /// The slot this sidecar granted last, per task (whether or not the store keeps a catalog).
     granted: Mutex<HashMap<LeaseName, u64>>,
+    /// The tasks whose last tick here ran its timer slot while a manual trigger was pending.
+    passed_over: Mutex<std::collections::HashSet<LeaseName>>,
 }
 
 impl Registrations {
@@ -52,6 +55,7 @@ impl Registrations {
             tasks: Mutex::default(),
             heartbeats: TaskTracker::new(),
             granted: Mutex::default(),
+            passed_over: Mutex::default(),
         }
     }
 
@@ -89,6 +93,21 @@ impl Registrations {
     /// This sidecar granted `slot` of `task`: answers the slot it granted before, if any.
     pub(crate) fn granted(&self, task: &LeaseName, slot: u64) -> Option<u64> {
         lock(&self.granted).insert(task.clone(), slot)
+    }
+
+    /// A tick of `task` here ran its timer slot and left a pending trigger (`true`), or a tick
+    /// found none left to take (`false`).
+    pub(crate) fn passed_over(&self, task: &LeaseName, passed: bool) {
+        let mut tasks = lock(&self.passed_over);
+        match passed {
+            true => tasks.insert(task.clone()),
+            false => tasks.remove(task),
+        };
+    }
+
+    /// Whether the last tick of `task` here left a pending trigger for its timer run.
+    pub(crate) fn trigger_waits(&self, task: &LeaseName) -> bool {
+        lock(&self.passed_over).contains(task)
     }
 
     async fn heartbeat(self: Arc<Self>, task: LeaseName, registered: Arc<Registered>) {

@@ -14,8 +14,8 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use leasehold::catalog::{TaskDefinition, TaskSource};
-use leasehold::gate::{Decision, Due, Gate, Skip, Ticket};
+use leasehold::catalog::{Control, TaskDefinition, TaskSource};
+use leasehold::gate::{Decision, Due, Gate, Reading, Skip, Ticket};
 use leasehold::history::{self, RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
 use leasehold::{Lease, LeaseConfig, LeaseName, Schedule, ScheduleError, StoreDownPolicy, Trigger};
 use serde::{Deserialize, Serialize};
@@ -197,6 +197,35 @@ pub(crate) async fn tick(
             .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
         gate = gate.led_by(campaign);
     }
+    let granting = |started_ms| Granting {
+        sidecar: &sidecar,
+        task: &task,
+        arrival,
+        keepalive,
+        config,
+        started_ms,
+        schedule: &recorded,
+    };
+    // A trigger this sidecar's last tick of the task left pending (its timer slot ran then) is
+    // taken first, before the timer slot is decided: an application ticks about once per slot,
+    // and on the only instance every tick's slot is due, so a trigger that waited for a tick
+    // whose slot does not run would lapse. The slot given up runs elsewhere or is recorded as
+    // missed at the next grant.
+    let mut asked_first = false;
+    if shared.catalog.trigger_waits(&task)
+        && let Ok(reading) = gate.read_clock().await
+    {
+        match pending(&reading) {
+            None => shared.catalog.passed_over(&task, false),
+            Some((control, version)) => {
+                asked_first = true;
+                if let Some(ticket) = take(&gate, control, version, reading.now_ms).await {
+                    shared.catalog.passed_over(&task, false);
+                    return Ok(Json(granting(reading.now_ms).run(ticket).await));
+                }
+            }
+        }
+    }
     let due = gate.decide_due(&schedule, &shared.clock).await;
     shared.saw_store(matches!(&due, Err(e) if e.is_transient()));
     let (reading, decided) = match due {
@@ -209,27 +238,19 @@ pub(crate) async fn tick(
         Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
         Err(e) => return Err(ApiError::store(&e.into())),
     };
-    let grant = Granting {
-        sidecar: &sidecar,
-        task: &task,
-        arrival,
-        keepalive,
-        config,
-        started_ms: reading.now_ms,
-        schedule: &recorded,
-    };
+    let grant = granting(reading.now_ms);
     // A manual run asked for through the catalog (`leasehold trigger`) is taken by a tick
     // whose timer slot does not run here: the application hears of it only when it ticks, and
-    // a trigger waits at most one tick rather than cost a timer slot.
+    // a trigger waits at most one tick rather than cost a timer slot (see above).
     let timer_runs = matches!(decided, Some((_, Decision::Run(_))));
-    if !timer_runs
-        && let (Some(control), Some(version)) = (&reading.control, reading.control_version)
-        && control.trigger.is_some()
-    {
-        match gate.take_trigger(control, version, reading.now_ms).await {
-            Ok(Some(ticket)) => return Ok(Json(grant.run(ticket).await)),
-            Ok(None) => {}
-            Err(e) => tracing::debug!(task = %task, error = %e, "manual trigger not taken"),
+    if let Some((control, version)) = pending(&reading) {
+        if timer_runs {
+            shared.catalog.passed_over(&task, true);
+        } else if !asked_first
+            && let Some(ticket) = take(&gate, control, version, reading.now_ms).await
+        {
+            shared.catalog.passed_over(&task, false);
+            return Ok(Json(grant.run(ticket).await));
         }
     }
     let Some((slot, decision)) = decided else {
@@ -260,6 +281,30 @@ pub(crate) async fn tick(
         record_gap(&sidecar, &task, &schedule, slot);
     }
     Ok(Json(grant.run(ticket).await))
+}
+
+/// Takes the pending trigger of `control` (at `version`) if this instance may run the task now.
+async fn take(
+    gate: &Gate<leasehold::BoxStore>,
+    control: &Control,
+    version: u64,
+    now_ms: u64,
+) -> Option<Ticket> {
+    match gate.take_trigger(control, version, now_ms).await {
+        Ok(ticket) => ticket,
+        Err(e) => {
+            tracing::debug!(task = %gate.lease().name(), error = %e, "manual trigger not taken");
+            None
+        }
+    }
+}
+
+/// The manual trigger `reading`'s control record holds, not yet lapsed, with the record's
+/// version.
+fn pending(reading: &Reading) -> Option<(&Control, u64)> {
+    let control = reading.control.as_ref()?;
+    let trigger = control.trigger.as_ref()?;
+    (trigger.expires_ms > reading.now_ms).then_some((control, reading.control_version?))
 }
 
 /// What a granted tick answers with, and holds for the application.
