@@ -146,16 +146,16 @@ impl MySqlConfig {
         if !ok {
             return Err(Error::InvalidPrefix(prefix.clone()));
         }
-        if self.pool_size == 0 {
-            return Err(Error::Config("pool_size must be at least 1".to_owned()));
-        }
-        leasehold::store::check_nonzero(&[
-            ("op_timeout", self.op_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("notify_poll_interval", self.notify_poll_interval),
-            ("max_reconnect_delay", self.max_reconnect_delay),
-        ])
-        .map_err(|e| Error::Config(e.to_string()))
+        leasehold_sql::check_pool(
+            self.pool_size,
+            &[
+                ("op_timeout", self.op_timeout),
+                ("connect_timeout", self.connect_timeout),
+                ("notify_poll_interval", self.notify_poll_interval),
+                ("max_reconnect_delay", self.max_reconnect_delay),
+            ],
+        )
+        .map_err(Error::Config)
     }
 
     /// The URL, parsed, with the CA of `ssl-ca` (or [`tls_ca_pem`](Self::tls_ca_pem)) read.

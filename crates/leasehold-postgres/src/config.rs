@@ -289,16 +289,16 @@ impl PgConfig {
                 "release channel {channel:?} must be 1 to 63 bytes without quotes; set `channel`"
             )));
         }
-        if self.pool_size == 0 {
-            return Err(Error::Config("pool_size must be at least 1".to_owned()));
-        }
-        leasehold::store::check_nonzero(&[
-            ("op_timeout", self.op_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("max_reconnect_delay", self.max_reconnect_delay),
-            ("keepalive", self.keepalive),
-        ])
-        .map_err(|e| Error::Config(e.to_string()))?;
+        leasehold_sql::check_pool(
+            self.pool_size,
+            &[
+                ("op_timeout", self.op_timeout),
+                ("connect_timeout", self.connect_timeout),
+                ("max_reconnect_delay", self.max_reconnect_delay),
+                ("keepalive", self.keepalive),
+            ],
+        )
+        .map_err(Error::Config)?;
         if self.application_name.len() > MAX_IDENT_LEN - "-listen".len() {
             return Err(Error::Config(
                 "application_name must be at most 56 bytes".to_owned(),

@@ -7,9 +7,7 @@ use std::time::Duration;
 use deadpool_postgres::{
     Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
-use leasehold::catalog::{
-    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
-};
+use leasehold::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord, Versioned};
 use leasehold::skew;
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::{
@@ -19,6 +17,8 @@ use leasehold::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
 };
+use leasehold_sql::lazy::{self, Failure, Readiness};
+use leasehold_sql::{Causes, column};
 use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -58,24 +58,6 @@ struct Inner {
     ready: watch::Receiver<Readiness>,
     /// The background connect of a lazy store.
     migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
-}
-
-/// How far a lazily connecting store has got. Operations wait while the first attempt is
-/// under way, so their first answer already tells a refusal (credentials, permissions) from an
-/// outage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Readiness {
-    /// The first connection attempt has not ended.
-    Connecting,
-    /// The last attempt could not reach the server: operations are `Unavailable`.
-    Unreachable,
-    /// The last attempt was refused (credentials, no database, no permission): operations are
-    /// `Rejected` with this reason while attempts go on.
-    Refused(String),
-    /// The server refused the migration: every operation is `Rejected`, for good.
-    MigrationRefused(String),
-    /// Connected and migrated.
-    Ready,
 }
 
 /// The SQL this store runs, one statement per operation, for review and for tests that run a
@@ -597,22 +579,10 @@ impl PgStore {
         token: i64,
         remaining_us: Option<i64>,
     ) -> StoreResult<LeaseState> {
-        let Some(remaining_us) = remaining_us else {
+        if remaining_us.is_none() {
             return Err(self.infinite_expiry(name));
-        };
-        let holder = match holder {
-            Some(h) if remaining_us > 0 => Some(holder_of(h)?),
-            _ => None,
-        };
-        Ok(LeaseState {
-            remaining: if holder.is_some() {
-                remaining_of(Some(remaining_us))
-            } else {
-                Duration::ZERO
-            },
-            holder,
-            token: token_of(token)?,
-        })
+        }
+        column::lease_state(holder, token, remaining_us)
     }
 
     fn assemble(
@@ -660,77 +630,42 @@ impl PgStore {
             releases.first_attempt(config.connect_timeout).await;
         }
         tracing::debug!(url = %parts.url, schema = %config.schema, "connected to postgres");
-        let ready = watch::channel(Readiness::Ready).1;
-        Ok(Self::assemble(&config, parts, releases, ready))
+        Ok(Self::assemble(&config, parts, releases, lazy::ready()))
     }
 
     /// [`PgConfig::connect_lazy`].
     pub(crate) fn open_lazy(config: PgConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::Config(
-                "connect_lazy must be called within a Tokio runtime".to_owned(),
-            ));
-        }
+        let (ready_tx, ready) = lazy::channel().map_err(Error::Config)?;
         let releases = Self::listen(&config, &parts);
-        let (ready_tx, ready) = watch::channel(Readiness::Connecting);
         let store = Self::assemble(&config, parts, releases, ready);
-        let weak = Arc::downgrade(&store.inner);
-        let task = tokio::spawn(async move {
-            let mut delay = Duration::from_millis(100);
-            let mut warned = false;
-            loop {
-                let Some((pool, url, sql)) = weak
-                    .upgrade()
-                    .map(|i| (i.pool.clone(), i.url.clone(), i.sql.clone()))
-                else {
-                    return;
-                };
-                let outcome = migrate_on(&pool, &config, &url, &sql).await;
-                if weak.strong_count() == 0 {
-                    return;
+        let url = store.inner.url.clone();
+        let max_delay = config.max_reconnect_delay;
+        let config = Arc::new(config);
+        let task = lazy::spawn(
+            Arc::downgrade(&store.inner),
+            ready_tx,
+            "postgres",
+            url.clone(),
+            max_delay,
+            move |inner: &Inner| {
+                let (pool, url, sql) = (inner.pool.clone(), inner.url.clone(), inner.sql.clone());
+                let config = Arc::clone(&config);
+                async move { migrate_on(&pool, &config, &url, &sql).await }
+            },
+            move |e| match e {
+                Error::TooOld { source, .. } => {
+                    tracing::error!(url = %url, error = %source, "every operation will be refused");
+                    Failure::Unusable(source.to_string())
                 }
-                match outcome {
-                    Ok(()) => {
-                        tracing::info!(url = %url, "connected to postgres");
-                        ready_tx.send_replace(Readiness::Ready);
-                        return;
-                    }
-                    Err(Error::TooOld { source, .. }) => {
-                        tracing::error!(url = %url, error = %source, "every operation will be refused");
-                        ready_tx.send_replace(Readiness::MigrationRefused(source.to_string()));
-                        return;
-                    }
-                    Err(Error::Migrate { source, .. }) if !source.is_transient() => {
-                        tracing::error!(url = %url, error = %source, "postgres refused the migration; every operation will be refused");
-                        ready_tx.send_replace(Readiness::MigrationRefused(format!(
-                            "migration refused: {source}"
-                        )));
-                        return;
-                    }
-                    Err(Error::Connect { source, .. }) if !source.is_transient() => {
-                        if !std::mem::replace(&mut warned, true) {
-                            tracing::warn!(url = %url, error = %source, "postgres refuses the connection; operations are refused until it accepts it; retrying in the background");
-                        }
-                        let reason = match &source {
-                            StoreError::Rejected { message, .. } => message.clone(),
-                            other => other.to_string(),
-                        };
-                        ready_tx.send_replace(Readiness::Refused(format!(
-                            "postgres refused the connection: {reason}"
-                        )));
-                    }
-                    Err(e) => {
-                        if !std::mem::replace(&mut warned, true) {
-                            tracing::warn!(url = %url, error = %Causes(&e), "postgres not reachable yet; retrying in the background");
-                        }
-                        ready_tx.send_replace(Readiness::Unreachable);
-                    }
+                Error::Migrate { source, .. } if !source.is_transient() => {
+                    tracing::error!(url = %url, error = %source, "postgres refused the migration; every operation will be refused");
+                    Failure::Unusable(format!("migration refused: {source}"))
                 }
-                tokio::time::sleep(delay + Duration::from_millis(fastrand::u64(0..100))).await;
-                delay = (delay * 2).min(config.max_reconnect_delay);
-            }
-        });
+                Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
+                e => Failure::Unreachable(Causes(&e).to_string()),
+            },
+        );
         let _ = store.inner.migration.set(AbortOnDropHandle::new(task));
         Ok(store)
     }
@@ -765,25 +700,7 @@ impl PgStore {
     ) -> StoreResult<Vec<Row>> {
         let limit = self.inner.op_timeout;
         let work = async {
-            let mut ready = self.inner.ready.clone();
-            // An error means the connecting task is gone (its store is being dropped).
-            let _ = ready.wait_for(|r| *r != Readiness::Connecting).await;
-            let readiness = ready.borrow().clone();
-            match readiness {
-                Readiness::Ready => {}
-                Readiness::Refused(refusal) | Readiness::MigrationRefused(refusal) => {
-                    return Err(StoreError::Rejected {
-                        message: format!("{op}: {refusal}"),
-                        source: None,
-                    });
-                }
-                Readiness::Connecting | Readiness::Unreachable => {
-                    return Err(StoreError::Unavailable {
-                        message: format!("{op}: not connected to {} yet", self.inner.url),
-                        source: None,
-                    });
-                }
-            }
+            lazy::check(&self.inner.ready, op, &self.inner.url).await?;
             let client = self
                 .inner
                 .pool
@@ -882,43 +799,8 @@ pub(crate) fn classify(e: tokio_postgres::Error, op: Op<'_>, limit: Duration) ->
     }
 }
 
-/// An error followed by its causes ("error connecting to server: Connection refused"), for
-/// log lines and for messages quoting the driver, whose `Display` alone leaves out why. A cause
-/// already quoted is not repeated.
-pub(crate) struct Causes<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for Causes<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut out = self.0.to_string();
-        let mut cause = self.0.source();
-        while let Some(c) = cause {
-            let text = c.to_string();
-            if !out.contains(&text) {
-                out.push_str(": ");
-                out.push_str(&text);
-            }
-            cause = c.source();
-        }
-        f.write_str(&out)
-    }
-}
-
 fn to_i64(n: u64) -> Option<i64> {
     i64::try_from(n).ok()
-}
-
-fn token_of(raw: i64) -> StoreResult<FencingToken> {
-    u64::try_from(raw)
-        .map(FencingToken)
-        .map_err(|_| StoreError::Corrupt(format!("negative fencing token {raw}")))
-}
-
-fn holder_of(raw: String) -> StoreResult<HolderId> {
-    HolderId::new(&raw).map_err(|e| StoreError::Corrupt(format!("holder {raw:?}: {e}")))
-}
-
-fn remaining_of(micros: Option<i64>) -> Duration {
-    Duration::from_micros(micros.unwrap_or(0).max(0) as u64)
 }
 
 fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> StoreResult<T> {
@@ -960,7 +842,7 @@ impl Store for PgStore {
             };
             if let Some(token) = get::<Option<i64>>(row, 0)? {
                 return Ok(Acquisition::Acquired {
-                    token: token_of(token)?,
+                    token: column::token(token)?,
                 });
             }
             let current = get::<Option<String>>(row, 1)?;
@@ -968,17 +850,11 @@ impl Store for PgStore {
             if current.is_some() && remaining.is_none() {
                 return Err(self.infinite_expiry(name));
             }
-            match current {
-                Some(current) if remaining.is_some_and(|r| r > 0) && current != holder.as_str() => {
-                    return Ok(Acquisition::Busy {
-                        holder: holder_of(current)?,
-                        remaining: remaining_of(remaining),
-                    });
-                }
-                // The snapshot shows a free or expired lease, yet the upsert saw a live
-                // one: another acquirer committed in between. Ask again.
-                _ => continue,
+            if let Some(busy) = column::busy(current, remaining, holder)? {
+                return Ok(busy);
             }
+            // The snapshot shows a free or expired lease, yet the upsert saw a live one:
+            // another acquirer committed in between. Ask again.
         }
         Err(StoreError::Unavailable {
             message: format!("{op}: the lease kept changing under concurrent acquirers"),
@@ -993,7 +869,7 @@ impl Store for PgStore {
         token: FencingToken,
         ttl: Duration,
     ) -> StoreResult<Renewal> {
-        let Some(token) = to_i64(token.get()) else {
+        let Some(token) = column::token_param(token) else {
             return Ok(Renewal::Lost);
         };
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
@@ -1018,7 +894,7 @@ impl Store for PgStore {
         holder: &HolderId,
         token: FencingToken,
     ) -> StoreResult<Release> {
-        let Some(token) = to_i64(token.get()) else {
+        let Some(token) = column::token_param(token) else {
             return Ok(Release::NotHeld);
         };
         let op = Op::new("release", Some(name));
@@ -1063,8 +939,7 @@ impl Store for PgStore {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
-        let ms: i64 = get(row, 0)?;
-        u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
+        column::clock_ms(get(row, 0)?)
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
@@ -1092,7 +967,7 @@ impl Store for PgStore {
         // A token beyond i64 was never handed out here: it stays out of the statement (Lost).
         let (names, tokens): (Vec<&str>, Vec<i64>) = leases
             .iter()
-            .filter_map(|(name, token)| Some((name.as_str(), to_i64(token.get())?)))
+            .filter_map(|(name, token)| Some((name.as_str(), column::token_param(*token)?)))
             .unzip();
         let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
         let op = Op::new("renew_many", None);
@@ -1107,17 +982,7 @@ impl Store for PgStore {
         for row in &rows {
             renewed.insert((get::<String>(row, 0)?, get::<i64>(row, 1)?));
         }
-        Ok(leases
-            .iter()
-            .map(|(name, token)| {
-                let key = to_i64(token.get()).map(|t| (name.as_str().to_owned(), t));
-                if key.is_some_and(|k| renewed.contains(&k)) {
-                    Renewal::Renewed
-                } else {
-                    Renewal::Lost
-                }
-            })
-            .collect())
+        Ok(column::renewals(leases, &renewed))
     }
 }
 
@@ -1159,11 +1024,7 @@ impl Slots for PgStore {
             .query(op, &self.inner.sql.last_slot, &[&task.as_str()])
             .await?;
         rows.first()
-            .map(|row| {
-                let last: i64 = get(row, 0)?;
-                u64::try_from(last)
-                    .map_err(|_| StoreError::Corrupt(format!("negative slot {last}")))
-            })
+            .map(|row| column::slot(get(row, 0)?))
             .transpose()
     }
 
@@ -1234,11 +1095,7 @@ impl Membership for PgStore {
             .await?;
         let mut members = rows
             .iter()
-            .map(|row| {
-                let m: String = get(row, 0)?;
-                HolderId::new(&m)
-                    .map_err(|_| StoreError::Corrupt(format!("member {m:?} is not a holder id")))
-            })
+            .map(|row| column::member(get(row, 0)?))
             .collect::<StoreResult<Vec<_>>>()?;
         members.sort();
         Ok(members)
@@ -1256,32 +1113,9 @@ impl Membership for PgStore {
     }
 }
 
-/// A task or lease name read back from the table.
-fn name_of(raw: String) -> StoreResult<LeaseName> {
-    LeaseName::new(&raw).map_err(|e| StoreError::Corrupt(format!("name {raw:?}: {e}")))
-}
-
-/// A lease row as [`Store::inspect`] answers it: held only while time remains.
 /// The control record in columns `at` (version) and `at + 1` (value) of `row`.
 fn control_of(row: &Row, at: usize) -> StoreResult<Option<Versioned>> {
-    match (
-        get::<Option<i64>>(row, at)?,
-        get::<Option<String>>(row, at + 1)?,
-    ) {
-        (None, _) => Ok(None),
-        (Some(version), Some(value)) => Ok(Some(Versioned {
-            version: version_of(version)?,
-            value,
-        })),
-        (Some(version), None) => Err(StoreError::Corrupt(format!(
-            "control record version {version} without a value"
-        ))),
-    }
-}
-
-fn version_of(raw: i64) -> StoreResult<u64> {
-    u64::try_from(raw)
-        .map_err(|_| StoreError::Corrupt(format!("negative control record version {raw}")))
+    column::control(get(row, at)?, get(row, at + 1)?)
 }
 
 fn millis_of(d: Duration) -> i64 {
@@ -1334,7 +1168,7 @@ impl Catalog for PgStore {
             let task: String = get(row, 0)?;
             if tasks.last().is_none_or(|t| t.task.as_str() != task) {
                 tasks.push(TaskRecord {
-                    task: name_of(task)?,
+                    task: column::name(task)?,
                     definition: get(row, 1)?,
                     instances: Vec::new(),
                     control: control_of(row, 2)?,
@@ -1344,11 +1178,9 @@ impl Catalog for PgStore {
             else {
                 continue;
             };
-            record.instances.push(InstanceRecord {
-                instance: holder_of(instance)?,
-                about: get(row, 5)?,
-                remaining: remaining_of(get(row, 6)?),
-            });
+            record
+                .instances
+                .push(column::instance(instance, get(row, 5)?, get(row, 6)?)?);
         }
         Ok(tasks)
     }
@@ -1361,10 +1193,8 @@ impl Catalog for PgStore {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Corrupt(format!("{op} returned no row")))?;
-        let now: i64 = get(row, 0)?;
         Ok(ControlRead {
-            now_ms: u64::try_from(now)
-                .map_err(|_| StoreError::Corrupt(format!("server clock at {now} ms")))?,
+            now_ms: column::clock_ms(get(row, 0)?)?,
             control: control_of(row, 1)?,
         })
     }
@@ -1396,7 +1226,9 @@ impl Catalog for PgStore {
             // No version beyond a bigint was ever written.
             Some(None) => return Ok(None),
         };
-        rows.first().map(|row| version_of(get(row, 0)?)).transpose()
+        rows.first()
+            .map(|row| column::version(get(row, 0)?))
+            .transpose()
     }
 
     async fn leases(&self, limit: usize) -> StoreResult<Vec<LeaseRecord>> {
@@ -1405,7 +1237,7 @@ impl Catalog for PgStore {
         let rows = self.query(op, &self.inner.sql.leases, &[&limit]).await?;
         rows.iter()
             .map(|row| {
-                let name = name_of(get(row, 0)?)?;
+                let name = column::name(get(row, 0)?)?;
                 Ok(LeaseRecord {
                     state: self.lease_state(&name, get(row, 1)?, get(row, 2)?, get(row, 3)?)?,
                     name,
