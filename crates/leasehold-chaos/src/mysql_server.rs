@@ -40,6 +40,13 @@ fn find(names: &[&str]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// How many times the log says the server accepted connections.
+fn ready_lines(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|t| t.matches(READY_LINE).count())
+        .unwrap_or(0)
+}
+
 /// The harness's own MariaDB server. Dropping it kills the server and removes its directory.
 #[derive(Debug)]
 pub struct MySqlServer {
@@ -173,7 +180,7 @@ impl MySqlServer {
     }
 
     async fn spawn(&mut self) -> Result<()> {
-        let before = self.ready_lines();
+        let before = ready_lines(&self.log);
         let dir = self.dir().to_owned();
         let mut c = self.command(&self.server);
         c.arg("--no-defaults")
@@ -204,32 +211,10 @@ impl MySqlServer {
         self.wait_ready(before, READY_LIMIT).await
     }
 
-    /// How many times the log says the server accepted connections.
-    fn ready_lines(&self) -> usize {
-        std::fs::read_to_string(&self.log)
-            .map(|t| t.matches(READY_LINE).count())
-            .unwrap_or(0)
-    }
-
     async fn wait_ready(&mut self, before: usize, limit: Duration) -> Result<()> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                let problem = format!("exited with {status}; {}", self.see_log());
-                return Err(ChaosError::server("mariadb", problem));
-            }
-            if self.ready_lines() > before {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Err(ChaosError::ServerTimeout {
-            what: format!("mariadb on {} accepting connections", self.addr()),
-            waited: limit,
-            log: Some(self.see_log()),
-        })
+        let accepting = async || ready_lines(&self.log) > before;
+        let (addr, log) = (self.addr(), &self.log);
+        procs::wait_accepting("mariadb", &mut self.child, addr, log, limit, accepting).await
     }
 
     /// Where the log is, and its last lines.

@@ -293,34 +293,16 @@ impl PgServer {
     }
 
     async fn wait_ready(&mut self, limit: Duration) -> Result<()> {
-        let start = Instant::now();
         let port = self.port.to_string();
-        while start.elapsed() < limit {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                let problem = format!("exited with {status}; {}", self.see_log());
-                return Err(ChaosError::server("postgres", problem));
-            }
-            let ready = self
-                .tool("pg_isready")
-                .args(["-q", "-h", "127.0.0.1", "-p", &port, "-U", SUPERUSER])
-                .args(["-d", "postgres", "-t", "2"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .await
-                .is_ok_and(|s| s.success());
-            if ready {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Err(ChaosError::ServerTimeout {
-            what: format!("postgres on {} accepting connections", self.addr()),
-            waited: limit,
-            log: Some(self.see_log()),
-        })
+        let mut probe = self.tool("pg_isready");
+        probe
+            .args(["-q", "-h", "127.0.0.1", "-p", &port, "-U", SUPERUSER])
+            .args(["-d", "postgres", "-t", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let accepting = async || probe.status().await.is_ok_and(|s| s.success());
+        let (addr, log) = (self.addr(), &self.log);
+        procs::wait_accepting("postgres", &mut self.child, addr, log, limit, accepting).await
     }
 
     /// Where the log is, and its last lines.

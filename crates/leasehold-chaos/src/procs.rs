@@ -295,6 +295,37 @@ async fn ping(addr: SocketAddr) -> bool {
         .is_some()
 }
 
+/// Waits until `accepting` says the database server `child` (`what`: `postgres`, `mariadb`)
+/// accepts connections on `addr`, asking every 20 ms: an error quoting its `log` if the
+/// process exits first or `limit` passes.
+pub(crate) async fn wait_accepting(
+    what: &'static str,
+    child: &mut Option<Child>,
+    addr: SocketAddr,
+    log: &Path,
+    limit: Duration,
+    mut accepting: impl AsyncFnMut() -> bool,
+) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(child) = child.as_mut()
+            && let Ok(Some(status)) = child.try_wait()
+        {
+            let problem = format!("exited with {status}; {}", see_log(log));
+            return Err(ChaosError::server(what, problem));
+        }
+        if accepting().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(ChaosError::ServerTimeout {
+        what: format!("{what} on {addr} accepting connections"),
+        waited: limit,
+        log: Some(see_log(log)),
+    })
+}
+
 /// Where a server's log is, and its last lines (on one line: this ends up in an error message).
 pub(crate) fn see_log(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
