@@ -10,34 +10,16 @@ use std::time::{Duration, Instant};
 use leasehold::StoreError;
 use leasehold_mysql::mysql_async::prelude::Queryable;
 use leasehold_mysql::{Error, MySqlConfig};
+use leasehold_testkit::errors;
 
 const SECRET: &str = "s3kr1t-pw";
 
-/// Display, Debug and every source of `e`, joined.
-fn everything_about(e: &dyn std::error::Error) -> String {
-    let mut out = format!("{e} | {e:?}");
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(" | {s} | {s:?}"));
-        source = s.source();
-    }
-    out
-}
-
 /// One line, no password anywhere in it or its sources; returns the line as the `leasehold`
-/// command prints it: the message, then each cause not already quoted.
+/// command prints it.
 fn one_clear_line(e: &Error) -> String {
-    let mut line = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line.push_str(&format!(": {text}"));
-        }
-        cause = c.source();
-    }
+    let line = errors::one_line(e);
     assert!(!line.contains('\n') && !line.is_empty(), "{line:?}");
-    let all = everything_about(e);
+    let all = errors::everything_about(e);
     assert!(!all.contains(SECRET), "{all}");
     line
 }
