@@ -42,6 +42,61 @@ pub fn check_pool(pool_size: usize, durations: &[(&'static str, Duration)]) -> R
     leasehold::store::check_nonzero(durations).map_err(|e| e.to_string())
 }
 
+/// The builder methods of a store's settings, one per field: `field: Type` takes the value as
+/// it is, `field: into Type` anything `Into<Type>`, `field: some into Type` that too, stored as
+/// `Some`. Each is documented as setting its field. For use inside the settings' `impl`.
+///
+/// ```
+/// struct Settings {
+///     /// Whether to migrate.
+///     pub migrate: bool,
+///     /// The prefix.
+///     pub prefix: String,
+///     /// A CA, if any.
+///     pub ca: Option<Vec<u8>>,
+/// }
+///
+/// impl Settings {
+///     leasehold_sql::setters! {
+///         migrate: bool,
+///         prefix: into String,
+///         ca: some into Vec<u8>,
+///     }
+/// }
+///
+/// let s = Settings { migrate: true, prefix: String::new(), ca: None };
+/// let s = s.migrate(false).prefix("lh_").ca(*b"pem");
+/// assert_eq!((s.migrate, s.prefix.as_str(), s.ca.as_deref()), (false, "lh_", Some(&b"pem"[..])));
+/// ```
+#[macro_export]
+macro_rules! setters {
+    () => {};
+    ($field:ident: some into $ty:ty $(, $($rest:tt)*)?) => {
+        #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+        pub fn $field(mut self, value: impl Into<$ty>) -> Self {
+            self.$field = Some(value.into());
+            self
+        }
+        $crate::setters!($($($rest)*)?);
+    };
+    ($field:ident: into $ty:ty $(, $($rest:tt)*)?) => {
+        #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+        pub fn $field(mut self, value: impl Into<$ty>) -> Self {
+            self.$field = value.into();
+            self
+        }
+        $crate::setters!($($($rest)*)?);
+    };
+    ($field:ident: $ty:ty $(, $($rest:tt)*)?) => {
+        #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+        pub fn $field(mut self, value: $ty) -> Self {
+            self.$field = value;
+            self
+        }
+        $crate::setters!($($($rest)*)?);
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
