@@ -24,6 +24,13 @@ fn one_clear_line(e: &Error) -> String {
     line
 }
 
+/// Why connecting with `config` fails, and the line the `leasehold` command prints for it.
+async fn refusal(config: MySqlConfig) -> (Error, String) {
+    let err = config.connect().await.expect_err("refused");
+    let line = one_clear_line(&err);
+    (err, line)
+}
+
 /// The refusal inside a connect, migrate or write-check error.
 fn source(e: &Error) -> &StoreError {
     match e {
@@ -156,12 +163,7 @@ async fn tables_of_another_shape_are_refused_and_nothing_is_written() {
             .await
             .unwrap();
         let before = common::tables(&prefix).await;
-        let err = MySqlConfig::new(common::url())
-            .table_prefix(&prefix)
-            .connect()
-            .await
-            .unwrap_err();
-        let line = one_clear_line(&err);
+        let (err, line) = refusal(common::config_on(&common::url(), &prefix)).await;
         common::drop_prefix(&prefix).await;
         assert!(matches!(err, Error::Schema { .. }), "{err:?}");
         assert!(line.contains(said), "{said}: {line}");
@@ -176,9 +178,7 @@ async fn tables_of_another_shape_are_refused_and_nothing_is_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_and_left_alone() {
     let prefix = common::fresh_prefix();
-    let store = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let store = common::config_on(&common::url(), &prefix)
         .connect()
         .await
         .unwrap();
@@ -187,12 +187,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     conn.query_drop(format!("UPDATE `{prefix}schema` SET version = 99"))
         .await
         .unwrap();
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (err, line) = refusal(common::config_on(&common::url(), &prefix)).await;
     let version: Option<i64> = conn
         .query_first(format!("SELECT version FROM `{prefix}schema`"))
         .await
@@ -207,13 +202,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
 
     // Missing tables with the migration off: named, nothing created.
     let prefix = common::fresh_prefix();
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .migrate(false)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (_, line) = refusal(common::config_on(&common::url(), &prefix).migrate(false)).await;
     assert!(
         line.contains("migrate is off") && line.contains(&format!("{prefix}leases")),
         "{line}"
@@ -225,20 +214,13 @@ async fn a_newer_schema_is_refused_and_left_alone() {
 async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
     // The tables exist (made by the administrator): the check finds the user cannot write.
     let prefix = common::fresh_prefix();
-    let admin = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let admin = common::config_on(&common::url(), &prefix)
         .connect()
         .await
         .unwrap();
     drop(admin);
     let (user, _drop) = user_with("SELECT").await;
-    let err = MySqlConfig::new(common::url_as(&user, SECRET))
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (err, line) = refusal(common::config_on(&common::url_as(&user, SECRET), &prefix)).await;
     assert!(matches!(err, Error::NotWritable { .. }), "{err:?}");
     assert!(
         matches!(source(&err), StoreError::Rejected { .. }),
@@ -257,12 +239,7 @@ async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
 
     // Without the tables it may not create them: a refused migration, nothing created.
     let missing = common::fresh_prefix();
-    let err = MySqlConfig::new(common::url_as(&user, SECRET))
-        .table_prefix(&missing)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (err, line) = refusal(common::config_on(&common::url_as(&user, SECRET), &missing)).await;
     assert!(matches!(err, Error::Migrate { .. }), "{err:?}");
     assert!(
         matches!(source(&err), StoreError::Rejected { .. }),

@@ -80,9 +80,7 @@ fn unique(prefix: &str) -> LeaseName {
 }
 
 async fn store_on(prefix: &str) -> MySqlStore {
-    MySqlConfig::new(common::url())
-        .table_prefix(prefix)
-        .notifications(false)
+    common::config_on(&common::url(), prefix)
         .connect()
         .await
         .unwrap()
@@ -113,9 +111,7 @@ async fn version_1_tables_gain_the_catalog_and_nothing_else() {
     let before = columns(&mut admin, &prefix).await;
 
     // With the migration off, the missing catalog is named and nothing is created.
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let err = common::config_on(&common::url(), &prefix)
         .migrate(false)
         .connect()
         .await
@@ -162,9 +158,7 @@ async fn version_1_tables_gain_the_catalog_and_nothing_else() {
     let task = catalog::upgraded_tables_keep_their_rows(&store).await;
     drop(store);
 
-    let again = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let again = common::config_on(&common::url(), &prefix)
         .migrate(false)
         .connect()
         .await
@@ -217,9 +211,7 @@ async fn a_later_version_that_only_adds_is_used_and_left_alone() {
         ))
         .await
         .unwrap();
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let err = common::config_on(&common::url(), &prefix)
         .connect()
         .await
         .unwrap_err();
