@@ -15,6 +15,7 @@ mod redis;
 mod report;
 mod sidecar;
 mod spread;
+mod sql;
 mod sqlite;
 mod stats;
 
@@ -535,20 +536,12 @@ mod tests {
         }
     }
 
-    /// A quick run on the local MariaDB (`LEASEHOLD_TEST_MYSQL_URL`): the floors and the lease
-    /// rows, the held-lease and takeover rows, and nothing of the run left in the database.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn mysql_store_smoke_run() {
-        use leasehold_mysql::mysql_async::prelude::Queryable;
+    /// A quick run of one SQL store: the floors and the lease rows, the held-lease and takeover
+    /// rows, and its note naming `setting` of the server.
+    async fn sql_smoke_run(plan: &Plan, store: &str, setting: &str) {
         use report::Kind::{self, Floor, Lease};
 
-        let url = std::env::var("LEASEHOLD_TEST_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-        let mut plan = quick_plan(vec![StoreKind::Mysql]);
-        plan.mysql_url = url.clone();
-        plan.held = 50;
-        plan.held_ttl = Duration::from_millis(1500);
-        let report = bench(&plan).await.unwrap();
+        let report = bench(plan).await.unwrap();
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         let ops: Vec<(&str, Kind)> = report
             .operations
@@ -566,20 +559,34 @@ mod tests {
                 ("acquire+release", Lease)
             ]
         );
-        assert!(report.operations.iter().all(|r| r.store == "mysql"));
+        assert!(report.operations.iter().all(|r| r.store == store));
         let targets: Vec<String> = report.targets().into_iter().map(|(f, _)| f).collect();
-        assert!(targets.contains(&"mysql acquire".to_owned()), "{targets:?}");
-        assert_eq!(report.held_renewal[0].held, 50);
+        assert!(targets.contains(&format!("{store} acquire")), "{targets:?}");
+        assert_eq!(report.held_renewal[0].held, plan.held);
         let paths: Vec<&str> = report.takeover.iter().map(|r| r.path).collect();
         assert_eq!(paths, ["graceful", "expiry"]);
         assert!(report.takeover.iter().all(|r| r.max_ms < 1000.0));
         let note = report
             .notes
             .iter()
-            .find(|n| n.starts_with("mysql: "))
+            .find(|n| n.starts_with(&format!("{store}: floors = a one-row UPDATE")))
             .unwrap();
-        assert!(note.contains("innodb_flush_log_at_trx_commit="), "{note}");
-        // Nothing of the run is left in the database.
+        assert!(note.contains(setting), "{note}");
+    }
+
+    /// A quick run on the local MariaDB (`LEASEHOLD_TEST_MYSQL_URL`), and nothing of the run left
+    /// in the database.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_store_smoke_run() {
+        use leasehold_mysql::mysql_async::prelude::Queryable;
+
+        let url = std::env::var("LEASEHOLD_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let mut plan = quick_plan(vec![StoreKind::Mysql]);
+        plan.mysql_url = url.clone();
+        plan.held = 50;
+        plan.held_ttl = Duration::from_millis(1500);
+        sql_smoke_run(&plan, "mysql", "innodb_flush_log_at_trx_commit=").await;
         let opts = leasehold_mysql::mysql_async::Opts::from_url(&url).unwrap();
         let mut conn = leasehold_mysql::mysql_async::Conn::new(opts).await.unwrap();
         let left: Vec<String> = conn
@@ -591,6 +598,31 @@ mod tests {
             .await
             .unwrap();
         assert!(left.is_empty(), "tables left: {left:?}");
+    }
+
+    /// A quick run on the local PostgreSQL (`LEASEHOLD_TEST_POSTGRES_URL`), and the run's schema
+    /// dropped afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_store_smoke_run() {
+        let url = std::env::var("LEASEHOLD_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let mut plan = quick_plan(vec![StoreKind::Postgres]);
+        plan.postgres_url = url.clone();
+        plan.held = 50;
+        plan.held_ttl = Duration::from_millis(1500);
+        sql_smoke_run(&plan, "postgres", "synchronous_commit=").await;
+        let store = leasehold_postgres::PgConfig::new(url)
+            .notifications(false)
+            .connect()
+            .await
+            .unwrap();
+        let client = store.pool().get().await.unwrap();
+        let schema = format!("leasehold_bench_{}", plan.run_id);
+        let left = client
+            .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
+            .await
+            .unwrap();
+        assert!(left.is_none(), "schema {schema} left");
     }
 
     #[tokio::test]

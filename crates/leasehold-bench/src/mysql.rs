@@ -6,13 +6,11 @@ use leasehold_mysql::mysql_async::prelude::Queryable;
 use leasehold_mysql::mysql_async::{Conn, Row};
 use leasehold_mysql::{MySqlConfig, MySqlStore};
 
-use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
+use crate::common::{self, HeldPlan};
 use crate::error::{BenchError, Result};
 use crate::report::Report;
-use crate::stats::{Recorder, Round};
+use crate::sql::{self, FloorStore, SqlRounds};
 use crate::{Plan, StoreKind};
-
-const FLOOR: &str = "UPDATE";
 
 /// The store's release poll interval, which bounds the graceful takeover.
 const POLL_MS: f64 = 50.0;
@@ -62,48 +60,20 @@ async fn bench_with(
         .map_err(|e| BenchError::floor(create, e))?;
     drop(conn);
     let update = format!("UPDATE {scratch} SET v = v + 1 WHERE id = 1");
-    let floor = Floor {
-        store,
-        sql: &update,
+    let how = SqlRounds {
+        store: "mysql",
+        pool: "mysql_async",
+        statements: format!(
+            "acquire of a free lease is one INSERT … ON DUPLICATE KEY UPDATE (its token in the \
+             OK packet's LAST_INSERT_ID), renew and release one UPDATE each; renew_many one \
+             UPDATE … JOIN JSON_TABLE per 1,000 leases; a waiter hears a release from its \
+             handle's poller (every {POLL_MS} ms); tables {}*",
+            store.table_prefix()
+        ),
+        acquire_factor: 1.3,
     };
-    let select = Floor {
-        store,
-        sql: "SELECT 1",
-    };
-
-    let ops = OpBench::new(store.clone(), names, plan.ops)?;
-    ops.warm_up().await?;
-    floor.round(plan.ops.min(200)).await?;
-    select.round(plan.ops.min(200)).await?;
-    let (mut rounds, mut floors, mut selects) = (OpRounds::default(), Vec::new(), Vec::new());
-    for _ in 0..plan.rounds {
-        floors.push(floor.round(plan.ops).await?);
-        selects.push(select.round(plan.ops).await?);
-        ops.round(&mut rounds).await?;
-    }
-    report.operations.extend(common::floor_rows(
-        "mysql",
-        &[(FLOOR, &floors), ("SELECT 1", &selects)],
-    ));
-    let floor = (&floors[..], FLOOR);
-    let targets = OpTargets {
-        acquire: Some(common::p50_within(&rounds.acquire, 1.3, floor)),
-        ..OpTargets::default()
-    };
-    report
-        .operations
-        .extend(rounds.rows("mysql", Some(floor), targets));
-    let settings = server_settings(store).await?;
-    report.notes.push(format!(
-        "mysql: floors = a one-row UPDATE of a scratch table (a commit, like every store \
-         operation) and SELECT 1 (a round trip, no commit), each a cached prepared statement on \
-         a connection from the store's own pool (mysql_async), in autocommit, as the store runs \
-         its statements; acquire of a free lease is one INSERT … ON DUPLICATE KEY UPDATE (its \
-         token in the OK packet's LAST_INSERT_ID), renew and release one UPDATE each; \
-         renew_many one UPDATE … JOIN JSON_TABLE per 1,000 leases; a waiter hears a release \
-         from its handle's poller (every {POLL_MS} ms); tables {}*; server {settings}",
-        store.table_prefix()
-    ));
+    let settings = async || server_settings(store).await;
+    sql::rounds(plan, report, store, names, &update, how, settings).await?;
 
     let held = HeldPlan::of(plan, "mysql", names, 4);
     let graceful = Some((format!("{POLL_MS} ms (the poll interval)"), POLL_MS));
@@ -138,26 +108,13 @@ async fn server_settings(store: &MySqlStore) -> Result<String> {
     ))
 }
 
-/// A floor statement, run exactly as the store runs one of its own: a connection from the
-/// store's pool, the statement from the connection's prepared-statement cache, one round trip.
-struct Floor<'a> {
-    store: &'a MySqlStore,
-    sql: &'a str,
-}
-
-impl Floor<'_> {
-    async fn round(&self, ops: usize) -> Result<Round> {
-        let mut rec = Recorder::new(ops);
-        for _ in 0..ops {
-            rec.start();
-            let mut conn = pooled(self.store, self.sql).await?;
-            conn.exec_drop(self.sql, ())
-                .await
-                .map_err(|e| BenchError::floor(self.sql, e))?;
-            drop(conn);
-            rec.stop();
-        }
-        Ok(rec.finish())
+impl FloorStore for MySqlStore {
+    async fn run_floor(&self, sql: &str) -> Result<()> {
+        pooled(self, sql)
+            .await?
+            .exec_drop(sql, ())
+            .await
+            .map_err(|e| BenchError::floor(sql, e))
     }
 }
 

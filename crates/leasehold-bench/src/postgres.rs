@@ -6,13 +6,11 @@
 use leasehold_postgres::deadpool_postgres;
 use leasehold_postgres::{PgConfig, PgStore};
 
-use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
+use crate::common::{self, HeldPlan};
 use crate::error::{BenchError, Result};
 use crate::report::Report;
-use crate::stats::{Recorder, Round};
+use crate::sql::{self, FloorStore, SqlRounds};
 use crate::{Plan, StoreKind};
-
-const FLOOR: &str = "UPDATE";
 
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let url = PgConfig::new(plan.postgres_url.clone()).describe();
@@ -63,47 +61,18 @@ async fn bench_with(
         .await
         .map_err(|e| BenchError::floor(create, e))?;
     let update = format!("UPDATE {scratch} SET v = v + 1 WHERE id = 1");
-    let floor = Floor {
-        store,
-        sql: &update,
+    let how = SqlRounds {
+        store: "postgres",
+        pool: "deadpool-postgres, tokio-postgres",
+        statements: format!(
+            "acquire is one INSERT … ON CONFLICT DO UPDATE inside a CTE, renew one UPDATE, \
+             release one UPDATE in a CTE with pg_notify; tables in schema {}",
+            store.schema()
+        ),
+        acquire_factor: 1.2,
     };
-    let select = Floor {
-        store,
-        sql: "SELECT 1",
-    };
-
-    let ops = OpBench::new(store.clone(), prefix, plan.ops)?;
-    ops.warm_up().await?;
-    floor.round(plan.ops.min(200)).await?;
-    select.round(plan.ops.min(200)).await?;
-    let (mut rounds, mut floors, mut selects) = (OpRounds::default(), Vec::new(), Vec::new());
-    for _ in 0..plan.rounds {
-        floors.push(floor.round(plan.ops).await?);
-        selects.push(select.round(plan.ops).await?);
-        ops.round(&mut rounds).await?;
-    }
-    report.operations.extend(common::floor_rows(
-        "postgres",
-        &[(FLOOR, &floors), ("SELECT 1", &selects)],
-    ));
-    let floor = (&floors[..], FLOOR);
-    let targets = OpTargets {
-        acquire: Some(common::p50_within(&rounds.acquire, 1.2, floor)),
-        ..OpTargets::default()
-    };
-    report
-        .operations
-        .extend(rounds.rows("postgres", Some(floor), targets));
-    let settings = server_settings(store).await?;
-    report.notes.push(format!(
-        "postgres: floors = a one-row UPDATE of a scratch table (a commit, like every store \
-         operation) and SELECT 1 (a round trip, no commit), each a cached prepared statement on \
-         a connection from the store's own pool (deadpool-postgres, tokio-postgres), in \
-         autocommit, as the store runs its statements; acquire is one INSERT … ON CONFLICT DO \
-         UPDATE inside a CTE, renew one UPDATE, release one UPDATE in a CTE with pg_notify; \
-         tables in schema {}; server {settings}",
-        store.schema()
-    ));
+    let settings = async || server_settings(store).await;
+    sql::rounds(plan, report, store, prefix, &update, how, settings).await?;
 
     let held = HeldPlan::of(plan, "postgres", prefix, 32);
     let graceful = Some(("5 ms".to_owned(), 5.0));
@@ -129,31 +98,18 @@ async fn server_settings(store: &PgStore) -> Result<String> {
     Ok(out.join(", "))
 }
 
-/// A floor statement, run exactly as the store runs one of its own: a connection from the
-/// store's pool, the statement from the connection's prepared-statement cache, one round trip.
-struct Floor<'a> {
-    store: &'a PgStore,
-    sql: &'a str,
-}
-
-impl Floor<'_> {
-    async fn round(&self, ops: usize) -> Result<Round> {
-        let mut rec = Recorder::new(ops);
-        for _ in 0..ops {
-            rec.start();
-            let client = pooled(self.store, self.sql).await?;
-            let stmt = client
-                .prepare_cached(self.sql)
-                .await
-                .map_err(|e| BenchError::floor(self.sql, e))?;
-            client
-                .query(&stmt, &[])
-                .await
-                .map_err(|e| BenchError::floor(self.sql, e))?;
-            drop(client);
-            rec.stop();
-        }
-        Ok(rec.finish())
+impl FloorStore for PgStore {
+    async fn run_floor(&self, sql: &str) -> Result<()> {
+        let client = pooled(self, sql).await?;
+        let stmt = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| BenchError::floor(sql, e))?;
+        client
+            .query(&stmt, &[])
+            .await
+            .map_err(|e| BenchError::floor(sql, e))?;
+        Ok(())
     }
 }
 

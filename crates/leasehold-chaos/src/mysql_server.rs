@@ -6,7 +6,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::unistd::Uid;
@@ -38,6 +38,13 @@ fn find(names: &[&str]) -> Option<PathBuf> {
         .iter()
         .flat_map(|n| dirs.iter().map(move |d| d.join(n)))
         .find(|p| p.is_file())
+}
+
+/// How many times the log says the server accepted connections.
+fn ready_lines(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|t| t.matches(READY_LINE).count())
+        .unwrap_or(0)
 }
 
 /// The harness's own MariaDB server. Dropping it kills the server and removes its directory.
@@ -173,7 +180,7 @@ impl MySqlServer {
     }
 
     async fn spawn(&mut self) -> Result<()> {
-        let before = self.ready_lines();
+        let before = ready_lines(&self.log);
         let dir = self.dir().to_owned();
         let mut c = self.command(&self.server);
         c.arg("--no-defaults")
@@ -204,32 +211,10 @@ impl MySqlServer {
         self.wait_ready(before, READY_LIMIT).await
     }
 
-    /// How many times the log says the server accepted connections.
-    fn ready_lines(&self) -> usize {
-        std::fs::read_to_string(&self.log)
-            .map(|t| t.matches(READY_LINE).count())
-            .unwrap_or(0)
-    }
-
     async fn wait_ready(&mut self, before: usize, limit: Duration) -> Result<()> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                let problem = format!("exited with {status}; {}", self.see_log());
-                return Err(ChaosError::server("mariadb", problem));
-            }
-            if self.ready_lines() > before {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Err(ChaosError::ServerTimeout {
-            what: format!("mariadb on {} accepting connections", self.addr()),
-            waited: limit,
-            log: Some(self.see_log()),
-        })
+        let accepting = async || ready_lines(&self.log) > before;
+        let (addr, log) = (self.addr(), &self.log);
+        procs::wait_accepting("mariadb", &mut self.child, addr, log, limit, accepting).await
     }
 
     /// Where the log is, and its last lines.
@@ -280,11 +265,7 @@ impl Drop for MySqlServer {
         if let Some(mut child) = self.child.take() {
             // Not stopped by `stop`: an error or a panic unwound past it.
             if let Some(pid) = child.id() {
-                procs::signal(pid, Signal::SIGKILL);
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while !procs::finished(pid) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                procs::signal_and_wait(pid, Signal::SIGKILL);
             }
             let _ = child.start_kill();
             let _ = child.try_wait();
@@ -298,7 +279,6 @@ impl Drop for MySqlServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
 
     /// Needs MariaDB's server programs (scripts/stores.sh installs them).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,31 +297,12 @@ mod tests {
 
         let url = MySqlServer::url_at(server.addr());
         let store = leasehold_connect::open_store(&url).await.unwrap();
-        let (name, holder) = (
-            LeaseName::new("crash").unwrap(),
-            HolderId::new("h").unwrap(),
-        );
-        let ttl = Duration::from_secs(600);
-        let Acquisition::Acquired { token } = store.acquire(&name, &holder, ttl).await.unwrap()
-        else {
-            panic!("a fresh lease is free");
-        };
-
-        let pid = server.child.as_ref().and_then(Child::id).unwrap();
-        server.restart(Duration::ZERO).await.unwrap();
-        assert!(procs::finished(pid));
-        // The store's pooled connections broke with the crash; a retry gets a new one.
-        let mut state = None;
-        for _ in 0..50 {
-            if let Ok(s) = store.inspect(&name).await {
-                state = s;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let state = state.expect("the lease survived the crash");
-        assert_eq!(state.token, token);
-        assert_eq!(state.holder.as_ref(), Some(&holder));
+        procs::testing::a_lease_survives(&store, async || {
+            let pid = server.child.as_ref().and_then(Child::id).unwrap();
+            server.restart(Duration::ZERO).await.unwrap();
+            assert!(procs::finished(pid));
+        })
+        .await;
         let text = std::fs::read_to_string(&log).unwrap();
         assert_eq!(text.matches(READY_LINE).count(), 2, "{text}");
 

@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid, User};
@@ -293,34 +293,16 @@ impl PgServer {
     }
 
     async fn wait_ready(&mut self, limit: Duration) -> Result<()> {
-        let start = Instant::now();
         let port = self.port.to_string();
-        while start.elapsed() < limit {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                let problem = format!("exited with {status}; {}", self.see_log());
-                return Err(ChaosError::server("postgres", problem));
-            }
-            let ready = self
-                .tool("pg_isready")
-                .args(["-q", "-h", "127.0.0.1", "-p", &port, "-U", SUPERUSER])
-                .args(["-d", "postgres", "-t", "2"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .await
-                .is_ok_and(|s| s.success());
-            if ready {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Err(ChaosError::ServerTimeout {
-            what: format!("postgres on {} accepting connections", self.addr()),
-            waited: limit,
-            log: Some(self.see_log()),
-        })
+        let mut probe = self.tool("pg_isready");
+        probe
+            .args(["-q", "-h", "127.0.0.1", "-p", &port, "-U", SUPERUSER])
+            .args(["-d", "postgres", "-t", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let accepting = async || probe.status().await.is_ok_and(|s| s.success());
+        let (addr, log) = (self.addr(), &self.log);
+        procs::wait_accepting("postgres", &mut self.child, addr, log, limit, accepting).await
     }
 
     /// Where the log is, and its last lines.
@@ -412,15 +394,10 @@ impl Drop for PgServer {
         if let Some(mut child) = self.child.take() {
             // Not stopped by `stop`: an error or a panic unwound past it. SIGQUIT makes the
             // postmaster end its children (SIGKILL would leave them behind for a while).
-            if let Some(pid) = child.id() {
-                procs::signal(pid, Signal::SIGQUIT);
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while !procs::finished(pid) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                if !procs::finished(pid) {
-                    kill_tree(Some(pid));
-                }
+            if let Some(pid) = child.id()
+                && !procs::signal_and_wait(pid, Signal::SIGQUIT)
+            {
+                kill_tree(Some(pid));
             }
             let _ = child.start_kill();
             let _ = child.try_wait();
@@ -434,7 +411,6 @@ impl Drop for PgServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
 
     #[test]
     fn a_directory_without_the_programs_is_refused() {
@@ -463,31 +439,12 @@ mod tests {
         );
 
         let store = leasehold_connect::open_store(&server.url()).await.unwrap();
-        let (name, holder) = (
-            LeaseName::new("crash").unwrap(),
-            HolderId::new("h").unwrap(),
-        );
-        let ttl = Duration::from_secs(600);
-        let Acquisition::Acquired { token } = store.acquire(&name, &holder, ttl).await.unwrap()
-        else {
-            panic!("a fresh lease is free");
-        };
-
-        let postmaster = server.child.as_ref().and_then(Child::id).unwrap();
-        server.restart(Duration::ZERO).await.unwrap();
-        assert!(procs::finished(postmaster));
-        // The store's pooled connections broke with the crash; a retry gets a new one.
-        let mut state = None;
-        for _ in 0..50 {
-            if let Ok(s) = store.inspect(&name).await {
-                state = s;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let state = state.expect("the lease survived the crash");
-        assert_eq!(state.token, token);
-        assert_eq!(state.holder.as_ref(), Some(&holder));
+        procs::testing::a_lease_survives(&store, async || {
+            let postmaster = server.child.as_ref().and_then(Child::id).unwrap();
+            server.restart(Duration::ZERO).await.unwrap();
+            assert!(procs::finished(postmaster));
+        })
+        .await;
         let text = std::fs::read_to_string(&log).unwrap();
         assert!(text.contains("immediate shutdown"), "{text}");
         assert!(text.contains("automatic recovery"), "{text}");

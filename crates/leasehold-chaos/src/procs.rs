@@ -295,6 +295,48 @@ async fn ping(addr: SocketAddr) -> bool {
         .is_some()
 }
 
+/// Waits until `accepting` says the database server `child` (`what`: `postgres`, `mariadb`)
+/// accepts connections on `addr`, asking every 20 ms: an error quoting its `log` if the
+/// process exits first or `limit` passes.
+pub(crate) async fn wait_accepting(
+    what: &'static str,
+    child: &mut Option<Child>,
+    addr: SocketAddr,
+    log: &Path,
+    limit: Duration,
+    mut accepting: impl AsyncFnMut() -> bool,
+) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(child) = child.as_mut()
+            && let Ok(Some(status)) = child.try_wait()
+        {
+            let problem = format!("exited with {status}; {}", see_log(log));
+            return Err(ChaosError::server(what, problem));
+        }
+        if accepting().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(ChaosError::ServerTimeout {
+        what: format!("{what} on {addr} accepting connections"),
+        waited: limit,
+        log: Some(see_log(log)),
+    })
+}
+
+/// Sends `sig` to the server process `pid` and waits (blocking, for a `Drop`) up to 5 s for it
+/// to end; whether it did.
+pub(crate) fn signal_and_wait(pid: u32, sig: nix::sys::signal::Signal) -> bool {
+    signal(pid, sig);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !finished(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    finished(pid)
+}
+
 /// Where a server's log is, and its last lines (on one line: this ends up in an error message).
 pub(crate) fn see_log(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -339,5 +381,40 @@ mod tests {
             });
             held.push(bound.expect("three picks in a row were taken before they could be bound"));
         }
+    }
+}
+
+/// What the tests of the harness's own database servers share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::time::Duration;
+
+    use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
+
+    /// Takes a lease on `store`, runs `crash` (a crash and restart of its server), and checks
+    /// that once the store has reconnected the lease is there as it was.
+    pub(crate) async fn a_lease_survives(store: &impl Store, crash: impl AsyncFnOnce()) {
+        let (name, holder) = (
+            LeaseName::new("crash").unwrap(),
+            HolderId::new("h").unwrap(),
+        );
+        let ttl = Duration::from_secs(600);
+        let Acquisition::Acquired { token } = store.acquire(&name, &holder, ttl).await.unwrap()
+        else {
+            panic!("a fresh lease is free");
+        };
+        crash().await;
+        // The store's pooled connections broke with the crash; a retry gets a new one.
+        let mut state = None;
+        for _ in 0..50 {
+            if let Ok(s) = store.inspect(&name).await {
+                state = s;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let state = state.expect("the lease survived the crash");
+        assert_eq!(state.token, token);
+        assert_eq!(state.holder.as_ref(), Some(&holder));
     }
 }

@@ -79,52 +79,15 @@ impl MySqlConfig {
         }
     }
 
-    /// Sets [`table_prefix`](Self::table_prefix).
-    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.table_prefix = prefix.into();
-        self
-    }
-
-    /// Sets [`migrate`](Self::migrate).
-    pub fn migrate(mut self, on: bool) -> Self {
-        self.migrate = on;
-        self
-    }
-
-    /// Sets [`pool_size`](Self::pool_size).
-    pub fn pool_size(mut self, size: usize) -> Self {
-        self.pool_size = size;
-        self
-    }
-
-    /// Sets [`op_timeout`](Self::op_timeout).
-    pub fn op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
-        self
-    }
-
-    /// Sets [`connect_timeout`](Self::connect_timeout).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets [`notifications`](Self::notifications).
-    pub fn notifications(mut self, on: bool) -> Self {
-        self.notifications = on;
-        self
-    }
-
-    /// Sets [`notify_poll_interval`](Self::notify_poll_interval).
-    pub fn notify_poll_interval(mut self, interval: Duration) -> Self {
-        self.notify_poll_interval = interval;
-        self
-    }
-
-    /// Sets [`tls_ca_pem`](Self::tls_ca_pem).
-    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_ca_pem = Some(pem.into());
-        self
+    leasehold_sql::setters! {
+        table_prefix: into String,
+        migrate: bool,
+        pool_size: usize,
+        op_timeout: Duration,
+        connect_timeout: Duration,
+        notifications: bool,
+        notify_poll_interval: Duration,
+        tls_ca_pem: some into Vec<u8>,
     }
 
     /// The server as read from [`url`](Self::url), without its password:
@@ -146,16 +109,16 @@ impl MySqlConfig {
         if !ok {
             return Err(Error::InvalidPrefix(prefix.clone()));
         }
-        if self.pool_size == 0 {
-            return Err(Error::Config("pool_size must be at least 1".to_owned()));
-        }
-        leasehold::store::check_nonzero(&[
-            ("op_timeout", self.op_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("notify_poll_interval", self.notify_poll_interval),
-            ("max_reconnect_delay", self.max_reconnect_delay),
-        ])
-        .map_err(|e| Error::Config(e.to_string()))
+        leasehold_sql::check_pool(
+            self.pool_size,
+            &[
+                ("op_timeout", self.op_timeout),
+                ("connect_timeout", self.connect_timeout),
+                ("notify_poll_interval", self.notify_poll_interval),
+                ("max_reconnect_delay", self.max_reconnect_delay),
+            ],
+        )
+        .map_err(Error::Config)
     }
 
     /// The URL, parsed, with the CA of `ssl-ca` (or [`tls_ca_pem`](Self::tls_ca_pem)) read.

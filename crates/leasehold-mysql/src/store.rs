@@ -6,9 +6,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use leasehold::catalog::{
-    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
-};
+use leasehold::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord, Versioned};
 use leasehold::store::{
     Acquisition, Operation as Op, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
@@ -16,6 +14,8 @@ use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
     Release, Slots, Store, StoreError,
 };
+use leasehold_sql::lazy::{self, Failure, Readiness};
+use leasehold_sql::{Causes, column};
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{
     Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts, Transaction,
@@ -45,25 +45,6 @@ const MAX_MICROS: u128 = 1 << 50;
 #[derive(Clone)]
 pub struct MySqlStore {
     inner: Arc<Inner>,
-}
-
-/// How far a lazily connecting store has got. Operations wait while the first attempt is
-/// under way, so their first answer already tells a refusal (credentials, an unknown database)
-/// from an outage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Readiness {
-    /// The first connection attempt has not ended.
-    Connecting,
-    /// The last attempt could not reach the server: operations are `Unavailable`.
-    Unreachable,
-    /// The last attempt was refused (credentials, no such database, no privilege): operations
-    /// are `Rejected` with this reason while attempts go on.
-    Refused(String),
-    /// The tables cannot be used, or their migration was refused: every operation is
-    /// `Rejected`, for good.
-    Unusable(String),
-    /// Connected, and the tables checked.
-    Ready,
 }
 
 struct Inner {
@@ -178,7 +159,7 @@ pub(crate) fn classify(e: mysql_async::Error, op: Op<'_>, limit: Duration) -> St
             }
             _ => false,
         };
-        let message = format!("{op} failed: {}", with_causes(&e));
+        let message = format!("{op} failed: {}", Causes(&e));
         return if rejected {
             StoreError::rejected(message, e)
         } else {
@@ -214,22 +195,6 @@ pub(crate) fn classify(e: mysql_async::Error, op: Op<'_>, limit: Duration) -> St
     }
 }
 
-/// An error followed by its causes (the driver's `Display`, or this crate's messages, alone
-/// leave out why); a cause already quoted is not repeated.
-fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
-}
-
 /// Whether the server rolled the statement back as a deadlock victim (safe to run again: in
 /// autocommit nothing of it stayed).
 fn is_deadlock(e: &mysql_async::Error) -> bool {
@@ -238,68 +203,6 @@ fn is_deadlock(e: &mysql_async::Error) -> bool {
 
 fn micros(d: Duration) -> i64 {
     d.as_micros().min(MAX_MICROS) as i64
-}
-
-/// A token as stored; tokens past `i64::MAX` are never handed out, so such a token matches
-/// nothing.
-fn token_sql(token: FencingToken) -> Option<i64> {
-    i64::try_from(token.get()).ok()
-}
-
-fn token_of(raw: i64) -> StoreResult<FencingToken> {
-    u64::try_from(raw)
-        .map(FencingToken)
-        .map_err(|_| StoreError::Corrupt(format!("negative fencing token {raw}")))
-}
-
-fn holder_of(raw: String) -> StoreResult<HolderId> {
-    HolderId::new(&raw).map_err(|e| StoreError::Corrupt(format!("holder {raw:?}: {e}")))
-}
-
-fn remaining_of(micros: Option<i64>) -> Duration {
-    Duration::from_micros(micros.unwrap_or(0).max(0) as u64)
-}
-
-/// A lease row as [`Store::inspect`] answers it: held only while time remains.
-fn lease_state(
-    holder: Option<String>,
-    token: i64,
-    remaining: Option<i64>,
-) -> StoreResult<LeaseState> {
-    let holder = match holder {
-        Some(h) if remaining.is_some_and(|r| r > 0) => Some(holder_of(h)?),
-        _ => None,
-    };
-    Ok(LeaseState {
-        remaining: if holder.is_some() {
-            remaining_of(remaining)
-        } else {
-            Duration::ZERO
-        },
-        holder,
-        token: token_of(token)?,
-    })
-}
-
-/// A task or lease name read back from a table.
-fn name_of(raw: String) -> StoreResult<LeaseName> {
-    LeaseName::new(&raw).map_err(|e| StoreError::Corrupt(format!("name {raw:?}: {e}")))
-}
-
-/// A control record from its two columns, both NULL when the task has none.
-fn control_of(version: Option<i64>, value: Option<String>) -> StoreResult<Option<Versioned>> {
-    match (version, value) {
-        (None, _) => Ok(None),
-        (Some(version), Some(value)) => Ok(Some(Versioned {
-            version: u64::try_from(version).map_err(|_| {
-                StoreError::Corrupt(format!("negative control record version {version}"))
-            })?,
-            value,
-        })),
-        (Some(version), None) => Err(StoreError::Corrupt(format!(
-            "control record version {version} without a value"
-        ))),
-    }
 }
 
 /// Column `i` of `row`, converted; a value of another type is a corrupt record, not a panic.
@@ -378,7 +281,7 @@ impl MySqlStore {
     pub(crate) async fn connect(config: MySqlConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
         set_up(&parts.pool, &config, &parts.url, &parts.sql).await?;
-        let store = Self::assemble(&config, parts, watch::channel(Readiness::Ready).1);
+        let store = Self::assemble(&config, parts, lazy::ready());
         if let Some(releases) = &store.inner.releases {
             // So a subscription taken right after `connect` hears every later release.
             releases.first_attempt(config.connect_timeout).await;
@@ -397,64 +300,32 @@ impl MySqlStore {
     /// their timeout). Needs a Tokio runtime.
     pub(crate) fn connect_lazy(config: MySqlConfig) -> Result<Self> {
         let parts = Parts::new(&config)?;
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::Config(
-                "connect_lazy must be called within a Tokio runtime".to_owned(),
-            ));
-        }
-        let (ready_tx, ready) = watch::channel(Readiness::Connecting);
+        let (ready_tx, ready) = lazy::channel().map_err(Error::Config)?;
         let store = Self::assemble(&config, parts, ready);
-        let weak = Arc::downgrade(&store.inner);
-        let task = tokio::spawn(async move {
-            let mut delay = Duration::from_millis(100);
-            let mut warned = false;
-            loop {
-                let Some((pool, url, sql)) = weak
-                    .upgrade()
-                    .map(|i| (i.pool.clone(), i.url.clone(), i.sql.clone()))
-                else {
-                    return;
-                };
-                let outcome = set_up(&pool, &config, &url, &sql).await;
-                if weak.strong_count() == 0 {
-                    return;
+        let url = store.inner.url.clone();
+        let max_delay = config.max_reconnect_delay;
+        let config = Arc::new(config);
+        let task = lazy::spawn(
+            Arc::downgrade(&store.inner),
+            ready_tx,
+            "mysql",
+            url.clone(),
+            max_delay,
+            move |inner: &Inner| {
+                let (pool, url, sql) = (inner.pool.clone(), inner.url.clone(), inner.sql.clone());
+                let config = Arc::clone(&config);
+                async move { set_up(&pool, &config, &url, &sql).await }
+            },
+            move |e| match e {
+                Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
+                e if !e.is_transient() => {
+                    let reason = Causes(&e).to_string();
+                    tracing::error!(url = %url, error = %reason, "mysql store unusable; every operation will be refused");
+                    Failure::Unusable(reason)
                 }
-                match outcome {
-                    Ok(()) => {
-                        tracing::info!(url = %url, "connected to mysql");
-                        ready_tx.send_replace(Readiness::Ready);
-                        return;
-                    }
-                    Err(Error::Connect { source, .. }) if !source.is_transient() => {
-                        if !std::mem::replace(&mut warned, true) {
-                            tracing::warn!(url = %url, error = %source, "mysql refuses the connection; operations are refused until it accepts it; retrying in the background");
-                        }
-                        let reason = match &source {
-                            StoreError::Rejected { message, .. } => message.clone(),
-                            other => other.to_string(),
-                        };
-                        ready_tx.send_replace(Readiness::Refused(format!(
-                            "mysql refused the connection: {reason}"
-                        )));
-                    }
-                    Err(e) if !e.is_transient() => {
-                        let reason = with_causes(&e);
-                        tracing::error!(url = %url, error = %reason, "mysql store unusable; every operation will be refused");
-                        ready_tx.send_replace(Readiness::Unusable(reason));
-                        return;
-                    }
-                    Err(e) => {
-                        if !std::mem::replace(&mut warned, true) {
-                            tracing::warn!(url = %url, error = %with_causes(&e), "mysql not reachable yet; retrying in the background");
-                        }
-                        ready_tx.send_replace(Readiness::Unreachable);
-                    }
-                }
-                let jitter = Duration::from_millis(fastrand::u64(0..100));
-                tokio::time::sleep(delay + jitter).await;
-                delay = (delay * 2).min(config.max_reconnect_delay);
-            }
-        });
+                e => Failure::Unreachable(Causes(&e).to_string()),
+            },
+        );
         let _ = store.inner.connecting.set(AbortOnDropHandle::new(task));
         Ok(store)
     }
@@ -477,23 +348,7 @@ impl MySqlStore {
 
     /// Fails unless the store is connected and its tables checked.
     async fn check_ready(&self, op: Op<'_>) -> StoreResult<()> {
-        let mut ready = self.inner.ready.clone();
-        // An error means the connecting task is gone (its store is being dropped).
-        let _ = ready.wait_for(|r| *r != Readiness::Connecting).await;
-        let readiness = ready.borrow().clone();
-        match readiness {
-            Readiness::Ready => Ok(()),
-            Readiness::Refused(refusal) | Readiness::Unusable(refusal) => {
-                Err(StoreError::Rejected {
-                    message: format!("{op}: {refusal}"),
-                    source: None,
-                })
-            }
-            Readiness::Connecting | Readiness::Unreachable => Err(StoreError::Unavailable {
-                message: format!("{op}: not connected to {} yet", self.inner.url),
-                source: None,
-            }),
-        }
+        lazy::check(&self.inner.ready, op, &self.inner.url).await
     }
 
     /// A pooled connection, or why none.
@@ -687,21 +542,15 @@ impl Store for MySqlStore {
                     StoreError::Corrupt(format!("token {} beyond i64", written.insert_id))
                 })?;
                 return Ok(Acquisition::Acquired {
-                    token: token_of(token)?,
+                    token: column::token(token)?,
                 });
             }
             // Busy: who holds it, for how long. A release or expiry between the two statements
             // shows a free lease here: try again.
-            match self.state(op, name).await? {
-                Some((Some(current), _, remaining))
-                    if remaining.is_some_and(|r| r > 0) && current != holder.as_str() =>
-                {
-                    return Ok(Acquisition::Busy {
-                        holder: holder_of(current)?,
-                        remaining: remaining_of(remaining),
-                    });
-                }
-                _ => continue,
+            if let Some((current, _, remaining)) = self.state(op, name).await?
+                && let Some(busy) = column::busy(current, remaining, holder)?
+            {
+                return Ok(busy);
             }
         }
         Err(StoreError::Unavailable {
@@ -717,7 +566,7 @@ impl Store for MySqlStore {
         token: FencingToken,
         ttl: Duration,
     ) -> StoreResult<Renewal> {
-        let Some(token) = token_sql(token) else {
+        let Some(token) = column::token_param(token) else {
             return Ok(Renewal::Lost);
         };
         let op = Op::new("renew", Some(name));
@@ -736,7 +585,7 @@ impl Store for MySqlStore {
         holder: &HolderId,
         token: FencingToken,
     ) -> StoreResult<Release> {
-        let Some(token) = token_sql(token) else {
+        let Some(token) = column::token_param(token) else {
             return Ok(Release::NotHeld);
         };
         let op = Op::new("release", Some(name));
@@ -758,7 +607,7 @@ impl Store for MySqlStore {
         let Some((holder, token, remaining)) = self.state(op, name).await? else {
             return Ok(None);
         };
-        lease_state(holder, token, remaining).map(Some)
+        column::lease_state(holder, token, remaining).map(Some)
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
@@ -769,8 +618,7 @@ impl Store for MySqlStore {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
-        let ms: i64 = col(row, 0)?;
-        u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("server clock at {ms} ms")))
+        column::clock_ms(col(row, 0)?)
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
@@ -802,7 +650,7 @@ impl Store for MySqlStore {
         // A token beyond i64 was never handed out here: it stays out of the batch (Lost).
         let batch: Vec<(&str, i64)> = leases
             .iter()
-            .filter_map(|(name, token)| Some((name.as_str(), token_sql(*token)?)))
+            .filter_map(|(name, token)| Some((name.as_str(), column::token_param(*token)?)))
             .collect();
         if batch.is_empty() {
             return Ok(vec![Renewal::Lost; leases.len()]);
@@ -825,17 +673,7 @@ impl Store for MySqlStore {
         for row in &rows {
             held.insert((col::<String>(row, 0)?, col::<i64>(row, 1)?));
         }
-        Ok(leases
-            .iter()
-            .map(|(name, token)| {
-                let key = token_sql(*token).map(|t| (name.as_str().to_owned(), t));
-                if key.is_some_and(|k| held.contains(&k)) {
-                    Renewal::Renewed
-                } else {
-                    Renewal::Lost
-                }
-            })
-            .collect())
+        Ok(column::renewals(leases, &held))
     }
 }
 
@@ -867,11 +705,7 @@ impl Slots for MySqlStore {
             )
             .await?;
         rows.first()
-            .map(|row| {
-                let last: i64 = col(row, 0)?;
-                u64::try_from(last)
-                    .map_err(|_| StoreError::Corrupt(format!("negative slot {last}")))
-            })
+            .map(|row| column::slot(col(row, 0)?))
             .transpose()
     }
 
@@ -944,10 +778,7 @@ impl Membership for MySqlStore {
                 expired = true;
                 continue;
             }
-            members
-                .push(HolderId::new(&m).map_err(|_| {
-                    StoreError::Corrupt(format!("member {m:?} is not a holder id"))
-                })?);
+            members.push(column::member(m)?);
         }
         if expired {
             let params = Params::from((group.as_str(),));
@@ -1004,7 +835,7 @@ impl Catalog for MySqlStore {
             )));
         }
         match control {
-            Some(row) => control_of(col(&row, 0)?, col(&row, 1)?),
+            Some(row) => column::control(col(&row, 0)?, col(&row, 1)?),
             None => Err(StoreError::Corrupt(format!("{op}: the task row is gone"))),
         }
     }
@@ -1039,21 +870,19 @@ impl Catalog for MySqlStore {
             let record = match tasks.entry(task) {
                 Entry::Occupied(entry) => entry.into_mut(),
                 Entry::Vacant(entry) => {
-                    let task = name_of(entry.key().clone())?;
+                    let task = column::name(entry.key().clone())?;
                     entry.insert(TaskRecord {
                         task,
                         definition: col(row, 1)?,
                         instances: Vec::new(),
-                        control: control_of(col(row, 2)?, col(row, 3)?)?,
+                        control: column::control(col(row, 2)?, col(row, 3)?)?,
                     })
                 }
             };
             if let Some(instance) = col::<Option<String>>(row, 4)? {
-                record.instances.push(InstanceRecord {
-                    instance: holder_of(instance)?,
-                    about: col(row, 5)?,
-                    remaining: remaining_of(col(row, 6)?),
-                });
+                record
+                    .instances
+                    .push(column::instance(instance, col(row, 5)?, col(row, 6)?)?);
             }
         }
         Ok(tasks
@@ -1075,11 +904,9 @@ impl Catalog for MySqlStore {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Corrupt(format!("{op} returned no row")))?;
-        let now: i64 = col(row, 0)?;
         Ok(ControlRead {
-            now_ms: u64::try_from(now)
-                .map_err(|_| StoreError::Corrupt(format!("server clock at {now} ms")))?,
-            control: control_of(col(row, 1)?, col(row, 2)?)?,
+            now_ms: column::clock_ms(col(row, 0)?)?,
+            control: column::control(col(row, 1)?, col(row, 2)?)?,
         })
     }
 
@@ -1114,8 +941,8 @@ impl Catalog for MySqlStore {
         rows.iter()
             .map(|row| {
                 Ok(LeaseRecord {
-                    name: name_of(col(row, 0)?)?,
-                    state: lease_state(col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
+                    name: column::name(col(row, 0)?)?,
+                    state: column::lease_state(col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
                 })
             })
             .collect()

@@ -10,36 +10,25 @@ use std::time::{Duration, Instant};
 use leasehold::StoreError;
 use leasehold_mysql::mysql_async::prelude::Queryable;
 use leasehold_mysql::{Error, MySqlConfig};
+use leasehold_testkit::errors;
 
 const SECRET: &str = "s3kr1t-pw";
 
-/// Display, Debug and every source of `e`, joined.
-fn everything_about(e: &dyn std::error::Error) -> String {
-    let mut out = format!("{e} | {e:?}");
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(" | {s} | {s:?}"));
-        source = s.source();
-    }
-    out
-}
-
 /// One line, no password anywhere in it or its sources; returns the line as the `leasehold`
-/// command prints it: the message, then each cause not already quoted.
+/// command prints it.
 fn one_clear_line(e: &Error) -> String {
-    let mut line = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line.push_str(&format!(": {text}"));
-        }
-        cause = c.source();
-    }
+    let line = errors::one_line(e);
     assert!(!line.contains('\n') && !line.is_empty(), "{line:?}");
-    let all = everything_about(e);
+    let all = errors::everything_about(e);
     assert!(!all.contains(SECRET), "{all}");
     line
+}
+
+/// Why connecting with `config` fails, and the line the `leasehold` command prints for it.
+async fn refusal(config: MySqlConfig) -> (Error, String) {
+    let err = config.connect().await.expect_err("refused");
+    let line = one_clear_line(&err);
+    (err, line)
 }
 
 /// The refusal inside a connect, migrate or write-check error.
@@ -174,12 +163,7 @@ async fn tables_of_another_shape_are_refused_and_nothing_is_written() {
             .await
             .unwrap();
         let before = common::tables(&prefix).await;
-        let err = MySqlConfig::new(common::url())
-            .table_prefix(&prefix)
-            .connect()
-            .await
-            .unwrap_err();
-        let line = one_clear_line(&err);
+        let (err, line) = refusal(common::config_on(&common::url(), &prefix)).await;
         common::drop_prefix(&prefix).await;
         assert!(matches!(err, Error::Schema { .. }), "{err:?}");
         assert!(line.contains(said), "{said}: {line}");
@@ -194,9 +178,7 @@ async fn tables_of_another_shape_are_refused_and_nothing_is_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_and_left_alone() {
     let prefix = common::fresh_prefix();
-    let store = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let store = common::config_on(&common::url(), &prefix)
         .connect()
         .await
         .unwrap();
@@ -205,12 +187,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     conn.query_drop(format!("UPDATE `{prefix}schema` SET version = 99"))
         .await
         .unwrap();
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (err, line) = refusal(common::config_on(&common::url(), &prefix)).await;
     let version: Option<i64> = conn
         .query_first(format!("SELECT version FROM `{prefix}schema`"))
         .await
@@ -225,13 +202,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
 
     // Missing tables with the migration off: named, nothing created.
     let prefix = common::fresh_prefix();
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .migrate(false)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (_, line) = refusal(common::config_on(&common::url(), &prefix).migrate(false)).await;
     assert!(
         line.contains("migrate is off") && line.contains(&format!("{prefix}leases")),
         "{line}"
@@ -243,20 +214,13 @@ async fn a_newer_schema_is_refused_and_left_alone() {
 async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
     // The tables exist (made by the administrator): the check finds the user cannot write.
     let prefix = common::fresh_prefix();
-    let admin = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let admin = common::config_on(&common::url(), &prefix)
         .connect()
         .await
         .unwrap();
     drop(admin);
     let (user, _drop) = user_with("SELECT").await;
-    let err = MySqlConfig::new(common::url_as(&user, SECRET))
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (err, line) = refusal(common::config_on(&common::url_as(&user, SECRET), &prefix)).await;
     assert!(matches!(err, Error::NotWritable { .. }), "{err:?}");
     assert!(
         matches!(source(&err), StoreError::Rejected { .. }),
@@ -275,12 +239,7 @@ async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
 
     // Without the tables it may not create them: a refused migration, nothing created.
     let missing = common::fresh_prefix();
-    let err = MySqlConfig::new(common::url_as(&user, SECRET))
-        .table_prefix(&missing)
-        .connect()
-        .await
-        .unwrap_err();
-    let line = one_clear_line(&err);
+    let (err, line) = refusal(common::config_on(&common::url_as(&user, SECRET), &missing)).await;
     assert!(matches!(err, Error::Migrate { .. }), "{err:?}");
     assert!(
         matches!(source(&err), StoreError::Rejected { .. }),

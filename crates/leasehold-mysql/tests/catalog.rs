@@ -6,11 +6,12 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold::catalog::{CATALOG_RETENTION, Registration};
-use leasehold::{Catalog, HolderId, LeaseName, Slots, Store, store::Acquisition};
+use leasehold::catalog::CATALOG_RETENTION;
+use leasehold::{Catalog, HolderId, LeaseName, Store, store::Acquisition};
 use leasehold_mysql::mysql_async::prelude::Queryable;
 use leasehold_mysql::mysql_async::{self, Conn, Row};
 use leasehold_mysql::{MySqlConfig, MySqlStore};
+use leasehold_testkit::catalog::{self, fleeting, registration};
 use leasehold_testkit::mariadb::OwnMariaDb;
 
 /// The tables exactly as schema version 1 creates them (prefix `{p}`), with its version row.
@@ -74,34 +75,12 @@ async fn schema_rows(conn: &mut Conn, prefix: &str) -> Vec<(i64, i64)> {
     .unwrap()
 }
 
-fn registration<'a>(task: &'a LeaseName, instance: &'a HolderId) -> Registration<'a> {
-    Registration {
-        task,
-        definition: "{\"schedule\":\"every 1m\"}",
-        instance,
-        about: "{\"version\":\"test\"}",
-        ttl: Duration::from_secs(60),
-        forget_after: CATALOG_RETENTION,
-    }
-}
-
-/// A heartbeat that is over, and forgotten, a millisecond after it is written.
-fn fleeting<'a>(task: &'a LeaseName, instance: &'a HolderId) -> Registration<'a> {
-    Registration {
-        ttl: Duration::from_millis(1),
-        forget_after: Duration::from_millis(1),
-        ..registration(task, instance)
-    }
-}
-
 fn unique(prefix: &str) -> LeaseName {
     LeaseName::new(format!("{prefix}-{:08x}", fastrand::u32(..))).unwrap()
 }
 
 async fn store_on(prefix: &str) -> MySqlStore {
-    MySqlConfig::new(common::url())
-        .table_prefix(prefix)
-        .notifications(false)
+    common::config_on(&common::url(), prefix)
         .connect()
         .await
         .unwrap()
@@ -132,9 +111,7 @@ async fn version_1_tables_gain_the_catalog_and_nothing_else() {
     let before = columns(&mut admin, &prefix).await;
 
     // With the migration off, the missing catalog is named and nothing is created.
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let err = common::config_on(&common::url(), &prefix)
         .migrate(false)
         .connect()
         .await
@@ -178,34 +155,10 @@ async fn version_1_tables_gain_the_catalog_and_nothing_else() {
         vec![(1, 1), (2, 2), (3, 1000)]
     );
 
-    let (task, me) = (
-        LeaseName::new("new-task").unwrap(),
-        HolderId::new("me").unwrap(),
-    );
-    assert_eq!(
-        store.register(&registration(&task, &me)).await.unwrap(),
-        None
-    );
-    assert_eq!(
-        store.set_control(&task, None, "paused").await.unwrap(),
-        Some(1)
-    );
-    let listed = store.tasks(CATALOG_RETENTION).await.unwrap();
-    assert_eq!(listed.len(), 1, "{listed:?}");
-    assert_eq!(listed[0].instances[0].instance, me);
-    let old_task = LeaseName::new("old-task").unwrap();
-    assert_eq!(store.last_slot(&old_task).await.unwrap(), Some(42));
-    let leases = store.leases(10).await.unwrap();
-    assert_eq!(leases.len(), 1);
-    assert_eq!(
-        (leases[0].name.as_str(), leases[0].state.token.get()),
-        ("old-lease", 7)
-    );
+    let task = catalog::upgraded_tables_keep_their_rows(&store).await;
     drop(store);
 
-    let again = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let again = common::config_on(&common::url(), &prefix)
         .migrate(false)
         .connect()
         .await
@@ -258,9 +211,7 @@ async fn a_later_version_that_only_adds_is_used_and_left_alone() {
         ))
         .await
         .unwrap();
-    let err = MySqlConfig::new(common::url())
-        .table_prefix(&prefix)
-        .notifications(false)
+    let err = common::config_on(&common::url(), &prefix)
         .connect()
         .await
         .unwrap_err();
@@ -280,7 +231,6 @@ async fn a_later_version_that_only_adds_is_used_and_left_alone() {
 /// the same version wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_control_writers_one_winner_per_version() {
-    const RACERS: usize = 8;
     let mut stores = Vec::new();
     for _ in 0..4 {
         stores.push(
@@ -291,36 +241,7 @@ async fn racing_control_writers_one_winner_per_version() {
                 .unwrap(),
         );
     }
-    let task = unique("cas-race");
-    let mut expected = None;
-    for round in 1..=5u64 {
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(RACERS));
-        let racers: Vec<_> = (0..RACERS)
-            .map(|i| {
-                let (store, task, barrier) = (
-                    stores[i % stores.len()].clone(),
-                    task.clone(),
-                    barrier.clone(),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store
-                        .set_control(&task, expected, &format!("{round}-{i}"))
-                        .await
-                        .unwrap()
-                })
-            })
-            .collect();
-        let mut won = Vec::new();
-        for racer in racers {
-            won.extend(racer.await.unwrap());
-        }
-        assert_eq!(won, vec![round], "round {round}");
-        expected = Some(round);
-    }
-    let record = stores[0].control(&task).await.unwrap().control.unwrap();
-    assert_eq!(record.version, 5);
-    assert!(record.value.starts_with("5-"), "{record:?}");
+    catalog::racing_control_writers(&stores, &unique("cas-race")).await;
 }
 
 /// Instances registering one task with heartbeats over at once, while others list the catalog
@@ -346,7 +267,7 @@ async fn concurrent_registrations_and_listings_never_deadlock() {
     }
     let task = unique("busy-task");
     stores[0].set_control(&task, None, "{}").await.unwrap();
-    register_and_list_at_once(&stores, &task).await;
+    catalog::register_and_list_at_once(&stores, &task).await;
 
     let mut conn = Conn::new(mysql_async::Opts::from_url(&url).unwrap())
         .await
@@ -382,46 +303,7 @@ async fn registrations_recreating_a_forgotten_task_all_succeed() {
                 .unwrap(),
         );
     }
-    register_and_list_at_once(&stores, &unique("recreated")).await;
-}
-
-/// Six instances each register `task` 40 times with a heartbeat over in a millisecond, then
-/// once for a minute, while six listers each list 40 times forgetting after a millisecond;
-/// then the task is listed with all six.
-async fn register_and_list_at_once(stores: &[MySqlStore], task: &LeaseName) {
-    const INSTANCES: usize = 6;
-    const BEATS: usize = 40;
-    let mut workers = Vec::new();
-    for i in 0..INSTANCES {
-        let (store, task) = (stores[i % stores.len()].clone(), task.clone());
-        workers.push(tokio::spawn(async move {
-            let me = HolderId::new(format!("instance-{i}")).unwrap();
-            for _ in 0..BEATS {
-                store.register(&fleeting(&task, &me)).await.unwrap();
-            }
-            store.register(&registration(&task, &me)).await.unwrap();
-        }));
-        let store = stores[(i + 1) % stores.len()].clone();
-        workers.push(tokio::spawn(async move {
-            for _ in 0..BEATS {
-                store.tasks(Duration::from_millis(1)).await.unwrap();
-            }
-        }));
-    }
-    for worker in workers {
-        worker.await.unwrap();
-    }
-    let listed = stores[0].tasks(CATALOG_RETENTION).await.unwrap();
-    let record = listed.iter().find(|t| &t.task == task).expect("listed");
-    assert_eq!(
-        record.definition.as_deref(),
-        Some("{\"schedule\":\"every 1m\"}")
-    );
-    assert_eq!(record.instances.len(), INSTANCES, "{record:?}");
-    for i in 0..INSTANCES {
-        let me = HolderId::new(format!("instance-{i}")).unwrap();
-        stores[0].unregister(task, &me).await.unwrap();
-    }
+    catalog::register_and_list_at_once(&stores, &unique("recreated")).await;
 }
 
 /// A registration racing listings that delete its task (every instance forgotten, no control

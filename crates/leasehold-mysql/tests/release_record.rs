@@ -5,9 +5,8 @@
 mod common;
 
 use leasehold::skew::{self, Version};
-use leasehold::{LeaseName, Store};
+use leasehold_mysql::Error;
 use leasehold_mysql::mysql_async::prelude::Queryable;
-use leasehold_mysql::{Error, MySqlConfig};
 
 async fn rows(prefix: &str) -> Vec<(i64, i64)> {
     common::raw()
@@ -26,11 +25,7 @@ fn number(version: &str) -> i64 {
 #[tokio::test]
 async fn tables_record_the_oldest_writer_and_never_lower_it() {
     let prefix = common::fresh_prefix();
-    let config = || {
-        MySqlConfig::new(common::url())
-            .table_prefix(&prefix)
-            .notifications(false)
-    };
+    let config = || common::config_on(&common::url(), &prefix);
     drop(config().connect().await.unwrap());
     let oldest = number(skew::OLDEST_WRITER);
     assert_eq!(rows(&prefix).await, [(1, 1), (2, 2), (3, oldest)]);
@@ -55,11 +50,7 @@ async fn tables_record_the_oldest_writer_and_never_lower_it() {
 #[tokio::test]
 async fn tables_that_need_a_newer_release_are_refused_and_left_as_they_were() {
     let prefix = common::fresh_prefix();
-    let config = || {
-        MySqlConfig::new(common::url())
-            .table_prefix(&prefix)
-            .notifications(false)
-    };
+    let config = || common::config_on(&common::url(), &prefix);
     drop(config().connect().await.unwrap());
     let mut conn = common::raw().await;
     let needed = number("99.0.0");
@@ -82,17 +73,7 @@ async fn tables_that_need_a_newer_release_are_refused_and_left_as_they_were() {
     assert!(!err.is_transient());
 
     let lazy = config().connect_lazy().unwrap();
-    let refused = lazy
-        .inspect(&LeaseName::new("job").unwrap())
-        .await
-        .expect_err("refused");
-    assert!(!refused.is_transient(), "{refused:?}");
-    assert!(
-        refused
-            .to_string()
-            .contains("upgrade leasehold to at least 99.0.0"),
-        "{refused}"
-    );
+    leasehold_testkit::errors::refuses_as_too_old(&lazy, "99.0.0").await;
     drop(lazy);
     assert_eq!((rows(&prefix).await, common::tables(&prefix).await), before);
     common::drop_prefix(&prefix).await;

@@ -7,6 +7,7 @@ use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
 use leasehold_mysql::mysql_async::Row;
 use leasehold_mysql::mysql_async::prelude::Queryable;
 use leasehold_mysql::{Error, MySqlConfig, MySqlStore};
+use leasehold_testkit::errors::one_line;
 use leasehold_testkit::mariadb::OwnMariaDb;
 use leasehold_testkit::tls::TestCerts;
 
@@ -27,17 +28,6 @@ async fn cipher(store: &MySqlStore) -> String {
         .unwrap()
         .unwrap();
     row.get::<String, usize>(1).unwrap_or_default()
-}
-
-/// The error and its causes, as the `leasehold` command prints them.
-fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,7 +81,7 @@ async fn each_ssl_mode_checks_what_it_says() {
         let url = server.url("localhost", &format!("?ssl-mode={mode}&ssl-ca={ca}"));
         let err = connect(&url).await.expect_err("the name is checked");
         assert!(
-            with_causes(&err).contains("not valid for name"),
+            one_line(&err).contains("not valid for name"),
             "{mode}: {err:?}"
         );
         assert!(
@@ -120,7 +110,7 @@ async fn required_tls_against_a_server_without_it_is_refused() {
     let err = connect(&server.url("127.0.0.1", "?ssl-mode=required"))
         .await
         .expect_err("no TLS to be had");
-    let line = with_causes(&err);
+    let line = one_line(&err);
     assert!(!line.contains('\n'), "{line}");
     assert!(line.contains("SSL"), "{line}");
     assert!(!err.is_transient(), "{err:?}");

@@ -136,100 +136,23 @@ impl PgConfig {
         }
     }
 
-    /// Sets [`schema`](Self::schema).
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-
-    /// Sets [`lease_table`](Self::lease_table).
-    pub fn lease_table(mut self, table: impl Into<String>) -> Self {
-        self.lease_table = table.into();
-        self
-    }
-
-    /// Sets [`slot_table`](Self::slot_table).
-    pub fn slot_table(mut self, table: impl Into<String>) -> Self {
-        self.slot_table = table.into();
-        self
-    }
-
-    /// Sets [`history_table`](Self::history_table).
-    pub fn history_table(mut self, table: impl Into<String>) -> Self {
-        self.history_table = table.into();
-        self
-    }
-
-    /// Sets [`members_table`](Self::members_table).
-    pub fn members_table(mut self, table: impl Into<String>) -> Self {
-        self.members_table = table.into();
-        self
-    }
-
-    /// Sets [`tasks_table`](Self::tasks_table).
-    pub fn tasks_table(mut self, table: impl Into<String>) -> Self {
-        self.tasks_table = table.into();
-        self
-    }
-
-    /// Sets [`instances_table`](Self::instances_table).
-    pub fn instances_table(mut self, table: impl Into<String>) -> Self {
-        self.instances_table = table.into();
-        self
-    }
-
-    /// Sets [`meta_table`](Self::meta_table).
-    pub fn meta_table(mut self, table: impl Into<String>) -> Self {
-        self.meta_table = table.into();
-        self
-    }
-
-    /// Sets [`channel`](Self::channel).
-    pub fn channel(mut self, channel: impl Into<String>) -> Self {
-        self.channel = Some(channel.into());
-        self
-    }
-
-    /// Sets [`migrate`](Self::migrate).
-    pub fn migrate(mut self, on: bool) -> Self {
-        self.migrate = on;
-        self
-    }
-
-    /// Sets [`pool_size`](Self::pool_size).
-    pub fn pool_size(mut self, size: usize) -> Self {
-        self.pool_size = size;
-        self
-    }
-
-    /// Sets [`op_timeout`](Self::op_timeout).
-    pub fn op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
-        self
-    }
-
-    /// Sets [`connect_timeout`](Self::connect_timeout).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets [`application_name`](Self::application_name).
-    pub fn application_name(mut self, name: impl Into<String>) -> Self {
-        self.application_name = name.into();
-        self
-    }
-
-    /// Sets [`notifications`](Self::notifications).
-    pub fn notifications(mut self, on: bool) -> Self {
-        self.notifications = on;
-        self
-    }
-
-    /// Sets [`tls_ca_pem`](Self::tls_ca_pem).
-    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_ca_pem = Some(pem.into());
-        self
+    leasehold_sql::setters! {
+        schema: into String,
+        lease_table: into String,
+        slot_table: into String,
+        history_table: into String,
+        members_table: into String,
+        tasks_table: into String,
+        instances_table: into String,
+        meta_table: into String,
+        channel: some into String,
+        migrate: bool,
+        pool_size: usize,
+        op_timeout: Duration,
+        connect_timeout: Duration,
+        application_name: into String,
+        notifications: bool,
+        tls_ca_pem: some into Vec<u8>,
     }
 
     /// The server as the driver reads [`url`](Self::url), without its password:
@@ -289,16 +212,16 @@ impl PgConfig {
                 "release channel {channel:?} must be 1 to 63 bytes without quotes; set `channel`"
             )));
         }
-        if self.pool_size == 0 {
-            return Err(Error::Config("pool_size must be at least 1".to_owned()));
-        }
-        leasehold::store::check_nonzero(&[
-            ("op_timeout", self.op_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("max_reconnect_delay", self.max_reconnect_delay),
-            ("keepalive", self.keepalive),
-        ])
-        .map_err(|e| Error::Config(e.to_string()))?;
+        leasehold_sql::check_pool(
+            self.pool_size,
+            &[
+                ("op_timeout", self.op_timeout),
+                ("connect_timeout", self.connect_timeout),
+                ("max_reconnect_delay", self.max_reconnect_delay),
+                ("keepalive", self.keepalive),
+            ],
+        )
+        .map_err(Error::Config)?;
         if self.application_name.len() > MAX_IDENT_LEN - "-listen".len() {
             return Err(Error::Config(
                 "application_name must be at most 56 bytes".to_owned(),

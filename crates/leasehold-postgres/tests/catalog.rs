@@ -4,12 +4,10 @@
 
 mod common;
 
-use std::time::Duration;
-
-use leasehold::catalog::{CATALOG_RETENTION, Registration};
-use leasehold::{Catalog, HolderId, LeaseName, Slots};
+use leasehold::{Catalog, LeaseName};
 use leasehold_postgres::PgConfig;
 use leasehold_postgres::tokio_postgres::Client;
+use leasehold_testkit::catalog;
 
 /// The tables exactly as release 0.1.0's migration creates them (schema `{schema}`).
 const RELEASE_0_1_0_TABLES: &str = "
@@ -68,26 +66,6 @@ async fn release_0_1_0_tables_present(client: &Client, schema: &str) -> i64 {
         .get(0)
 }
 
-fn registration<'a>(task: &'a LeaseName, instance: &'a HolderId) -> Registration<'a> {
-    Registration {
-        task,
-        definition: "{\"schedule\":\"every 1m\"}",
-        instance,
-        about: "{\"version\":\"test\"}",
-        ttl: Duration::from_secs(60),
-        forget_after: CATALOG_RETENTION,
-    }
-}
-
-/// A heartbeat that is over, and forgotten, a millisecond after it is written.
-fn fleeting<'a>(task: &'a LeaseName, instance: &'a HolderId) -> Registration<'a> {
-    Registration {
-        ttl: Duration::from_millis(1),
-        forget_after: Duration::from_millis(1),
-        ..registration(task, instance)
-    }
-}
-
 /// A schema as release 0.1.0 left it, with its rows: connecting adds the catalog's two tables
 /// and the meta table and nothing else, release 0.1.0's tables and rows stay as they were (so its migration still
 /// finds all four and creates nothing), and the catalog works; connecting again is a no-op.
@@ -133,25 +111,7 @@ async fn a_release_0_1_0_schema_gains_the_catalog_and_nothing_else() {
             assert!(after.len() > before.len(), "{after:?}");
             assert_eq!(release_0_1_0_tables_present(&admin, &schema).await, 4);
 
-            let task = LeaseName::new("new-task").unwrap();
-            let me = HolderId::new("me").unwrap();
-            assert_eq!(
-                store.register(&registration(&task, &me)).await.unwrap(),
-                None
-            );
-            assert_eq!(
-                store.set_control(&task, None, "paused").await.unwrap(),
-                Some(1)
-            );
-            let listed = store.tasks(CATALOG_RETENTION).await.unwrap();
-            assert_eq!(listed.len(), 1, "{listed:?}");
-            assert_eq!(listed[0].instances[0].instance, me);
-            let old_task = LeaseName::new("old-task").unwrap();
-            assert_eq!(store.last_slot(&old_task).await.unwrap(), Some(42));
-            let leases = store.leases(10).await.unwrap();
-            assert_eq!(leases.len(), 1);
-            assert_eq!(leases[0].name.as_str(), "old-lease");
-            assert_eq!(leases[0].state.token.get(), 7);
+            let task = catalog::upgraded_tables_keep_their_rows(&store).await;
             drop(store);
 
             let again = PgConfig::new(common::url())
@@ -176,32 +136,9 @@ async fn a_release_0_1_0_schema_gains_the_catalog_and_nothing_else() {
 /// Racing writers of one control record: exactly one of those expecting the same version wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_control_writers_one_winner_per_version() {
-    const RACERS: usize = 8;
     let store = common::store().await;
     let task = LeaseName::new(format!("cas-race-{:08x}", fastrand::u32(..))).unwrap();
-    let mut expected = None;
-    for round in 1..=5u64 {
-        let racers: Vec<_> = (0..RACERS)
-            .map(|i| {
-                let (store, task) = (store.clone(), task.clone());
-                tokio::spawn(async move {
-                    store
-                        .set_control(&task, expected, &format!("{round}-{i}"))
-                        .await
-                        .unwrap()
-                })
-            })
-            .collect();
-        let mut won = Vec::new();
-        for racer in racers {
-            won.extend(racer.await.unwrap());
-        }
-        assert_eq!(won, vec![round], "round {round}");
-        expected = Some(round);
-    }
-    let record = store.control(&task).await.unwrap().control.unwrap();
-    assert_eq!(record.version, 5);
-    assert!(record.value.starts_with("5-"), "{record:?}");
+    catalog::racing_control_writers(&[store], &task).await;
 }
 
 /// Many instances registering one task with heartbeats over at once, while others list the
@@ -211,40 +148,7 @@ async fn racing_control_writers_one_winner_per_version() {
 /// deadlock, and the store answer `Unavailable`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_registrations_and_listings_all_succeed() {
-    const INSTANCES: usize = 6;
-    const BEATS: usize = 40;
     let store = common::store().await;
     let task = LeaseName::new(format!("busy-task-{:08x}", fastrand::u32(..))).unwrap();
-    let mut workers = Vec::new();
-    for i in 0..INSTANCES {
-        let (beating, task) = (store.clone(), task.clone());
-        workers.push(tokio::spawn(async move {
-            let store = beating;
-            let me = HolderId::new(format!("instance-{i}")).unwrap();
-            for _ in 0..BEATS {
-                store.register(&fleeting(&task, &me)).await.unwrap();
-            }
-            store.register(&registration(&task, &me)).await.unwrap();
-        }));
-        let store = store.clone();
-        workers.push(tokio::spawn(async move {
-            for _ in 0..BEATS {
-                store.tasks(Duration::from_millis(1)).await.unwrap();
-            }
-        }));
-    }
-    for worker in workers {
-        worker.await.unwrap();
-    }
-    let listed = store.tasks(CATALOG_RETENTION).await.unwrap();
-    let record = listed.iter().find(|t| t.task == task).expect("listed");
-    assert_eq!(
-        record.definition.as_deref(),
-        Some("{\"schedule\":\"every 1m\"}")
-    );
-    assert_eq!(record.instances.len(), INSTANCES, "{record:?}");
-    for i in 0..INSTANCES {
-        let me = HolderId::new(format!("instance-{i}")).unwrap();
-        store.unregister(&task, &me).await.unwrap();
-    }
+    catalog::register_and_list_at_once(&[store], &task).await;
 }

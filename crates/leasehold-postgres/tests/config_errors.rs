@@ -6,33 +6,11 @@ use std::time::{Duration, Instant};
 
 use leasehold::Store;
 use leasehold_postgres::{Error, Fence, PgConfig};
+use leasehold_testkit::errors::{everything_about, one_line};
 
 /// Nothing listens here.
 const DEAD: &str = "127.0.0.1:1";
 const SECRET: &str = "s3kr1tpw";
-
-/// Display, Debug and every source of `e`, joined.
-fn everything_about(e: &dyn std::error::Error) -> String {
-    let mut out = format!("{e} | {e:?}");
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(" | {s} | {s:?}"));
-        source = s.source();
-    }
-    out
-}
-
-/// The error and its causes on one line, as the `leasehold` command prints it (each message
-/// leaves its cause to its source).
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    out
-}
 
 fn assert_one_line(message: &str) {
     assert!(!message.contains('\n'), "not one line: {message:?}");
@@ -136,7 +114,7 @@ async fn unreachable_server_is_a_connect_error_within_the_timeout() {
     let took = started.elapsed();
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
     assert!(took < Duration::from_secs(3), "took {took:?}");
-    let line = with_causes(&err);
+    let line = one_line(&err);
     assert_one_line(&line);
     assert!(err.to_string().contains(DEAD), "{err}");
     // The reason is in the source chain, which the command prints on the same line.
@@ -164,7 +142,7 @@ async fn silent_server_is_a_connect_error_within_the_timeout() {
         .unwrap_err();
     let took = started.elapsed();
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
-    let line = with_causes(&err);
+    let line = one_line(&err);
     assert!(line.contains("within 1s"), "{line}");
     assert!(took < Duration::from_secs(4), "took {took:?}");
     assert_one_line(&line);

@@ -9,6 +9,7 @@ use leasehold::{
     FencingToken, HolderId, LeaseName, Release, Store, StoreError, store::Acquisition,
 };
 use leasehold_redis::{Error, RedisConfig};
+use leasehold_testkit::errors::everything_about;
 use leasehold_testkit::redis::OwnRedis;
 
 const SECRET: &str = "s3cret-Pa55word";
@@ -30,17 +31,6 @@ async fn raw(conn: &mut impl redis::aio::ConnectionLike, args: &[&str]) {
     let _: () = cmd.query_async(conn).await.unwrap();
 }
 
-/// Display, Debug and every source's Display of `e`.
-fn all_text(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = format!("{e}\n{e:?}\n");
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!("{s}\n{s:?}\n"));
-        source = s.source();
-    }
-    text
-}
-
 fn assert_no_secret(text: &str) {
     assert!(!text.contains(SECRET), "password leaked: {text}");
 }
@@ -56,7 +46,7 @@ async fn password_never_appears_when_the_server_is_unreachable() {
         let config = RedisConfig::new(&url).connect_timeout(Duration::from_millis(500));
         assert_no_secret(&format!("{config:?}"));
         let err = config.connect().await.expect_err("nothing listens there");
-        let text = all_text(&err);
+        let text = everything_about(&err);
         println!("{text}");
         assert_no_secret(&text);
         assert!(
@@ -91,7 +81,7 @@ async fn password_never_appears_with_a_wrong_or_right_password() {
     let err = leasehold_redis::connect(&wrong)
         .await
         .expect_err("wrong password");
-    let text = all_text(&err);
+    let text = everything_about(&err);
     println!("{text}");
     assert!(
         !text.contains(&format!("{SECRET}x")),
@@ -283,7 +273,7 @@ async fn bad_urls_and_settings_are_refused() {
     let err = leasehold_redis::connect(&format!("redis://u:{SECRET}@[::1"))
         .await
         .unwrap_err();
-    assert_no_secret(&all_text(&err));
+    assert_no_secret(&everything_about(&err));
     let err = RedisConfig::new(common::redis_url())
         .prefix("a{b}")
         .connect()

@@ -6,8 +6,8 @@ mod common;
 
 use std::collections::HashMap;
 
+use leasehold::Store;
 use leasehold::skew;
-use leasehold::{HolderId, LeaseName, Store};
 use leasehold_redis::{Error, RedisConfig};
 
 async fn conn() -> redis::aio::MultiplexedConnection {
@@ -83,21 +83,7 @@ async fn keys_that_need_a_newer_release_are_refused_and_left_as_they_were() {
     assert!(!err.is_transient());
 
     let lazy = config().connect_lazy().unwrap();
-    let (name, who) = (
-        LeaseName::new("job").unwrap(),
-        HolderId::new("old").unwrap(),
-    );
-    let refused = lazy
-        .acquire(&name, &who, std::time::Duration::from_secs(5))
-        .await
-        .expect_err("refused");
-    assert!(!refused.is_transient(), "{refused:?}");
-    assert!(
-        refused
-            .to_string()
-            .contains("upgrade leasehold to at least 99.0.0"),
-        "{refused}"
-    );
+    leasehold_testkit::errors::refuses_as_too_old(&lazy, "99.0.0").await;
     assert!(lazy.now_millis().await.is_err());
     drop(lazy);
     assert_eq!((record(&prefix).await, keys(&prefix).await), before);

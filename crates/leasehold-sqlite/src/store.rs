@@ -19,6 +19,7 @@ use leasehold::{
     Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
     Release, Slots, Store, StoreError,
 };
+use leasehold_sql::column;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 use tokio::sync::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -431,16 +432,6 @@ fn token_sql(token: FencingToken) -> i64 {
     i64::try_from(token.get()).unwrap_or(-1)
 }
 
-fn token_from_sql(raw: i64) -> std::result::Result<FencingToken, StoreError> {
-    u64::try_from(raw)
-        .map(FencingToken)
-        .map_err(|_| StoreError::Corrupt(format!("negative fencing token {raw}")))
-}
-
-fn holder_from_sql(raw: String) -> std::result::Result<HolderId, StoreError> {
-    HolderId::new(&raw).map_err(|e| StoreError::Corrupt(format!("holder {raw:?}: {e}")))
-}
-
 fn remaining(expires_at_ms: i64, now_ms: i64) -> Duration {
     Duration::from_millis(expires_at_ms.saturating_sub(now_ms).max(0) as u64)
 }
@@ -453,7 +444,7 @@ fn lease_state(
     now_ms: i64,
 ) -> std::result::Result<LeaseState, StoreError> {
     let holder = match holder {
-        Some(h) if expires_at_ms > now_ms => Some(holder_from_sql(h)?),
+        Some(h) if expires_at_ms > now_ms => Some(column::holder(h)?),
         _ => None,
     };
     Ok(LeaseState {
@@ -463,7 +454,7 @@ fn lease_state(
             Duration::ZERO
         },
         holder,
-        token: token_from_sql(token)?,
+        token: column::token(token)?,
     })
 }
 
@@ -487,7 +478,7 @@ fn acquire_tx(
     // Busy only while another holder's tenure is live; the holder itself gets a new tenure.
     let answer = match live {
         Some((h, exp)) if h != holder.as_str() => Acquisition::Busy {
-            holder: holder_from_sql(h)?,
+            holder: column::holder(h)?,
             remaining: remaining(exp, now),
         },
         _ => {
@@ -507,7 +498,7 @@ fn acquire_tx(
                 now
             ])?;
             Acquisition::Acquired {
-                token: token_from_sql(next)?,
+                token: column::token(next)?,
             }
         }
     };
@@ -853,30 +844,6 @@ impl Membership for SqliteStore {
     }
 }
 
-/// A task or lease name read back from the file.
-fn name_from_sql(raw: String) -> std::result::Result<LeaseName, StoreError> {
-    LeaseName::new(&raw).map_err(|e| StoreError::Corrupt(format!("name {raw:?}: {e}")))
-}
-
-/// A control record's columns: both NULL when there is none.
-fn control_from_sql(
-    version: Option<i64>,
-    value: Option<String>,
-) -> std::result::Result<Option<Versioned>, StoreError> {
-    match (version, value) {
-        (None, _) => Ok(None),
-        (Some(version), Some(value)) => Ok(Some(Versioned {
-            version: u64::try_from(version).map_err(|_| {
-                StoreError::Corrupt(format!("negative control record version {version}"))
-            })?,
-            value,
-        })),
-        (Some(version), None) => Err(StoreError::Corrupt(format!(
-            "control record version {version} without a value"
-        ))),
-    }
-}
-
 /// Each operation one transaction (or one statement); heartbeats on the host's boot-time clock
 /// like leases and memberships, the clock `control` answers on SQLite's wall clock like
 /// `now_millis`.
@@ -901,7 +868,7 @@ impl Catalog for SqliteStore {
                 .prepare_cached(schema::TASK_CONTROL)?
                 .query_row([&task], |r| Ok((r.get(0)?, r.get(1)?)))?;
             tx.commit()?;
-            Ok(control_from_sql(version, value)?)
+            Ok(column::control(version, value)?)
         })
     }
 
@@ -938,10 +905,10 @@ impl Catalog for SqliteStore {
                     let task: String = row.get(0)?;
                     if tasks.last().is_none_or(|t| t.task.as_str() != task) {
                         tasks.push(TaskRecord {
-                            task: name_from_sql(task)?,
+                            task: column::name(task)?,
                             definition: row.get(1)?,
                             instances: Vec::new(),
-                            control: control_from_sql(row.get(2)?, row.get(3)?)?,
+                            control: column::control(row.get(2)?, row.get(3)?)?,
                         });
                     }
                     let (Some(record), Some(instance)) =
@@ -950,7 +917,7 @@ impl Catalog for SqliteStore {
                         continue;
                     };
                     record.instances.push(InstanceRecord {
-                        instance: holder_from_sql(instance)?,
+                        instance: column::holder(instance)?,
                         about: row.get(5)?,
                         remaining: remaining(row.get(6)?, now),
                     });
@@ -970,7 +937,7 @@ impl Catalog for SqliteStore {
             Ok(ControlRead {
                 now_ms: u64::try_from(now)
                     .map_err(|_| StoreError::Corrupt(format!("store clock {now}")))?,
-                control: control_from_sql(version, value)?,
+                control: column::control(version, value)?,
             })
         })
     }
@@ -1016,7 +983,7 @@ impl Catalog for SqliteStore {
             let mut leases = Vec::new();
             while let Some(row) = rows.next()? {
                 leases.push(LeaseRecord {
-                    name: name_from_sql(row.get(0)?)?,
+                    name: column::name(row.get(0)?)?,
                     state: lease_state(row.get(1)?, row.get(2)?, row.get(3)?, now)?,
                 });
             }

@@ -2,13 +2,16 @@
 //! ports, a redis-server of a test's own ([`redis`]), Sentinel groups and Redis Clusters
 //! ([`ha`]), a MariaDB server of a test's own ([`mariadb`]), TLS certificates made with the
 //! `openssl` tool ([`tls`]), a PostgreSQL stand-in that refuses passwords ([`postgres`]), and
-//! the store conformance suite run all at once on one deployment ([`conformance`]).
+//! the store conformance suite run all at once on one deployment ([`conformance`]), the fleet
+//! catalog's shared checks ([`catalog`]), and errors as a user meets them ([`errors`]).
 //!
 //! Servers are killed when their value is dropped; their data directories live under the
 //! system temp dir and go with them. Failures panic with a message naming what is missing, as
 //! test helpers do.
 
+pub mod catalog;
 pub mod conformance;
+pub mod errors;
 pub mod ha;
 pub mod mariadb;
 pub mod postgres;

@@ -91,6 +91,14 @@ pub fn config() -> MySqlConfig {
     MySqlConfig::new(url()).table_prefix(prefix())
 }
 
+/// Settings for the server at `url` on tables of the test's own `prefix`, without the release
+/// poller.
+pub fn config_on(url: &str, prefix: &str) -> MySqlConfig {
+    MySqlConfig::new(url)
+        .table_prefix(prefix)
+        .notifications(false)
+}
+
 /// A store on this binary's prefix.
 pub async fn store() -> MySqlStore {
     static CLEANED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
