@@ -768,7 +768,7 @@ impl Harness {
 
     /// SIGSTOP of the holder and its running command (its supervisor included) past the ttl;
     /// the command resumes first, alone, once a newer holder has written, and must be refused
-    /// by the fence.
+    /// by the fence (if none writes in time, the command is killed instead: nothing to judge).
     async fn pause(&mut self, f: &PlannedFault) -> Result<()> {
         let Some(row) = self
             .holder_row((self.s.ttl * 3).max(Duration::from_secs(3)))
@@ -837,19 +837,31 @@ impl Harness {
         // runner can act. That is the case `leasehold run` leaves to fencing: a freeze of the
         // supervisor as well as the runner.
         let resumed = epoch_ms();
-        procs::signal(cmd, Signal::SIGCONT);
-        let wait_write = Instant::now();
-        while wait_write.elapsed() < Duration::from_secs(3) && !procs::finished(cmd) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        if newer.is_some_and(|m| m > token) {
+            procs::signal(cmd, Signal::SIGCONT);
+            let wait_write = Instant::now();
+            while wait_write.elapsed() < Duration::from_secs(3) && !procs::finished(cmd) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        } else {
+            // No newer holder wrote in time (another fault held it up): the fence has nothing to
+            // judge the stale write by, and resumed it would land beside a newer holder's run
+            // that has not written yet. The check is skipped: the command is killed unresumed.
+            procs::signal(cmd, Signal::SIGKILL);
         }
         procs::signal_group(group, Signal::SIGCONT);
         procs::signal(runner, Signal::SIGCONT);
         self.watchdog.clear_paused();
-        let detail = format!(
-            "SIGSTOP {holder} and its command (pid {cmd}, token {token}) for {} ms; resumed after the fence reached {}",
-            resumed - at,
-            newer.map_or("-".into(), |m| m.to_string())
-        );
+        let detail = match newer.filter(|&m| m > token) {
+            Some(m) => format!(
+                "SIGSTOP {holder} and its command (pid {cmd}, token {token}) for {} ms; resumed after the fence reached {m}",
+                resumed - at
+            ),
+            None => format!(
+                "SIGSTOP {holder} and its command (pid {cmd}, token {token}) for {} ms; no newer write by then, so the command was killed rather than resumed",
+                resumed - at
+            ),
+        };
         self.checks.push(FencingCheck {
             holder: holder.clone(),
             pid: cmd,
