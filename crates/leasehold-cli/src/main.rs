@@ -293,11 +293,6 @@ fn usage_error(rendered: &str, args: &[String]) -> String {
     format!("{line} (see {help})")
 }
 
-/// glibc's allocator spent a tenth of the sidecar's CPU on its locks and bin upkeep under load
-/// (perf, 64 connections ticking); mimalloc keeps per-thread heaps.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
