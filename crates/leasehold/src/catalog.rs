@@ -147,7 +147,7 @@ impl InstanceInfo {
     pub fn current() -> Self {
         Self {
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            host: crate::name::host_name(),
+            host: crate::name::host_name().to_owned(),
             pid: std::process::id(),
         }
     }

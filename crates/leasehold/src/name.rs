@@ -114,10 +114,9 @@ impl HolderId {
     /// per process plus a count of the identities made before (a sidecar makes one per request:
     /// no system call each time).
     pub fn generate() -> Self {
-        static HOST: OnceLock<String> = OnceLock::new();
         static BASE: OnceLock<u128> = OnceLock::new();
         static MADE: AtomicU64 = AtomicU64::new(0);
-        let host = HOST.get_or_init(host_name);
+        let host = host_name();
         let base = BASE.get_or_init(|| {
             let mut bytes = [0u8; 16];
             if getrandom::fill(&mut bytes).is_err() {
@@ -160,7 +159,13 @@ impl fmt::Debug for HolderId {
     }
 }
 
-pub(crate) fn host_name() -> String {
+/// This host's name, read once per process (a sidecar makes a holder id per request).
+pub(crate) fn host_name() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(read_host_name)
+}
+
+fn read_host_name() -> String {
     let raw = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
