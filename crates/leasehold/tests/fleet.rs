@@ -267,3 +267,57 @@ async fn pause_and_resume_racing_leave_one_state() {
         assert!(f1.task(&task).await.unwrap().paused.is_none());
     }
 }
+
+/// Catalog beats in step with the runs: every second a run holds the task lease from just after
+/// the second to 0.9 s past it, and the beat (once per renew interval, 1 s) always comes half way
+/// through one, so a beat never finds the task lease free. The trigger is taken as the run it
+/// was seen beside ends (the run's tick read it), within two seconds, once.
+#[tokio::test(start_paused = true)]
+async fn a_trigger_is_taken_when_beats_always_fall_inside_a_run() {
+    use leasehold::Store;
+    let store = MemoryStore::new();
+    let ledger = Ledger::default();
+    // Start half a second past a second of the store's clock: the beats keep that phase.
+    let now = store.now_millis().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000 - now % 1000 + 500)).await;
+    let _a = Scheduler::new(store.clone())
+        .holder(HolderId::new("a").unwrap())
+        .lease_config(LeaseConfig::new(SEC * 3))
+        .registered_as(TaskSource::Run)
+        .task(recorder(
+            &ledger,
+            "sweep",
+            Schedule::every(SEC).unwrap(),
+            Duration::from_millis(900),
+        ))
+        .start(std::future::pending())
+        .unwrap();
+    tokio::time::sleep(SEC * 5).await;
+    let fleet = Fleet::new(store.clone());
+    let asked = tokio::time::Instant::now();
+    let request = fleet.trigger(&name("sweep"), "ops").await.unwrap();
+    let run = fleet
+        .wait_for_run(&name("sweep"), &request, SEC * 30)
+        .await
+        .unwrap();
+    assert_eq!(run.trigger, Some(RecordTrigger::Manual));
+    let runs = ledger.lock().unwrap().clone();
+    let manual: Vec<_> = runs
+        .iter()
+        .filter(|r| r.trigger == Trigger::Manual)
+        .collect();
+    assert_eq!(manual.len(), 1, "{runs:#?}");
+    assert!(
+        manual[0].start - asked <= SEC * 2,
+        "taken {:?} after it was asked for",
+        manual[0].start - asked
+    );
+    for r in &runs {
+        for o in &runs {
+            if !std::ptr::eq(r, o) {
+                assert!(r.end <= o.start || o.end <= r.start, "overlap: {r:?} {o:?}");
+            }
+        }
+    }
+    assert_no_slot_twice(&ledger);
+}

@@ -408,7 +408,15 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                                 .then_some(slot);
                             continue;
                         }
-                        self.tick(&reading, slot, Trigger::Timer).await
+                        let outcome = self.tick(&reading, slot, Trigger::Timer).await;
+                        if outcome == TickOutcome::Ran {
+                            // A trigger pending beside this run is taken now that it ended:
+                            // catalog beats in step with the runs would never find the task
+                            // lease free.
+                            self.take_pending(reading.control.as_ref(), reading.control_version)
+                                .await;
+                        }
+                        outcome
                     }
                     Err(e) if e.is_transient() => {
                         store_was_down = true;
@@ -603,12 +611,22 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let Ok(parsed) = Control::from_json(&control.value) else {
             return;
         };
-        if parsed.trigger.is_none() {
+        self.take_pending(Some(&parsed), Some(control.version))
+            .await;
+    }
+
+    /// Takes the manual trigger pending in `control` (at `version`) if this instance may run
+    /// the task now, and runs it beside the timer loop, holding the task lease.
+    async fn take_pending(self: &Arc<Self>, control: Option<&Control>, version: Option<u64>) {
+        let (Some(control), Some(version)) = (control, version) else {
+            return;
+        };
+        if control.trigger.is_none() {
             return;
         }
         let ticket = match self
             .gate
-            .take_trigger(&parsed, control.version, self.store_now())
+            .take_trigger(control, version, self.store_now())
             .await
         {
             Ok(Some(ticket)) => ticket,
