@@ -71,11 +71,12 @@ pub(crate) struct Growth {
 /// The most the resident set may grow over the memory pass (issue 28).
 pub(crate) const MAX_GROWTH: u64 = 10 << 20;
 
-/// Serves a sidecar over `store` on a loopback port, on a runtime of its own (as the
-/// `leasehold serve` process would run beside the bench's), until the returned sender is
-/// dropped.
+/// The thread serving the sidecar, with what `serve` returned.
 type Served = std::thread::JoinHandle<std::io::Result<()>>;
 
+/// Serves a sidecar over `store` on a loopback port, on a runtime of its own with `leasehold
+/// serve`'s default thread count (as that process would run beside the bench's), until the
+/// returned sender is dropped.
 fn start(store: RedisStore) -> Result<(SocketAddr, oneshot::Sender<()>, Served)> {
     let io = |what: &str| {
         let what = what.to_owned();
@@ -86,7 +87,7 @@ fn start(store: RedisStore) -> Result<(SocketAddr, oneshot::Sender<()>, Served)>
         .and_then(|l| l.local_addr())
         .map_err(io("bind a loopback port for the sidecar"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(leasehold_serve::DEFAULT_THREADS)
         .enable_all()
         .build()
         .map_err(io("start the sidecar's runtime"))?;

@@ -325,11 +325,15 @@ fn main() -> ExitCode {
         return supervise::main(args);
     }
     init_logging();
-    let runtime = match start_runtime(tokio::runtime::Builder::new_multi_thread().worker_threads(2))
-    {
-        Ok(rt) => rt,
-        Err(code) => return code,
+    let threads = match &cli.command {
+        Command::Serve(args) => args.threads,
+        _ => 2,
     };
+    let runtime =
+        match start_runtime(tokio::runtime::Builder::new_multi_thread().worker_threads(threads)) {
+            Ok(rt) => rt,
+            Err(code) => return code,
+        };
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,

@@ -54,6 +54,20 @@ pub struct ServeArgs {
     /// How long shutdown waits for requests being handled before closing their connections.
     #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]
     shutdown_grace: Duration,
+    /// Worker threads answering requests. One is fastest on a small machine (a request and
+    /// its store connection do not wake each other's thread); give more where one sidecar
+    /// serves many applications on a machine with cores to spare.
+    #[arg(long, default_value_t = leasehold_serve::DEFAULT_THREADS, value_parser = threads)]
+    pub(crate) threads: usize,
+}
+
+/// `--threads`: 1 to 256.
+fn threads(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n @ 1..=256) => Ok(n),
+        Ok(_) => Err("must be between 1 and 256".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A timeout flag: above zero, at most a day.

@@ -97,7 +97,8 @@ fn a_unix_socket_serves_the_same_api() {
     let socket = dir.path().join("sidecar.sock");
     let store = format!("sqlite:{}", dir.path().join("s.db").display());
     let mut child = Command::new(BIN)
-        .args(["serve", "--store", &store])
+        // More than the one default thread: the API is the same.
+        .args(["serve", "--store", &store, "--threads", "3"])
         .arg("--listen")
         .arg(format!("unix:{}", socket.display()))
         .stderr(Stdio::null())
@@ -149,4 +150,8 @@ fn unsafe_or_bad_flags_are_refused() {
     assert!(err.contains("IP:PORT"), "{err}");
     let err = refused(&["--store", &store, "--holder", "has space"]);
     assert!(err.contains("--holder"), "{err}");
+    for threads in ["0", "257", "two"] {
+        let err = refused(&["--store", &store, "--threads", threads]);
+        assert!(err.contains("--threads"), "{threads}: {err}");
+    }
 }
