@@ -131,9 +131,9 @@ async fn take(
             ));
         }
     }
-    let lease = Lease::new(shared.store.clone(), name.clone(), config)
-        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
-        .with_holder(shared.holder_id(request.holder.as_deref()));
+    let holder = shared.holder_id(request.holder.as_deref());
+    let lease = Lease::held_as(shared.store.clone(), name.clone(), config, holder)
+        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
     let attempt = lease.try_acquire().await;
     shared.saw_store(matches!(&attempt, Err(e) if e.is_transient()));
     let guard = match attempt {

@@ -167,9 +167,9 @@ pub(crate) async fn tick(
     // The gate decides, as the scheduler's does: the store's clock (with the task's control
     // record) names the slot, then leadership, pause, task lease, slot claim; in one store
     // round trip where the store can (the slot named from the store's clock as last read).
-    let lease = Lease::new(shared.store.clone(), task.clone(), config)
-        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?
-        .with_holder(shared.holder_id(None));
+    let holder = shared.holder_id(None);
+    let lease = Lease::held_as(shared.store.clone(), task.clone(), config, holder)
+        .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
     let mut gate = Gate::new(lease).recording(shared.history.clone());
     // How long ticks may stop before this sidecar gives up the group and the catalog entry:
     // the interval between the slots around the store's clock as last read.

@@ -835,8 +835,12 @@ impl<S: crate::Store> Campaigns<S> {
             return Ok(g.clone());
         }
         let stop = self.stop.child_token();
-        let lease =
-            Lease::new(self.store.clone(), group.clone(), config)?.with_holder(self.holder.clone());
+        let lease = Lease::held_as(
+            self.store.clone(),
+            group.clone(),
+            config,
+            self.holder.clone(),
+        )?;
         let shutdown = stop.clone().cancelled_owned();
         let campaign = Arc::new(Campaign {
             leader: Leader::new(lease).start(shutdown),

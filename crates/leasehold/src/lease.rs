@@ -119,11 +119,23 @@ pub struct Lease<S> {
 impl<S: Store> Lease<S> {
     /// A lease handle with a fresh holder id. Fails if `config` is invalid.
     pub fn new(store: S, name: LeaseName, config: LeaseConfig) -> Result<Self, ConfigError> {
+        Self::held_as(store, name, config, HolderId::generate())
+    }
+
+    /// A lease handle whose identity is `holder` (as [`new`](Self::new) then
+    /// [`with_holder`](Self::with_holder), without making the id it replaces: a sidecar makes
+    /// a handle per request). Fails if `config` is invalid.
+    pub fn held_as(
+        store: S,
+        name: LeaseName,
+        config: LeaseConfig,
+        holder: HolderId,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
             store,
             name,
-            holder: HolderId::generate(),
+            holder,
             config,
             current: Arc::default(),
             acquiring: Arc::default(),

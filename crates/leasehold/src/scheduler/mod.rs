@@ -294,8 +294,9 @@ impl<S: Slots + Membership + Catalog> Scheduler<S> {
         let any_gated = self.tasks.iter().any(|t| t.gated);
         let leader = match &self.leader_group {
             Some(group) if self.has_store && any_gated => {
-                let lease = Lease::new(self.store.clone(), group.clone(), self.lease_config)?
-                    .with_holder(self.holder.clone());
+                let holder = self.holder.clone();
+                let lease =
+                    Lease::held_as(self.store.clone(), group.clone(), self.lease_config, holder)?;
                 let step_down = step_down.clone();
                 Some(Leader::new(lease).start(async move { step_down.cancelled().await }))
             }
@@ -338,8 +339,13 @@ impl<S: Slots + Membership + Catalog> Scheduler<S> {
                 false => StoreDownPolicy::Local,
             };
             tracing::info!(task = %task.name, schedule = %task.schedule, %policy, gated = task.gated, "task scheduled");
-            let lease = Lease::new(self.store.clone(), task.name.clone(), self.lease_config)?
-                .with_holder(self.holder.clone());
+            let holder = self.holder.clone();
+            let lease = Lease::held_as(
+                self.store.clone(),
+                task.name.clone(),
+                self.lease_config,
+                holder,
+            )?;
             let name = task.name.clone();
             let runner = Arc::new(TaskRunner::new(task, lease, policy, common.clone()));
             manual_runs.push(runner.manual_runs());
