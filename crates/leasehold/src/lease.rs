@@ -326,11 +326,12 @@ pub(crate) type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
 pub(crate) struct Shared {
     deadline: Mutex<Instant>,
     lost: OnceLock<LossReason>,
-    /// Fires on loss, release or drop.
-    pub(crate) cancel: CancellationToken,
-    /// Fires at `deadline - stop_margin` while renewal is overdue, and with `cancel`: a flag,
-    /// and a token made only when someone waits on it (a token is ~128 bytes, and most of the
-    /// many guards of a session are never asked for it).
+    /// Set on loss, release or drop; as a token too, made only when someone waits on it (a
+    /// token is ~128 bytes, and most of the many guards of a session are never asked for it).
+    ended: AtomicBool,
+    ended_token: OnceLock<CancellationToken>,
+    /// Set at `deadline - stop_margin` while renewal is overdue, and with `ended`; a token made
+    /// on first use, as above.
     expiring: AtomicBool,
     expiring_token: OnceLock<CancellationToken>,
     /// The deadline's updates, made (like `expiring_token`) only when someone subscribes.
@@ -364,7 +365,8 @@ impl Shared {
         Arc::new(Self {
             deadline: Mutex::new(deadline),
             lost: OnceLock::new(),
-            cancel: CancellationToken::new(),
+            ended: AtomicBool::new(false),
+            ended_token: OnceLock::new(),
             expiring: AtomicBool::new(false),
             expiring_token: OnceLock::new(),
             deadline_updates: OnceLock::new(),
@@ -403,7 +405,24 @@ impl Shared {
     /// Both signals: the work stops and the lease is gone.
     pub(crate) fn stop(&self) {
         self.warn_expiring();
-        self.cancel.cancel();
+        self.ended.store(true, Ordering::SeqCst);
+        if let Some(token) = self.ended_token.get() {
+            token.cancel();
+        }
+    }
+
+    /// Whether the lease is lost, released or dropped.
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// The end as a token, made on first use (as [`expiring_token`](Self::expiring_token)).
+    pub(crate) fn ended_token(&self) -> &CancellationToken {
+        let token = self.ended_token.get_or_init(CancellationToken::new);
+        if self.has_ended() {
+            token.cancel();
+        }
+        token
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -554,12 +573,12 @@ impl LeaseGuard {
     /// [`cancellation_token`](Self::cancellation_token), for observing the loss itself (metrics,
     /// logs), not for stopping work.
     pub fn lost_token(&self) -> CancellationToken {
-        self.shared.cancel.child_token()
+        self.shared.ended_token().child_token()
     }
 
     /// Waits until the lease is lost (or released), returning the reason if it was lost.
     pub async fn lost(&self) -> Option<LossReason> {
-        self.shared.cancel.cancelled().await;
+        self.shared.ended_token().cancelled().await;
         self.loss_reason()
     }
 
@@ -572,7 +591,7 @@ impl LeaseGuard {
     /// against the clock at each call, so it is false at once after this process resumes from a
     /// pause, before the renewer has run.
     pub fn is_held(&self) -> bool {
-        !self.shared.cancel.is_cancelled() && Instant::now() < self.deadline()
+        !self.shared.has_ended() && Instant::now() < self.deadline()
     }
 
     /// The instant (monotonic clock) until which the lease is known to be ours.

@@ -261,6 +261,32 @@ async fn the_expiring_signal_reaches_tokens_asked_for_before_and_after_it() {
     assert!(!late.lost_token().is_cancelled());
 }
 
+/// The loss signal is made only when asked for, as the expiring one: a token asked for before
+/// the loss fires with it, one asked for after it is already cancelled, `lost()` then returns at
+/// once, and `is_held` turns false with it.
+#[tokio::test(start_paused = true)]
+async fn the_loss_signal_reaches_tokens_asked_for_before_and_after_it() {
+    let store = FaultyStore::new();
+    let config = LeaseConfig::new(TTL);
+    let early = held(&lease(&store)).await;
+    let late = Lease::new(store.clone(), LeaseName::new("other").unwrap(), config).unwrap();
+    let late = held(&late).await;
+    let asked_early = early.lost_token();
+    store.set(|f| &f.renew_hangs, true);
+    asked_early.cancelled().await;
+    assert_eq!(early.loss_reason(), Some(LossReason::Expired));
+    assert!(!early.is_held());
+    // Let the other guard's renewer pass the same instant.
+    tokio::time::sleep(MS).await;
+    assert_eq!(late.loss_reason(), Some(LossReason::Expired));
+    assert!(!late.is_held());
+    assert!(late.lost_token().is_cancelled());
+    let reason = tokio::time::timeout(MS, late.lost())
+        .await
+        .expect("lost() returns at once once lost");
+    assert_eq!(reason, Some(LossReason::Expired));
+}
+
 #[tokio::test(start_paused = true)]
 async fn deadline_updates_follow_each_confirmed_renewal_only() {
     let store = FaultyStore::new();
