@@ -178,13 +178,8 @@ pub struct SidecarConfig {
 
 impl Default for SidecarConfig {
     fn default() -> Self {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "sidecar".to_owned());
         Self {
-            holder: format!("{host}-{}", std::process::id()),
+            holder: format!("{}-{}", leasehold::host_name(), std::process::id()),
             on_store_down: StoreDownPolicy::FailClosed,
             max_wait: Duration::from_secs(300),
             metrics: None,

@@ -42,7 +42,7 @@ pub use leader::{Leader, LeaderEvent, LeaderHandle, LeaderState, MAX_REFUSALS, R
 pub use lease::{Lease, LeaseError, LeaseGuard, LossReason, TryAcquire};
 pub use memory::MemoryStore;
 pub use metrics_help::describe_metrics;
-pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError};
+pub use name::{HolderId, LeaseName, MAX_HOLDER_LEN, MAX_NAME_LEN, NameError, host_name};
 pub use schedule::{Schedule, ScheduleError};
 pub use scheduler::{
     CatchUp, RunResult, Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus,

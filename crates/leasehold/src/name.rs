@@ -159,8 +159,10 @@ impl fmt::Debug for HolderId {
     }
 }
 
-/// This host's name, read once per process (a sidecar makes a holder id per request).
-pub(crate) fn host_name() -> &'static str {
+/// This host's name as generated holder ids and the catalog show it: `$HOSTNAME`, else the
+/// kernel's host name, without whitespace, controls or `:`, at most 64 characters,
+/// `localhost` if none. Read once per process.
+pub fn host_name() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
     HOST.get_or_init(read_host_name)
 }
