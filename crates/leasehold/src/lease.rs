@@ -326,16 +326,43 @@ pub(crate) type ReleaseReply = oneshot::Sender<Result<Release, StoreError>>;
 pub(crate) struct Shared {
     deadline: Mutex<Instant>,
     lost: OnceLock<LossReason>,
-    /// Set on loss, release or drop; as a token too, made only when someone waits on it (a
-    /// token is ~128 bytes, and most of the many guards of a session are never asked for it).
-    ended: AtomicBool,
-    ended_token: OnceLock<CancellationToken>,
-    /// Set at `deadline - stop_margin` while renewal is overdue, and with `ended`; a token made
-    /// on first use, as above.
-    expiring: AtomicBool,
-    expiring_token: OnceLock<CancellationToken>,
-    /// The deadline's updates, made (like `expiring_token`) only when someone subscribes.
+    /// Fires on loss, release or drop.
+    ended: Signal,
+    /// Fires at `deadline - stop_margin` while renewal is overdue, and with `ended`.
+    expiring: Signal,
+    /// The deadline's updates, made (like a [`Signal`]'s token) only when someone subscribes.
     deadline_updates: OnceLock<watch::Sender<Instant>>,
+}
+
+/// A one-way signal: a flag, and a token made only when someone waits on it (a token is ~128
+/// bytes, and most of the many guards of a session are never asked for theirs). Either firing
+/// sees the token or the token, once made, sees the flag: the signal is never missed.
+#[derive(Debug, Default)]
+struct Signal {
+    fired: AtomicBool,
+    token: OnceLock<CancellationToken>,
+}
+
+impl Signal {
+    fn fire(&self) {
+        self.fired.store(true, Ordering::SeqCst);
+        if let Some(token) = self.token.get() {
+            token.cancel();
+        }
+    }
+
+    fn has_fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    /// The signal as a token, made on first use.
+    fn token(&self) -> &CancellationToken {
+        let token = self.token.get_or_init(CancellationToken::new);
+        if self.has_fired() {
+            token.cancel();
+        }
+        token
+    }
 }
 
 /// A cheap, clonable view of whether a guard still holds its lease, for [`TaskContext`]
@@ -365,10 +392,8 @@ impl Shared {
         Arc::new(Self {
             deadline: Mutex::new(deadline),
             lost: OnceLock::new(),
-            ended: AtomicBool::new(false),
-            ended_token: OnceLock::new(),
-            expiring: AtomicBool::new(false),
-            expiring_token: OnceLock::new(),
+            ended: Signal::default(),
+            expiring: Signal::default(),
             deadline_updates: OnceLock::new(),
         })
     }
@@ -381,48 +406,18 @@ impl Shared {
 
     /// Tells the work to stop (see [`LeaseGuard::cancellation_token`]).
     pub(crate) fn warn_expiring(&self) {
-        self.expiring.store(true, Ordering::SeqCst);
-        if let Some(token) = self.expiring_token.get() {
-            token.cancel();
-        }
+        self.expiring.fire();
     }
 
     /// Whether the work has been told to stop.
     pub(crate) fn is_expiring(&self) -> bool {
-        self.expiring.load(Ordering::SeqCst)
-    }
-
-    /// The expiring signal as a token, made on first use. Either the warning sees the token
-    /// or the token, once made, sees the warning's flag: the signal is never missed.
-    pub(crate) fn expiring_token(&self) -> &CancellationToken {
-        let token = self.expiring_token.get_or_init(CancellationToken::new);
-        if self.is_expiring() {
-            token.cancel();
-        }
-        token
+        self.expiring.has_fired()
     }
 
     /// Both signals: the work stops and the lease is gone.
     pub(crate) fn stop(&self) {
-        self.warn_expiring();
-        self.ended.store(true, Ordering::SeqCst);
-        if let Some(token) = self.ended_token.get() {
-            token.cancel();
-        }
-    }
-
-    /// Whether the lease is lost, released or dropped.
-    pub(crate) fn has_ended(&self) -> bool {
-        self.ended.load(Ordering::SeqCst)
-    }
-
-    /// The end as a token, made on first use (as [`expiring_token`](Self::expiring_token)).
-    pub(crate) fn ended_token(&self) -> &CancellationToken {
-        let token = self.ended_token.get_or_init(CancellationToken::new);
-        if self.has_ended() {
-            token.cancel();
-        }
-        token
+        self.expiring.fire();
+        self.ended.fire();
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -561,24 +556,24 @@ impl LeaseGuard {
     /// renewals succeed. Stopping on it ends the work *before* the store can grant the lease to
     /// anyone else. Cancelling the returned token yourself does not affect the guard.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.shared.expiring_token().child_token()
+        self.shared.expiring.token().child_token()
     }
 
     /// Waits until the work should stop (see [`cancellation_token`](Self::cancellation_token)).
     pub async fn cancelled(&self) {
-        self.shared.expiring_token().cancelled().await;
+        self.shared.expiring.token().cancelled().await;
     }
 
     /// A token cancelled the moment the lease is lost (or released, or dropped): later than
     /// [`cancellation_token`](Self::cancellation_token), for observing the loss itself (metrics,
     /// logs), not for stopping work.
     pub fn lost_token(&self) -> CancellationToken {
-        self.shared.ended_token().child_token()
+        self.shared.ended.token().child_token()
     }
 
     /// Waits until the lease is lost (or released), returning the reason if it was lost.
     pub async fn lost(&self) -> Option<LossReason> {
-        self.shared.ended_token().cancelled().await;
+        self.shared.ended.token().cancelled().await;
         self.loss_reason()
     }
 
@@ -591,7 +586,7 @@ impl LeaseGuard {
     /// against the clock at each call, so it is false at once after this process resumes from a
     /// pause, before the renewer has run.
     pub fn is_held(&self) -> bool {
-        !self.shared.has_ended() && Instant::now() < self.deadline()
+        !self.shared.ended.has_fired() && Instant::now() < self.deadline()
     }
 
     /// The instant (monotonic clock) until which the lease is known to be ours.
