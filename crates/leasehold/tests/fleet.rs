@@ -13,7 +13,7 @@ use leasehold::history::{self, RecordTrigger, RunOutcome};
 use leasehold::{
     HolderId, LeaseConfig, LeaseName, MemoryStore, Schedule, Scheduler, SchedulerHandle, Trigger,
 };
-use support::{Ledger, assert_no_slot_twice, recorder};
+use support::{Ledger, assert_no_overlap, assert_no_slot_twice, recorder};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -231,14 +231,7 @@ async fn a_trigger_runs_once_with_the_task_lease_even_across_a_leader_change() {
         .collect();
     assert_eq!(manual.len(), 1, "{runs:#?}");
     // Never beside another run of the task.
-    for r in &runs {
-        for o in &runs {
-            if std::ptr::eq(r, o) {
-                continue;
-            }
-            assert!(r.end <= o.start || o.end <= r.start, "overlap: {r:?} {o:?}");
-        }
-    }
+    assert_no_overlap(&runs);
     let records = history::read(&store, &name("sweep"), 100).await.unwrap();
     assert_eq!(records.iter().filter(|r| r.request.is_some()).count(), 1);
     drop(b);
@@ -312,12 +305,6 @@ async fn a_trigger_is_taken_when_beats_always_fall_inside_a_run() {
         "taken {:?} after it was asked for",
         manual[0].start - asked
     );
-    for r in &runs {
-        for o in &runs {
-            if !std::ptr::eq(r, o) {
-                assert!(r.end <= o.start || o.end <= r.start, "overlap: {r:?} {o:?}");
-            }
-        }
-    }
+    assert_no_overlap(&runs);
     assert_no_slot_twice(&ledger);
 }

@@ -409,12 +409,13 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                             continue;
                         }
                         let outcome = self.tick(&reading, slot, Trigger::Timer).await;
-                        if outcome == TickOutcome::Ran {
-                            // A trigger pending beside this run is taken now that it ended:
-                            // catalog beats in step with the runs would never find the task
-                            // lease free.
-                            self.take_pending(reading.control.as_ref(), reading.control_version)
-                                .await;
+                        // A trigger pending beside this run is taken now that it ended: catalog
+                        // beats in step with the runs would never find the task lease free.
+                        if outcome == TickOutcome::Ran
+                            && let (Some(control), Some(version)) =
+                                (&reading.control, reading.control_version)
+                        {
+                            self.take_pending(control, version).await;
                         }
                         outcome
                     }
@@ -611,16 +612,12 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let Ok(parsed) = Control::from_json(&control.value) else {
             return;
         };
-        self.take_pending(Some(&parsed), Some(control.version))
-            .await;
+        self.take_pending(&parsed, control.version).await;
     }
 
     /// Takes the manual trigger pending in `control` (at `version`) if this instance may run
     /// the task now, and runs it beside the timer loop, holding the task lease.
-    async fn take_pending(self: &Arc<Self>, control: Option<&Control>, version: Option<u64>) {
-        let (Some(control), Some(version)) = (control, version) else {
-            return;
-        };
+    async fn take_pending(self: &Arc<Self>, control: &Control, version: u64) {
         if control.trigger.is_none() {
             return;
         }

@@ -79,3 +79,12 @@ pub fn assert_no_slot_twice(ledger: &Ledger) {
     dedup.dedup();
     assert_eq!(v, dedup, "a slot ran twice");
 }
+
+/// Panics if two runs in `runs` overlapped in time (the task lease keeps them apart).
+pub fn assert_no_overlap(runs: &[Run]) {
+    for (i, r) in runs.iter().enumerate() {
+        for o in &runs[i + 1..] {
+            assert!(r.end <= o.start || o.end <= r.start, "overlap: {r:?} {o:?}");
+        }
+    }
+}
