@@ -3,7 +3,9 @@
 # test, against real `leasehold serve` processes and redis-servers of their own (redis-server from
 # PATH: scripts/stores.sh installs it). Installs the npm packages from the committed lockfiles
 # (npm ci, cache first). Usage: scripts/node-tests.sh [LEASEHOLD_BIN]; the binary defaults to
-# $LEASEHOLD_BIN, else target/debug/leasehold. Exits non-zero if anything fails. About a minute.
+# $LEASEHOLD_BIN, else target/debug/leasehold. Exits non-zero if anything fails. About two minutes
+# (the replicas test installs node-cron, NestJS and TypeScript into a fresh project; faketime from
+# scripts/stores.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}"
@@ -11,7 +13,7 @@ if [ ! -x "$bin" ]; then
   echo "node-tests: no leasehold binary at $bin (cargo build -p leasehold-cli --bin leasehold)" >&2
   exit 1
 fi
-for tool in node npm redis-server redis-cli; do
+for tool in node npm redis-server redis-cli faketime; do
   command -v "$tool" >/dev/null || { echo "node-tests: $tool is not on PATH (scripts/stores.sh installs it)" >&2; exit 1; }
 done
 # NestJS 11 needs Node 20; the tests use import.meta.dirname and --test-timeout (Node 20.11).

@@ -107,6 +107,11 @@ ensure_tools() {
   if ! command -v promtool >/dev/null; then
     log "installing promtool"; apt_install --no-install-recommends prometheus
   fi
+  # `leasehold completions` is checked by the shells themselves, `leasehold man` rendered by groff.
+  for shell in zsh fish; do
+    if ! command -v "$shell" >/dev/null; then log "installing $shell"; apt_install "$shell"; fi
+  done
+  if ! command -v groff >/dev/null; then log "installing groff"; apt_install groff-base; fi
   # The sidecar's TypeScript client and NestJS example (Node 20 or later).
   if ! command -v npm >/dev/null; then log "installing nodejs and npm"; apt_install nodejs npm; fi
   # The API fuzzer (schemathesis) and the cron differential test's oracle (croniter) are

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: stores, formatting, lints, packaging, the sidecar API's compatibility with
 # the previous release, unit/integration/doc tests (the version-skew test among them), the short
-# chaos run, the sidecar's API fuzzing, the Node client and NestJS example against real sidecars,
-# and the sidecar's page in a real browser.
+# chaos run, the sidecar's API fuzzing, the Node client and NestJS example and the Python client
+# (with APScheduler and Celery beat replicas) against real sidecars, and the sidecar's page in a
+# real browser.
 # This is the command the README gives and CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,5 +51,7 @@ cargo build -p leasehold-cli --all-features --locked
 bash scripts/fuzz-api.sh target/debug/leasehold
 echo "== sidecar clients: TypeScript client, NestJS example end to end"
 bash scripts/node-tests.sh target/debug/leasehold
+echo "== sidecar clients: Python client, APScheduler and Celery beat replicas, the wheel"
+bash scripts/python-tests.sh target/debug/leasehold
 echo "== the sidecar's live page in a real browser (chromium, playwright-core)"
 bash scripts/page-test.sh target/debug/leasehold

@@ -89,11 +89,11 @@ fn the_core_readme_names_every_store() {
 /// cannot list its variants; it once lacked `skipped-not-owner`).
 #[test]
 fn the_metrics_doc_names_every_tick_outcome() {
-    let source = read("crates/leasehold/src/scheduler/task.rs");
+    let source = read("crates/leasehold/src/scheduling/task.rs");
     let body = source
         .split_once("impl TickOutcome {")
         .and_then(|(_, rest)| rest.split_once("\n}\n"))
-        .expect("impl TickOutcome in scheduler/task.rs")
+        .expect("impl TickOutcome in scheduling/task.rs")
         .0;
     let labels: Vec<&str> = body
         .lines()

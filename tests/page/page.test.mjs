@@ -7,67 +7,23 @@
 //
 // Usage: node page.test.mjs (from scripts/page-test.sh, which sets LEASEHOLD_BIN, CHROMIUM and
 // PAGE_TEST_OUT).
-import { spawn } from "node:child_process";
-import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import assert from "node:assert/strict";
 import { chromium } from "playwright-core";
 
-const BIN = process.env.LEASEHOLD_BIN;
-const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
-const OUT = process.env.PAGE_TEST_OUT || "target/page-test";
+import { CHROMIUM, OUT, Processes, runTest, sleep, until } from "./support.mjs";
+
 const TOKEN = "page-browser-test-token-0123456789";
 const TASK = "pagetest";
 const TTL_MS = 3000;
 /** Live updates must show within this long (the page polls every second). */
 const LIVE_MS = 2000;
 
-assert.ok(BIN, "LEASEHOLD_BIN must name the leasehold binary");
-mkdirSync(OUT, { recursive: true });
-const dir = mkdtempSync(join(tmpdir(), "leasehold-page-"));
+const procs = new Processes("leasehold-page-");
+const dir = procs.dir;
 const store = `sqlite:${join(dir, "page.db")}`;
-const children = [];
-
-function start(args, name) {
-  const child = spawn(BIN, args, { cwd: dir, stdio: ["ignore", "ignore", "pipe"] });
-  let log = "";
-  child.stderr.on("data", (d) => { log = (log + d).slice(-4000); });
-  child.on("exit", (code, signal) => {
-    if (!child.expectedExit && process.exitCode === undefined) {
-      console.error(`${name} exited (${code ?? signal}) early:\n${log}`);
-    }
-  });
-  children.push(child);
-  return child;
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-    server.on("error", reject);
-  });
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function until(what, check, limitMs) {
-  const end = Date.now() + limitMs;
-  let last;
-  for (;;) {
-    try {
-      const got = await check();
-      if (got) return got;
-    } catch (e) { last = e; }
-    if (Date.now() > end) throw new Error(`${what}: not within ${limitMs} ms${last ? ` (${last.message})` : ""}`);
-    await sleep(100);
-  }
-}
+const start = (args, name) => procs.start(args, name);
 
 let base;
 async function api(path, init = {}) {
@@ -109,12 +65,9 @@ async function pauseWith401(page, row) {
 }
 
 async function main() {
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
   const tokenFile = join(dir, "token");
   writeFileSync(tokenFile, `${TOKEN}\n`);
-  start(["serve", "--store", store, "--listen", `127.0.0.1:${port}`, "--auth-token-file", tokenFile], "serve");
-  await until("the sidecar answers", async () => (await fetch(`${base}/healthz`)).ok, 20000);
+  ({ base } = await procs.serve(store, ["--auth-token-file", tokenFile]));
 
   const browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
   try {
@@ -261,23 +214,10 @@ async function main() {
     await until("the wrong token is refused", () => page.locator("#auth-why").filter({ hasText: "401 Unauthorized" }).isVisible(), LIVE_MS + 1000);
     await page.screenshot({ path: join(OUT, "401-wrong-token-375.png") });
     assert.deepEqual(errors, [], "no script errors");
-    console.log(`page test passed; screenshots in ${OUT}`);
+    console.log(`screenshots in ${OUT}`);
   } finally {
     await browser.close();
   }
 }
 
-try {
-  await main();
-} catch (e) {
-  console.error(`page test FAILED: ${e.stack || e}`);
-  process.exitCode = 1;
-} finally {
-  for (const c of children) {
-    c.expectedExit = true;
-    if (c.exitCode === null) c.kill("SIGTERM");
-  }
-  await sleep(500);
-  for (const c of children) if (c.exitCode === null) c.kill("SIGKILL");
-  rmSync(dir, { recursive: true, force: true });
-}
+await runTest("page test", procs, main);

@@ -7,6 +7,8 @@
 // last granted runs out locally without a renewal (sidecar unreachable, this process paused).
 // The application must never act on a lease after `signal.aborted`.
 
+import { hostname } from "node:os";
+
 /** What to do when the sidecar itself cannot be reached. */
 export type SidecarDownPolicy = "fail-closed" | "fail-open";
 
@@ -27,6 +29,18 @@ export interface ClientOptions {
    * hung or stopped sidecar does not hang the application's timer. Default 10000.
    */
   timeoutMs?: number;
+  /**
+   * This application instance, as the catalog (`leasehold status`, the page) lists it and as
+   * run and lease holders start: 1 to 100 bytes, no whitespace or control characters. Default
+   * `process.env.LEASEHOLD_INSTANCE`, else host name and pid (`web-3-4711`).
+   */
+  instance?: string;
+}
+
+/** `HOST-PID`, the host name cut so that the whole fits the sidecar's 100 bytes. */
+export function defaultInstance(): string {
+  const host = hostname().replace(/[^\x21-\x7e]/g, "_").slice(0, 80) || "host";
+  return `${host}-${process.pid}`;
 }
 
 /** An error answer of the sidecar, or `sidecar-down` when it could not be reached. */
@@ -76,6 +90,12 @@ export type TickOptions = Schedule & {
   ttlMs?: number;
   keepaliveMs?: number;
   onStoreDown?: "fail-closed" | "fail-open" | "local";
+  /**
+   * How late a slot found unrun may still run (the task's first tick, a tick after an outage):
+   * the newest such slot within the window runs, with `trigger: "catch-up"`. 0: none. Default:
+   * the sidecar's (0 for `everyMs`, an hour for cron).
+   */
+  catchUpWindowMs?: number;
 };
 
 export interface GroupState {
@@ -92,6 +112,8 @@ export interface NotRun {
   run: false;
   slot: number | null;
   reason: "not-leader" | "already-run" | "busy" | "store-down" | "not-due" | "paused" | "sidecar-down";
+  /** With `not-due`: how long until the next slot (the store's clock). */
+  startsInMs?: number;
 }
 
 /** Who paused a task, when (store clock, ms) and why. */
@@ -131,7 +153,10 @@ export interface TaskInstance {
   remaining_ms: number;
   version: string | null;
   host: string | null;
+  /** Null for an application instance a sidecar registered (`via`). */
   pid: number | null;
+  /** For an application instance that ticks through a sidecar: that sidecar. */
+  via?: string | null;
 }
 
 /** One history entry: a run, or slots that did not run (`outcome: "missed"`). */
@@ -144,7 +169,8 @@ export interface RunEntry {
   started_ms: number | null;
   ended_ms: number | null;
   duration_ms: number | null;
-  /** `running`, `ok`, `failed`, `cancelled`, `aborted`, `panicked`, `lost`, `missed`. */
+  /** `ok`, `failed`, `timed-out`, `cancelled`, `interrupted` for runs that ended, `running`,
+   * `missed`. */
   outcome: string;
   /** A failed run's error, or why a cancelled run was told to stop. */
   error: string | null;
@@ -167,8 +193,9 @@ export interface Miss {
 /** A task in the store's catalog. */
 export interface TaskSummary {
   name: string;
-  /** `running` while its lease is held, else `paused`, else `no_instance`, else `idle`. */
-  state: "running" | "paused" | "no_instance" | "idle";
+  /** `running` while its lease is held, else `paused`, else `no_instance`, else `failing`
+   * (its last runs failed), else `idle`. */
+  state: "running" | "paused" | "no_instance" | "failing" | "idle";
   /** Null until an instance registered it. */
   definition: TaskDefinition | null;
   paused: Pause | null;
@@ -183,6 +210,10 @@ export interface TaskSummary {
   next_slot_ms: number | null;
   /** Slots that did not run in the last 24 hours, paused ones included. */
   missed_24h: number;
+  /** The newest runs that failed or timed out in a row; 0 after a success. */
+  consecutive_failures: number;
+  /** When the newest `ok` run ended. */
+  last_success_ms: number | null;
 }
 
 export interface TaskDetail extends TaskSummary {
@@ -328,8 +359,11 @@ export class Run extends Lease {
     sentAt: number,
     validForMs: number,
     keepaliveMs: number,
-    /** `timer` for the schedule's slot, `manual` for a run asked for with `trigger` (or `leasehold trigger`). */
-    readonly trigger: "timer" | "manual" = "timer",
+    /**
+     * `timer` for the schedule's slot on time, `catch-up` for a slot run late (within
+     * `catchUpWindowMs`), `manual` for a run asked for with `trigger` (or `leasehold trigger`).
+     */
+    readonly trigger: "timer" | "catch-up" | "manual" = "timer",
   ) {
     super(client, task, token, holder, sentAt, validForMs, keepaliveMs);
   }
@@ -365,24 +399,38 @@ export interface RequestOptions {
   signal?: AbortSignal;
 }
 
-const enc = (s: string) => encodeURIComponent(s);
+/**
+ * A lease, group or task name as one path segment. fetch resolves `.` and `..` segments away,
+ * `%2E` included (WHATWG URL), so their dots go as `%252E`: names never hold `%`, and the
+ * sidecar reads a `%2E` left after decoding a path as a dot.
+ */
+const enc = (s: string) => (s === "." || s === ".." ? s.replace(/\./g, "%252E") : encodeURIComponent(s));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** How often, and how far apart, `gate` asks again when the task is busy. */
 const BUSY_RETRIES = 4;
 const BUSY_RETRY_MS = 100;
+/**
+ * The longest `tick` waits for a slot the sidecar says is about to start (`starts_in_ms` with
+ * the slot: the tick came early, on a clock ahead of the store's). The sidecar only names a
+ * slot within min(1 s, a quarter of its interval); a longer wait is not that.
+ */
+const MAX_EARLY_WAIT_MS = 1_000;
 
 export class LeaseholdClient {
   readonly baseUrl: string;
   readonly #auth?: string;
   readonly onSidecarDown: SidecarDownPolicy;
   readonly timeoutMs: number;
+  /** This application instance's id, sent with every tick and lease request. */
+  readonly instance: string;
 
   constructor(options: ClientOptions = {}) {
     this.baseUrl = (options.baseUrl ?? process.env.LEASEHOLD_SIDECAR ?? "http://127.0.0.1:7070").replace(/\/$/, "");
     this.#auth = options.authToken;
     this.onSidecarDown = options.onSidecarDown ?? "fail-closed";
     this.timeoutMs = options.timeoutMs ?? 10_000;
+    this.instance = options.instance ?? process.env.LEASEHOLD_INSTANCE ?? defaultInstance();
   }
 
   /**
@@ -443,7 +491,7 @@ export class LeaseholdClient {
   }
 
   async #take(path: string, name: string, o: AcquireOptions): Promise<Lease | null> {
-    const body: Json = { ttl_ms: o.ttlMs };
+    const body: Json = { ttl_ms: o.ttlMs, instance: this.instance };
     if (o.waitMs !== undefined) body.wait_ms = o.waitMs;
     if (o.keepaliveMs !== undefined) body.keepalive_ms = o.keepaliveMs;
     if (o.holder !== undefined) body.holder = o.holder;
@@ -523,22 +571,43 @@ export class LeaseholdClient {
 
   /**
    * The gated tick: call it from your own timer. Resolves to a `Run` on exactly one caller per
-   * slot of the task (across every sidecar on the store), otherwise to why not.
+   * slot of the task (across every sidecar on the store), otherwise to why not. A tick that came
+   * a little early (this host's clock ahead of the store's) is for the slot about to start: when
+   * the sidecar answers that it has not started yet (`starts_in_ms` with the slot), this waits
+   * that long and ticks again, so the run never starts before its slot.
    */
   async tick(task: string, options: TickOptions): Promise<Run | UngatedRun | NotRun> {
+    let answer = await this.#tickOnce(task, options);
+    for (let i = 0; i < 3 && answer.early !== undefined; i++) {
+      await sleep(answer.early);
+      answer = await this.#tickOnce(task, options);
+    }
+    return answer.result;
+  }
+
+  async #tickOnce(task: string, options: TickOptions): Promise<{ result: Run | UngatedRun | NotRun; early?: number }> {
     const body: Json = "everyMs" in options ? { every_ms: options.everyMs } : { cron: options.cron };
     if ("cron" in options && options.timeZone !== undefined) body.time_zone = options.timeZone;
     if (options.group !== undefined) body.group = options.group;
     if (options.ttlMs !== undefined) body.ttl_ms = options.ttlMs;
     if (options.keepaliveMs !== undefined) body.keepalive_ms = options.keepaliveMs;
     if (options.onStoreDown !== undefined) body.on_store_down = options.onStoreDown;
+    if (options.catchUpWindowMs !== undefined) body.catch_up_window_ms = options.catchUpWindowMs;
+    body.instance = this.instance;
     const sentAt = performance.now();
     const answer = await this.post(`/v1/tasks/${enc(task)}/ticks`, body);
     if (answer.run !== true) {
-      return { run: false, slot: answer.slot as number | null, reason: answer.reason as NotRun["reason"] };
+      const notRun: NotRun = { run: false, slot: answer.slot as number | null, reason: answer.reason as NotRun["reason"] };
+      if (typeof answer.starts_in_ms === "number") notRun.startsInMs = answer.starts_in_ms;
+      // The slot this tick is for has not started on the store's clock: wait for it.
+      const early =
+        notRun.reason === "not-due" && notRun.slot !== null && notRun.startsInMs !== undefined && notRun.startsInMs <= MAX_EARLY_WAIT_MS
+          ? notRun.startsInMs
+          : undefined;
+      return { result: notRun, early };
     }
-    if (answer.gated === false) return ungated(task, answer.slot as number | null);
-    return new Run(
+    if (answer.gated === false) return { result: ungated(task, answer.slot as number | null) };
+    const run = new Run(
       this,
       task,
       Number(answer.slot),
@@ -547,8 +616,9 @@ export class LeaseholdClient {
       sentAt,
       Number(answer.valid_for_ms),
       Number(answer.keepalive_ms),
-      answer.trigger === "manual" ? "manual" : "timer",
+      answer.trigger === "manual" || answer.trigger === "catch-up" ? answer.trigger : "timer",
     );
+    return { result: run };
   }
 
   /**

@@ -12,6 +12,7 @@ use leasehold::{
 use tokio::task::JoinSet;
 
 use crate::error::{BenchError, Result};
+use crate::plan::Plan;
 use crate::report::{HeldRow, Kind, MemoryRow, OpRow, Ratio, Report, TakeoverRow, Target};
 use crate::stats::{Figure, Recorder, Round, Spread, percentile};
 
@@ -301,7 +302,7 @@ pub(crate) struct HeldPlan<'a> {
 impl<'a> HeldPlan<'a> {
     /// The held-lease part of `plan` for one store.
     pub(crate) fn of(
-        plan: &crate::Plan,
+        plan: &Plan,
         store_name: &'a str,
         prefix: &'a str,
         concurrency: usize,
@@ -495,7 +496,7 @@ fn proc_field(path: &str, field: Option<&str>) -> Result<u64> {
 /// `waiter` (a second handle, as another process would have) takes over. `graceful` is the
 /// graceful takeover's target: its text after `p50 ≤ ` and its bound in ms.
 pub(crate) async fn held_and_takeovers<S: Store + Purge>(
-    plan: &crate::Plan,
+    plan: &Plan,
     report: &mut Report,
     held: &HeldPlan<'_>,
     store: &S,

@@ -14,15 +14,15 @@ use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use leasehold::store::BoxError;
-use leasehold_etcd::{Endpoint, EtcdConfig, EtcdStore};
+use leasehold_etcd::{Endpoint, EtcdStore};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
 use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
 use crate::error::{BenchError, Result};
+use crate::plan::{Plan, StoreKind, etcd_floor_config};
 use crate::report::Report;
 use crate::stats::{Figure, Recorder, Round};
-use crate::{Plan, StoreKind};
 
 const FLOOR: &str = "put";
 
@@ -32,23 +32,8 @@ const FLOOR: &str = "put";
 /// bench's 3 s ttl): 3,000 took about 0.7 s on a 3-member loopback cluster, 10,000 would not fit.
 pub(crate) const MAX_HELD: usize = 3_000;
 
-/// `--etcd-url` as the bench can use it, or the usage error that says why not (checked before
-/// the run starts, so a bad flag measures nothing).
-pub(crate) fn floor_config(url: &str) -> Result<EtcdConfig> {
-    let config =
-        EtcdConfig::from_url(url).map_err(|e| BenchError::Usage(format!("--etcd-url: {e}")))?;
-    if config.tls || config.user.is_some() {
-        return Err(BenchError::Usage(
-            "the floors are sent over plain HTTP without authentication: give an etcd:// URL \
-             without a user"
-                .into(),
-        ));
-    }
-    Ok(config)
-}
-
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
-    let mut config = floor_config(&plan.etcd_url)?;
+    let mut config = etcd_floor_config(&plan.etcd_url)?;
     // Every key of this run under a prefix of its own, deleted at the end.
     config.prefix = format!("{}bench-{}/", config.prefix, plan.run_id);
     let described = config.describe();

@@ -5,8 +5,8 @@ use leasehold::MemoryStore;
 
 use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
 use crate::error::Result;
+use crate::plan::{Plan, StoreKind};
 use crate::report::Report;
-use crate::{Plan, StoreKind};
 
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let store = MemoryStore::new();

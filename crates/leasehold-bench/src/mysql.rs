@@ -8,9 +8,9 @@ use leasehold_mysql::{MySqlConfig, MySqlStore};
 
 use crate::common::{self, HeldPlan};
 use crate::error::{BenchError, Result};
+use crate::plan::{Plan, StoreKind};
 use crate::report::Report;
 use crate::sql::{self, FloorStore, SqlRounds};
-use crate::{Plan, StoreKind};
 
 /// The store's release poll interval, which bounds the graceful takeover.
 const POLL_MS: f64 = 50.0;

@@ -8,9 +8,9 @@ use leasehold_postgres::{PgConfig, PgStore};
 
 use crate::common::{self, HeldPlan};
 use crate::error::{BenchError, Result};
+use crate::plan::{Plan, StoreKind};
 use crate::report::Report;
 use crate::sql::{self, FloorStore, SqlRounds};
-use crate::{Plan, StoreKind};
 
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
     let url = PgConfig::new(plan.postgres_url.clone()).describe();

@@ -13,10 +13,10 @@ use leasehold::{Slots, Store};
 
 use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
 use crate::error::{BenchError, Result};
+use crate::plan::{Plan, StoreKind};
 use crate::report::{Kind, OpRow, Report, SidecarMemoryRow, Target};
 use crate::sidecar::{self, ServerClock, SidecarPlan};
 use crate::stats::{Figure, Recorder, Round};
-use crate::{Plan, StoreKind};
 
 /// What `--redis-url` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,16 @@ async fn connect_store(plan: &Plan, key_prefix: &str) -> Result<RedisStore> {
         .connect()
         .await
         .map_err(|e| BenchError::connect(RedisConfig::new(plan.redis_url.clone()).describe(), e))
+}
+
+/// Deletes the keys under `key_prefix` of the Redis at `url`.
+pub(crate) async fn delete_keys(url: &str, key_prefix: &str) -> Result<()> {
+    let store = RedisConfig::new(url.to_owned())
+        .prefix(key_prefix)
+        .connect()
+        .await
+        .map_err(|e| BenchError::connect(RedisConfig::new(url.to_owned()).describe(), e))?;
+    cleanup(&store, key_prefix, Deployment::of(url)).await
 }
 
 pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {

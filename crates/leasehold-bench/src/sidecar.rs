@@ -109,19 +109,19 @@ fn start(store: RedisStore) -> Result<(SocketAddr, oneshot::Sender<()>, Served)>
 }
 
 /// One keep-alive connection to the sidecar.
-struct Connection {
+pub(crate) struct Connection {
     stream: TcpStream,
     buf: Vec<u8>,
 }
 
 /// A response: status and body.
-struct Response<'a> {
-    status: u16,
-    body: &'a [u8],
+pub(crate) struct Response<'a> {
+    pub(crate) status: u16,
+    pub(crate) body: &'a [u8],
 }
 
 impl Connection {
-    async fn open(addr: SocketAddr) -> Result<Self> {
+    pub(crate) async fn open(addr: SocketAddr) -> Result<Self> {
         let mut last = None;
         // The sidecar may still be binding its port.
         for _ in 0..100 {
@@ -144,12 +144,17 @@ impl Connection {
     }
 
     /// Sends one request (`body` as JSON when given) and reads its response.
-    async fn call(&mut self, method: &str, path: &str, body: Option<&str>) -> Result<Response<'_>> {
+    pub(crate) async fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Response<'_>> {
         let mut request = Vec::with_capacity(128 + path.len() + body.map_or(0, str::len));
         request.extend_from_slice(method.as_bytes());
         request.push(b' ');
         request.extend_from_slice(path.as_bytes());
-        request.extend_from_slice(b" HTTP/1.1\r\nhost: bench\r\n");
+        request.extend_from_slice(b" HTTP/1.1\r\nhost: localhost\r\n");
         if let Some(body) = body {
             request.extend_from_slice(b"content-type: application/json\r\ncontent-length: ");
             request.extend_from_slice(body.len().to_string().as_bytes());
@@ -215,7 +220,7 @@ fn content_length(head: &[u8]) -> usize {
 }
 
 /// A 200 response's JSON body.
-fn ok_json(what: &str, response: &Response<'_>) -> Result<serde_json::Value> {
+pub(crate) fn ok_json(what: &str, response: &Response<'_>) -> Result<serde_json::Value> {
     if response.status != 200 {
         return Err(BenchError::Unexpected(format!(
             "{what}: HTTP {} {}",
@@ -227,7 +232,11 @@ fn ok_json(what: &str, response: &Response<'_>) -> Result<serde_json::Value> {
         .map_err(|e| BenchError::Unexpected(format!("{what}: unreadable answer: {e}")))
 }
 
-fn field<'v>(what: &str, json: &'v serde_json::Value, name: &str) -> Result<&'v serde_json::Value> {
+pub(crate) fn field<'v>(
+    what: &str,
+    json: &'v serde_json::Value,
+    name: &str,
+) -> Result<&'v serde_json::Value> {
     json.get(name)
         .ok_or_else(|| BenchError::Unexpected(format!("{what}: no {name} in {json}")))
 }

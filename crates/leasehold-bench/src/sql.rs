@@ -4,9 +4,9 @@
 
 use leasehold::{Purge, Store};
 
-use crate::Plan;
 use crate::common::{self, OpBench, OpRounds, OpTargets};
 use crate::error::Result;
+use crate::plan::Plan;
 use crate::report::Report;
 use crate::stats::{Recorder, Round};
 

@@ -10,9 +10,9 @@ use leasehold_sqlite::rusqlite::{self, Connection, TransactionBehavior};
 
 use crate::common::{self, HeldPlan, OpBench, OpRounds, OpTargets};
 use crate::error::{BenchError, Result};
+use crate::plan::{Plan, StoreKind};
 use crate::report::{Report, Target};
 use crate::stats::{Figure, Recorder, Round};
-use crate::{Plan, StoreKind};
 
 const FLOOR: &str = "write tx";
 

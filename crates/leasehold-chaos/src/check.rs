@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::ledger::{Fenced, LedgerEntry};
+use leasehold_witness::ledger::{Fenced, LedgerEntry};
 
 /// A stretch of time in which the store lost acknowledged writes (the harness restarted its own
 /// Redis without persistence). Overlaps and duplicate slots that begin inside one are a documented

@@ -11,7 +11,7 @@ use leasehold::NameError;
 use leasehold::store::BoxError;
 use leasehold_connect::OpenError;
 
-use crate::PgUrlError;
+use crate::pg_url::PgUrlError;
 
 /// A result of the harness.
 pub(crate) type Result<T, E = ChaosError> = std::result::Result<T, E>;

@@ -1,9 +1,10 @@
-//! `--store etcd`: the harness's own 3-member cluster on loopback, and its store-restart fault.
+//! `--store etcd`: the harness's own 3-member cluster on loopback (`leasehold-servers`'s), and
+//! its store-restart fault.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use leasehold_etcd::testing::EtcdCluster;
+use leasehold_servers::EtcdCluster;
 
 use crate::error::{ChaosError, Result};
 use crate::procs::epoch_ms;
@@ -19,18 +20,10 @@ pub(crate) struct EtcdMembers {
 
 impl EtcdMembers {
     /// Starts three members and waits until they elect a leader.
-    pub(crate) async fn start() -> Result<Self> {
-        let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
-            .await
-            // The test cluster panics when it cannot start; the panic is the cause.
-            .map_err(|e| ChaosError::Server {
-                server: "etcd",
-                problem: "cannot start a 3-member cluster (etcd and etcdctl must be on PATH: \
-                          scripts/stores.sh installs etcd-server and etcd-client)"
-                    .into(),
-                source: Some(e.into()),
-            })?;
-        Ok(Self { cluster })
+    pub(crate) fn start() -> Result<Self> {
+        Ok(Self {
+            cluster: EtcdCluster::start(3)?,
+        })
     }
 
     /// The URL of every member.
@@ -68,17 +61,17 @@ impl EtcdMembers {
         tokio::time::sleep(down).await;
         let healthy = tokio::task::block_in_place(|| {
             for &m in &victims {
-                cluster.restart(m);
+                cluster.restart(m)?;
             }
             let deadline = Instant::now() + HEALTHY_WITHIN;
             while Instant::now() < deadline {
                 if cluster.healthy() {
-                    return true;
+                    return Ok(true);
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            false
-        });
+            Ok::<_, ChaosError>(false)
+        })?;
         if !healthy {
             return Err(ChaosError::timeout(
                 format!("etcd cluster healthy again after restarting {what}"),
@@ -97,11 +90,10 @@ impl EtcdMembers {
     }
 
     /// Copies the members' logs into `logs` (their directory goes with the cluster), then stops
-    /// the members.
+    /// the members (blocking: dropping the cluster waits for them).
     pub(crate) fn stop(self, logs: &Path) {
         for m in 0..3 {
             let _ = std::fs::copy(self.cluster.log(m), logs.join(format!("etcd-m{m}.log")));
         }
-        tokio::task::block_in_place(|| drop(self.cluster));
     }
 }

@@ -6,19 +6,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold::{BoxStore, LeaseName, Store};
+use leasehold_witness::fence;
+use leasehold_witness::ledger::{self, Fenced, LedgerEntry};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
+use crate::args::{ChaosArgs, StoreKind};
 use crate::check::{self, CheckReport, LossWindow};
 use crate::error::{ChaosError, Result};
-use crate::fence;
-use crate::ledger::{self, Fenced, LedgerEntry};
 use crate::procs::{self, Replica, Watchdog, epoch_ms};
 use crate::proxy::FaultProxy;
 use crate::schedule::{self, FaultKind, PlannedFault};
 use crate::servers::{self, StoreServer};
 use crate::svg::{Marker, Span, Timeline};
-use crate::{ChaosArgs, StoreKind};
 
 mod report;
 
@@ -306,8 +306,8 @@ impl Harness {
             .map_err(|e| ChaosError::io(format!("cannot create {}", logs.display()), e))?;
         let ledger = out.join("ledger.jsonl");
         let fence = out.join("fence");
-        let (paused_file, servers_file) = (out.join("paused-groups"), out.join("servers"));
-        for stale in [&ledger, &fence, &paused_file, &servers_file] {
+        let paused_file = out.join("paused-groups");
+        for stale in [&ledger, &fence, &paused_file] {
             match std::fs::remove_file(stale) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -340,8 +340,8 @@ impl Harness {
             grace: args.ttl / 5,
             bin,
         };
-        let watchdog = Watchdog::start(&paused_file, &servers_file)?;
-        let started = servers::start(&args, &logs, &watchdog).await?;
+        let watchdog = Watchdog::start(&paused_file)?;
+        let started = servers::start(&args, &logs).await?;
         let notes = vec![started.note];
         let name = LeaseName::new(&lease).map_err(|source| ChaosError::LeaseName {
             name: lease.clone(),
@@ -907,7 +907,7 @@ impl Harness {
         self.proxy = None;
         self.direct = None;
         if let Some(server) = self.server.take() {
-            server.stop(&self.logs).await;
+            server.stop(&self.logs);
         }
         self.watchdog.stop();
     }

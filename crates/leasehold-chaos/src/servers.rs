@@ -1,30 +1,74 @@
-//! The store servers a chaos run starts itself, behind one face: how each starts (and whether
-//! the fault proxy stands in front of it), what the store-restart fault does to it, and how it
-//! stops. The harness knows no server kind.
+//! The store servers a chaos run starts itself (`leasehold-servers`'s launchers, which the
+//! workspace's tests use too), behind one face: how each starts (and whether the fault proxy
+//! stands in front of it), what the store-restart fault does to it, and how it stops. The
+//! harness knows no server kind.
+//!
+//! The launchers block (they run processes and wait for them); the harness calls them with
+//! `block_in_place`, so a run needs a multi-threaded runtime, as the CLI's is.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use leasehold_servers::{MariaDb, Postgres, RedisCluster, RedisServer, SentinelGroup};
+use tokio::task::block_in_place;
+
+use crate::args::{ChaosArgs, StoreKind};
 use crate::error::{ChaosError, Result};
 use crate::etcd_members::EtcdMembers;
-use crate::mysql_server::MySqlServer;
-use crate::pg_server::{self, PgServer};
 use crate::pg_url::PgTarget;
-use crate::procs::{RedisServer, Watchdog};
+use crate::procs::epoch_ms;
 use crate::proxy::FaultProxy;
-use crate::redis_cluster::{self, ClusterGroup};
-use crate::sentinel::SentinelGroup;
-use crate::{ChaosArgs, StoreKind};
+
+/// The database the harness's PostgreSQL and MariaDB servers create (and the replicas use).
+const DATABASE: &str = "chaos";
+
+/// The name the sentinels monitor the primary under.
+const MASTER: &str = "leasehold-chaos";
+
+/// How long a cluster node may not answer before the others fail it over. Not shorter, for the
+/// reason the sentinels' `down-after-milliseconds` is as long: a live primary that stalls past
+/// it on a loaded machine is failed over while clients still reach it, and both accept writes
+/// until it learns of the promotion (a 500 ms setting once produced 9 s of that, every slot run
+/// twice with equal tokens).
+const FAILOVER_AFTER: Duration = Duration::from_secs(2);
+
+impl From<leasehold_servers::Error> for ChaosError {
+    /// A launcher's failure, said as the harness says its own.
+    fn from(e: leasehold_servers::Error) -> Self {
+        use leasehold_servers::Error as E;
+        match e {
+            E::Spawn {
+                program,
+                note,
+                source,
+            } => Self::Spawn {
+                program,
+                note,
+                source,
+            },
+            E::Server { server, problem } => Self::server(server, problem),
+            E::Timeout { what, waited, log } => Self::ServerTimeout { what, waited, log },
+            E::Io { what, source } => Self::Io { what, source },
+            other => Self::server("store server", other.to_string()),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch at `t`, as [`epoch_ms`] gives now.
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// A store server of the harness's own.
-// One per run: boxing the larger groups would save nothing worth the indirection.
+// One per run: boxing the larger ones would save nothing worth the indirection.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum StoreServer {
     Redis(RedisServer),
     Sentinel(SentinelGroup),
-    Cluster(ClusterGroup),
-    Postgres(PgServer),
-    Mysql(MySqlServer),
+    Cluster(RedisCluster),
+    Postgres(Postgres),
+    Mysql(MariaDb),
     Etcd(EtcdMembers),
 }
 
@@ -67,8 +111,36 @@ fn max_connections(replicas: usize) -> usize {
     ((replicas * 2 + 2) * 5 + 20).max(50)
 }
 
-/// Starts the store `args` ask for.
-pub(crate) async fn start(args: &ChaosArgs, logs: &Path, watchdog: &Watchdog) -> Result<Started> {
+/// The harness's own PostgreSQL server, from `--postgres-bin` or where PostgreSQL is found.
+fn start_postgres(args: &ChaosArgs, logs: &Path) -> Result<Postgres> {
+    let bin = match &args.postgres_bin {
+        Some(dir) if leasehold_servers::is_postgres_bindir(dir) => dir.clone(),
+        Some(dir) => {
+            return Err(ChaosError::Usage(format!(
+                "{} lacks one of {} (--postgres-bin)",
+                dir.display(),
+                leasehold_servers::POSTGRES_PROGRAMS.join(", ")
+            )));
+        }
+        None => leasehold_servers::find_postgres_bindir().map_err(|e| ChaosError::Server {
+            server: "postgres",
+            problem: "install PostgreSQL, pass --postgres-bin DIR, or pass --postgres-url to \
+                      use a running server"
+                .into(),
+            source: Some(e.into()),
+        })?,
+    };
+    let server = Postgres::builder()
+        .bin(bin)
+        .database(DATABASE)
+        .max_connections(max_connections(args.replicas))
+        .log(logs.join("postgres.log"))
+        .start()?;
+    Ok(server)
+}
+
+/// Starts the store `args` ask for, its files and logs in `logs`.
+pub(crate) async fn start(args: &ChaosArgs, logs: &Path) -> Result<Started> {
     let no_proxy = |server: StoreServer, url: String, note: String| Started {
         server: Some(server),
         proxy: None,
@@ -94,12 +166,12 @@ pub(crate) async fn start(args: &ChaosArgs, logs: &Path, watchdog: &Watchdog) ->
             }
         }
         StoreKind::Redis => {
-            let server = RedisServer::start(
-                &args.redis_server,
-                &logs.join("redis-server.log"),
-                watchdog.group(),
-            )
-            .await?;
+            let server = block_in_place(|| {
+                RedisServer::builder()
+                    .program(&args.redis_server)
+                    .log(logs.join("redis-server.log"))
+                    .start()
+            })?;
             let proxy = start_proxy(server.addr()).await?;
             Started {
                 replica_url: format!("redis://{}/0", proxy.addr()),
@@ -111,19 +183,39 @@ pub(crate) async fn start(args: &ChaosArgs, logs: &Path, watchdog: &Watchdog) ->
             }
         }
         StoreKind::RedisSentinel => {
-            let group = SentinelGroup::start(&args.redis_server, logs, watchdog.group()).await?;
-            let url = group.url();
-            no_proxy(StoreServer::Sentinel(group), url, "redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after 2000 ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too".into())
-        }
-        StoreKind::RedisCluster => {
-            let group = ClusterGroup::start(&args.redis_server, logs, watchdog.group()).await?;
+            let group = block_in_place(|| {
+                SentinelGroup::builder()
+                    .program(&args.redis_server)
+                    .master(MASTER)
+                    .down_after(FAILOVER_AFTER)
+                    .files_in(logs)
+                    .start()
+            })?;
             let url = group.url();
             no_proxy(
-                StoreServer::Cluster(group),
+                StoreServer::Sentinel(group),
+                url,
+                format!(
+                    "redis-sentinel: the harness's own primary, replica and three sentinels (quorum 2, down-after {} ms), no proxy; a store restart SIGKILLs the primary, the sentinels promote the replica and the killed server returns as its replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too",
+                    FAILOVER_AFTER.as_millis()
+                ),
+            )
+        }
+        StoreKind::RedisCluster => {
+            let cluster = block_in_place(|| {
+                RedisCluster::builder()
+                    .program(&args.redis_server)
+                    .node_timeout(FAILOVER_AFTER)
+                    .files_in(logs)
+                    .start()
+            })?;
+            let url = cluster.url();
+            no_proxy(
+                StoreServer::Cluster(cluster),
                 url,
                 format!(
                     "redis-cluster: the harness's own six-node Redis Cluster (three primaries with one replica each, cluster-node-timeout {} ms, nodes.conf and logs in logs/), no proxy; a store restart SIGKILLs the primary serving the task lease's slot, the cluster promotes its replica and the killed node returns as the promoted node's replica. Replication is asynchronous: writes acknowledged by the killed primary and not yet copied are lost, so overlaps and duplicate slots that begin in the failover window are reported as excused (the window asynchronous replication allows); fencing must hold there too",
-                    redis_cluster::NODE_TIMEOUT_MS
+                    FAILOVER_AFTER.as_millis()
                 ),
             )
         }
@@ -141,40 +233,34 @@ pub(crate) async fn start(args: &ChaosArgs, logs: &Path, watchdog: &Watchdog) ->
                 }
             }
             None => {
-                let bin = pg_server::find_bindir(args.postgres_bin.as_deref())?;
-                let server = PgServer::start(
-                    &bin,
-                    &logs.join("postgres.log"),
-                    watchdog,
-                    max_connections(args.replicas),
-                )
-                .await?;
+                let server = block_in_place(|| start_postgres(args, logs))?;
                 let proxy = start_proxy(server.addr()).await?;
-                let target = server.target();
+                let target = PgTarget::local(server.addr(), server.user(), server.database());
                 Started {
                     replica_url: target.url_at(proxy.addr()),
                     direct_url: target.url_at(target.addr),
+                    note: format!(
+                        "postgres: the harness's own server ({}; fsync and synchronous commit on), through the proxy; a store restart is a crash (pg_ctl stop -m immediate: no checkpoint) and a start that replays the WAL; a durable store forgets nothing, so nothing is excused: overlaps and duplicate slots must stay 0 across restarts, and both leases' tokens must survive each one",
+                        server.bin().display()
+                    ),
                     server: Some(StoreServer::Postgres(server)),
                     proxy: Some(proxy),
                     sqlite_dir: None,
-                    note: format!(
-                        "postgres: the harness's own server ({}; fsync and synchronous commit on), through the proxy; a store restart is a crash (pg_ctl stop -m immediate: no checkpoint) and a start that replays the WAL; a durable store forgets nothing, so nothing is excused: overlaps and duplicate slots must stay 0 across restarts, and both leases' tokens must survive each one",
-                        bin.display()
-                    ),
                 }
             }
         },
         StoreKind::Mysql => {
-            let server = MySqlServer::start(
-                &logs.join("mariadb.log"),
-                watchdog,
-                max_connections(args.replicas),
-            )
-            .await?;
+            let server = block_in_place(|| {
+                MariaDb::builder()
+                    .database(DATABASE)
+                    .max_connections(max_connections(args.replicas))
+                    .log(logs.join("mariadb.log"))
+                    .start()
+            })?;
             let proxy = start_proxy(server.addr()).await?;
             Started {
-                replica_url: MySqlServer::url_at(proxy.addr()),
-                direct_url: MySqlServer::url_at(server.addr()),
+                replica_url: server.url_at(proxy.addr()),
+                direct_url: server.url_at(server.addr()),
                 server: Some(StoreServer::Mysql(server)),
                 proxy: Some(proxy),
                 sqlite_dir: None,
@@ -182,7 +268,7 @@ pub(crate) async fn start(args: &ChaosArgs, logs: &Path, watchdog: &Watchdog) ->
             }
         }
         StoreKind::Etcd => {
-            let members = EtcdMembers::start().await?;
+            let members = block_in_place(EtcdMembers::start)?;
             let url = members.url();
             no_proxy(StoreServer::Etcd(members), url, "etcd: a 3-member cluster of the harness's own on loopback (data on disk, fsync on), no proxy (three endpoints); a store restart SIGKILLs, in turn, the Raft leader (kept down 2 ttl), the leader and a follower together (no quorum for 2 ttl), or a follower (restarted at once) and starts them again on their data; Raft commits every write on a majority, so nothing is excused: overlaps and duplicate slots must stay 0 and both leases' tokens must survive each restart".into())
         }
@@ -208,7 +294,9 @@ impl StoreServer {
         };
         Ok(match self {
             Self::Redis(server) => {
-                let (killed, ready) = server.restart().await?;
+                let killed = epoch_ms();
+                block_in_place(|| server.restart())?;
+                let ready = epoch_ms();
                 Restart {
                     stopped_ms: killed,
                     ready_ms: ready,
@@ -220,28 +308,30 @@ impl StoreServer {
                 }
             }
             Self::Sentinel(group) => {
-                let (killed, promoted) = group.fail_over().await?;
+                let (killed, promoted) = block_in_place(|| group.fail_over())?;
+                let (killed, promoted) = (ms(killed), ms(promoted));
                 Restart {
                     stopped_ms: killed,
                     ready_ms: promoted,
                     detail: format!(
                         "primary SIGKILLed, replica promoted by the sentinels {} ms later; the killed server restarted as its replica",
-                        promoted - killed
+                        promoted.saturating_sub(killed)
                     ),
                     loses_writes: true,
                 }
             }
-            Self::Cluster(group) => {
+            Self::Cluster(cluster) => {
                 // The keys of the leader lease and of the lease `leasehold run` takes for each
                 // tick (default prefix; each lease's keys share its name as hash tag, so the
                 // task's slot also holds its fencing counter and slot claims).
                 let key = |name: &str| format!("leasehold:{{{name}}}:lease");
-                let f = group
-                    .fail_over(&key(&format!("{lease}:run")), &key(lease))
-                    .await?;
+                let (task, leader) = (key(&format!("{lease}:run")), key(lease));
+                let f = block_in_place(|| cluster.fail_over(&task, &leader))?;
+                let (killed, promoted, serving, ready) =
+                    (ms(f.killed), ms(f.promoted), ms(f.serving), ms(f.ready));
                 Restart {
-                    stopped_ms: f.killed_ms,
-                    ready_ms: f.serving_ms,
+                    stopped_ms: killed,
+                    ready_ms: serving,
                     detail: format!(
                         "primary :{} (serving the task's slot {}, {}) SIGKILLed; its replica :{} promoted {} ms later, every node serving again after {} ms; the killed node rejoined as its replica ({} ms after the kill)",
                         f.killed_port,
@@ -252,15 +342,19 @@ impl StoreServer {
                             "not the leader lease's"
                         },
                         f.promoted_port,
-                        f.promoted_ms - f.killed_ms,
-                        f.serving_ms - f.killed_ms,
-                        f.ready_ms - f.killed_ms
+                        promoted.saturating_sub(killed),
+                        serving.saturating_sub(killed),
+                        ready.saturating_sub(killed)
                     ),
                     loses_writes: true,
                 }
             }
             Self::Postgres(server) => {
-                let (stopped, ready) = server.restart(down).await?;
+                let stopped = epoch_ms();
+                block_in_place(|| server.crash());
+                tokio::time::sleep(down).await;
+                block_in_place(|| server.start_again())?;
+                let ready = epoch_ms();
                 Restart {
                     stopped_ms: stopped,
                     ready_ms: ready,
@@ -273,14 +367,18 @@ impl StoreServer {
                 }
             }
             Self::Mysql(server) => {
-                let (stopped, ready) = server.restart(down).await?;
+                let killed = epoch_ms();
+                block_in_place(|| server.crash());
+                tokio::time::sleep(down).await;
+                block_in_place(|| server.start_again())?;
+                let ready = epoch_ms();
                 Restart {
-                    stopped_ms: stopped,
+                    stopped_ms: killed,
                     ready_ms: ready,
                     detail: format!(
                         "mariadbd SIGKILLed, kept down {} ms, restarted with InnoDB crash recovery (down {} ms in all)",
                         down.as_millis(),
-                        ready - stopped
+                        ready - killed
                     ),
                     loses_writes: false,
                 }
@@ -298,14 +396,90 @@ impl StoreServer {
     }
 
     /// Stops the server (its logs stay under `logs`).
-    pub(crate) async fn stop(self, logs: &Path) {
-        match self {
-            Self::Redis(mut server) => server.stop().await,
-            Self::Sentinel(mut group) => group.stop().await,
-            Self::Cluster(mut group) => group.stop().await,
-            Self::Postgres(mut server) => server.stop().await,
-            Self::Mysql(mut server) => server.stop().await,
+    pub(crate) fn stop(self, logs: &Path) {
+        block_in_place(|| match self {
             Self::Etcd(members) => members.stop(logs),
-        }
+            // The others keep their logs in `logs` already; dropping one stops it.
+            other => drop(other),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::procs;
+    use crate::tests::Cli;
+
+    /// Starts the harness's own `store` server, takes a lease on it, injects the second
+    /// store-restart fault (a crash and an immediate start), checks that the lease survived,
+    /// and returns what the restart reported and the store's log.
+    async fn a_lease_survives_the_restart_of(store: &str, log: &str) -> (Restart, String) {
+        let work = tempfile::tempdir().unwrap();
+        let cli = Cli::try_parse_from(["chaos", "--store", store]).unwrap();
+        let started = start(&cli.args, work.path()).await.unwrap();
+        assert!(started.proxy.is_some());
+        let mut server = started.server.unwrap();
+        let lease = leasehold_connect::open_store(&started.direct_url)
+            .await
+            .unwrap();
+        let mut restart = None;
+        procs::testing::a_lease_survives(&lease, async || {
+            let ttl = Duration::from_secs(1);
+            restart = Some(server.restart(1, ttl, "crash").await.unwrap());
+        })
+        .await;
+        drop(lease);
+        server.stop(work.path());
+        let log = std::fs::read_to_string(work.path().join(log)).unwrap();
+        (restart.unwrap(), log)
+    }
+
+    /// Needs PostgreSQL's server programs (scripts/stores.sh installs them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_survives_a_postgres_crash() {
+        let (restart, log) = a_lease_survives_the_restart_of("postgres", "postgres.log").await;
+        assert!(!restart.loses_writes);
+        assert!(restart.stopped_ms <= restart.ready_ms);
+        assert!(
+            restart.detail.starts_with("postgres crashed"),
+            "{}",
+            restart.detail
+        );
+        assert!(log.contains("immediate shutdown"), "{log}");
+        assert!(log.contains("automatic recovery"), "{log}");
+    }
+
+    /// Needs MariaDB's server programs (scripts/stores.sh installs them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_survives_a_mariadb_crash() {
+        let (restart, log) = a_lease_survives_the_restart_of("mysql", "mariadb.log").await;
+        assert!(!restart.loses_writes);
+        assert!(
+            restart.detail.starts_with("mariadbd SIGKILLed"),
+            "{}",
+            restart.detail
+        );
+        assert_eq!(log.matches("ready for connections").count(), 2, "{log}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_directory_without_the_postgres_programs_is_a_usage_error() {
+        let empty = tempfile::tempdir().unwrap();
+        let cli = Cli::try_parse_from([
+            "chaos".as_ref(),
+            "--store".as_ref(),
+            "postgres".as_ref(),
+            "--postgres-bin".as_ref(),
+            empty.path().as_os_str(),
+        ])
+        .unwrap();
+        let refused = start(&cli.args, empty.path()).await.err().unwrap();
+        assert!(
+            matches!(&refused, ChaosError::Usage(m) if m.contains("--postgres-bin")),
+            "{refused:?}"
+        );
     }
 }

@@ -168,9 +168,17 @@ impl Group {
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .process_group(0)
             .kill_on_drop(true);
-        let supervisor = cmd
-            .spawn()
-            .context("cannot start the command's supervisor")?;
+        // Noted as ours under the reaper's lock, so a PID 1 reaper never takes it.
+        let supervisor = {
+            let mut ours = crate::reaper::ours();
+            let supervisor = cmd
+                .spawn()
+                .context("cannot start the command's supervisor")?;
+            if let Some(pid) = supervisor.id() {
+                crate::reaper::started(&mut ours, pid);
+            }
+            supervisor
+        };
         // Closes our copy of the supervisor's end.
         drop(cmd);
         let pgid = supervisor
@@ -213,7 +221,9 @@ impl Group {
         }
         // The supervisor is not reaped yet, so the group id cannot have been reused.
         let _ = killpg(self.pgid, Signal::SIGKILL);
+        let pid = self.supervisor.id();
         let supervisor = self.supervisor.wait().await;
+        crate::reaper::waited(pid);
         self.reaped = true;
         let until = Instant::now() + Duration::from_secs(2);
         while group_has_live_members(self.pgid) && Instant::now() < until {

@@ -13,29 +13,33 @@ use nix::sys::signal::Signal;
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::Failure;
+use crate::failure::Failure;
 use crate::output::outln;
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Number of instances.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=9))]
+    /// Number of instances: at least 3, since one is killed and one stopped and a third must
+    /// take over.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(3..=9))]
     instances: u16,
     /// Tick interval.
-    #[arg(long, default_value = "1s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "1s", value_parser = crate::durations::duration_arg)]
     every: Duration,
     /// Lease ttl (how long a killed leader blocks the others).
-    #[arg(long, default_value = "3s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "3s", value_parser = crate::durations::duration_arg)]
     ttl: Duration,
     /// Ticks to watch in each phase.
     #[arg(long, default_value_t = 4)]
     ticks: u32,
-    /// Keep the SQLite file, ledger and logs in this directory instead of a temporary one.
+    /// Keep the SQLite file, ledger and logs in this directory instead of a temporary one
+    /// (which is removed when the demo ends).
     #[arg(long)]
     dir: Option<PathBuf>,
 }
 
 const LEASE: &str = "demo-sweep";
+/// The lease each run holds (a `leasehold run` task's), whose tokens the ledger shows.
+const RUN_LEASE: &str = "demo-sweep:run";
 
 /// What the demo has seen so far.
 #[derive(Default)]
@@ -45,6 +49,10 @@ struct Observed {
     /// Ledger entries already shown.
     ledger_seen: usize,
     leader: Option<String>,
+    /// The last token a shown run had.
+    last_token: Option<u64>,
+    /// The token of the run the SIGKILL cut short, until a later run's token is shown.
+    killed_token: Option<u64>,
 }
 
 struct Demo {
@@ -118,6 +126,8 @@ impl Demo {
                 "{} tick {slot}: ran on {holder} (fencing token {token}){dup}{stale}",
                 stamp(self.started)
             )?;
+            self.explain_skipped_token(token)?;
+            self.seen.last_token = Some(token);
         }
         self.seen.ledger_seen = self.seen.ledger_seen.max(entries.len());
         let state = self.store.inspect(&LeaseName::new(LEASE)?).await?;
@@ -130,6 +140,41 @@ impl Demo {
             self.seen.leader = leader;
         }
         Ok(())
+    }
+
+    /// Where the shown tokens jump over the killed run's, says why, once.
+    fn explain_skipped_token(&mut self, token: u64) -> anyhow::Result<()> {
+        let Some(killed) = self.seen.killed_token else {
+            return Ok(());
+        };
+        if token <= killed {
+            return Ok(());
+        }
+        self.seen.killed_token = None;
+        if self.seen.last_token.is_some_and(|last| last < killed) {
+            outln!(
+                "{} >>> the tokens skip {killed}: the SIGKILL cut that run short before its write, and no token is handed out twice",
+                stamp(self.started)
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Waits (at most `limit`) until `leader` is running a tick, so the kill cuts a run short;
+    /// the run's fencing token, `None` if no run began in time.
+    async fn wait_for_run(&mut self, leader: &str, limit: Duration) -> anyhow::Result<Option<u64>> {
+        let run_lease = LeaseName::new(RUN_LEASE)?;
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            self.observe().await?;
+            if let Some(state) = self.store.inspect(&run_lease).await?
+                && state.holder.is_some_and(|h| h.as_str() == leader)
+            {
+                return Ok(Some(state.token.get()));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(None)
     }
 
     async fn watch_for(&mut self, d: Duration) -> anyhow::Result<()> {
@@ -190,21 +235,21 @@ impl Demo {
 
 pub async fn demo(args: DemoArgs) -> Result<u8, Failure> {
     let tmp;
-    let dir: PathBuf = match &args.dir {
+    let (dir, kept): (PathBuf, bool) = match &args.dir {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-            d.clone()
+            (d.clone(), true)
         }
         None => {
             tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
-            tmp.path().to_owned()
+            (tmp.path().to_owned(), false)
         }
     };
-    let result = run_demo(&args, &dir).await;
+    let result = run_demo(&args, &dir, kept).await;
     result.map_err(Failure::from)
 }
 
-async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
+async fn run_demo(args: &DemoArgs, dir: &Path, kept: bool) -> anyhow::Result<u8> {
     let db = dir.join("demo.db");
     let store = leasehold_connect::open_store(&format!("sqlite:{}", db.display())).await?;
     outln!(
@@ -216,7 +261,14 @@ async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
     outln!(
         "Each tick must run on exactly one instance; the command each runs appends to a ledger."
     )?;
-    outln!("files: {}\n", dir.display())?;
+    match kept {
+        true => outln!("files: {} (kept)", dir.display())?,
+        false => outln!(
+            "files: {} (removed when the demo ends; `leasehold demo --dir DIR` keeps them)",
+            dir.display()
+        )?,
+    }
+    outln!("")?;
     let mut demo = Demo {
         dir: dir.to_owned(),
         instances: Vec::new(),
@@ -253,12 +305,13 @@ async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
     for holder in runs.values().flatten() {
         *per_instance.entry(holder.as_str()).or_default() += 1;
     }
-    outln!("\nsummary")?;
+    outln!("")?;
+    outln!("summary")?;
     outln!("  ticks run            {}", runs.len())?;
     outln!("  executions           {executions}")?;
     outln!("  duplicate ticks      {duplicates}   (must be 0)")?;
     outln!(
-        "  missed ticks         {missed}   (ticks that fell while the killed leader's lease ran out)"
+        "  missed ticks         {missed}   (the killed run's, and those that fell while its lease ran out)"
     )?;
     for (who, n) in per_instance {
         outln!("  runs on {who:<12} {n}")?;
@@ -273,7 +326,8 @@ async fn run_demo(args: &DemoArgs, dir: &Path) -> anyhow::Result<u8> {
         handoff.as_secs_f64() * 1e3
     )?;
     if duplicates > 0 {
-        outln!("\nFAILED: a tick ran more than once")?;
+        outln!("")?;
+        outln!("FAILED: a tick ran more than once")?;
         return Ok(1);
     }
     Ok(0)
@@ -285,11 +339,18 @@ async fn phases(args: &DemoArgs, demo: &mut Demo) -> anyhow::Result<(Duration, D
     demo.watch_for(phase).await?;
 
     let leader = demo.seen.leader.clone().unwrap_or(leader);
+    // In the middle of a run, as a crash would come: that run never writes.
+    let killed = demo.wait_for_run(&leader, args.every * 2).await?;
+    demo.signal(&leader, Signal::SIGKILL)?;
+    let during = match killed {
+        Some(token) => format!(" during its run (fencing token {token})"),
+        None => String::new(),
+    };
     outln!(
-        "{} >>> SIGKILL {leader} (the leader): it cannot release; the others wait for its lease to expire",
+        "{} >>> SIGKILL {leader} (the leader){during}: it cannot release; the others wait for its lease to expire",
         stamp(demo.started)
     )?;
-    demo.signal(&leader, Signal::SIGKILL)?;
+    demo.seen.killed_token = killed;
     let (next, kill_takeover) = demo.wait_for_leader(Some(&leader), args.ttl * 3).await?;
     outln!(
         "{} >>> {next} took over {:.0} ms after the kill",

@@ -6,13 +6,15 @@ use std::time::Duration;
 use clap::Args;
 use leasehold::fleet::{Fleet, FleetError};
 use leasehold::history::RunOutcome;
-use leasehold::{BoxStore, LeaseName};
+use leasehold::{BoxStore, LeaseName, text};
 
-use crate::output::outln;
-use crate::{
-    EXIT_BUSY, EXIT_NO_INSTANCE, EXIT_NOT_ENDED, EXIT_REFUSED, EXIT_UNKNOWN_TASK, Failure,
+use crate::durations::duration_arg;
+use crate::failure::{
+    EXIT_BUSY, EXIT_NO_INSTANCE, EXIT_NOT_ENDED, EXIT_REFUSED, EXIT_UNKNOWN_TASK, EXIT_USAGE,
+    Failure,
 };
-use crate::{duration_arg, history};
+use crate::history;
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct PauseArgs {
@@ -21,10 +23,11 @@ pub struct PauseArgs {
     store: Option<String>,
     /// The task: a library task's name, the sidecar's {task}, or the --lease of `leasehold run`.
     name: String,
-    /// Why (shown by `leasehold status` and `history`, and recorded with each paused slot).
+    /// Why (shown by `leasehold status` and `history`, and recorded with each paused slot):
+    /// one line of at most 2,000 bytes, no control or bidi characters.
     #[arg(long)]
     reason: Option<String>,
-    /// Who pauses (default: $USER@HOST).
+    /// Who pauses (default: $USER@HOST): one line of at most 200 bytes.
     #[arg(long)]
     by: Option<String>,
 }
@@ -45,7 +48,7 @@ pub struct TriggerArgs {
     store: Option<String>,
     /// The task (as for pause).
     name: String,
-    /// Who asks (default: $USER@HOST).
+    /// Who asks (default: $USER@HOST): one line of at most 200 bytes.
     #[arg(long)]
     by: Option<String>,
     /// Wait for the run to end (at most DURATION, given as `--wait=DURATION`, default 10m) and
@@ -64,6 +67,8 @@ pub fn failure(error: FleetError) -> Failure {
         FleetError::NoCatalog(_) => EXIT_REFUSED,
         FleetError::NotEnded { .. } => EXIT_NOT_ENDED,
         FleetError::Contended(_) => EXIT_BUSY,
+        // A --by or --reason the text rule refuses (leasehold::text): bad input.
+        FleetError::Text(_) => EXIT_USAGE,
         FleetError::Store(e) => {
             let transient = e.is_transient();
             return Failure::store(anyhow::Error::new(error), transient);
@@ -89,9 +94,19 @@ fn operator(by: Option<String>) -> String {
     })
 }
 
+/// Refuses a `--by` or `--reason` the text rule refuses before the store is opened (the fleet
+/// checks them too, for every door).
+fn check_text(by: &str, reason: Option<&str>) -> Result<(), Failure> {
+    let checked = text::BY
+        .check(by)
+        .and_then(|()| reason.map_or(Ok(()), |r| text::REASON.check(r)));
+    checked.map_err(|e| failure(FleetError::Text(e)))
+}
+
 pub async fn pause(args: PauseArgs) -> Result<u8, Failure> {
-    let (fleet, name) = open(args.store, &args.name).await?;
     let by = operator(args.by);
+    check_text(&by, args.reason.as_deref())?;
+    let (fleet, name) = open(args.store, &args.name).await?;
     let task = fleet.task(&name).await.map_err(failure)?.name;
     let pause = fleet
         .pause(&task, &by, args.reason.as_deref())
@@ -123,8 +138,9 @@ pub async fn resume(args: ResumeArgs) -> Result<u8, Failure> {
 }
 
 pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
-    let (fleet, name) = open(args.store, &args.name).await?;
     let by = operator(args.by);
+    check_text(&by, None)?;
+    let (fleet, name) = open(args.store, &args.name).await?;
     let task = fleet.task(&name).await.map_err(failure)?.name;
     let request = fleet.trigger(&task, &by).await.map_err(failure)?;
     outln!(

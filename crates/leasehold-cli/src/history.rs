@@ -8,7 +8,7 @@ use clap::Args;
 use leasehold::history::{RunOutcome, RunRecord};
 use leasehold::{BoxStore, LeaseName, Store};
 
-use crate::Failure;
+use crate::failure::Failure;
 use crate::output::outln;
 
 #[derive(Args)]
@@ -35,9 +35,11 @@ pub struct HistoryArgs {
 /// Entries a picture shows when --limit is not given: more than any store keeps by default.
 const SVG_LIMIT: usize = 1000;
 
+/// The store of a command that reads or controls it (`status`, `history`, `pause`, `resume`,
+/// `trigger`): never created, so a mistyped SQLite path exits 66 naming the file.
 pub async fn open(store: Option<String>) -> Result<BoxStore, Failure> {
     let url = leasehold_connect::store_url(store);
-    leasehold_connect::open_store(&url)
+    leasehold_connect::open_existing_store(&url)
         .await
         .map_err(Failure::open)
 }
@@ -101,7 +103,7 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
     }
     if args.json {
         let doc = serde_json::json!({ "task": task.as_str(), "runs": records });
-        outln!("{doc}")?;
+        crate::output::json(&doc)?;
         return Ok(0);
     }
     outln!("task: {task}   store: {}", store.describe())?;
@@ -147,16 +149,18 @@ pub fn outcome(r: &RunRecord) -> String {
             .unwrap_or_default();
         return format!("paused by {}{reason}", pause.by);
     }
-    match &r.outcome {
-        RunOutcome::Failed { error } => format!("failed: {error}"),
-        RunOutcome::Cancelled { why } => format!("cancelled: {why}"),
-        RunOutcome::Missed {
-            count,
-            last_slot,
-            reason,
-        } if *count > 1 => format!("missed {count} slots to {}: {reason}", time(*last_slot)),
-        RunOutcome::Missed { reason, .. } => format!("missed: {reason}"),
-        other => other.as_str().to_owned(),
+    match (&r.outcome, r.error()) {
+        (
+            RunOutcome::Missed {
+                count,
+                last_slot,
+                reason,
+            },
+            _,
+        ) if *count > 1 => format!("missed {count} slots to {}: {reason}", time(*last_slot)),
+        (RunOutcome::Missed { reason, .. }, _) => format!("missed: {reason}"),
+        (_, Some(error)) => format!("{}: {error}", r.word()),
+        (_, None) => r.word().to_owned(),
     }
 }
 

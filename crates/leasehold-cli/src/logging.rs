@@ -15,7 +15,8 @@
 //! acceptable; losing the loss signal, or the exit, is not.
 //!
 //! Every line is one line: newlines inside a message (a server's multi-line error) become
-//! spaces, so each error is one line on stderr.
+//! spaces, so each error is one line on stderr. (Log lines are tracing-subscriber's, which
+//! escapes ESC in what it formats.)
 
 use std::io::{self, Write};
 use std::sync::OnceLock;
@@ -111,9 +112,15 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LossyStderr {
     }
 }
 
-/// Writes `leasehold: error: MESSAGE` as one line to stderr, or nothing if stderr is gone.
+/// Writes `leasehold: error: MESSAGE` as one line to stderr, or nothing if stderr is gone. A
+/// message may quote text from the store or a server: its line breaks become spaces, and its
+/// other control and bidi characters are written visibly (`\x1b`, `\u{202e}`).
 pub fn error_line(message: &str) {
-    line(&format!("leasehold: error: {message}"));
+    let message = message.replace(['\r', '\n'], " ");
+    line(&format!(
+        "leasehold: error: {}",
+        leasehold::text::visible(&message)
+    ));
 }
 
 /// Writes one line to stderr, or nothing if stderr is gone.

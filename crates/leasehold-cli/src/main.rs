@@ -1,13 +1,18 @@
 //! `leasehold`: run any command as a single-active job across machines.
 
 mod child;
+mod crontab;
 mod demo;
+mod durations;
+mod failure;
 mod fleet;
+mod generate;
 mod history;
 mod link;
 mod logging;
 mod next;
 mod output;
+mod reaper;
 mod run;
 mod serve;
 mod status;
@@ -18,22 +23,8 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-/// Exit status when the lease is held by someone else (`run` without a schedule).
-pub const EXIT_BUSY: u8 = 75;
-/// Exit status when the store cannot be reached (and the policy does not allow running anyway).
-pub const EXIT_STORE_DOWN: u8 = 69;
-/// Exit status of `pause`, `resume`, `trigger` for a task the store's catalog does not have
-/// (sysexits' EX_NOINPUT).
-pub const EXIT_UNKNOWN_TASK: u8 = 66;
-/// Exit status of `trigger` when no instance runs the task: nobody would take it (EX_NOHOST).
-pub const EXIT_NO_INSTANCE: u8 = 68;
-/// Exit status of `trigger --wait` when the run did not end in time (as `timeout`'s).
-pub const EXIT_NOT_ENDED: u8 = 124;
-/// Exit status for bad input.
-pub const EXIT_USAGE: u8 = 2;
-/// Exit status when the store keeps refusing the lease (a key of the wrong type, no permission,
-/// scripts disabled): retrying cannot fix it, so `run` gives up (sysexits' EX_CONFIG).
-pub const EXIT_REFUSED: u8 = 78;
+use crate::durations::parse_duration;
+use crate::failure::{EXIT_USAGE, Failure, exit, report, start_runtime};
 
 /// `leasehold --version`: the release and the commit it was built from (`unknown` when the
 /// source had no git metadata; see build.rs).
@@ -59,25 +50,65 @@ enum Command {
     /// Without names: every task in the store's catalog (state, schedule, instances, last run,
     /// next slot), the leases and the leader groups. With names: holder, fencing token and
     /// remaining time of those leases.
+    ///
+    /// Exits 66 when the store does not exist (a SQLite path with no file): only run, serve
+    /// and demo create one, so a mistyped path fails instead of answering from a new, empty
+    /// store. Exits 78 for a file that is not a leasehold store, left as it was.
     Status(status::StatusArgs),
     /// Pause a task on every instance, from their next tick: its slots are recorded as paused
     /// and never caught up; a run already going finishes. Exits 66 for an unknown task.
+    ///
+    /// A paused task still runs when triggered (`leasehold trigger`), as `kubectl create job
+    /// --from` runs a suspended CronJob: the pause holds its schedule, not an explicit run.
+    ///
+    /// Exits 66 when the store does not exist (a SQLite path with no file): only run, serve
+    /// and demo create one, so a mistyped path fails instead of answering from a new, empty
+    /// store. Exits 78 for a file that is not a leasehold store, left as it was.
     Pause(fleet::PauseArgs),
     /// Lift a task's pause: its next slot runs.
+    ///
+    /// Exits 66 when the store does not exist (a SQLite path with no file): only run, serve
+    /// and demo create one, so a mistyped path fails instead of answering from a new, empty
+    /// store. Exits 78 for a file that is not a leasehold store, left as it was.
     Resume(fleet::ResumeArgs),
     /// Ask whichever instance runs a task to run it once, as soon as it can (--wait: and print
     /// how it ended). Exits 66 for an unknown task, 68 when no instance runs it, 124 when the
     /// run did not end within --wait.
+    ///
+    /// A paused task runs too, as `kubectl create job --from` runs a suspended CronJob: the
+    /// pause holds its schedule, not an explicit run, and stays after it. Triggers made while
+    /// one is waiting to be taken (fifty at once from a script, say) are that one request:
+    /// each is answered with its id and who asked first, and the task runs once. A trigger
+    /// made once the run has been taken asks for another run.
+    ///
+    /// Exits 66 when the store does not exist (a SQLite path with no file): only run, serve
+    /// and demo create one, so a mistyped path fails instead of answering from a new, empty
+    /// store. Exits 78 for a file that is not a leasehold store, left as it was.
     Trigger(fleet::TriggerArgs),
+    /// Run a whole crontab (Vixie cron's or supercronic's format) in one process: every line
+    /// a task that runs on exactly one of the replicas running the same file against the same
+    /// store. Reloads on SIGHUP and when a file changes; `--test` checks the files and prints
+    /// each line's task name and next firings. See docs/crontab.md.
+    Crontab(crontab::CrontabArgs),
     /// The sidecar: an HTTP API (JSON, OpenAPI at /openapi.json) for leases, leadership and
     /// gated ticks, for applications in any language; Prometheus metrics at /metrics.
     Serve(serve::ServeArgs),
     /// Show a task's recent runs (slot, trigger, holder, duration, outcome) and missed slots,
     /// as a table, JSON or a timeline picture (--svg).
+    ///
+    /// Exits 66 when the store does not exist (a SQLite path with no file): only run, serve
+    /// and demo create one, so a mistyped path fails instead of answering from a new, empty
+    /// store. Exits 78 for a file that is not a leasehold store, left as it was.
     History(history::HistoryArgs),
     /// Show the next firings of a cron expression (local time and UTC), to check it before
     /// deploying it.
     Next(next::NextArgs),
+    /// Print a completion script for bash, zsh or fish, e.g.
+    /// `leasehold completions bash > ~/.local/share/bash-completion/completions/leasehold`.
+    Completions(generate::CompletionsArgs),
+    /// Print the manual page leasehold(1) (`leasehold man | man -l -`), or write a page for
+    /// every command into a directory (--dir).
+    Man(generate::ManArgs),
     /// Watch three instances share one SQLite file: one runs each tick, a killed leader is
     /// replaced, a stopped one hands over at once.
     Demo(demo::DemoArgs),
@@ -99,47 +130,6 @@ enum Command {
     Supervise(supervise::SuperviseArgs),
 }
 
-/// The longest ttl, renew, retry or grace period: a day. A ttl is how long a crashed holder
-/// blocks everyone else, so a longer one is a typo rather than a plan; the bound also keeps every
-/// deadline (`now + ttl`) far from the clock's range.
-pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(24 * 3600);
-/// The longest `--every`: 366 days. A longer interval would not fire in a process's lifetime;
-/// calendar schedules belong in `--cron`.
-pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 24 * 3600);
-
-/// Parses a duration: humantime's forms (`500ms`, `30s`, `5m`, `1h30m`, `2d`), or a bare number
-/// of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    humantime::parse_duration(t).map_err(|e| format!("invalid duration {t:?}: {e}"))
-}
-
-fn bounded(text: &str, max: Duration) -> Result<Duration, String> {
-    let d = parse_duration(text)?;
-    if d > max {
-        return Err(format!(
-            "{:?} is above the maximum of {}",
-            text.trim(),
-            humantime::format_duration(max)
-        ));
-    }
-    Ok(d)
-}
-
-/// A lease timing flag (`--ttl`, `--renew`, `--retry`, `--grace`, and the helpers' durations):
-/// at most [`MAX_LEASE_DURATION`].
-pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    bounded(s, MAX_LEASE_DURATION)
-}
-
-/// A schedule interval (`--every`): at most [`MAX_INTERVAL`].
-pub fn interval_arg(s: &str) -> Result<Duration, String> {
-    bounded(s, MAX_INTERVAL)
-}
-
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -152,96 +142,6 @@ fn init_logging() {
         .with_target(false)
         .compact()
         .init();
-}
-
-/// An error with the exit status it maps to.
-#[derive(Debug)]
-pub struct Failure {
-    code: u8,
-    error: anyhow::Error,
-}
-
-impl Failure {
-    /// `error` with exit status `code`.
-    pub fn with_code(code: u8, error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code,
-            error: error.into(),
-        }
-    }
-
-    /// Bad input: exit 2.
-    pub fn usage(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code: EXIT_USAGE,
-            error: error.into(),
-        }
-    }
-
-    /// A store that could not be used: exit 69 if retrying may help (unreachable, too slow),
-    /// else 78 (it refuses: credentials, permissions, a key of the wrong type).
-    pub fn store(error: impl Into<anyhow::Error>, transient: bool) -> Self {
-        Self {
-            code: if transient {
-                EXIT_STORE_DOWN
-            } else {
-                EXIT_REFUSED
-            },
-            error: error.into(),
-        }
-    }
-
-    /// A store URL that could not be opened: exit 2 for a URL that can never work (unknown
-    /// scheme, unparsable), else as [`store`](Self::store). The one mapping of open errors.
-    pub fn open(error: leasehold_connect::OpenError) -> Self {
-        if error.is_bad_url() {
-            return Self::usage(error);
-        }
-        let transient = error.is_transient();
-        Self::store(error, transient)
-    }
-
-    /// An operation the store could not answer, as [`store`](Self::store), with `context`
-    /// (what was being done) in front of the store's own message.
-    pub fn store_op(error: leasehold::StoreError, context: String) -> Self {
-        let transient = error.is_transient();
-        Self::store(anyhow::Error::new(error).context(context), transient)
-    }
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(error: anyhow::Error) -> Self {
-        Self { code: 1, error }
-    }
-}
-
-/// An error and its causes on one line, each cause once: a cause whose text is already in the
-/// line (a message quoting its driver's error, a driver repeating itself) is left out.
-pub fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string().replace('\n', " ");
-        let text = text.trim();
-        if text.is_empty() || line.contains(text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(text);
-    }
-    line
-}
-
-/// Starts a tokio runtime (with its I/O and timers) from `builder`; if it cannot, says so on
-/// stderr and returns the exit status.
-fn start_runtime(
-    builder: &mut tokio::runtime::Builder,
-) -> Result<tokio::runtime::Runtime, ExitCode> {
-    builder.enable_all().build().map_err(|e| {
-        logging::error_line(&format!("cannot start the runtime: {e}"));
-        exit(1)
-    })
 }
 
 /// A chaos run's error: exit 2 for a flag it cannot use (also when found once the run had
@@ -282,6 +182,10 @@ fn usage_error(rendered: &str, args: &[String]) -> String {
         line.push_str(part);
     }
     let line = line.strip_prefix("error: ").unwrap_or(&line);
+    let line = match wait_without_equals(args) {
+        Some(duration) => format!("{line}; write --wait={duration} (its value follows an =)"),
+        None => line.to_owned(),
+    };
     // No global option takes a value, so the first word that is not an option names the
     // subcommand, if it is one.
     let help = match args.iter().skip(1).find(|a| !a.starts_with('-')) {
@@ -291,6 +195,18 @@ fn usage_error(rendered: &str, args: &[String]) -> String {
         _ => "leasehold --help".to_owned(),
     };
     format!("{line} (see {help})")
+}
+
+/// The duration after a bare `--wait` of `trigger` (`trigger NAME --wait 20s`), where clap
+/// reads `20s` as a second name: `--wait` takes its value only after an `=`, so that
+/// `trigger --wait NAME` never reads the name as a duration.
+fn wait_without_equals(args: &[String]) -> Option<&str> {
+    if args.iter().skip(1).find(|a| !a.starts_with('-'))? != "trigger" {
+        return None;
+    }
+    args.windows(2)
+        .find(|pair| pair[0] == "--wait" && parse_duration(&pair[1]).is_ok())
+        .map(|pair| pair[1].as_str())
 }
 
 fn main() -> ExitCode {
@@ -337,12 +253,15 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Crontab(args) => crontab::crontab(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Pause(args) => fleet::pause(args).await,
             Command::Resume(args) => fleet::resume(args).await,
             Command::Trigger(args) => fleet::trigger(args).await,
             Command::History(args) => history::history(args).await,
             Command::Next(args) => next::next(args),
+            Command::Completions(args) => generate::completions(args, Cli::command()),
+            Command::Man(args) => generate::man(args, Cli::command()),
             Command::Serve(args) => serve::serve(args).await,
             Command::Demo(args) => demo::demo(args).await,
             #[cfg(feature = "chaos")]
@@ -364,18 +283,14 @@ fn main() -> ExitCode {
         Ok(code) => code,
         // The reader went away (`| head -1`): nothing to say, and nobody to say it to.
         Err(Failure { error, .. }) if error.is::<output::StdoutClosed>() => 0,
-        Err(Failure { code, error }) => {
-            // One line a person can act on: the error and its causes, joined.
-            logging::error_line(&one_line(&error));
+        Err(Failure {
+            code,
+            error,
+            next_step,
+        }) => {
+            logging::error_line(&report(&error, next_step.as_deref()));
             code
         }
     };
     exit(code)
-}
-
-/// Exits with `code` once stderr has taken the last lines, or after half a second if it does not
-/// take them (a reader that stopped reading must not keep the process alive).
-fn exit(code: u8) -> ExitCode {
-    logging::drain(Duration::from_millis(500));
-    ExitCode::from(code)
 }

@@ -6,8 +6,9 @@ use anyhow::anyhow;
 use clap::Args;
 use leasehold::Schedule;
 
+use crate::failure::Failure;
+use crate::history;
 use crate::output::outln;
-use crate::{Failure, history};
 
 #[derive(Args)]
 pub struct NextArgs {
@@ -30,7 +31,7 @@ pub struct NextArgs {
     json: bool,
 }
 
-fn from_arg(text: &str) -> Result<u64, String> {
+pub fn from_arg(text: &str) -> Result<u64, String> {
     let at = humantime::parse_rfc3339_weak(text.trim())
         .map_err(|e| format!("invalid time {text:?} (e.g. 2027-03-27T12:00:00Z): {e}"))?;
     at.duration_since(UNIX_EPOCH)
@@ -69,7 +70,7 @@ pub fn next(args: NextArgs) -> Result<u8, Failure> {
         let doc = serde_json::json!({
             "cron": cron.expr(), "time_zone": cron.time_zone(), "firings": firings,
         });
-        outln!("{doc}")?;
+        crate::output::json(&doc)?;
         return Ok(0);
     }
     outln!(

@@ -14,7 +14,7 @@ use leasehold::{
 use leasehold_serve::{Listen, Metrics};
 
 use crate::child::{self, ChildSpec, Ended, Stops};
-use crate::{EXIT_BUSY, Failure};
+use crate::failure::{EXIT_BUSY, Failure};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -26,7 +26,7 @@ pub struct RunArgs {
     #[arg(long)]
     lease: String,
     /// Run once per interval (aligned to the epoch on the store's clock), e.g. 30s.
-    #[arg(long, value_parser = crate::interval_arg, conflicts_with = "cron")]
+    #[arg(long, value_parser = crate::durations::interval_arg, conflicts_with = "cron")]
     every: Option<Duration>,
     /// Run on a cron schedule: five fields as in crontab ("0 3 * * *"), six with seconds
     /// first ("*/10 * * * * *"), or a macro (@daily). Check it with `leasehold next`.
@@ -38,20 +38,20 @@ pub struct RunArgs {
     #[arg(long, requires = "cron")]
     tz: Option<String>,
     /// Lease ttl: how long a crashed holder blocks others.
-    #[arg(long, default_value = "15s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "15s", value_parser = crate::durations::duration_arg)]
     ttl: Duration,
     /// Time between renewals [default: ttl/3].
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_parser = crate::durations::duration_arg)]
     renew: Option<Duration>,
     /// Time between retries after a store error [default: ttl/15, at most 1s].
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_parser = crate::durations::duration_arg)]
     retry: Option<Duration>,
     /// How long the command has to exit after SIGTERM before its process group gets SIGKILL.
     /// It is also the lease's stop margin: when renewals have failed until only this much of
     /// the lease is left, the command is stopped, so it is gone before the lease can pass to
     /// anyone else. On shutdown `leasehold` forwards SIGTERM at once and is done within it.
     /// [default: ttl/5]
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_parser = crate::durations::duration_arg)]
     grace: Option<Duration>,
     /// What to do when the store cannot be reached: fail-closed (skip), fail-open (run anyway,
     /// warn), local (single-instance mode).
@@ -63,15 +63,26 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     catch_up: Option<CatchUpArg>,
     /// With --catch-up latest or all: how old a missed slot may be and still run.
-    #[arg(long, default_value = "1h", value_parser = crate::interval_arg)]
+    #[arg(long, default_value = "1h", value_parser = crate::durations::interval_arg)]
     catch_up_window: Duration,
     /// This instance's holder id [default: host:pid:random].
     #[arg(long)]
     holder: Option<String>,
+    /// With a schedule: how many run-history entries the store keeps for the task (runs and
+    /// missed slots, newest first), 1 to 1000.
+    #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = crate::serve::history_entries)]
+    history: usize,
     /// Serve Prometheus metrics (GET /metrics, nothing else, no token) on IP:PORT or
-    /// unix:/path/to.sock while running, e.g. 127.0.0.1:9464. See docs/metrics.md.
+    /// unix:/path/to.sock while running, e.g. 127.0.0.1:9464. On a loopback address it answers
+    /// only requests whose Host is a loopback address or localhost. See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<Listen>,
+    /// With a schedule: how long the store may go unreached from the start before `run` gives
+    /// up with exit 69 (a typo in a host or port fails instead of retrying forever); once it
+    /// has answered, outages are retried without end, as --on-store-down says. `forever`
+    /// keeps retrying from the start too (a store that comes up after its clients).
+    #[arg(long, default_value = "60s", value_name = "DURATION|forever", value_parser = connect_timeout_arg)]
+    connect_timeout: ConnectTimeout,
     /// Without a schedule: wait for the lease instead of exiting 75 when it is busy.
     #[arg(long, conflicts_with_all = ["every", "cron"])]
     wait: bool,
@@ -86,6 +97,40 @@ enum CatchUpArg {
     Skip,
     Latest,
     All,
+}
+
+/// `--connect-timeout`: how long a scheduled run waits for its store's first answer, or
+/// forever.
+#[derive(Clone, Copy, Debug)]
+struct ConnectTimeout(Option<Duration>);
+
+fn connect_timeout_arg(text: &str) -> Result<ConnectTimeout, String> {
+    match text.trim() {
+        "forever" => Ok(ConnectTimeout(None)),
+        t => crate::durations::duration_arg(t).map(|d| ConnectTimeout(Some(d))),
+    }
+}
+
+/// Completes once the store has answered (a refusal is an answer: the scheduler handles
+/// those), or with the last error when `limit` passes first.
+async fn first_answer(
+    store: &BoxStore,
+    limit: Duration,
+    retry: Duration,
+) -> Option<leasehold::StoreError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let error = match tokio::time::timeout_at(deadline, store.now_millis()).await {
+            Ok(Ok(_)) => return None,
+            Ok(Err(e)) if !e.is_transient() => return None,
+            Ok(Err(e)) => e,
+            Err(_) => leasehold::StoreError::Timeout(limit),
+        };
+        if tokio::time::Instant::now() + retry >= deadline {
+            return Some(error);
+        }
+        tokio::time::sleep(retry).await;
+    }
 }
 
 /// At most this many missed slots run in one catch-up with `--catch-up all`.
@@ -146,12 +191,7 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
         )),
         e => Failure::usage(e),
     })?;
-    let holder = args
-        .holder
-        .as_deref()
-        .map(leasehold::HolderId::new)
-        .transpose()
-        .map_err(Failure::usage)?;
+    let holder = holder_arg(args.holder.as_deref())?;
     Ok(Settings {
         name,
         schedule,
@@ -159,6 +199,14 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
         config,
         holder,
     })
+}
+
+/// `--holder`, checked.
+pub fn holder_arg(holder: Option<&str>) -> Result<Option<leasehold::HolderId>, Failure> {
+    holder
+        .map(leasehold::HolderId::new)
+        .transpose()
+        .map_err(Failure::usage)
 }
 
 fn warn_if_default_store(args: &RunArgs) {
@@ -194,7 +242,7 @@ async fn open(args: &RunArgs) -> Result<Option<BoxStore>, Failure> {
     match leasehold_connect::open_store(&url).await {
         Ok(store) => Ok(Some(store)),
         Err(e) if e.is_transient() && args.on_store_down != StoreDownPolicy::FailClosed => {
-            tracing::warn!(error = %crate::one_line(&e.into()), policy = %args.on_store_down, "store unreachable; running the command without the lease");
+            tracing::warn!(error = %crate::failure::one_line(&e.into()), policy = %args.on_store_down, "store unreachable; running the command without the lease");
             Ok(None)
         }
         Err(e) => Err(Failure::open(e)),
@@ -238,7 +286,7 @@ pub fn install_metrics() -> Result<Metrics, Failure> {
 
 /// `--metrics-listen`: binds at once (a taken address is one clear error before anything runs),
 /// then serves scrapes for as long as the process runs, through the command's shutdown too.
-async fn serve_metrics(listen: &Listen) -> Result<(), Failure> {
+pub async fn serve_metrics(listen: &Listen) -> Result<(), Failure> {
     let metrics = install_metrics()?;
     let listener = metrics
         .listen(listen)
@@ -348,7 +396,7 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
                 return Ok(EXIT_BUSY);
             }
             Err(e) if e.is_transient() && args.on_store_down != StoreDownPolicy::FailClosed => {
-                tracing::warn!(error = %crate::one_line(&e.into()), policy = %args.on_store_down, "store unavailable; running without the lease");
+                tracing::warn!(error = %crate::failure::one_line(&e.into()), policy = %args.on_store_down, "store unavailable; running without the lease");
                 let holder = lease.holder().to_string();
                 return unleased(args, s, &holder).await;
             }
@@ -390,24 +438,31 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
     Ok(exit_status(ended))
 }
 
-/// With a schedule: the scheduler runs the command once per tick on the leader.
-async fn scheduled(
-    args: RunArgs,
-    s: Settings,
+/// A scheduled command: what it runs and how it is stopped.
+pub struct CommandRun {
+    /// The name the command sees as `LEASEHOLD_LEASE`.
+    pub lease: LeaseName,
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Environment before the `LEASEHOLD_*` variables.
+    pub env: Vec<(String, String)>,
+    /// How long it has after SIGTERM (the lease's stop margin).
+    pub grace: Duration,
+}
+
+/// A task that runs `command` once per slot, supervised (src/child.rs) by its task lease: for
+/// `run --every/--cron` and every line of `crontab`. With `log_as`, the run's log lines carry
+/// that task name first.
+pub fn command_task(
+    name: LeaseName,
     schedule: Schedule,
-    store: BoxStore,
-) -> Result<u8, Failure> {
-    let task_name = LeaseName::new(format!("{}:run", s.name)).map_err(|e| {
-        Failure::usage(anyhow!(
-            "{e} (a scheduled job also uses the name {}:run; shorten --lease)",
-            s.name
-        ))
-    })?;
-    let lease_name = s.name.clone();
-    let grace = s.config.stop_margin;
-    let argv = args.command.clone();
-    let mut task = Task::new(task_name, schedule, move |ctx: TaskContext| {
-        let mut env = base_env(&lease_name, ctx.holder.as_str());
+    command: CommandRun,
+    log_as: Option<&LeaseName>,
+) -> Task {
+    let span = log_as.map(|task| tracing::info_span!("task", name = %task));
+    Task::new(name, schedule, move |ctx: TaskContext| {
+        let mut env = command.env.clone();
+        env.extend(base_env(&command.lease, ctx.holder.as_str()));
         if let Some(t) = ctx.token {
             env.push(("LEASEHOLD_TOKEN".into(), t.to_string()));
         }
@@ -416,10 +471,11 @@ async fn scheduled(
         }
         env.push(("LEASEHOLD_TRIGGER".into(), ctx.trigger.as_str().into()));
         let spec = ChildSpec {
-            argv: argv.clone(),
+            argv: command.argv.clone(),
             env,
         };
-        async move {
+        let grace = command.grace;
+        let run = async move {
             // The run's cancel token fires when the lease starts expiring (a stop margin, the
             // grace, before its deadline) or on shutdown: SIGTERM then, SIGKILL before the
             // deadline. Should the scheduler abort the run instead, dropping it kills the group.
@@ -446,8 +502,37 @@ async fn scheduled(
                 0 => Ok(()),
                 code => Err(anyhow!("command exited with status {code}")),
             }
-        }
-    });
+        };
+        let span = span.clone().unwrap_or_else(tracing::Span::none);
+        tracing::Instrument::instrument(run, span)
+    })
+}
+
+/// With a schedule: the scheduler runs the command once per tick on the leader.
+async fn scheduled(
+    args: RunArgs,
+    s: Settings,
+    schedule: Schedule,
+    store: BoxStore,
+) -> Result<u8, Failure> {
+    let task_name = LeaseName::new(format!("{}:run", s.name)).map_err(|e| {
+        Failure::usage(anyhow!(
+            "{e} (a scheduled job also uses the name {}:run; shorten --lease)",
+            s.name
+        ))
+    })?;
+    let retry = s.config.retry_interval;
+    let mut task = command_task(
+        task_name,
+        schedule,
+        CommandRun {
+            lease: s.name.clone(),
+            argv: args.command.clone(),
+            env: Vec::new(),
+            grace: s.config.stop_margin,
+        },
+        None,
+    );
     if let Some(policy) = s.catch_up {
         task = task.catch_up(policy);
     }
@@ -458,6 +543,7 @@ async fn scheduled(
         .grace_period(Duration::ZERO)
         .on_store_down(args.on_store_down)
         .registered_as(TaskSource::Run)
+        .history_limit(args.history)
         .task(task);
     if let Some(h) = s.holder {
         sched = sched.holder(h);
@@ -466,6 +552,27 @@ async fn scheduled(
     let handle = sched
         .start(termination())
         .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
+    if let ConnectTimeout(Some(limit)) = args.connect_timeout {
+        let never = tokio::select! {
+            () = handle.wait() => None,
+            never = first_answer(&store, limit, retry) => never,
+        };
+        if let Some(error) = never {
+            handle.shutdown().await;
+            return Err(Failure::store(
+                anyhow::Error::new(error).context(format!(
+                    "never connected to {} within --connect-timeout {}",
+                    store.describe(),
+                    humantime::format_duration(limit)
+                )),
+                true,
+            )
+            .next_step(
+                "start the server, or correct the host and port in --store or \
+                 LEASEHOLD_STORE (--connect-timeout forever keeps retrying)",
+            ));
+        }
+    }
     handle.wait().await;
     match handle.failure() {
         Some(reason) => Err(Failure::store(

@@ -8,9 +8,9 @@ use anyhow::anyhow;
 use clap::Args;
 use leasehold::store::Metered;
 use leasehold::{BoxStore, StoreDownPolicy};
-use leasehold_serve::{Listen, ServeConfig, Sidecar, SidecarConfig};
+use leasehold_serve::{AllowedHost, Listen, ServeConfig, Sidecar, SidecarConfig};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -25,17 +25,27 @@ pub struct ServeArgs {
     /// the page's own files) must carry; the page at / asks for it.
     #[arg(long)]
     auth_token_file: Option<PathBuf>,
+    /// Without a token the sidecar answers only requests whose Host is a loopback address,
+    /// localhost or *.localhost, whatever the route (else another site's page could read and
+    /// drive it through a DNS name of its own pointing at 127.0.0.1); also answer under NAME,
+    /// any port (a name or IP address, e.g. one /etc/hosts maps to 127.0.0.1). Repeatable.
+    #[arg(long, value_name = "NAME", conflicts_with = "auth_token_file")]
+    allow_host: Vec<AllowedHost>,
     /// What a tick does while the store cannot answer, unless the tick says: fail-closed (skip),
     /// fail-open or local (run without coordination).
     #[arg(long, default_value = "fail-closed")]
     on_store_down: StoreDownPolicy,
     /// The longest a request waits (acquire's wait_ms, watch, observe); keep it below the idle
     /// timeout of any proxy between the application and the sidecar.
-    #[arg(long, default_value = "5m", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "5m", value_parser = crate::durations::duration_arg)]
     max_wait: Duration,
     /// The holder id prefix of this sidecar's leases [default: HOSTNAME-PID]
     #[arg(long)]
     holder: Option<String>,
+    /// How many run-history entries the store keeps for each task ticked through this sidecar
+    /// (runs and missed slots, newest first), 1 to 1000.
+    #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = history_entries)]
+    history: usize,
     /// How long a request's head may take to arrive (from its first byte, or from the
     /// connection's start); a connection past it is closed.
     #[arg(long, default_value = "10s", value_parser = positive_duration)]
@@ -52,13 +62,22 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
     /// How long shutdown waits for requests being handled before closing their connections.
-    #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = crate::durations::duration_arg)]
     shutdown_grace: Duration,
     /// Worker threads answering requests. One is fastest on a small machine (a request and
     /// its store connection do not wake each other's thread); give more where one sidecar
     /// serves many applications on a machine with cores to spare.
     #[arg(long, default_value_t = leasehold_serve::DEFAULT_THREADS, value_parser = threads)]
     pub(crate) threads: usize,
+}
+
+/// `--history`: 1 to [`MAX_HISTORY_SETTING`](leasehold::history::MAX_HISTORY_SETTING).
+pub(crate) fn history_entries(text: &str) -> Result<usize, String> {
+    let max = leasehold::history::MAX_HISTORY_SETTING;
+    match text.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be a number of entries from 1 to {max}")),
+    }
 }
 
 /// `--threads`: 1 to 256.
@@ -72,7 +91,7 @@ fn threads(text: &str) -> Result<usize, String> {
 
 /// A timeout flag: above zero, at most a day.
 fn positive_duration(text: &str) -> Result<Duration, String> {
-    match crate::duration_arg(text)? {
+    match crate::durations::duration_arg(text)? {
         Duration::ZERO => Err("must be above zero".to_owned()),
         d => Ok(d),
     }
@@ -135,6 +154,11 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
             args.listen
         )));
     }
+    if matches!(args.listen, Listen::Unix(_)) && !args.allow_host.is_empty() {
+        return Err(Failure::usage(anyhow!(
+            "--allow-host is for TCP addresses: a unix socket's clients are not checked by name"
+        )));
+    }
     crate::run::warn_if_no_store(args.store.as_deref());
     let metrics = crate::run::install_metrics()?;
     let url = leasehold_connect::store_url(args.store);
@@ -146,11 +170,15 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
     let mut config = SidecarConfig::default()
         .on_store_down(args.on_store_down)
         .max_wait(args.max_wait)
+        .history_limit(args.history)
         .metrics(metrics);
+    for host in args.allow_host {
+        config = config.allow_host(host);
+    }
     if let Some(holder) = args.holder {
         if leasehold::HolderId::new(format!("{holder}#0")).is_err() || holder.len() > 150 {
             return Err(Failure::usage(anyhow!(
-                "--holder must be 1 to 150 bytes without whitespace or control characters"
+                "--holder must be 1 to 150 bytes without whitespace, control or bidi characters"
             )));
         }
         config = config.holder(holder);

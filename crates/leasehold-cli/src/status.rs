@@ -4,13 +4,14 @@ use std::time::Duration;
 
 use clap::Args;
 use leasehold::fleet::Fleet;
-use leasehold::overview::{self, LeaseSummary, TaskSummary as FleetTask};
+use leasehold::overview::{self, LeaseSummary, TaskState, TaskSummary as FleetTask};
 use leasehold::{BoxStore, LeaseName, Schedule, Store};
 
 use leasehold::history::{RunOutcome, RunRecord};
 
+use crate::failure::Failure;
 use crate::output::outln;
-use crate::{Failure, fleet, history};
+use crate::{fleet, history};
 
 /// The most leases `status` without names lists.
 const LEASE_LIMIT: usize = 1000;
@@ -77,7 +78,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         let tasks: Vec<_> = tasks.iter().map(TaskSummary::json).collect();
         let doc =
             serde_json::json!({ "store": store.describe(), "leases": leases, "tasks": tasks });
-        outln!("{doc}")?;
+        crate::output::json(&doc)?;
         return Ok(0);
     }
     outln!("store: {}", store.describe())?;
@@ -135,8 +136,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         } else {
             String::new()
         };
+        outln!("")?;
         outln!(
-            "\n{:<width$}  {:<24}  {:<24}  {zone_head}LAST OUTCOME",
+            "{:<width$}  {:<24}  {:<24}  {zone_head}LAST OUTCOME",
             "TASK",
             "LAST RUN (UTC)",
             "NEXT DUE (UTC)"
@@ -167,6 +169,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
 struct TaskSummary {
     task: LeaseName,
     last_run: Option<RunRecord>,
+    /// The newest runs that failed in a row.
+    consecutive_failures: u64,
+    last_success_ms: Option<u64>,
     schedule: Option<Schedule>,
     next_due: Option<u64>,
 }
@@ -182,6 +187,8 @@ impl TaskSummary {
         Self {
             task,
             last_run,
+            consecutive_failures: overview::consecutive_failures(records),
+            last_success_ms: overview::last_success_ms(records),
             next_due: schedule.as_ref().and_then(|s| s.next_after(now_ms)),
             schedule,
         }
@@ -207,6 +214,8 @@ impl TaskSummary {
         serde_json::json!({
             "task": self.task.as_str(),
             "last_run": self.last_run,
+            "consecutive_failures": self.consecutive_failures,
+            "last_success_ms": self.last_success_ms,
             "next_due_ms": self.next_due,
             "time_zone": self.time_zone(),
             "next_due_local": self.next_due_local(),
@@ -245,7 +254,7 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
             "leases": leases,
             "groups": groups.iter().map(Group::json).collect::<Vec<_>>(),
         });
-        outln!("{doc}")?;
+        crate::output::json(&doc)?;
         return Ok(0);
     }
     outln!("store: {}", fleet.store().describe())?;
@@ -260,7 +269,7 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
             "SCHEDULE",
         );
         outln!(
-            "{:<width$}  {:<11}  {:<sched$}  {:<9}  {:<24}  {:<9}  {:<24}  MISSED 24H",
+            "{:<width$}  {:<13}  {:<sched$}  {:<9}  {:<24}  {:<11}  {:<24}  MISSED 24H",
             "TASK",
             "STATE",
             "SCHEDULE",
@@ -272,10 +281,14 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
         for t in &list.tasks {
             let live = t.instances.iter().filter(|i| i.live).count();
             let dash = || "-".to_owned();
+            let state = match t.state {
+                TaskState::Failing => format!("failing ({})", t.consecutive_failures),
+                state => state.as_str().to_owned(),
+            };
             outln!(
-                "{:<width$}  {:<11}  {:<sched$}  {:<9}  {:<24}  {:<9}  {:<24}  {}",
+                "{:<width$}  {:<13}  {:<sched$}  {:<9}  {:<24}  {:<11}  {:<24}  {}",
                 t.name,
-                t.state.as_str(),
+                state,
                 t.definition.as_ref().map_or("-", |d| d.schedule.as_str()),
                 format!("{live}/{}", t.instances.len()),
                 t.last_run
@@ -286,6 +299,34 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
                 t.next_slot_ms.map_or_else(dash, history::time),
                 t.missed_24h,
             )?;
+            let live: Vec<String> = t
+                .instances
+                .iter()
+                .filter(|i| i.live)
+                .map(|i| match &i.via {
+                    Some(via) => format!("{} via {via}", i.instance),
+                    None => i.instance.clone(),
+                })
+                .collect();
+            if !live.is_empty() {
+                outln!("{:<width$}  instances: {}", "", live.join(", "))?;
+            }
+            if t.consecutive_failures > 0 {
+                let since = t
+                    .last_success_ms
+                    .map_or("no success recorded".to_owned(), |ms| {
+                        format!("last success {}", history::time(ms))
+                    });
+                let error = t.last_run.as_ref().and_then(|r| r.error.as_deref());
+                outln!(
+                    "{:<width$}  {} failed in a row, {since}{}",
+                    "",
+                    t.consecutive_failures,
+                    error
+                        .map(|e| format!("; last error: {e}"))
+                        .unwrap_or_default()
+                )?;
+            }
             if let Some(p) = &t.paused {
                 let reason = p
                     .reason
@@ -311,8 +352,9 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
     }
     if !leases.is_empty() {
         let width = column(leases.iter().map(|l| l.name.as_str()), "LEASE");
+        outln!("")?;
         outln!(
-            "\n{:<width$}  {:<5}  {:>20}  {:>10}  HOLDER",
+            "{:<width$}  {:<5}  {:>20}  {:>10}  HOLDER",
             "LEASE",
             "KIND",
             "TOKEN",
@@ -334,7 +376,8 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
     }
     if !groups.is_empty() {
         let width = column(groups.iter().map(|g| g.name.as_str()), "GROUP");
-        outln!("\n{:<width$}  {:<40}  TASKS", "GROUP", "LEADER")?;
+        outln!("")?;
+        outln!("{:<width$}  {:<40}  TASKS", "GROUP", "LEADER")?;
         for g in &groups {
             outln!(
                 "{:<width$}  {:<40}  {}",

@@ -51,12 +51,13 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     // else's processes (someone typing `leasehold supervise` in a shell, say).
     if getpgrp() != getpid() {
         logging::error_line("supervise is internal to leasehold run");
-        return crate::exit(crate::EXIT_USAGE);
+        return crate::failure::exit(crate::failure::EXIT_USAGE);
     }
-    let runtime = match crate::start_runtime(&mut tokio::runtime::Builder::new_current_thread()) {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
+    let runtime =
+        match crate::failure::start_runtime(&mut tokio::runtime::Builder::new_current_thread()) {
+            Ok(rt) => rt,
+            Err(code) => return code,
+        };
     runtime.block_on(supervise(args.command));
     // The group is being killed (us too); nothing else to do.
     ExitCode::from(1)

@@ -5,10 +5,14 @@ use std::process::Command;
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
 fn fails_in_one_line(args: &[&str], expect: &str) {
-    let dir = tempfile::tempdir().unwrap();
+    fails_in_one_line_in(tempfile::tempdir().unwrap().path(), args, expect);
+}
+
+/// [`fails_in_one_line`] in `dir`.
+fn fails_in_one_line_in(dir: &std::path::Path, args: &[&str], expect: &str) {
     let out = Command::new(BIN)
         .args(args)
-        .current_dir(dir.path())
+        .current_dir(dir)
         .env_remove("LEASEHOLD_STORE")
         .output()
         .unwrap();
@@ -249,10 +253,31 @@ fn missing_command() {
     fails_in_one_line(&["run", "--lease", "a", "--every", "1s"], "required");
 }
 
+/// A directory holding the store `sqlite:t.db`, made by a flock (the read commands do not
+/// create one).
+fn with_a_store() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let made = Command::new(BIN)
+        .args([
+            "run",
+            "--store",
+            "sqlite:t.db",
+            "--lease",
+            "seed",
+            "--",
+            "true",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    dir
+}
+
 /// Without names, status lists the store's catalog (issue 25): an empty one says so.
 #[test]
 fn status_without_names_lists_the_catalog() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = with_a_store();
     let out = Command::new(BIN)
         .args(["status", "--store", "sqlite:t.db"])
         .current_dir(dir.path())
@@ -273,7 +298,8 @@ fn control_without_a_task_name() {
         "above the maximum",
     );
     // A bare --wait before the name does not take the name for a duration.
-    fails_in_one_line(
+    fails_in_one_line_in(
+        with_a_store().path(),
         &["trigger", "--store", "sqlite:t.db", "--wait", "x"],
         "no task x",
     );

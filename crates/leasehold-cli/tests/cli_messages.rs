@@ -133,12 +133,56 @@ fn other_clap_errors_keep_their_detail_on_one_line() {
     );
 }
 
+/// `trigger NAME --wait 20s` (issue 43): `--wait` takes its duration only after an `=` (so
+/// `trigger --wait NAME` never reads the name as one); the error says to write `--wait=20s`,
+/// whichever side of the name the duration is on. A word that is no duration gets no such tip.
+#[test]
+fn a_wait_duration_without_equals_points_to_the_equals_form() {
+    for args in [
+        &[
+            "trigger",
+            "--store",
+            "sqlite:t.db",
+            "sweep",
+            "--wait",
+            "20s",
+        ][..],
+        &[
+            "trigger",
+            "--store",
+            "sqlite:t.db",
+            "--wait",
+            "20s",
+            "sweep",
+        ],
+        &["trigger", "sweep", "--wait", "20s", "--by", "ops"],
+    ] {
+        let line = usage_line(
+            args,
+            &["unexpected argument", "write --wait=20s"],
+            "leasehold trigger --help",
+        );
+        assert_eq!(line.matches("--wait=20s").count(), 1, "{line}");
+    }
+    let line = usage_line(
+        &["trigger", "sweep", "--wait", "soon"],
+        &["'soon'"],
+        "leasehold trigger --help",
+    );
+    assert!(!line.contains("--wait="), "{line}");
+}
+
 /// `leasehold history … | head -1`, `status … | head -1`, `next … | head -1`: the reader has
 /// gone, so the command stops without a word (no panic, no backtrace) and exits 0.
 #[test]
 fn a_closed_stdout_ends_status_history_and_next_quietly() {
     let dir = temp_dir();
     let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let made = Command::new(BIN)
+        .args(["run", "--store", &store, "--lease", "t", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
     for args in [
         vec!["history", "--store", &store, "t"],
         vec!["status", "--store", &store, "t"],

@@ -5,12 +5,12 @@ mod common;
 
 use common::*;
 
+/// As a newcomer runs it, without `--dir`: the folder it names is gone when it ends, as its
+/// output says.
 #[test]
 fn the_demo_runs_and_no_tick_runs_twice() {
-    let dir = temp_dir();
     let out = std::process::Command::new(BIN)
-        .args(["demo", "--dir"])
-        .arg(dir.path())
+        .arg("demo")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -18,6 +18,17 @@ fn the_demo_runs_and_no_tick_runs_twice() {
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("duplicate ticks      0"), "{stdout}");
     assert!(!stdout.contains("FAILED"), "{stdout}");
+    let files = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("files: "))
+        .and_then(|l| {
+            l.strip_suffix(" (removed when the demo ends; `leasehold demo --dir DIR` keeps them)")
+        })
+        .unwrap_or_else(|| panic!("no files line saying they are removed:\n{stdout}"));
+    assert!(
+        !std::path::Path::new(files).exists(),
+        "{files} is still there"
+    );
     // A few ticks fall while the killed leader's lease (3 s) runs out, at a tick a second.
     let missed: u64 = stdout
         .lines()
@@ -26,6 +37,32 @@ fn the_demo_runs_and_no_tick_runs_twice() {
         .expect("a missed ticks line");
     assert!(missed <= 5, "{stdout}");
     the_readme_transcript_is_in(&stdout);
+}
+
+/// With `--dir`, the demo says its files are kept, and they are: the store, the ledger and each
+/// instance's log.
+#[test]
+fn the_demo_keeps_its_files_in_the_dir_given() {
+    let dir = temp_dir();
+    let out = std::process::Command::new(BIN)
+        .args(["demo", "--ticks", "1", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains(&format!("files: {} (kept)", dir.path().display())),
+        "{stdout}"
+    );
+    for file in [
+        "demo.db",
+        "ledger.jsonl",
+        "instance-1.log",
+        "instance-2.log",
+    ] {
+        assert!(dir.path().join(file).is_file(), "{file}");
+    }
 }
 
 /// A line with every number replaced by its kind: `N` for a count, a duration or an instance
@@ -90,11 +127,43 @@ fn the_readme_transcript_is_in(output: &str) {
         }
         let want_shape = shape(want);
         assert!(
-            lines.any(|line| line == want_shape),
+            lines.any(|line| matches(&line, &want_shape)),
             "the README's demo line {want:?} (shape {want_shape:?}) is not in this run's output \
              (in order):\n{output}"
         );
     }
+}
+
+/// Whether `line` is `want`, where a `…` in `want` stands for any text (a temporary path).
+fn matches(line: &str, want: &str) -> bool {
+    let mut parts = want.split('…');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = line.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+#[test]
+fn an_ellipsis_in_a_line_stands_for_any_text() {
+    let want = "files: … (removed when the demo ends)";
+    assert!(matches(
+        "files: /tmp/.tmpAb1 (removed when the demo ends)",
+        want
+    ));
+    assert!(!matches("files: /tmp/.tmpAb1 (kept)", want));
+    assert!(matches("tick N13", "tick N13"));
+    assert!(!matches("tick N13 ran", "tick N13"));
 }
 
 #[test]

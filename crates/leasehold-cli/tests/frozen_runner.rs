@@ -176,7 +176,7 @@ fn freeze_while_another_waits(store: &str, scheduled: bool) {
             !a_runs.is_empty()
                 && a_runs
                     .iter()
-                    .all(|r| r["outcome"] == "cancelled" || r["outcome"] == "lost"),
+                    .all(|r| r["outcome"] == "cancelled" || r["outcome"] == "interrupted"),
             "a's cut-short run is recorded as cancelled: {doc}"
         );
     } else {

@@ -113,6 +113,12 @@ async fn a_run_history_with_misses_and_a_pause_is_drawn_bar_by_bar() {
 fn a_task_without_history_is_an_empty_picture_and_svg_excludes_json() {
     let dir = temp_dir();
     let url = format!("sqlite:{}", path_str(&dir.path().join("e.db")));
+    // A store (history does not create one) without this task.
+    let made = Command::new(BIN)
+        .args(["run", "--store", &url, "--lease", "other", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
     let file = dir.path().join("none.svg");
     let out = history(&["--store", &url, "nothing-here", "--svg", &path_str(&file)]);
     assert!(

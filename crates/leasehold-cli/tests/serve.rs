@@ -1,8 +1,10 @@
 //! `leasehold serve` as a process on the real Redis: gated ticks across two sidecars, handover
-//! on SIGTERM, unix sockets, and the refusals of unsafe or bad flags.
+//! on SIGTERM, unix sockets, the names it answers under without a token, and the refusals of
+//! unsafe or bad flags.
 
 mod common;
 
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -110,10 +112,12 @@ fn a_unix_socket_serves_the_same_api() {
         assert!(Instant::now() < deadline, "no socket");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (status, health) = exchange(connect().unwrap(), "GET", "/healthz", None);
+    // Any Host: no browser reaches a unix socket, and its clients name it as they like.
+    let (status, health) = exchange(connect().unwrap(), "sidecar", "GET", "/healthz", None);
     assert_eq!((status, health["status"].clone()), (200, json!("ok")));
     let (status, granted) = exchange(
         connect().unwrap(),
+        "evil.example",
         "POST",
         "/v1/leases/u/acquire",
         Some(json!({"ttl_ms": 3000})),
@@ -153,5 +157,78 @@ fn unsafe_or_bad_flags_are_refused() {
     for threads in ["0", "257", "two"] {
         let err = refused(&["--store", &store, "--threads", threads]);
         assert!(err.contains("--threads"), "{threads}: {err}");
+    }
+    for host in ["http://sidecar", "sidecar:7070", "*.example", "a b"] {
+        let err = refused(&["--store", &store, "--allow-host", host]);
+        assert!(
+            err.contains("--allow-host") && err.contains("without scheme or port"),
+            "{host}: {err}"
+        );
+    }
+    let token = dir.path().join("good-token");
+    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    let err = refused(&[
+        "--store",
+        &store,
+        "--allow-host",
+        "sidecar",
+        "--auth-token-file",
+        token.to_str().unwrap(),
+    ]);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let socket = format!("unix:{}", dir.path().join("s.sock").display());
+    let err = refused(&[
+        "--store",
+        &store,
+        "--listen",
+        &socket,
+        "--allow-host",
+        "sidecar",
+    ]);
+    assert!(err.contains("--allow-host is for TCP"), "{err}");
+}
+
+/// Without a token the sidecar answers a request only under a loopback name or one given with
+/// --allow-host, whatever the route and method (DNS rebinding: a web page reaching it under a
+/// name of its own that resolves to 127.0.0.1 must not read or drive it).
+#[test]
+fn names_that_are_not_loopback_or_allowed_are_refused() {
+    let dir = temp_dir();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let sidecar = Sidecar::start_with(
+        &store,
+        "hosts",
+        &["--allow-host", "Sidecar.Test", "--allow-host", "10.1.2.3"],
+    );
+    let ask = |host: &str, method: &str, path: &str, body: Option<Value>| {
+        let conn = TcpStream::connect(("127.0.0.1", sidecar.port)).unwrap();
+        exchange(conn, host, method, path, body)
+    };
+    let tick = || Some(json!({"every_ms": 60000}));
+    let port = sidecar.port;
+    for host in [
+        format!("evil.example:{port}"),
+        "sidecar.test.evil".into(),
+        "10.1.2.4".into(),
+    ] {
+        let (status, body) = ask(&host, "POST", "/v1/tasks/sweep/ticks", tick());
+        assert_eq!(
+            (status, body["error"].clone()),
+            (403, json!("host-not-allowed")),
+            "{host}"
+        );
+        let (status, _) = ask(&host, "GET", "/healthz", None);
+        assert_eq!(status, 403, "{host}");
+    }
+    // Nothing was registered by the refused ticks.
+    let (_, tasks) = ask("localhost", "GET", "/v1/tasks", None);
+    assert_eq!(tasks["tasks"], json!([]), "{tasks}");
+    for host in [
+        format!("sidecar.test:{port}"),
+        "SIDECAR.TEST".into(),
+        "10.1.2.3:1".into(),
+    ] {
+        let (status, body) = ask(&host, "POST", "/v1/tasks/sweep/ticks", tick());
+        assert_eq!(status, 200, "{host}: {body}");
     }
 }

@@ -72,7 +72,7 @@ impl Server {
     async fn healthz(&self) -> (String, Duration) {
         let start = Instant::now();
         let mut conn = self.connect().await;
-        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
         let mut answer = Vec::new();
@@ -330,13 +330,13 @@ async fn sigterm_with_half_sent_requests_exits_within_the_grace() {
     );
     let mut half_head = server.connect().await;
     half_head
-        .write_all(b"POST /v1/leases/x/acquire HTTP/1.1\r\nHost: h\r\nContent-Le")
+        .write_all(b"POST /v1/leases/x/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Le")
         .await
         .unwrap();
     let mut half_body = server.connect().await;
     half_body
         .write_all(
-            b"POST /v1/leases/x/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 30\r\n\r\n{\"tt",
+            b"POST /v1/leases/x/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: 30\r\n\r\n{\"tt",
         )
         .await
         .unwrap();

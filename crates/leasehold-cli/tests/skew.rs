@@ -207,7 +207,10 @@ fn a_store_that_needs_a_newer_release_is_refused_with_exit_78() {
     let dir = temp_dir();
     let path = dir.path().join("leases.db");
     let url = format!("sqlite:{}", path_str(&path));
-    let created = leasehold(BIN.as_ref(), &["status", "--store", &url, "job"]);
+    let created = leasehold(
+        BIN.as_ref(),
+        &["run", "--store", &url, "--lease", "job", "--", "true"],
+    );
     assert!(created.status.success(), "{created:?}");
     rusqlite::Connection::open(&path)
         .unwrap()

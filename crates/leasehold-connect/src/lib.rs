@@ -64,8 +64,51 @@ pub enum OpenError {
         #[source]
         source: BoxError,
     },
-    /// The store answered with a refusal that retrying cannot fix: credentials, permissions,
-    /// a read-only or foreign file.
+    /// No store where the URL points, opened with [`open_existing_store`], which never creates
+    /// one: a SQLite file that does not exist.
+    #[error("cannot open the {store} store")]
+    NotFound {
+        /// Which store.
+        store: &'static str,
+        /// The store crate's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Something other than a leasehold store where the URL points, opened with
+    /// [`open_existing_store`]: an empty file, another application's database. Nothing was
+    /// written to it.
+    #[error("cannot open the {store} store")]
+    NotAStore {
+        /// Which store.
+        store: &'static str,
+        /// The store crate's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The server refused the connection: a wrong user or password, a certificate, no
+    /// permission to connect. Only another URL (or another grant on the server) can work.
+    #[error("cannot open the {store} store")]
+    Denied {
+        /// Which store.
+        store: &'static str,
+        /// The store crate's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The database the URL names does not exist on its server (a store creates its tables,
+    /// never its database).
+    #[error("cannot open the {store} store")]
+    NoDatabase {
+        /// Which store.
+        store: &'static str,
+        /// The database the URL names, to create.
+        database: String,
+        /// The store crate's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store answered with a refusal that retrying cannot fix: permissions on the tables,
+    /// a read-only or foreign file, a newer release's data.
     #[error("cannot open the {store} store")]
     Refused {
         /// Which store.
@@ -91,6 +134,16 @@ impl OpenError {
         )
     }
 
+    /// Whether there is no store where the URL points ([`OpenError::NotFound`]).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+
+    /// Whether what the URL points to is not a leasehold store ([`OpenError::NotAStore`]).
+    pub fn is_not_a_store(&self) -> bool {
+        matches!(self, Self::NotAStore { .. })
+    }
+
     /// A store crate's error, sorted by whether the URL is at fault (`invalid`) or retrying may
     /// help (`transient`).
     #[cfg(any(
@@ -100,17 +153,35 @@ impl OpenError {
         feature = "etcd",
         feature = "mysql"
     ))]
-    fn of(
+    fn of<E: leasehold::store::StoreSetupError>(
         store: StoreKind,
-        source: impl std::error::Error + Send + Sync + 'static,
-        invalid: bool,
-        transient: bool,
+        e: leasehold::store::SetupError<E>,
     ) -> Self {
-        let (store, source) = (store.as_str(), Box::new(source));
-        match (invalid, transient) {
-            (true, _) => Self::Invalid { store, source },
-            (false, true) => Self::Unavailable { store, source },
-            (false, false) => Self::Refused { store, source },
+        use leasehold::store::SetupError;
+        let (invalid, transient) = (e.is_invalid(), e.is_transient());
+        let store = store.as_str();
+        match (&e, invalid, transient) {
+            (SetupError::MissingDatabase { database, .. }, _, _) => Self::NoDatabase {
+                store,
+                database: database.clone(),
+                source: Box::new(e),
+            },
+            (_, true, _) => Self::Invalid {
+                store,
+                source: Box::new(e),
+            },
+            (_, false, true) => Self::Unavailable {
+                store,
+                source: Box::new(e),
+            },
+            (SetupError::Connect { .. }, false, false) => Self::Denied {
+                store,
+                source: Box::new(e),
+            },
+            (_, false, false) => Self::Refused {
+                store,
+                source: Box::new(e),
+            },
         }
     }
 }
@@ -206,48 +277,19 @@ fn is_conninfo(url: &str) -> bool {
 
 #[cfg(feature = "sqlite")]
 fn sqlite_error(e: leasehold_sqlite::Error) -> OpenError {
-    use leasehold_sqlite::Error as E;
-    let invalid = matches!(e, E::InvalidUrl { .. } | E::Config(_));
-    let transient = e.is_transient();
-    OpenError::of(StoreKind::Sqlite, e, invalid, transient)
-}
-
-#[cfg(feature = "redis")]
-fn redis_error(e: leasehold_redis::Error) -> OpenError {
-    use leasehold_redis::Error as E;
-    let invalid = matches!(e, E::InvalidUrl { .. } | E::Config(_));
-    let transient = e.is_transient();
-    OpenError::of(StoreKind::Redis, e, invalid, transient)
-}
-
-#[cfg(feature = "postgres")]
-fn postgres_error(e: leasehold_postgres::Error) -> OpenError {
-    use leasehold_postgres::Error as E;
-    let invalid = matches!(
-        e,
-        E::InvalidUrl { .. } | E::InvalidIdentifier { .. } | E::Config(_) | E::Tls(_)
-    );
-    let transient = e.is_transient();
-    OpenError::of(StoreKind::Postgres, e, invalid, transient)
-}
-
-#[cfg(feature = "mysql")]
-fn mysql_error(e: leasehold_mysql::Error) -> OpenError {
-    use leasehold_mysql::Error as E;
-    let invalid = matches!(
-        e,
-        E::InvalidUrl { .. } | E::InvalidPrefix(_) | E::Config(_) | E::Tls(_)
-    );
-    let transient = e.is_transient();
-    OpenError::of(StoreKind::Mysql, e, invalid, transient)
-}
-
-#[cfg(feature = "etcd")]
-fn etcd_error(e: leasehold_etcd::Error) -> OpenError {
-    use leasehold_etcd::Error as E;
-    let invalid = matches!(e, E::InvalidUrl { .. } | E::Config(_));
-    let transient = e.is_transient();
-    OpenError::of(StoreKind::Etcd, e, invalid, transient)
+    use leasehold_sqlite::SqliteSetupError as E;
+    let store = StoreKind::Sqlite.as_str();
+    match e {
+        leasehold_sqlite::Error::Store(E::NotFound { .. }) => OpenError::NotFound {
+            store,
+            source: Box::new(e),
+        },
+        leasehold_sqlite::Error::Store(E::NotAStore { .. }) => OpenError::NotAStore {
+            store,
+            source: Box::new(e),
+        },
+        e => OpenError::of(StoreKind::Sqlite, e),
+    }
 }
 
 /// Opens the store a URL names and checks that it answers: `sqlite:PATH`, `redis://…`,
@@ -261,32 +303,49 @@ pub async fn open_store(url: &str) -> Result<BoxStore, OpenError> {
         StoreKind::Sqlite => leasehold_sqlite::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(sqlite_error),
+            .map_err(|e| OpenError::of(StoreKind::Sqlite, e)),
         #[cfg(feature = "redis")]
         StoreKind::Redis => leasehold_redis::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(redis_error),
+            .map_err(|e| OpenError::of(StoreKind::Redis, e)),
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => leasehold_postgres::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(postgres_error),
+            .map_err(|e| OpenError::of(StoreKind::Postgres, e)),
         #[cfg(feature = "etcd")]
         StoreKind::Etcd => leasehold_etcd::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(etcd_error),
+            .map_err(|e| OpenError::of(StoreKind::Etcd, e)),
         #[cfg(feature = "mysql")]
         StoreKind::Mysql => leasehold_mysql::connect(url)
             .await
             .map(BoxStore::new)
-            .map_err(mysql_error),
+            .map_err(|e| OpenError::of(StoreKind::Mysql, e)),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
             scheme: other.as_str().to_owned(),
         }),
+    }
+}
+
+/// Opens the store a URL names as [`open_store`] does, but never creates one: for a program
+/// that reads or controls a store others run on (`leasehold status`, `history`, `pause`), where
+/// a mistyped SQLite path must fail ([`OpenError::NotFound`]) rather than answer from a new,
+/// empty file, and a file that is not a leasehold store ([`OpenError::NotAStore`]: empty,
+/// another application's database) is left untouched. A server store is opened as by
+/// [`open_store`]: its server says whether the database exists.
+pub async fn open_existing_store(url: &str) -> Result<BoxStore, OpenError> {
+    match StoreKind::of(url)? {
+        #[cfg(feature = "sqlite")]
+        StoreKind::Sqlite => leasehold_sqlite::connect_existing(url)
+            .await
+            .map(BoxStore::new)
+            .map_err(sqlite_error),
+        _ => open_store(url).await,
     }
 }
 
@@ -302,19 +361,19 @@ pub async fn open_store_lazy(url: &str) -> Result<BoxStore, OpenError> {
         #[cfg(feature = "redis")]
         StoreKind::Redis => leasehold_redis::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(redis_error),
+            .map_err(|e| OpenError::of(StoreKind::Redis, e)),
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => leasehold_postgres::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(postgres_error),
+            .map_err(|e| OpenError::of(StoreKind::Postgres, e)),
         #[cfg(feature = "etcd")]
         StoreKind::Etcd => leasehold_etcd::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(etcd_error),
+            .map_err(|e| OpenError::of(StoreKind::Etcd, e)),
         #[cfg(feature = "mysql")]
         StoreKind::Mysql => leasehold_mysql::connect_lazy(url)
             .map(BoxStore::new)
-            .map_err(mysql_error),
+            .map_err(|e| OpenError::of(StoreKind::Mysql, e)),
         // Reached only for a store whose feature is off.
         #[allow(unreachable_patterns)]
         other => Err(OpenError::NotBuilt {
@@ -405,6 +464,37 @@ mod tests {
             let cause = std::error::Error::source(&err).unwrap().to_string();
             assert_eq!(line.matches(&cause).count(), 1, "{line}");
         }
+    }
+
+    /// A SQLite path without a file is not found, a file that is no store is refused, and
+    /// neither is created or written; a store made by `open_store` opens.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn open_existing_store_never_creates_a_sqlite_file() {
+        let dir = std::env::temp_dir().join(format!("lh-connect-existing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("typo.db");
+        let err = open_existing_store(&format!("sqlite:{}", missing.display()))
+            .await
+            .unwrap_err();
+        assert!(err.is_not_found(), "{err:?}");
+        assert!(!err.is_transient() && !err.is_bad_url() && !err.is_not_a_store());
+        assert!(with_causes(&err).contains("does not exist"), "{err:?}");
+        assert!(!missing.exists());
+
+        let empty = dir.join("empty.db");
+        std::fs::write(&empty, b"").unwrap();
+        let err = open_existing_store(&format!("sqlite:{}", empty.display()))
+            .await
+            .unwrap_err();
+        assert!(err.is_not_a_store(), "{err:?}");
+        assert!(!err.is_not_found());
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
+
+        let url = format!("sqlite:{}", dir.join("leases.db").display());
+        drop(open_store(&url).await.unwrap());
+        open_existing_store(&url).await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use leasehold::store::{percent_decode, percent_encode};
+
+use crate::error::{Error, EtcdSetupError, Result};
 
 /// Default key prefix: keys are `leasehold/lease/NAME`, `leasehold/slot/TASK` and
 /// `leasehold/hist/TASK\0KEY`.
@@ -128,8 +130,10 @@ impl EtcdConfig {
     ///
     /// Errors name what is wrong, never the URL's text, so a password cannot leak through them.
     pub fn from_url(url: &str) -> Result<Self> {
-        let invalid = |reason: &str| Error::InvalidUrl {
-            reason: reason.to_owned(),
+        let invalid = |reason: &str| {
+            Error::from(EtcdSetupError::InvalidUrl {
+                reason: reason.to_owned(),
+            })
         };
         let (scheme, rest) = url
             .split_once("://")
@@ -202,7 +206,7 @@ impl EtcdConfig {
                 }
                 "ca" => {
                     let pem = std::fs::read(&value).map_err(|e| {
-                        Error::Config(format!("cannot read the CA file {value:?}: {e}"))
+                        EtcdSetupError::Config(format!("cannot read the CA file {value:?}: {e}"))
                     })?;
                     config.tls_ca_pem = Some(pem);
                 }
@@ -221,23 +225,24 @@ impl EtcdConfig {
     /// Checks the settings.
     pub fn validate(&self) -> Result<()> {
         if self.endpoints.is_empty() {
-            return Err(Error::Config("no endpoints".into()));
+            return Err(EtcdSetupError::Config("no endpoints".into()).into());
         }
         if self.prefix.is_empty() {
-            return Err(Error::Config("the key prefix must be non-empty".into()));
+            return Err(EtcdSetupError::Config("the key prefix must be non-empty".into()).into());
         }
         leasehold::store::check_nonzero(&[
             ("op_timeout", self.op_timeout),
             ("connect_timeout", self.connect_timeout),
         ])
-        .map_err(|e| Error::Config(e.to_string()))?;
+        .map_err(|e| EtcdSetupError::Config(e.to_string()))?;
         if self.password.is_some() && self.user.is_none() {
-            return Err(Error::Config("a password needs a user".into()));
+            return Err(EtcdSetupError::Config("a password needs a user".into()).into());
         }
         if self.tls && !cfg!(feature = "tls") {
-            return Err(Error::Config(
+            return Err(EtcdSetupError::Config(
                 "etcds:// needs the leasehold-etcd feature `tls`".into(),
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -246,22 +251,30 @@ impl EtcdConfig {
     pub fn describe(&self) -> String {
         let scheme = if self.tls { "etcds" } else { "etcd" };
         let user = match &self.user {
-            Some(user) => format!("{}@", percent_encode(user)),
+            Some(user) => format!("{}@", percent_encode(user.as_bytes())),
             None => String::new(),
         };
         let hosts: Vec<String> = self.endpoints.iter().map(ToString::to_string).collect();
         let mut out = format!("{scheme}://{user}{}", hosts.join(","));
         if self.prefix != DEFAULT_PREFIX {
             out.push_str("/?prefix=");
-            out.push_str(&percent_encode(&self.prefix));
+            // A prefix's slashes are shown as they are.
+            let segments: Vec<String> = self
+                .prefix
+                .split('/')
+                .map(|s| percent_encode(s.as_bytes()))
+                .collect();
+            out.push_str(&segments.join("/"));
         }
         out
     }
 }
 
 fn parse_endpoint(text: &str) -> Result<Endpoint> {
-    let invalid = |reason: &str| Error::InvalidUrl {
-        reason: reason.to_owned(),
+    let invalid = |reason: &str| {
+        Error::from(EtcdSetupError::InvalidUrl {
+            reason: reason.to_owned(),
+        })
     };
     if text.is_empty() {
         return Err(invalid("empty host"));
@@ -299,35 +312,6 @@ fn parse_endpoint(text: &str) -> Result<Endpoint> {
             .ok_or_else(|| invalid("a port must be a number from 1 to 65535"))?,
     };
     Ok(Endpoint::new(host, port))
-}
-
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 impl fmt::Display for EtcdConfig {

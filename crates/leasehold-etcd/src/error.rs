@@ -2,15 +2,22 @@
 //! failed store operation's [`leasehold::StoreError`].
 
 use leasehold::StoreError;
+use leasehold::store::{SetupError, StoreSetupError};
+
+/// Why an [`EtcdStore`](crate::EtcdStore) could not be set up: no member answered or the
+/// cluster refused the credentials ([`Connect`](SetupError::Connect)), keys a newer release uses
+/// ([`TooOld`](SetupError::TooOld)), or one of [`EtcdSetupError`]. No variant carries the URL's
+/// text or a password. Keys need no migration, so [`Migrate`](SetupError::Migrate) never
+/// happens here.
+pub type Error = SetupError<EtcdSetupError>;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why an [`EtcdStore`](crate::EtcdStore) could not be set up. No variant carries the URL's
-/// text or a password.
+/// The etcd store's own setup errors: settings that can never work.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum EtcdSetupError {
     /// The URL is not an `etcd://` URL this crate accepts.
     #[error("invalid etcd url: {reason}")]
     InvalidUrl {
@@ -20,33 +27,15 @@ pub enum Error {
     /// A configuration value is out of range, or a file it names cannot be read.
     #[error("invalid etcd store configuration: {0}")]
     Config(String),
-    /// No member answered, or the cluster refused the credentials (the source says which:
-    /// [`StoreError::is_transient`] tells an outage from a refusal).
-    #[error("could not connect to {endpoints}")]
-    Connect {
-        /// The parsed URL, without the password.
-        endpoints: String,
-        /// What went wrong.
-        #[source]
-        source: StoreError,
-    },
-    /// The keys are in use by a newer release that does not let this one write to them
-    /// (`PREFIX meta/min_writer`, see [`leasehold::skew`]). Nothing was written.
-    #[error("{endpoints}")]
-    TooOld {
-        /// The parsed URL, without the password.
-        endpoints: String,
-        /// The release the keys need.
-        #[source]
-        source: leasehold::skew::TooOld,
-    },
 }
 
-impl Error {
-    /// Whether retrying later may succeed: no member could be reached or answered in time. A
-    /// refusal (credentials, permissions) and a bad URL or setting are not transient.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Connect { source, .. } if source.is_transient())
+impl StoreSetupError for EtcdSetupError {
+    fn is_transient(&self) -> bool {
+        false
+    }
+
+    fn is_invalid(&self) -> bool {
+        true
     }
 }
 

@@ -546,12 +546,13 @@ mod tls {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
 
-    use crate::error::Error;
+    use crate::error::{Error, EtcdSetupError};
 
     /// A connector that verifies the members' certificates and host names against `ca_pem` or,
     /// without it, the system's root certificates.
     pub(crate) fn connector(ca_pem: Option<&[u8]>) -> Result<tokio_rustls::TlsConnector, Error> {
-        let bad = |e: &dyn std::fmt::Display| Error::Config(format!("bad CA certificate: {e}"));
+        let bad =
+            |e: &dyn std::fmt::Display| EtcdSetupError::Config(format!("bad CA certificate: {e}"));
         let mut roots = rustls::RootCertStore::empty();
         match ca_pem {
             Some(pem) => {
@@ -567,14 +568,15 @@ mod tls {
             }
         }
         if roots.is_empty() {
-            return Err(Error::Config(
+            return Err(EtcdSetupError::Config(
                 "no root certificates to verify the members with".to_owned(),
-            ));
+            )
+            .into());
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(e.to_string()))?
+            .map_err(|e| EtcdSetupError::Config(e.to_string()))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))

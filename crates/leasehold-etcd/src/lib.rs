@@ -20,7 +20,7 @@ mod wire;
 pub use config::{
     DEFAULT_OP_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX, Endpoint, EtcdConfig, Password,
 };
-pub use error::{Error, RequestError, Result};
+pub use error::{Error, EtcdSetupError, RequestError, Result};
 pub use store::EtcdStore;
 
 /// Connects to the etcd cluster at `url` with the default [`EtcdConfig`]:

@@ -12,8 +12,8 @@ use leasehold::catalog::{
 use leasehold::skew;
 use leasehold::store::Operation as Op;
 use leasehold::{
-    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
-    Release, Slots, Store, StoreError,
+    Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
+    Store, StoreError,
     store::{
         Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
     },
@@ -108,7 +108,7 @@ impl EtcdStore {
         )
         .await;
         let failed = |source| Error::Connect {
-            endpoints: inner.described.clone(),
+            store: inner.described.clone(),
             source,
         };
         match answer {
@@ -121,7 +121,7 @@ impl EtcdStore {
             Ok(Err(e)) => return Err(failed(e)),
             Ok(Ok(Err(source))) => {
                 return Err(Error::TooOld {
-                    endpoints: inner.described.clone(),
+                    store: inner.described.clone(),
                     source,
                 });
             }
@@ -1233,10 +1233,6 @@ impl Store for EtcdStore {
         self.inner.described.clone()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
-    }
-
     fn renew_many(
         &self,
         holder: &HolderId,
@@ -1246,6 +1242,8 @@ impl Store for EtcdStore {
         self.renew_many_chunked(Op::new("renew_many", None), holder, leases, ttl)
     }
 }
+
+leasehold::declare_capabilities!(EtcdStore: SLOTS | PURGE | MEMBERSHIP | CATALOG);
 
 impl Slots for EtcdStore {
     fn claim_slot(

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use leasehold::store::{percent_decode, percent_encode};
+
+use crate::error::{Error, MySqlSetupError, Result};
 
 /// Default prefix of the store's table names (`leasehold_leases`, `leasehold_slots`, ...).
 pub const DEFAULT_TABLE_PREFIX: &str = "leasehold_";
@@ -107,7 +109,7 @@ impl MySqlConfig {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok {
-            return Err(Error::InvalidPrefix(prefix.clone()));
+            return Err(MySqlSetupError::InvalidPrefix(prefix.clone()).into());
         }
         leasehold_sql::check_pool(
             self.pool_size,
@@ -118,7 +120,7 @@ impl MySqlConfig {
                 ("max_reconnect_delay", self.max_reconnect_delay),
             ],
         )
-        .map_err(Error::Config)
+        .map_err(|e| MySqlSetupError::Config(e).into())
     }
 
     /// The URL, parsed, with the CA of `ssl-ca` (or [`tls_ca_pem`](Self::tls_ca_pem)) read.
@@ -128,20 +130,22 @@ impl MySqlConfig {
             url.ca_pem = Some(pem.clone());
         } else if let Some(path) = &url.ca_path {
             let pem = std::fs::read(path)
-                .map_err(|e| Error::Tls(format!("cannot read ssl-ca {path}: {e}")))?;
+                .map_err(|e| MySqlSetupError::Tls(format!("cannot read ssl-ca {path}: {e}")))?;
             url.ca_pem = Some(pem);
         }
         if let Some(pem) = &url.ca_pem
             && !String::from_utf8_lossy(pem).contains("-----BEGIN CERTIFICATE-----")
         {
-            return Err(Error::Tls(
+            return Err(MySqlSetupError::Tls(
                 "the CA file holds no PEM certificate (-----BEGIN CERTIFICATE-----)".to_owned(),
-            ));
+            )
+            .into());
         }
         if url.ca_pem.is_some() && url.ssl_mode == SslMode::Disabled {
-            return Err(Error::InvalidUrl {
+            return Err(MySqlSetupError::InvalidUrl {
                 reason: "ssl-ca needs ssl-mode=verify-ca or verify-identity".to_owned(),
-            });
+            }
+            .into());
         }
         Ok(url)
     }
@@ -214,8 +218,10 @@ impl ServerUrl {
     /// Reads `mysql://[user[:password]@]host[:port]/database[?ssl-mode=..&ssl-ca=..]`. Errors
     /// quote none of the text (any part of a URL that cannot be read might be a password).
     pub(crate) fn parse(url: &str) -> Result<Self> {
-        let invalid = |reason: &str| Error::InvalidUrl {
-            reason: reason.to_owned(),
+        let invalid = |reason: &str| {
+            Error::from(MySqlSetupError::InvalidUrl {
+                reason: reason.to_owned(),
+            })
         };
         let rest = url
             .strip_prefix("mysql://")
@@ -242,11 +248,11 @@ impl ServerUrl {
                     Some((u, p)) => (u, Some(p)),
                     None => (c, None),
                 };
-                let user = decode(u)
+                let user = percent_decode(u)
                     .ok_or_else(|| invalid("the user name is not valid UTF-8 percent-encoding"))?;
                 let password = p
                     .map(|p| {
-                        decode(p).ok_or_else(|| {
+                        percent_decode(p).ok_or_else(|| {
                             invalid("the password is not valid UTF-8 percent-encoding")
                         })
                     })
@@ -257,7 +263,7 @@ impl ServerUrl {
         let (host, port) = split_host_port(hostport).ok_or_else(|| {
             invalid("the host must be a name or an address, with an optional :port (1-65535)")
         })?;
-        let database = decode(path.trim_end_matches('/'))
+        let database = percent_decode(path.trim_end_matches('/'))
             .ok_or_else(|| invalid("the database name is not valid UTF-8 percent-encoding"))?;
         if database.is_empty() {
             return Err(invalid(
@@ -271,7 +277,7 @@ impl ServerUrl {
         let mut ca_path = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value)
+            let value = percent_decode(value)
                 .ok_or_else(|| invalid("a parameter value is not valid UTF-8 percent-encoding"))?;
             match key.to_ascii_lowercase().replace('_', "-").as_str() {
                 "ssl-mode" | "sslmode" => {
@@ -296,9 +302,10 @@ impl ServerUrl {
                 }
                 "ssl-ca" => ca_path = Some(value),
                 other if other.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') => {
-                    return Err(Error::InvalidUrl {
+                    return Err(MySqlSetupError::InvalidUrl {
                         reason: format!("unknown parameter {other:?} (known: ssl-mode, ssl-ca)"),
-                    });
+                    }
+                    .into());
                 }
                 _ => return Err(invalid("unknown parameter (known: ssl-mode, ssl-ca)")),
             }
@@ -325,7 +332,7 @@ impl ServerUrl {
     pub(crate) fn shown(&self) -> String {
         let mut out = String::from("mysql://");
         if let Some(user) = &self.user {
-            out.push_str(&encode(user));
+            out.push_str(&percent_encode(user.as_bytes()));
             out.push('@');
         }
         if self.host.contains(':') {
@@ -333,7 +340,11 @@ impl ServerUrl {
         } else {
             out.push_str(&self.host);
         }
-        out.push_str(&format!(":{}/{}", self.port, encode(&self.database)));
+        out.push_str(&format!(
+            ":{}/{}",
+            self.port,
+            percent_encode(self.database.as_bytes())
+        ));
         if self.ssl_mode != SslMode::Disabled {
             out.push_str(&format!("?ssl-mode={}", self.ssl_mode.as_str()));
         }
@@ -369,37 +380,6 @@ fn split_host_port(s: &str) -> Option<(String, u16)> {
         Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0)?,
     };
     Some((host, port))
-}
-
-/// Percent-decoding; `None` for a bad escape or bytes that are not UTF-8.
-fn decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Percent-encodes what would not read back as itself in a URL's user or path.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -466,7 +446,10 @@ mod tests {
         assert!(config.validate().is_ok());
         for bad in ["", "a-b", "x;drop", &"x".repeat(41)] {
             let err = config.clone().table_prefix(bad).validate().unwrap_err();
-            assert!(matches!(err, Error::InvalidPrefix(_)), "{bad:?}: {err}");
+            assert!(
+                matches!(err, Error::Store(MySqlSetupError::InvalidPrefix(_))),
+                "{bad:?}: {err}"
+            );
         }
         let err = config.clone().pool_size(0).validate().unwrap_err();
         assert!(err.to_string().contains("pool_size"), "{err}");

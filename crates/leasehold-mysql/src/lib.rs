@@ -14,9 +14,10 @@ mod store;
 pub use config::{
     DEFAULT_NOTIFY_POLL_INTERVAL, DEFAULT_OP_TIMEOUT, DEFAULT_TABLE_PREFIX, MySqlConfig,
 };
-pub use error::{Error, Result};
+pub use error::{Error, MySqlSetupError, Result};
+pub use leasehold_sql::SqlStore;
 pub use schema::{SCHEMA_VERSION, Statements};
-pub use store::MySqlStore;
+pub use store::{MySql, MySqlStore};
 
 /// The MySQL driver this crate is built on, so users need one dependency.
 pub use mysql_async;
@@ -29,8 +30,8 @@ pub use mysql_async;
 /// Accepted form: `mysql://[user[:password]@]host[:port]/database[?ssl-mode=MODE&ssl-ca=PATH]`
 /// (`mariadb://` too), MODE one of `disabled`, `required`, `verify-ca`, `verify-identity`.
 /// Fails with [`Error::Connect`] if the server cannot be reached or refuses the credentials or
-/// the database, [`Error::Schema`] if a table at one of the names is not the store's,
-/// [`Error::NotWritable`] for a read-only user; the password never appears in the error.
+/// the database, [`MySqlSetupError::Schema`] if a table at one of the names is not the store's,
+/// [`MySqlSetupError::NotWritable`] for a read-only user; the password never appears in the error.
 pub async fn connect(url: &str) -> Result<MySqlStore> {
     MySqlConfig::new(url).connect().await
 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold::store::ReleaseHub;
+use leasehold_sql::lazy::Readiness;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row};
 use tokio::sync::watch;
@@ -88,33 +89,23 @@ pub(crate) fn start(
     config: &MySqlConfig,
     url: &str,
     local: LocalReleases,
+    ready: watch::Receiver<Readiness>,
 ) -> Feed {
     let hub = ReleaseHub::new();
     let (settled_tx, settled) = watch::channel(false);
-    let poller = Poller {
-        opts,
-        sql,
-        interval: config.notify_poll_interval,
-        window_us: i64::try_from(config.op_timeout.as_micros()).unwrap_or(i64::MAX),
-        margin_us: i64::try_from(
-            config
-                .notify_poll_interval
-                .max(Duration::from_millis(100))
-                .as_micros(),
-        )
-        .unwrap_or(i64::MAX),
-        connect_timeout: config.connect_timeout,
-        max_delay: config.max_reconnect_delay,
-        url: url.to_owned(),
-        hub: hub.clone(),
-        local,
-        floor: None,
-        newest: 0,
-        now: 0,
-        reads: 0,
-        seen: HashSet::new(),
-    };
-    let task = tokio::spawn(poller.run(settled_tx));
+    let poller = Poller::new(opts, sql, config, url, hub.clone(), local);
+    let task = tokio::spawn(async move {
+        // The table it reads exists once the store's migration ran: polling before (a lazy
+        // store on a fresh database) would only warn that the table does not exist.
+        let mut ready = ready;
+        if ready
+            .wait_for(|r| matches!(r, Readiness::Ready))
+            .await
+            .is_ok()
+        {
+            poller.run(settled_tx).await;
+        }
+    });
     Feed {
         hub,
         settled,
@@ -149,6 +140,40 @@ struct Poller {
 }
 
 impl Poller {
+    /// A poller that has read nothing yet.
+    fn new(
+        opts: Opts,
+        sql: String,
+        config: &MySqlConfig,
+        url: &str,
+        hub: ReleaseHub,
+        local: LocalReleases,
+    ) -> Self {
+        Self {
+            opts,
+            sql,
+            interval: config.notify_poll_interval,
+            window_us: i64::try_from(config.op_timeout.as_micros()).unwrap_or(i64::MAX),
+            margin_us: i64::try_from(
+                config
+                    .notify_poll_interval
+                    .max(Duration::from_millis(100))
+                    .as_micros(),
+            )
+            .unwrap_or(i64::MAX),
+            connect_timeout: config.connect_timeout,
+            max_delay: config.max_reconnect_delay,
+            url: url.to_owned(),
+            hub,
+            local,
+            floor: None,
+            newest: 0,
+            now: 0,
+            reads: 0,
+            seen: HashSet::new(),
+        }
+    }
+
     async fn run(mut self, settled: watch::Sender<bool>) {
         let mut delay = Duration::from_millis(100);
         let mut failing = false;
@@ -272,22 +297,18 @@ mod tests {
 
     fn poller(local: LocalReleases) -> Poller {
         let config = MySqlConfig::new("mysql://h/db");
+        let p = Poller::new(
+            Opts::default(),
+            String::new(),
+            &config,
+            "",
+            ReleaseHub::new(),
+            local,
+        );
         Poller {
-            opts: Opts::default(),
-            sql: String::new(),
-            interval: config.notify_poll_interval,
             window_us: 2000 * MS,
             margin_us: 100 * MS,
-            connect_timeout: config.connect_timeout,
-            max_delay: config.max_reconnect_delay,
-            url: String::new(),
-            hub: ReleaseHub::new(),
-            local,
-            floor: None,
-            newest: 0,
-            now: 0,
-            reads: 0,
-            seen: HashSet::new(),
+            ..p
         }
     }
 

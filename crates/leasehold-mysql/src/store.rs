@@ -1,21 +1,17 @@
-//! [`MySqlStore`]: the [`Store`] implementation.
+//! [`MySqlStore`]: the [`SqlStore`] on MySQL or MariaDB, and its [`MySql`] dialect.
 
-use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use leasehold::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord, Versioned};
-use leasehold::store::{
-    Acquisition, Operation as Op, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
-};
-use leasehold::{
-    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
-    Release, Slots, Store, StoreError,
-};
+use leasehold::StoreError;
+use leasehold::catalog::Registration;
+use leasehold::store::{Operation as Op, ReleaseSubscription, StoreResult, within};
+use leasehold::{HolderId, LeaseName};
 use leasehold_sql::lazy::{self, Failure, Readiness};
-use leasehold_sql::{Causes, column};
+use leasehold_sql::store::{Attempt, ControlColumns, LeaseRow, Renewed, SlotRow, TaskRow};
+use leasehold_sql::{Causes, Dialect, SqlStore};
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{
     Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts, Transaction,
@@ -25,13 +21,12 @@ use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{MySqlConfig, ServerUrl, SslMode};
-use crate::error::{Error, Result};
+use crate::error::{Error, MySqlSetupError, Result};
 use crate::poller::{self, Feed, LocalReleases};
 use crate::schema::{self, MigrateError, Statements};
 
-/// How often a statement is run again after the server chose it as a deadlock victim (it was
-/// rolled back whole), and how often an acquire re-reads a lease that changed between its
-/// write and its read.
+/// How often a statement runs in all when the server picks it as a deadlock victim (it was
+/// rolled back whole).
 const MAX_ATTEMPTS: usize = 4;
 
 /// The longest ttl or retention passed to the server: about 35 years, so `now + ttl` stays far
@@ -39,15 +34,15 @@ const MAX_ATTEMPTS: usize = 4;
 const MAX_MICROS: u128 = 1 << 50;
 
 /// Leases in MySQL or MariaDB: each operation one conditional statement on a pooled connection,
-/// timed by the server's `SYSDATE(6)` in UTC.
+/// timed by the server's `SYSDATE(6)` in UTC. Its own methods ([`sql`](MySql::sql),
+/// [`pool`](MySql::pool), ...) are its [`MySql`] dialect's.
 ///
 /// Cheap to clone: clones share one connection pool and one release poller.
-#[derive(Clone)]
-pub struct MySqlStore {
-    inner: Arc<Inner>,
-}
+pub type MySqlStore = SqlStore<MySql>;
 
-struct Inner {
+/// The MySQL/MariaDB dialect of a [`MySqlStore`]: its [`Statements`], the connection pool they
+/// run on, and the release poller.
+pub struct MySql {
     pool: Pool,
     sql: Statements,
     op_timeout: Duration,
@@ -65,7 +60,7 @@ struct Inner {
     connecting: OnceLock<AbortOnDropHandle<()>>,
 }
 
-impl Drop for Inner {
+impl Drop for MySql {
     fn drop(&mut self) {
         // Closes the idle connections politely (COM_QUIT) instead of leaving the server to
         // notice dropped sockets.
@@ -251,8 +246,8 @@ impl Parts {
     }
 }
 
-impl MySqlStore {
-    fn assemble(config: &MySqlConfig, parts: Parts, ready: watch::Receiver<Readiness>) -> Self {
+impl MySql {
+    fn new(config: &MySqlConfig, parts: Parts, ready: watch::Receiver<Readiness>) -> Self {
         let local = LocalReleases::default();
         let releases = config.notifications.then(|| {
             poller::start(
@@ -261,33 +256,32 @@ impl MySqlStore {
                 config,
                 &parts.url,
                 local.clone(),
+                ready.clone(),
             )
         });
         Self {
-            inner: Arc::new(Inner {
-                pool: parts.pool,
-                sql: parts.sql,
-                op_timeout: config.op_timeout,
-                url: parts.url,
-                prefix: config.table_prefix.clone(),
-                releases,
-                local,
-                ready,
-                connecting: OnceLock::new(),
-            }),
+            pool: parts.pool,
+            sql: parts.sql,
+            op_timeout: config.op_timeout,
+            url: parts.url,
+            prefix: config.table_prefix.clone(),
+            releases,
+            local,
+            ready,
+            connecting: OnceLock::new(),
         }
     }
 
-    pub(crate) async fn connect(config: MySqlConfig) -> Result<Self> {
+    async fn connect(config: MySqlConfig) -> Result<MySqlStore> {
         let parts = Parts::new(&config)?;
         set_up(&parts.pool, &config, &parts.url, &parts.sql).await?;
-        let store = Self::assemble(&config, parts, lazy::ready());
-        if let Some(releases) = &store.inner.releases {
+        let dialect = Self::new(&config, parts, lazy::ready());
+        if let Some(releases) = &dialect.releases {
             // So a subscription taken right after `connect` hears every later release.
             releases.first_attempt(config.connect_timeout).await;
         }
-        tracing::debug!(url = %store.inner.url, prefix = %config.table_prefix, "connected to mysql");
-        Ok(store)
+        tracing::debug!(url = %dialect.url, prefix = %config.table_prefix, "connected to mysql");
+        Ok(SqlStore::new(Arc::new(dialect)))
     }
 
     /// A store that connects in the background: returned at once (the URL and settings are
@@ -298,26 +292,27 @@ impl MySqlStore {
     /// store cannot use, or a refused migration, make every operation answer
     /// [`StoreError::Rejected`] for good. Operations wait for the first attempt to end (within
     /// their timeout). Needs a Tokio runtime.
-    pub(crate) fn connect_lazy(config: MySqlConfig) -> Result<Self> {
+    fn connect_lazy(config: MySqlConfig) -> Result<MySqlStore> {
         let parts = Parts::new(&config)?;
-        let (ready_tx, ready) = lazy::channel().map_err(Error::Config)?;
-        let store = Self::assemble(&config, parts, ready);
-        let url = store.inner.url.clone();
+        let (ready_tx, ready) = lazy::channel().map_err(MySqlSetupError::Config)?;
+        let dialect = Arc::new(Self::new(&config, parts, ready));
+        let url = dialect.url.clone();
         let max_delay = config.max_reconnect_delay;
         let config = Arc::new(config);
         let task = lazy::spawn(
-            Arc::downgrade(&store.inner),
+            Arc::downgrade(&dialect),
             ready_tx,
             "mysql",
             url.clone(),
             max_delay,
-            move |inner: &Inner| {
-                let (pool, url, sql) = (inner.pool.clone(), inner.url.clone(), inner.sql.clone());
-                let config = Arc::clone(&config);
+            move |dialect: &Self| {
+                let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
+                let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
                 async move { set_up(&pool, &config, &url, &sql).await }
             },
             move |e| match e {
                 Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
+                Error::MissingDatabase { source, .. } => Failure::Refused(source),
                 e if !e.is_transient() => {
                     let reason = Causes(&e).to_string();
                     tracing::error!(url = %url, error = %reason, "mysql store unusable; every operation will be refused");
@@ -326,44 +321,43 @@ impl MySqlStore {
                 e => Failure::Unreachable(Causes(&e).to_string()),
             },
         );
-        let _ = store.inner.connecting.set(AbortOnDropHandle::new(task));
-        Ok(store)
+        let _ = dialect.connecting.set(AbortOnDropHandle::new(task));
+        Ok(SqlStore::new(dialect))
     }
 
     /// The SQL statements this store runs.
     pub fn sql(&self) -> &Statements {
-        &self.inner.sql
+        &self.sql
     }
 
     /// The prefix of the store's table names.
     pub fn table_prefix(&self) -> &str {
-        &self.inner.prefix
+        &self.prefix
     }
 
     /// The store's connection pool (connections in UTC, READ COMMITTED, with
     /// `CLIENT_FOUND_ROWS`).
     pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+        &self.pool
     }
 
     /// Fails unless the store is connected and its tables checked.
     async fn check_ready(&self, op: Op<'_>) -> StoreResult<()> {
-        lazy::check(&self.inner.ready, op, &self.inner.url).await
+        lazy::check(&self.ready, op, &self.url).await
     }
 
     /// A pooled connection, or why none.
     async fn conn(&self, op: Op<'_>) -> StoreResult<Conn> {
-        self.inner
-            .pool
+        self.pool
             .get_conn()
             .await
-            .map_err(|e| classify(e, op, self.inner.op_timeout))
+            .map_err(|e| classify(e, op, self.op_timeout))
     }
 
     /// Runs a write (a cached prepared statement, one round trip), again if the server picked
     /// it as a deadlock victim, all within the operation timeout.
     async fn write(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Written> {
-        let limit = self.inner.op_timeout;
+        let limit = self.op_timeout;
         within(limit, async {
             self.check_ready(op).await?;
             let mut conn = self.conn(op).await?;
@@ -386,7 +380,7 @@ impl MySqlStore {
 
     /// Runs a read (a cached prepared statement, one round trip) within the operation timeout.
     async fn read(&self, op: Op<'_>, sql: &str, params: Params) -> StoreResult<Vec<Row>> {
-        let limit = self.inner.op_timeout;
+        let limit = self.op_timeout;
         within(limit, async {
             self.check_ready(op).await?;
             let mut conn = self.conn(op).await?;
@@ -406,12 +400,12 @@ impl MySqlStore {
         F: FnMut(Transaction<'static>) -> Fut,
         Fut: Future<Output = mysql_async::Result<T>>,
     {
-        let limit = self.inner.op_timeout;
+        let limit = self.op_timeout;
         within(limit, async {
             self.check_ready(op).await?;
             let mut attempt = 1;
             loop {
-                let outcome = match self.inner.pool.start_transaction(TxOpts::default()).await {
+                let outcome = match self.pool.start_transaction(TxOpts::default()).await {
                     Ok(tx) => body(tx).await,
                     Err(e) => Err(e),
                 };
@@ -426,18 +420,11 @@ impl MySqlStore {
     }
 
     /// The current holder, token and remaining time of `name` (as `inspect` answers).
-    async fn state(
-        &self,
-        op: Op<'_>,
-        name: &LeaseName,
-    ) -> StoreResult<Option<(Option<String>, i64, Option<i64>)>> {
+    async fn state(&self, op: Op<'_>, name: &LeaseName) -> StoreResult<Option<LeaseRow>> {
         let rows = self
-            .read(op, &self.inner.sql.inspect, Params::from((name.as_str(),)))
+            .read(op, &self.sql.inspect, Params::from((name.as_str(),)))
             .await?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        Ok(Some((col(row, 0)?, col(row, 1)?, col(row, 2)?)))
+        rows.first().map(lease_row).transpose()
     }
 }
 
@@ -447,11 +434,21 @@ async fn set_up(pool: &Pool, config: &MySqlConfig, url: &str, sql: &Statements) 
     let op = Op::new("connect", None);
     let limit = config.connect_timeout;
     let connect_err = |source| Error::Connect {
-        url: url.to_owned(),
+        store: url.to_owned(),
         source,
     };
     let mut conn = match tokio::time::timeout(limit, pool.get_conn()).await {
         Err(_) => return Err(connect_err(StoreError::Timeout(limit))),
+        // 1049: the URL's database does not exist (the store creates tables, not databases).
+        Ok(Err(e)) if matches!(&e, mysql_async::Error::Server(s) if s.code == 1049) => {
+            return Err(Error::MissingDatabase {
+                store: url.to_owned(),
+                database: ServerUrl::parse(&config.url)
+                    .map(|u| u.database)
+                    .unwrap_or_default(),
+                source: classify(e, op, config.op_timeout),
+            });
+        }
         Ok(Err(e)) => return Err(connect_err(classify(e, op, config.op_timeout))),
         Ok(Ok(conn)) => conn,
     };
@@ -459,27 +456,28 @@ async fn set_up(pool: &Pool, config: &MySqlConfig, url: &str, sql: &Statements) 
         match schema::migrate(&mut conn, &config.table_prefix, sql, config.migrate).await {
             Ok(()) => {}
             Err(MigrateError::Shape(problem)) => {
-                return Err(Error::Schema {
+                return Err(MySqlSetupError::Schema {
                     url: url.to_owned(),
                     problem,
-                });
+                }
+                .into());
             }
             Err(MigrateError::TooOld(source)) => {
                 return Err(Error::TooOld {
-                    url: url.to_owned(),
+                    store: url.to_owned(),
                     source,
                 });
             }
             Err(MigrateError::Sql(e)) => {
                 return Err(Error::Migrate {
-                    url: url.to_owned(),
+                    store: url.to_owned(),
                     source: classify(e, Op::new("migration", None), config.op_timeout),
                 });
             }
         }
         schema::check_writable(&mut conn, &config.table_prefix)
             .await
-            .map_err(|e| Error::NotWritable {
+            .map_err(|e| MySqlSetupError::NotWritable {
                 url: url.to_owned(),
                 source: classify(e, Op::new("write check", None), config.op_timeout),
             })?;
@@ -514,297 +512,236 @@ async fn warn_on_statement_binlog(conn: &mut Conn, url: &str) {
     }
 }
 
-impl fmt::Debug for MySqlStore {
+/// A lease's columns: holder, token and microseconds left.
+fn lease_row(row: &Row) -> StoreResult<LeaseRow> {
+    Ok(LeaseRow {
+        holder: col(row, 0)?,
+        token: col(row, 1)?,
+        remaining_us: col(row, 2)?,
+    })
+}
+
+impl fmt::Debug for MySql {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlStore")
-            .field("url", &self.inner.url)
-            .field("table_prefix", &self.inner.prefix)
+            .field("url", &self.url)
+            .field("table_prefix", &self.prefix)
             .finish()
     }
 }
 
-impl Store for MySqlStore {
+/// Each operation one statement, but `acquire` when busy and `renew_many` when it renewed fewer
+/// than it was given (a read after the write), `members` (a write, a read, and a delete when it
+/// read expired entries), `record_history` (the entry, then the trim), and `register` and
+/// `tasks`, one short transaction each. Every statement that locks both a task's row and
+/// instance rows locks the task's row first, and a registration skips the instance rows others
+/// hold, so the catalog's writers wait on each other only in one order.
+impl Dialect for MySql {
+    const BIGINT: &'static str = "BIGINT";
+
+    /// A refused claim answers `last + 1`, so the highest slot must stay below i64::MAX.
+    const MAX_SLOT: i64 = i64::MAX - 1;
+
+    fn describe(&self) -> String {
+        format!("mysql {} (table {}leases)", self.url, self.prefix)
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.releases.as_ref().map(|feed| feed.hub.subscribe())
+    }
+
     async fn acquire(
         &self,
+        op: Op<'_>,
         name: &LeaseName,
         holder: &HolderId,
         ttl: Duration,
-    ) -> StoreResult<Acquisition> {
-        let op = Op::new("acquire", Some(name));
+    ) -> StoreResult<Attempt> {
         let ttl = micros(ttl).max(1);
         let params = Params::from((name.as_str(), holder.as_str(), ttl, ttl, ttl, ttl, ttl));
-        for _ in 0..MAX_ATTEMPTS {
-            let written = self
-                .write(op, &self.inner.sql.acquire, params.clone())
-                .await?;
-            if written.insert_id > 0 {
-                let token = i64::try_from(written.insert_id).map_err(|_| {
-                    StoreError::Corrupt(format!("token {} beyond i64", written.insert_id))
-                })?;
-                return Ok(Acquisition::Acquired {
-                    token: column::token(token)?,
-                });
-            }
-            // Busy: who holds it, for how long. A release or expiry between the two statements
-            // shows a free lease here: try again.
-            if let Some((current, _, remaining)) = self.state(op, name).await?
-                && let Some(busy) = column::busy(current, remaining, holder)?
-            {
-                return Ok(busy);
-            }
+        let written = self.write(op, &self.sql.acquire, params).await?;
+        if written.insert_id > 0 {
+            let token = i64::try_from(written.insert_id).map_err(|_| {
+                StoreError::Corrupt(format!("token {} beyond i64", written.insert_id))
+            })?;
+            return Ok(Attempt::Acquired(token));
         }
-        Err(StoreError::Unavailable {
-            message: format!("{op}: the lease kept changing under concurrent acquirers"),
-            source: None,
+        // Busy: who holds it, for how long. A release or expiry between the two statements
+        // shows a free lease here.
+        let state = self.state(op, name).await?;
+        let (holder, remaining_us) = state.map_or((None, None), |s| (s.holder, s.remaining_us));
+        Ok(Attempt::Held {
+            holder,
+            remaining_us,
         })
     }
 
     async fn renew(
         &self,
+        op: Op<'_>,
         name: &LeaseName,
         holder: &HolderId,
-        token: FencingToken,
+        token: i64,
         ttl: Duration,
-    ) -> StoreResult<Renewal> {
-        let Some(token) = column::token_param(token) else {
-            return Ok(Renewal::Lost);
-        };
-        let op = Op::new("renew", Some(name));
+    ) -> StoreResult<bool> {
         let params = Params::from((micros(ttl).max(1), name.as_str(), holder.as_str(), token));
-        let written = self.write(op, &self.inner.sql.renew, params).await?;
-        Ok(if written.rows == 0 {
-            Renewal::Lost
-        } else {
-            Renewal::Renewed
-        })
+        let written = self.write(op, &self.sql.renew, params).await?;
+        Ok(written.rows != 0)
     }
 
-    async fn release(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-    ) -> StoreResult<Release> {
-        let Some(token) = column::token_param(token) else {
-            return Ok(Release::NotHeld);
-        };
-        let op = Op::new("release", Some(name));
-        let params = Params::from((name.as_str(), holder.as_str(), token));
-        let written = self.write(op, &self.inner.sql.release, params).await?;
-        if written.rows == 0 {
-            return Ok(Release::NotHeld);
-        }
-        if let Some(feed) = &self.inner.releases {
-            // Waiters in this process hear of it now; the poller skips it when it reads it.
-            self.inner.local.note(name.as_str());
-            feed.hub.publish(name.as_str());
-        }
-        Ok(Release::Released)
-    }
-
-    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        let op = Op::new("inspect", Some(name));
-        let Some((holder, token, remaining)) = self.state(op, name).await? else {
-            return Ok(None);
-        };
-        column::lease_state(holder, token, remaining).map(Some)
-    }
-
-    async fn now_millis(&self) -> StoreResult<u64> {
-        let op = Op::new("clock", None);
-        let rows = self
-            .read(op, &self.inner.sql.now_millis, Params::Empty)
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
-        column::clock_ms(col(row, 0)?)
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner
-            .releases
-            .as_ref()
-            .map(|feed| feed.hub.subscribe())
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "mysql {} (table {}leases)",
-            self.inner.url, self.inner.prefix
-        )
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
-    }
-
-    /// One statement for the whole batch; when it renewed fewer leases than were asked for, one
-    /// read finds which.
     async fn renew_many(
         &self,
+        op: Op<'_>,
         holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
+        batch: &[(&str, i64)],
         ttl: Duration,
-    ) -> StoreResult<Vec<Renewal>> {
-        // A token beyond i64 was never handed out here: it stays out of the batch (Lost).
-        let batch: Vec<(&str, i64)> = leases
-            .iter()
-            .filter_map(|(name, token)| Some((name.as_str(), column::token_param(*token)?)))
-            .collect();
+    ) -> StoreResult<Renewed> {
         if batch.is_empty() {
-            return Ok(vec![Renewal::Lost; leases.len()]);
+            return Ok(Renewed::Only(HashSet::new()));
         }
-        let op = Op::new("renew_many", None);
-        let json = batch_json(&batch);
+        let json = batch_json(batch);
         let params = Params::from((json.as_str(), micros(ttl).max(1), holder.as_str()));
-        let written = self.write(op, &self.inner.sql.renew_many, params).await?;
-        if written.rows == leases.len() as u64 {
+        let written = self.write(op, &self.sql.renew_many, params).await?;
+        if written.rows == batch.len() as u64 {
             // Every lease matched a row of its own: each was renewed.
-            return Ok(vec![Renewal::Renewed; leases.len()]);
+            return Ok(Renewed::All);
         }
         // Which ones. A lease the update did not renew had expired, been released or been
         // taken: none of those comes back with the same holder and token, so this read cannot
         // call it renewed. (A renewed lease that a concurrent release of the same holder ended
         // since reads as lost: the safe side.)
         let params = Params::from((json.as_str(), holder.as_str()));
-        let rows = self.read(op, &self.inner.sql.held_of_many, params).await?;
+        let rows = self.read(op, &self.sql.held_of_many, params).await?;
         let mut held = HashSet::with_capacity(rows.len());
         for row in &rows {
             held.insert((col::<String>(row, 0)?, col::<i64>(row, 1)?));
         }
-        Ok(column::renewals(leases, &held))
-    }
-}
-
-impl Slots for MySqlStore {
-    async fn claim_slot(&self, task: &LeaseName, slot: u64) -> StoreResult<SlotClaim> {
-        let op = Op::new("claim_slot", Some(task));
-        // The refusal answers `last + 1`, so the highest slot must stay below i64::MAX.
-        let Some(slot_i) = i64::try_from(slot).ok().filter(|s| *s < i64::MAX) else {
-            return Err(StoreError::Rejected {
-                message: format!("{op}: slot {slot} does not fit a BIGINT"),
-                source: None,
-            });
-        };
-        let params = Params::from((task.as_str(), slot_i));
-        let written = self.write(op, &self.inner.sql.claim_slot, params).await?;
-        Ok(match written.insert_id {
-            0 => SlotClaim::Claimed,
-            above => SlotClaim::AlreadyRun { last: above - 1 },
-        })
+        Ok(Renewed::Only(held))
     }
 
-    async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
-        let op = Op::new("last_slot", Some(task));
-        let rows = self
-            .read(
-                op,
-                &self.inner.sql.last_slot,
-                Params::from((task.as_str(),)),
-            )
-            .await?;
-        rows.first()
-            .map(|row| column::slot(col(row, 0)?))
-            .transpose()
+    async fn release(
+        &self,
+        op: Op<'_>,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: i64,
+    ) -> StoreResult<bool> {
+        let params = Params::from((name.as_str(), holder.as_str(), token));
+        let written = self.write(op, &self.sql.release, params).await?;
+        if written.rows == 0 {
+            return Ok(false);
+        }
+        if let Some(feed) = &self.releases {
+            // Waiters in this process hear of it now; the poller skips it when it reads it.
+            self.local.note(name.as_str());
+            feed.hub.publish(name.as_str());
+        }
+        Ok(true)
+    }
+
+    async fn inspect(&self, op: Op<'_>, name: &LeaseName) -> StoreResult<Option<LeaseRow>> {
+        self.state(op, name).await
+    }
+
+    async fn now_millis(&self, op: Op<'_>) -> StoreResult<Option<i64>> {
+        let rows = self.read(op, &self.sql.now_millis, Params::Empty).await?;
+        rows.first().map(|row| col(row, 0)).transpose()
+    }
+
+    async fn claim_slot(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        slot: i64,
+    ) -> StoreResult<Option<SlotRow>> {
+        let params = Params::from((task.as_str(), slot));
+        let written = self.write(op, &self.sql.claim_slot, params).await?;
+        Ok(Some(match written.insert_id {
+            0 => SlotRow::Claimed,
+            above => SlotRow::Last(
+                i64::try_from(above - 1)
+                    .map_err(|_| StoreError::Corrupt(format!("slot {} beyond i64", above - 1)))?,
+            ),
+        }))
+    }
+
+    async fn last_slot(&self, op: Op<'_>, task: &LeaseName) -> StoreResult<Option<i64>> {
+        let params = Params::from((task.as_str(),));
+        let rows = self.read(op, &self.sql.last_slot, params).await?;
+        rows.first().map(|row| col(row, 0)).transpose()
     }
 
     /// Two statements: the entry, then the trim to the `keep` newest (which also removes the
     /// entry again when its key is older than those).
     async fn record_history(
         &self,
+        op: Op<'_>,
         task: &LeaseName,
-        key: u64,
+        key: i64,
         entry: &str,
-        keep: usize,
+        keep: i64,
     ) -> StoreResult<()> {
-        let op = Op::new("record_history", Some(task));
-        let Ok(key) = i64::try_from(key) else {
-            return Err(StoreError::Rejected {
-                message: format!("{op}: history key {key} does not fit a BIGINT"),
-                source: None,
-            });
-        };
-        let offset = i64::try_from(keep.max(1) - 1).unwrap_or(i64::MAX);
         let put = Params::from((task.as_str(), key, entry));
-        self.write(op, &self.inner.sql.record_history, put).await?;
-        let trim = Params::from((task.as_str(), task.as_str(), offset));
-        self.write(op, &self.inner.sql.trim_history, trim).await?;
+        self.write(op, &self.sql.record_history, put).await?;
+        let trim = Params::from((task.as_str(), task.as_str(), keep - 1));
+        self.write(op, &self.sql.trim_history, trim).await?;
         Ok(())
     }
 
-    async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
-        let op = Op::new("history", Some(task));
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self
-            .read(
-                op,
-                &self.inner.sql.history,
-                Params::from((task.as_str(), limit)),
-            )
-            .await?;
-        rows.iter().map(|row| col::<String>(row, 0)).collect()
+    async fn history(&self, op: Op<'_>, task: &LeaseName, limit: i64) -> StoreResult<Vec<String>> {
+        let params = Params::from((task.as_str(), limit));
+        let rows = self.read(op, &self.sql.history, params).await?;
+        rows.iter().map(|row| col(row, 0)).collect()
     }
-}
 
-impl Purge for MySqlStore {
-    async fn purge(&self, retention: Duration) -> StoreResult<u64> {
-        let op = Op::new("purge", None);
+    async fn purge(&self, op: Op<'_>, retention: Duration) -> StoreResult<u64> {
         let params = Params::from((micros(retention),));
-        Ok(self.write(op, &self.inner.sql.purge, params).await?.rows)
+        Ok(self.write(op, &self.sql.purge, params).await?.rows)
     }
-}
 
-impl Membership for MySqlStore {
     /// An upsert of the caller's entry and a read of the group; a delete of the expired entries
     /// when the read saw any.
     async fn members(
         &self,
+        op: Op<'_>,
         group: &LeaseName,
         member: &HolderId,
         ttl: Duration,
-    ) -> StoreResult<Vec<HolderId>> {
-        let op = Op::new("members", Some(group));
+    ) -> StoreResult<Vec<String>> {
         let join = Params::from((group.as_str(), member.as_str(), micros(ttl).max(1)));
-        self.write(op, &self.inner.sql.join, join).await?;
-        let rows = self
-            .read(op, &self.inner.sql.members, Params::from((group.as_str(),)))
-            .await?;
+        self.write(op, &self.sql.join, join).await?;
+        let params = Params::from((group.as_str(),));
+        let rows = self.read(op, &self.sql.members, params).await?;
         let mut members = Vec::with_capacity(rows.len());
         let mut expired = false;
         for row in &rows {
             let m: String = col(row, 0)?;
             if col::<i64>(row, 1)? == 0 {
                 expired = true;
-                continue;
+            } else {
+                members.push(m);
             }
-            members.push(column::member(m)?);
         }
         if expired {
             let params = Params::from((group.as_str(),));
-            self.write(op, &self.inner.sql.drop_expired_members, params)
+            self.write(op, &self.sql.drop_expired_members, params)
                 .await?;
         }
-        members.sort();
         Ok(members)
     }
 
-    async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        let op = Op::new("leave", Some(group));
+    async fn leave(&self, op: Op<'_>, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
         let params = Params::from((group.as_str(), member.as_str()));
-        self.write(op, &self.inner.sql.leave, params).await?;
+        self.write(op, &self.sql.leave, params).await?;
         Ok(())
     }
-}
 
-/// `register` and `tasks` are one short transaction each, the others one statement. Every
-/// statement that locks both a task's row and instance rows locks the task's row first, and a
-/// registration skips the instance rows others hold, so the catalog's writers wait on each
-/// other only in one order.
-impl Catalog for MySqlStore {
-    async fn register(&self, r: &Registration<'_>) -> StoreResult<Option<Versioned>> {
-        let op = Op::new("register", Some(r.task));
-        let sql = &self.inner.sql;
+    async fn register(
+        &self,
+        op: Op<'_>,
+        r: &Registration<'_>,
+    ) -> StoreResult<Option<ControlColumns>> {
+        let sql = &self.sql;
         let (task, ttl, forget) = (
             r.task.as_str(),
             micros(r.ttl).max(1),
@@ -835,22 +772,27 @@ impl Catalog for MySqlStore {
             )));
         }
         match control {
-            Some(row) => column::control(col(&row, 0)?, col(&row, 1)?),
+            Some(row) => Ok(Some((col(&row, 0)?, col(&row, 1)?))),
             None => Err(StoreError::Corrupt(format!("{op}: the task row is gone"))),
         }
     }
 
-    async fn unregister(&self, task: &LeaseName, instance: &HolderId) -> StoreResult<()> {
-        let op = Op::new("unregister", Some(task));
+    async fn unregister(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        instance: &HolderId,
+    ) -> StoreResult<()> {
         let params = Params::from((task.as_str(), instance.as_str()));
-        self.write(op, &self.inner.sql.unregister, params).await?;
+        self.write(op, &self.sql.unregister, params).await?;
         Ok(())
     }
 
-    /// Forgets what is due, then lists what is left, in one transaction.
-    async fn tasks(&self, forget_after: Duration) -> StoreResult<Vec<TaskRecord>> {
-        let op = Op::new("tasks", None);
-        let sql = &self.inner.sql;
+    /// Forgets what is due, then lists what is left, in one transaction. In no order: an
+    /// ORDER BY over both tables, with their text columns, would need an on-disk temporary
+    /// table.
+    async fn tasks(&self, op: Op<'_>, forget_after: Duration) -> StoreResult<Vec<TaskRow>> {
+        let sql = &self.sql;
         let forget = micros(forget_after);
         let rows = self
             .transaction(op, |mut tx| async move {
@@ -861,89 +803,72 @@ impl Catalog for MySqlStore {
                 Ok(rows)
             })
             .await?;
-        // Sorted here rather than by the server: an ORDER BY over both tables, with their text
-        // columns, would need an on-disk temporary table. A String orders by its bytes, as
-        // the VARBINARY names do.
-        let mut tasks: BTreeMap<String, TaskRecord> = BTreeMap::new();
-        for row in &rows {
-            let task: String = col(row, 0)?;
-            let record = match tasks.entry(task) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => {
-                    let task = column::name(entry.key().clone())?;
-                    entry.insert(TaskRecord {
-                        task,
-                        definition: col(row, 1)?,
-                        instances: Vec::new(),
-                        control: column::control(col(row, 2)?, col(row, 3)?)?,
-                    })
-                }
-            };
-            if let Some(instance) = col::<Option<String>>(row, 4)? {
-                record
-                    .instances
-                    .push(column::instance(instance, col(row, 5)?, col(row, 6)?)?);
-            }
-        }
-        Ok(tasks
-            .into_values()
-            .map(|mut record| {
-                record.instances.sort_by(|a, b| {
-                    (a.remaining.is_zero(), &a.instance).cmp(&(b.remaining.is_zero(), &b.instance))
-                });
-                record
+        rows.iter()
+            .map(|row| {
+                let instance = match col::<Option<String>>(row, 4)? {
+                    Some(instance) => Some((instance, col(row, 5)?, col(row, 6)?)),
+                    None => None,
+                };
+                Ok(TaskRow {
+                    task: col(row, 0)?,
+                    definition: col(row, 1)?,
+                    control_version: col(row, 2)?,
+                    control: col(row, 3)?,
+                    instance,
+                })
             })
-            .collect())
+            .collect()
     }
 
-    async fn control(&self, task: &LeaseName) -> StoreResult<ControlRead> {
-        let op = Op::new("control", Some(task));
-        let rows = self
-            .read(op, &self.inner.sql.control, Params::from((task.as_str(),)))
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| StoreError::Corrupt(format!("{op} returned no row")))?;
-        Ok(ControlRead {
-            now_ms: column::clock_ms(col(row, 0)?)?,
-            control: column::control(col(row, 1)?, col(row, 2)?)?,
-        })
-    }
-
-    async fn set_control(
+    async fn control(
         &self,
+        op: Op<'_>,
         task: &LeaseName,
-        expected: Option<u64>,
-        value: &str,
-    ) -> StoreResult<Option<u64>> {
-        let op = Op::new("set_control", Some(task));
-        let sql = &self.inner.sql;
-        let Some(expected) = expected else {
-            let params = Params::from((task.as_str(), value));
-            let written = self.write(op, &sql.create_control, params).await?;
-            return Ok((written.insert_id == 1).then_some(1));
-        };
-        // No version beyond a BIGINT was ever written.
-        let Ok(expected_sql) = i64::try_from(expected) else {
-            return Ok(None);
-        };
-        let params = Params::from((value, task.as_str(), expected_sql));
-        let written = self.write(op, &sql.update_control, params).await?;
-        Ok((written.rows == 1).then_some(expected + 1))
+    ) -> StoreResult<Option<(i64, ControlColumns)>> {
+        let rows = self
+            .read(op, &self.sql.control, Params::from((task.as_str(),)))
+            .await?;
+        rows.first()
+            .map(|row| Ok((col(row, 0)?, (col(row, 1)?, col(row, 2)?))))
+            .transpose()
     }
 
-    async fn leases(&self, limit: usize) -> StoreResult<Vec<LeaseRecord>> {
-        let op = Op::new("leases", None);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    async fn create_control(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        value: &str,
+    ) -> StoreResult<Option<i64>> {
+        let params = Params::from((task.as_str(), value));
+        let written = self.write(op, &self.sql.create_control, params).await?;
+        Ok((written.insert_id == 1).then_some(1))
+    }
+
+    async fn update_control(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        expected: i64,
+        value: &str,
+    ) -> StoreResult<Option<i64>> {
+        let params = Params::from((value, task.as_str(), expected));
+        let written = self.write(op, &self.sql.update_control, params).await?;
+        // Written means the server raised the version within a BIGINT: no overflow.
+        Ok((written.rows == 1).then(|| expected.saturating_add(1)))
+    }
+
+    async fn leases(&self, op: Op<'_>, limit: i64) -> StoreResult<Vec<(String, LeaseRow)>> {
         let rows = self
-            .read(op, &self.inner.sql.leases, Params::from((limit,)))
+            .read(op, &self.sql.leases, Params::from((limit,)))
             .await?;
         rows.iter()
             .map(|row| {
-                Ok(LeaseRecord {
-                    name: column::name(col(row, 0)?)?,
-                    state: column::lease_state(col(row, 1)?, col(row, 2)?, col(row, 3)?)?,
-                })
+                let lease = LeaseRow {
+                    holder: col(row, 1)?,
+                    token: col(row, 2)?,
+                    remaining_us: col(row, 3)?,
+                };
+                Ok((col(row, 0)?, lease))
             })
             .collect()
     }
@@ -955,7 +880,7 @@ impl MySqlConfig {
     /// [`migrate`](Self::migrate)), checks that the user may write them and (with
     /// [`notifications`](Self::notifications)) starts the release poller.
     pub async fn connect(self) -> Result<MySqlStore> {
-        MySqlStore::connect(self).await
+        MySql::connect(self).await
     }
 
     /// Returns the store at once and connects in the background (see
@@ -964,7 +889,7 @@ impl MySqlConfig {
     /// reached and the tables are checked. For a service that must start while its database is
     /// down. Fails only on settings or a URL that can never work, or outside a Tokio runtime.
     pub fn connect_lazy(self) -> Result<MySqlStore> {
-        MySqlStore::connect_lazy(self)
+        MySql::connect_lazy(self)
     }
 }
 

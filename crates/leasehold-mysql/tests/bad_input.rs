@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::StoreError;
 use leasehold_mysql::mysql_async::prelude::Queryable;
-use leasehold_mysql::{Error, MySqlConfig};
+use leasehold_mysql::{Error, MySqlConfig, MySqlSetupError};
 use leasehold_testkit::errors;
 
 const SECRET: &str = "s3kr1t-pw";
@@ -36,7 +36,8 @@ fn source(e: &Error) -> &StoreError {
     match e {
         Error::Connect { source, .. }
         | Error::Migrate { source, .. }
-        | Error::NotWritable { source, .. } => source,
+        | Error::MissingDatabase { source, .. }
+        | Error::Store(MySqlSetupError::NotWritable { source, .. }) => source,
         other => panic!("no store error in {other:?}"),
     }
 }
@@ -165,7 +166,10 @@ async fn tables_of_another_shape_are_refused_and_nothing_is_written() {
         let before = common::tables(&prefix).await;
         let (err, line) = refusal(common::config_on(&common::url(), &prefix)).await;
         common::drop_prefix(&prefix).await;
-        assert!(matches!(err, Error::Schema { .. }), "{err:?}");
+        assert!(
+            matches!(err, Error::Store(MySqlSetupError::Schema { .. })),
+            "{err:?}"
+        );
         assert!(line.contains(said), "{said}: {line}");
         assert!(line.contains(&format!("table `{prefix}")), "{line}");
         assert_eq!(before.len(), 1);
@@ -193,7 +197,10 @@ async fn a_newer_schema_is_refused_and_left_alone() {
         .await
         .unwrap();
     common::drop_prefix(&prefix).await;
-    assert!(matches!(err, Error::Schema { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(MySqlSetupError::Schema { .. })),
+        "{err:?}"
+    );
     assert!(
         line.contains("schema version 99") && line.contains("upgrade"),
         "{line}"
@@ -221,7 +228,10 @@ async fn a_read_only_user_is_refused_at_connect_and_writes_nothing() {
     drop(admin);
     let (user, _drop) = user_with("SELECT").await;
     let (err, line) = refusal(common::config_on(&common::url_as(&user, SECRET), &prefix)).await;
-    assert!(matches!(err, Error::NotWritable { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(MySqlSetupError::NotWritable { .. })),
+        "{err:?}"
+    );
     assert!(
         matches!(source(&err), StoreError::Rejected { .. }),
         "{err:?}"

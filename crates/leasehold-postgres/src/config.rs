@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::config::SslMode;
 
 use crate::conninfo::{check_url, describe, parse_reason, take_params};
-use crate::error::{Error, Result};
+use crate::error::{PgSetupError, Result};
 
 /// Default schema of the lease, slot and fence tables.
 pub const DEFAULT_SCHEMA: &str = "leasehold";
@@ -197,20 +197,22 @@ impl PgConfig {
         check_identifier("meta_table", &self.meta_table)?;
         let tables = self.tables();
         if (1..tables.len()).any(|i| tables[..i].contains(&tables[i])) {
-            return Err(Error::Config(
+            return Err(PgSetupError::Config(
                 "lease_table, slot_table, history_table, members_table, tasks_table and \
                  instances_table must differ"
                     .to_owned(),
-            ));
+            )
+            .into());
         }
         let channel = self.channel_name();
         if channel.is_empty()
             || channel.len() > MAX_IDENT_LEN
             || channel.chars().any(|c| c == '"' || c.is_control())
         {
-            return Err(Error::Config(format!(
+            return Err(PgSetupError::Config(format!(
                 "release channel {channel:?} must be 1 to 63 bytes without quotes; set `channel`"
-            )));
+            ))
+            .into());
         }
         leasehold_sql::check_pool(
             self.pool_size,
@@ -221,11 +223,12 @@ impl PgConfig {
                 ("keepalive", self.keepalive),
             ],
         )
-        .map_err(Error::Config)?;
+        .map_err(PgSetupError::Config)?;
         if self.application_name.len() > MAX_IDENT_LEN - "-listen".len() {
-            return Err(Error::Config(
+            return Err(PgSetupError::Config(
                 "application_name must be at most 56 bytes".to_owned(),
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -233,7 +236,7 @@ impl PgConfig {
     /// Reads the URL with the driver's parser (after taking out `sslmode` and `sslrootcert`,
     /// which the store handles) and checks what the driver does not.
     fn parse(&self) -> Result<Parsed> {
-        let invalid = |reason: String| Error::InvalidUrl { reason };
+        let invalid = |reason: String| PgSetupError::InvalidUrl { reason };
         check_url(&self.url).map_err(|reason| invalid(reason.to_owned()))?;
         let (rest, params) = take_params(&self.url, &["sslmode", "sslrootcert"]);
         let pg = tokio_postgres::Config::from_str(&rest)
@@ -245,7 +248,8 @@ impl PgConfig {
             Some(_) => {
                 return Err(invalid(
                     "unknown sslmode (use disable, require, verify-ca or verify-full)".to_owned(),
-                ));
+                )
+                .into());
             }
         };
         Ok(Parsed {
@@ -288,10 +292,9 @@ impl PgConfig {
         {
             let pem = match (&self.tls_ca_pem, rootcert) {
                 (Some(pem), _) => Some(pem.clone()),
-                (None, Some(path)) => Some(
-                    std::fs::read(&path)
-                        .map_err(|e| Error::Tls(format!("cannot read sslrootcert {path}: {e}")))?,
-                ),
+                (None, Some(path)) => Some(std::fs::read(&path).map_err(|e| {
+                    PgSetupError::Tls(format!("cannot read sslrootcert {path}: {e}"))
+                })?),
                 (None, None) => None,
             };
             Ok((pg, Tls::Rustls(tls::connector(pem.as_deref())?), shown))
@@ -299,9 +302,10 @@ impl PgConfig {
         #[cfg(not(feature = "tls"))]
         {
             let _ = (rootcert, shown);
-            Err(Error::Config(
+            Err(PgSetupError::Config(
                 "sslmode=require/verify-* needs the `tls` feature of leasehold-postgres".to_owned(),
-            ))
+            )
+            .into())
         }
     }
 }
@@ -358,7 +362,7 @@ mod tls {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
 
-    use crate::error::{Error, Result};
+    use crate::error::{PgSetupError, Result};
 
     /// A connector that verifies the server's certificate chain and host name against `ca_pem`
     /// or, without it, the system's root certificates.
@@ -369,10 +373,11 @@ mod tls {
         match ca_pem {
             Some(pem) => {
                 for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+                    let cert =
+                        cert.map_err(|e| PgSetupError::Tls(format!("bad CA certificate: {e}")))?;
                     roots
                         .add(cert)
-                        .map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+                        .map_err(|e| PgSetupError::Tls(format!("bad CA certificate: {e}")))?;
                 }
             }
             None => {
@@ -383,14 +388,15 @@ mod tls {
             }
         }
         if roots.is_empty() {
-            return Err(Error::Tls(
+            return Err(PgSetupError::Tls(
                 "no root certificates to verify the server with".to_owned(),
-            ));
+            )
+            .into());
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Tls(e.to_string()))?
+            .map_err(|e| PgSetupError::Tls(e.to_string()))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
@@ -406,10 +412,11 @@ pub(crate) fn check_identifier(what: &'static str, value: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidIdentifier {
+        Err(PgSetupError::InvalidIdentifier {
             what,
             value: value.to_owned(),
-        })
+        }
+        .into())
     }
 }
 
@@ -421,6 +428,7 @@ pub(crate) fn qualified(schema: &str, table: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     #[test]
     fn identifiers() {
@@ -439,7 +447,10 @@ mod tests {
             assert!(
                 matches!(
                     check_identifier("schema", bad),
-                    Err(Error::InvalidIdentifier { what: "schema", .. })
+                    Err(Error::Store(PgSetupError::InvalidIdentifier {
+                        what: "schema",
+                        ..
+                    }))
                 ),
                 "{bad:?}"
             );

@@ -8,6 +8,8 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use leasehold::store::percent_encode;
+
 /// A `postgres://` or `postgresql://` URL, split where tokio-postgres splits it: the
 /// credentials run to the *first* `@` anywhere in the rest, and the query starts at the first
 /// `?` after them.
@@ -86,28 +88,10 @@ fn join_query(params: &[QueryParam<'_>]) -> String {
         .join("&")
 }
 
-/// Percent-decodes `s` (invalid escapes are kept as they are).
+/// Percent-decodes `s` as the driver does: a `%` without two hex digits after it is kept as it
+/// is.
 fn percent_decode(s: &str) -> Cow<'_, str> {
-    if !s.contains('%') {
-        return Cow::Borrowed(s);
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy()
 }
 
 /// One `key = value` of a `key=value` connection string, as byte ranges into it.
@@ -304,19 +288,6 @@ pub(crate) fn parse_reason(e: &tokio_postgres::Error, conn: &str) -> String {
         return "unknown option (its name is not shown: it may be part of the password)".to_owned();
     }
     text.to_owned()
-}
-
-/// Percent-encodes everything but letters, digits and `-._~`.
-fn percent_encode(s: &[u8]) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &b in s {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// The parsed connection as a URL without a password: `postgres://user@host:port/dbname`

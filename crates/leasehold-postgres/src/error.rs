@@ -1,17 +1,23 @@
 //! Errors from connecting and configuring; store operations report [`leasehold::StoreError`],
 //! fence checks report [`FenceError`](crate::FenceError).
 
-use leasehold::StoreError;
+use leasehold::store::{SetupError, StoreSetupError};
+
+/// Why a [`PgStore`](crate::PgStore) or [`Fence`](crate::Fence) could not be set up: the
+/// errors every store shares ([`Connect`](SetupError::Connect),
+/// [`Migrate`](SetupError::Migrate), [`TooOld`](SetupError::TooOld)), or one of
+/// [`PgSetupError`]. Messages show the server as parsed
+/// ([`PgConfig::describe`](crate::PgConfig::describe)), never the URL text, so never its
+/// password.
+pub type Error = SetupError<PgSetupError>;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why a [`PgStore`](crate::PgStore) or [`Fence`](crate::Fence) could not be set up. Messages
-/// show the server as parsed ([`PgConfig::describe`](crate::PgConfig::describe)), never the URL
-/// text, so never its password.
+/// The PostgreSQL store's own setup errors: settings that can never work.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum PgSetupError {
     /// The URL is not a PostgreSQL URL (or `key=value` connection string) the driver accepts.
     /// The message quotes none of the URL (it could not be read, so any part of it might be
     /// a password).
@@ -36,44 +42,14 @@ pub enum Error {
     /// The TLS settings could not be used (no root certificates, a bad PEM file).
     #[error("tls setup failed: {0}")]
     Tls(String),
-    /// The server could not be reached, timed out, or refused the connection or credentials
-    /// (the source says which: [`StoreError::is_transient`] tells an outage from a refusal).
-    #[error("could not connect to {url}")]
-    Connect {
-        /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
-        url: String,
-        /// What went wrong.
-        #[source]
-        source: StoreError,
-    },
-    /// Creating the tables failed (for example: no permission to create the schema).
-    #[error("could not create the lease tables on {url}")]
-    Migrate {
-        /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
-        url: String,
-        /// What went wrong.
-        #[source]
-        source: StoreError,
-    },
-    /// The tables are in use by a newer release that does not let this one write to them
-    /// (the meta table's `min_writer`, see [`leasehold::skew`]). Nothing was written.
-    #[error("{url}")]
-    TooOld {
-        /// The server, as [`PgConfig::describe`](crate::PgConfig::describe) shows it.
-        url: String,
-        /// The release the tables need.
-        #[source]
-        source: leasehold::skew::TooOld,
-    },
 }
 
-impl Error {
-    /// Whether retrying later may succeed: the server could not be reached or did not answer in
-    /// time. A refusal (credentials, permissions) and a bad URL or setting are not transient.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            Self::Connect { source, .. } | Self::Migrate { source, .. } => source.is_transient(),
-            _ => false,
-        }
+impl StoreSetupError for PgSetupError {
+    fn is_transient(&self) -> bool {
+        false
+    }
+
+    fn is_invalid(&self) -> bool {
+        true
     }
 }

@@ -60,7 +60,7 @@ impl Default for Fence {
 impl Fence {
     /// A fence on the table `schema.table`. Both must be plain identifiers (ASCII letters,
     /// digits, underscores, not starting with a digit, at most 63 bytes), otherwise
-    /// [`Error::InvalidIdentifier`](crate::Error::InvalidIdentifier).
+    /// [`PgSetupError::InvalidIdentifier`](crate::PgSetupError::InvalidIdentifier).
     pub fn new(schema: &str, table: &str) -> Result<Self> {
         check_identifier("schema", schema)?;
         check_identifier("fence_table", table)?;

@@ -18,14 +18,15 @@ pub use config::{
     DEFAULT_LEASE_TABLE, DEFAULT_MEMBERS_TABLE, DEFAULT_META_TABLE, DEFAULT_OP_TIMEOUT,
     DEFAULT_SCHEMA, DEFAULT_SLOT_TABLE, DEFAULT_TASKS_TABLE, PgConfig,
 };
-pub use error::{Error, Result};
+pub use error::{Error, PgSetupError, Result};
 pub use fence::{Fence, FenceError};
-pub use store::{PgStore, Statements};
+pub use leasehold_sql::SqlStore;
+pub use store::{PgStore, Postgres, Statements};
 
 /// The PostgreSQL driver this crate is built on, so users need one dependency.
 pub use tokio_postgres;
 
-/// The connection pool behind [`PgStore::pool`].
+/// The connection pool behind [`PgStore::pool`](Postgres::pool).
 pub use deadpool_postgres;
 
 /// Connects to the PostgreSQL server at `url` with the default [`PgConfig`]: tables in the

@@ -1,17 +1,18 @@
-//! [`PgStore`]: the [`Store`] implementation.
+//! [`PgStore`]: the [`SqlStore`] on PostgreSQL, and its [`Postgres`] dialect.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use leasehold::catalog::Registration;
 pub(crate) use leasehold::store::Operation as Op;
-use leasehold::{
-    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
-    store::{Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, StoreResult, within},
-};
+use leasehold::store::{ReleaseFeed, ReleaseSubscription, StoreResult, within};
+use leasehold::{HolderId, LeaseName, StoreError};
 use leasehold_sql::lazy::{self, Failure, Readiness};
-use leasehold_sql::{Causes, column};
+use leasehold_sql::store::{Attempt, ControlColumns, LeaseRow, Renewed, SlotRow, TaskRow};
+use leasehold_sql::{Causes, Dialect, SqlStore};
 use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -19,32 +20,26 @@ use tokio_postgres::{NoTls, Row};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{PgConfig, Tls};
-use crate::error::{Error, Result};
+use crate::error::{Error, PgSetupError, Result};
 use crate::listener;
 
-mod catalog;
 mod migration;
-mod slots;
 mod statements;
 
 pub(crate) use migration::migrate;
 use migration::migrate_on;
 pub use statements::Statements;
 
-/// How often an acquire or slot claim is re-run when a concurrent writer changed the row after
-/// the statement's snapshot was taken (see [`Statements::acquire`]).
-const MAX_ATTEMPTS: usize = 4;
-
 /// Leases in PostgreSQL: each operation is one conditional statement on a pooled connection,
-/// timed by the server's `clock_timestamp()`.
+/// timed by the server's `clock_timestamp()`. Its own methods ([`sql`](Postgres::sql),
+/// [`pool`](Postgres::pool), ...) are its [`Postgres`] dialect's.
 ///
 /// Cheap to clone: clones share one connection pool and one release listener.
-#[derive(Clone)]
-pub struct PgStore {
-    inner: Arc<Inner>,
-}
+pub type PgStore = SqlStore<Postgres>;
 
-struct Inner {
+/// The PostgreSQL dialect of a [`PgStore`]: its [`Statements`], the connection pool they run
+/// on, and the release listener.
+pub struct Postgres {
     pool: Pool,
     sql: Statements,
     channel: String,
@@ -56,7 +51,7 @@ struct Inner {
     /// Present when notifications are on.
     releases: Option<ReleaseFeed>,
     /// Whether the tables are known to exist (the migration ran, or was off); until they are,
-    /// operations answer as [`Readiness`] says (a store from [`PgStore::connect_lazy`]).
+    /// operations answer as [`Readiness`] says (a store from [`PgConfig::connect_lazy`]).
     ready: watch::Receiver<Readiness>,
     /// The background connect of a lazy store.
     migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
@@ -92,7 +87,7 @@ impl Parts {
             .create_timeout(Some(config.connect_timeout))
             .recycle_timeout(Some(config.op_timeout))
             .build()
-            .map_err(|e| Error::Config(e.to_string()))?;
+            .map_err(|e| PgSetupError::Config(e.to_string()))?;
         let sql = Statements::new(config);
         Ok(Self {
             pool,
@@ -104,51 +99,53 @@ impl Parts {
     }
 }
 
-impl PgStore {
+impl Postgres {
     /// A lease row whose `expires_at` is `infinity` or `-infinity`: leasehold never writes one
     /// (it would hold or free the lease for ever), so someone edited the row by hand.
-    fn infinite_expiry(&self, name: &LeaseName) -> StoreError {
+    fn infinite_expiry(&self, name: &str) -> StoreError {
         StoreError::Corrupt(format!(
             "lease {name}: its row in {}.{} has an infinite expires_at, which leasehold never \
              writes; set it to a time or delete the row",
-            self.inner.schema, self.inner.lease_table
+            self.schema, self.lease_table
         ))
     }
 
-    /// A lease's state from its row: holder, token, and microseconds left (`None` for an
-    /// infinite `expires_at`, which is corrupt).
-    fn lease_state(
+    /// A lease's columns: holder, token, and microseconds left (`None` for an infinite
+    /// `expires_at`, which is corrupt).
+    fn lease_row(
         &self,
-        name: &LeaseName,
+        name: &str,
         holder: Option<String>,
         token: i64,
         remaining_us: Option<i64>,
-    ) -> StoreResult<LeaseState> {
+    ) -> StoreResult<LeaseRow> {
         if remaining_us.is_none() {
             return Err(self.infinite_expiry(name));
         }
-        column::lease_state(holder, token, remaining_us)
+        Ok(LeaseRow {
+            holder,
+            token,
+            remaining_us,
+        })
     }
 
-    fn assemble(
+    fn new(
         config: &PgConfig,
         parts: Parts,
         releases: Option<ReleaseFeed>,
         ready: watch::Receiver<Readiness>,
     ) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                pool: parts.pool,
-                sql: parts.sql,
-                channel: config.channel_name(),
-                op_timeout: config.op_timeout,
-                url: parts.url,
-                schema: config.schema.clone(),
-                lease_table: config.lease_table.clone(),
-                releases,
-                ready,
-                migration: std::sync::OnceLock::new(),
-            }),
+            pool: parts.pool,
+            sql: parts.sql,
+            channel: config.channel_name(),
+            op_timeout: config.op_timeout,
+            url: parts.url,
+            schema: config.schema.clone(),
+            lease_table: config.lease_table.clone(),
+            releases,
+            ready,
+            migration: std::sync::OnceLock::new(),
         }
     }
 
@@ -166,7 +163,7 @@ impl PgStore {
         })
     }
 
-    pub(crate) async fn connect(config: PgConfig) -> Result<Self> {
+    async fn connect(config: PgConfig) -> Result<PgStore> {
         let parts = Parts::new(&config)?;
         migrate_on(&parts.pool, &config, &parts.url, &parts.sql).await?;
         let releases = Self::listen(&config, &parts);
@@ -175,27 +172,28 @@ impl PgStore {
             releases.first_attempt(config.connect_timeout).await;
         }
         tracing::debug!(url = %parts.url, schema = %config.schema, "connected to postgres");
-        Ok(Self::assemble(&config, parts, releases, lazy::ready()))
+        let dialect = Self::new(&config, parts, releases, lazy::ready());
+        Ok(SqlStore::new(Arc::new(dialect)))
     }
 
     /// [`PgConfig::connect_lazy`].
-    pub(crate) fn open_lazy(config: PgConfig) -> Result<Self> {
+    fn connect_lazy(config: PgConfig) -> Result<PgStore> {
         let parts = Parts::new(&config)?;
-        let (ready_tx, ready) = lazy::channel().map_err(Error::Config)?;
+        let (ready_tx, ready) = lazy::channel().map_err(PgSetupError::Config)?;
         let releases = Self::listen(&config, &parts);
-        let store = Self::assemble(&config, parts, releases, ready);
-        let url = store.inner.url.clone();
+        let dialect = Arc::new(Self::new(&config, parts, releases, ready));
+        let url = dialect.url.clone();
         let max_delay = config.max_reconnect_delay;
         let config = Arc::new(config);
         let task = lazy::spawn(
-            Arc::downgrade(&store.inner),
+            Arc::downgrade(&dialect),
             ready_tx,
             "postgres",
             url.clone(),
             max_delay,
-            move |inner: &Inner| {
-                let (pool, url, sql) = (inner.pool.clone(), inner.url.clone(), inner.sql.clone());
-                let config = Arc::clone(&config);
+            move |dialect: &Self| {
+                let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
+                let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
                 async move { migrate_on(&pool, &config, &url, &sql).await }
             },
             move |e| match e {
@@ -208,31 +206,32 @@ impl PgStore {
                     Failure::Unusable(format!("migration refused: {source}"))
                 }
                 Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
+                Error::MissingDatabase { source, .. } => Failure::Refused(source),
                 e => Failure::Unreachable(Causes(&e).to_string()),
             },
         );
-        let _ = store.inner.migration.set(AbortOnDropHandle::new(task));
-        Ok(store)
+        let _ = dialect.migration.set(AbortOnDropHandle::new(task));
+        Ok(SqlStore::new(dialect))
     }
 
     /// The SQL statements this store runs.
     pub fn sql(&self) -> &Statements {
-        &self.inner.sql
+        &self.sql
     }
 
     /// The schema of the store's tables.
     pub fn schema(&self) -> &str {
-        &self.inner.schema
+        &self.schema
     }
 
     /// The LISTEN/NOTIFY channel releases are announced on.
     pub fn channel(&self) -> &str {
-        &self.inner.channel
+        &self.channel
     }
 
     /// The store's connection pool (connections carry the store's `statement_timeout`).
     pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+        &self.pool
     }
 
     /// Runs `sql` on a pooled connection (a cached prepared statement: one round trip once the
@@ -243,11 +242,10 @@ impl PgStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> StoreResult<Vec<Row>> {
-        let limit = self.inner.op_timeout;
+        let limit = self.op_timeout;
         let work = async {
-            lazy::check(&self.inner.ready, op, &self.inner.url).await?;
+            lazy::check(&self.ready, op, &self.url).await?;
             let client = self
-                .inner
                 .pool
                 .get()
                 .await
@@ -303,8 +301,14 @@ pub(crate) fn classify(e: tokio_postgres::Error, op: Op<'_>, limit: Duration) ->
     }
 }
 
-fn to_i64(n: u64) -> Option<i64> {
-    i64::try_from(n).ok()
+/// A ttl in whole milliseconds, at least 1.
+fn ttl_ms(ttl: Duration) -> i64 {
+    ttl.as_millis().clamp(1, i64::MAX as u128) as i64
+}
+
+/// A duration in whole milliseconds.
+fn millis(d: Duration) -> i64 {
+    d.as_millis().clamp(0, i64::MAX as u128) as i64
 }
 
 fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> StoreResult<T> {
@@ -312,181 +316,298 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Sto
         .map_err(|e| StoreError::Corrupt(format!("unexpected column {i}: {e}")))
 }
 
-impl fmt::Debug for PgStore {
+impl fmt::Debug for Postgres {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgStore")
-            .field("url", &self.inner.url)
-            .field("schema", &self.inner.schema)
-            .field("lease_table", &self.inner.lease_table)
-            .field("channel", &self.inner.channel)
+            .field("url", &self.url)
+            .field("schema", &self.schema)
+            .field("lease_table", &self.lease_table)
+            .field("channel", &self.channel)
             .finish()
     }
 }
 
-impl Store for PgStore {
+/// Each operation one statement, timed by `clock_timestamp()`.
+impl Dialect for Postgres {
+    const BIGINT: &'static str = "bigint";
+
+    fn describe(&self) -> String {
+        format!(
+            "postgres {} (table {}.{})",
+            self.url, self.schema, self.lease_table
+        )
+    }
+
+    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
+        self.releases.as_ref().map(ReleaseFeed::subscribe)
+    }
+
     async fn acquire(
         &self,
+        op: Op<'_>,
         name: &LeaseName,
         holder: &HolderId,
         ttl: Duration,
-    ) -> StoreResult<Acquisition> {
-        let op = Op::new("acquire", Some(name));
-        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        for _ in 0..MAX_ATTEMPTS {
-            let rows = self
-                .query(
-                    op,
-                    &self.inner.sql.acquire,
-                    &[&name.as_str(), &holder.as_str(), &ttl_ms],
-                )
-                .await?;
-            let Some(row) = rows.first() else {
-                // The row was inserted after this statement's snapshot: run it again.
-                continue;
-            };
-            if let Some(token) = get::<Option<i64>>(row, 0)? {
-                return Ok(Acquisition::Acquired {
-                    token: column::token(token)?,
-                });
-            }
-            let current = get::<Option<String>>(row, 1)?;
-            let remaining = get::<Option<i64>>(row, 2)?;
-            if current.is_some() && remaining.is_none() {
-                return Err(self.infinite_expiry(name));
-            }
-            if let Some(busy) = column::busy(current, remaining, holder)? {
-                return Ok(busy);
-            }
-            // The snapshot shows a free or expired lease, yet the upsert saw a live one:
-            // another acquirer committed in between. Ask again.
+    ) -> StoreResult<Attempt> {
+        let params: [&(dyn ToSql + Sync); 3] = [&name.as_str(), &holder.as_str(), &ttl_ms(ttl)];
+        let rows = self.query(op, &self.sql.acquire, &params).await?;
+        let Some(row) = rows.first() else {
+            // The row was inserted after this statement's snapshot: nothing read.
+            return Ok(Attempt::Held {
+                holder: None,
+                remaining_us: None,
+            });
+        };
+        if let Some(token) = get::<Option<i64>>(row, 0)? {
+            return Ok(Attempt::Acquired(token));
         }
-        Err(StoreError::Unavailable {
-            message: format!("{op}: the lease kept changing under concurrent acquirers"),
-            source: None,
+        let current = get::<Option<String>>(row, 1)?;
+        let remaining_us = get::<Option<i64>>(row, 2)?;
+        if current.is_some() && remaining_us.is_none() {
+            return Err(self.infinite_expiry(name.as_str()));
+        }
+        // A free or expired lease in the snapshot, yet the upsert saw a live one: another
+        // acquirer committed in between.
+        Ok(Attempt::Held {
+            holder: current,
+            remaining_us,
         })
     }
 
     async fn renew(
         &self,
+        op: Op<'_>,
         name: &LeaseName,
         holder: &HolderId,
-        token: FencingToken,
+        token: i64,
         ttl: Duration,
-    ) -> StoreResult<Renewal> {
-        let Some(token) = column::token_param(token) else {
-            return Ok(Renewal::Lost);
-        };
-        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op::new("renew", Some(name));
-        let rows = self
-            .query(
-                op,
-                &self.inner.sql.renew,
-                &[&name.as_str(), &holder.as_str(), &token, &ttl_ms],
-            )
-            .await?;
-        Ok(if rows.is_empty() {
-            Renewal::Lost
-        } else {
-            Renewal::Renewed
-        })
+    ) -> StoreResult<bool> {
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&name.as_str(), &holder.as_str(), &token, &ttl_ms(ttl)];
+        let rows = self.query(op, &self.sql.renew, &params).await?;
+        Ok(!rows.is_empty())
     }
 
-    async fn release(
-        &self,
-        name: &LeaseName,
-        holder: &HolderId,
-        token: FencingToken,
-    ) -> StoreResult<Release> {
-        let Some(token) = column::token_param(token) else {
-            return Ok(Release::NotHeld);
-        };
-        let op = Op::new("release", Some(name));
-        let rows = self
-            .query(
-                op,
-                &self.inner.sql.release,
-                &[
-                    &name.as_str(),
-                    &holder.as_str(),
-                    &token,
-                    &self.inner.channel.as_str(),
-                ],
-            )
-            .await?;
-        Ok(if rows.is_empty() {
-            Release::NotHeld
-        } else {
-            Release::Released
-        })
-    }
-
-    async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
-        let op = Op::new("inspect", Some(name));
-        let rows = self
-            .query(op, &self.inner.sql.inspect, &[&name.as_str()])
-            .await?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        Ok(Some(self.lease_state(
-            name,
-            get(row, 0)?,
-            get(row, 1)?,
-            get(row, 2)?,
-        )?))
-    }
-
-    async fn now_millis(&self) -> StoreResult<u64> {
-        let op = Op::new("clock", None);
-        let rows = self.query(op, &self.inner.sql.now_millis, &[]).await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
-        column::clock_ms(get(row, 0)?)
-    }
-
-    fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
-        self.inner.releases.as_ref().map(ReleaseFeed::subscribe)
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "postgres {} (table {}.{})",
-            self.inner.url, self.inner.schema, self.inner.lease_table
-        )
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
-    }
-
-    /// One statement for the whole batch.
     async fn renew_many(
         &self,
+        op: Op<'_>,
         holder: &HolderId,
-        leases: &[(LeaseName, FencingToken)],
+        batch: &[(&str, i64)],
         ttl: Duration,
-    ) -> StoreResult<Vec<Renewal>> {
-        // A token beyond i64 was never handed out here: it stays out of the statement (Lost).
-        let (names, tokens): (Vec<&str>, Vec<i64>) = leases
-            .iter()
-            .filter_map(|(name, token)| Some((name.as_str(), column::token_param(*token)?)))
-            .unzip();
-        let ttl_ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let op = Op::new("renew_many", None);
-        let rows = self
-            .query(
-                op,
-                &self.inner.sql.renew_many,
-                &[&names, &holder.as_str(), &tokens, &ttl_ms],
-            )
-            .await?;
-        let mut renewed = std::collections::HashSet::with_capacity(rows.len());
+    ) -> StoreResult<Renewed> {
+        let (names, tokens): (Vec<&str>, Vec<i64>) = batch.iter().copied().unzip();
+        let params: [&(dyn ToSql + Sync); 4] = [&names, &holder.as_str(), &tokens, &ttl_ms(ttl)];
+        let rows = self.query(op, &self.sql.renew_many, &params).await?;
+        let mut renewed = HashSet::with_capacity(rows.len());
         for row in &rows {
             renewed.insert((get::<String>(row, 0)?, get::<i64>(row, 1)?));
         }
-        Ok(column::renewals(leases, &renewed))
+        Ok(Renewed::Only(renewed))
+    }
+
+    /// `pg_notify` in the same statement.
+    async fn release(
+        &self,
+        op: Op<'_>,
+        name: &LeaseName,
+        holder: &HolderId,
+        token: i64,
+    ) -> StoreResult<bool> {
+        let params: [&(dyn ToSql + Sync); 4] = [
+            &name.as_str(),
+            &holder.as_str(),
+            &token,
+            &self.channel.as_str(),
+        ];
+        let rows = self.query(op, &self.sql.release, &params).await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn inspect(&self, op: Op<'_>, name: &LeaseName) -> StoreResult<Option<LeaseRow>> {
+        let rows = self.query(op, &self.sql.inspect, &[&name.as_str()]).await?;
+        rows.first()
+            .map(|row| self.lease_row(name.as_str(), get(row, 0)?, get(row, 1)?, get(row, 2)?))
+            .transpose()
+    }
+
+    async fn now_millis(&self, op: Op<'_>) -> StoreResult<Option<i64>> {
+        let rows = self.query(op, &self.sql.now_millis, &[]).await?;
+        rows.first().map(|row| get(row, 0)).transpose()
+    }
+
+    async fn claim_slot(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        slot: i64,
+    ) -> StoreResult<Option<SlotRow>> {
+        let rows = self
+            .query(op, &self.sql.claim_slot, &[&task.as_str(), &slot])
+            .await?;
+        rows.first()
+            .map(|row| {
+                let claimed: bool = get(row, 0)?;
+                let last: i64 = get(row, 1)?;
+                Ok(if claimed {
+                    SlotRow::Claimed
+                } else {
+                    SlotRow::Last(last)
+                })
+            })
+            .transpose()
+    }
+
+    async fn last_slot(&self, op: Op<'_>, task: &LeaseName) -> StoreResult<Option<i64>> {
+        let rows = self
+            .query(op, &self.sql.last_slot, &[&task.as_str()])
+            .await?;
+        rows.first().map(|row| get(row, 0)).transpose()
+    }
+
+    async fn record_history(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        key: i64,
+        entry: &str,
+        keep: i64,
+    ) -> StoreResult<()> {
+        let params: [&(dyn ToSql + Sync); 4] = [&task.as_str(), &key, &entry, &keep];
+        self.query(op, &self.sql.record_history, &params).await?;
+        Ok(())
+    }
+
+    async fn history(&self, op: Op<'_>, task: &LeaseName, limit: i64) -> StoreResult<Vec<String>> {
+        let rows = self
+            .query(op, &self.sql.history, &[&task.as_str(), &limit])
+            .await?;
+        rows.iter().map(|row| get(row, 0)).collect()
+    }
+
+    async fn purge(&self, op: Op<'_>, retention: Duration) -> StoreResult<u64> {
+        let rows = self
+            .query(op, &self.sql.purge, &[&millis(retention)])
+            .await?;
+        let deleted: i64 = match rows.first() {
+            Some(row) => get(row, 0)?,
+            None => 0,
+        };
+        Ok(deleted.max(0) as u64)
+    }
+
+    async fn members(
+        &self,
+        op: Op<'_>,
+        group: &LeaseName,
+        member: &HolderId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<String>> {
+        let params: [&(dyn ToSql + Sync); 3] = [&group.as_str(), &member.as_str(), &ttl_ms(ttl)];
+        let rows = self.query(op, &self.sql.members, &params).await?;
+        rows.iter().map(|row| get(row, 0)).collect()
+    }
+
+    async fn leave(&self, op: Op<'_>, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
+        self.query(op, &self.sql.leave, &[&group.as_str(), &member.as_str()])
+            .await?;
+        Ok(())
+    }
+
+    async fn register(
+        &self,
+        op: Op<'_>,
+        r: &Registration<'_>,
+    ) -> StoreResult<Option<ControlColumns>> {
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &r.task.as_str(),
+            &r.definition,
+            &r.instance.as_str(),
+            &r.about,
+            &ttl_ms(r.ttl),
+            &millis(r.forget_after),
+        ];
+        let rows = self.query(op, &self.sql.register, &params).await?;
+        rows.first()
+            .map(|row| Ok((get(row, 0)?, get(row, 1)?)))
+            .transpose()
+    }
+
+    async fn unregister(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        instance: &HolderId,
+    ) -> StoreResult<()> {
+        let params: [&(dyn ToSql + Sync); 2] = [&task.as_str(), &instance.as_str()];
+        self.query(op, &self.sql.unregister, &params).await?;
+        Ok(())
+    }
+
+    async fn tasks(&self, op: Op<'_>, forget_after: Duration) -> StoreResult<Vec<TaskRow>> {
+        let rows = self
+            .query(op, &self.sql.tasks, &[&millis(forget_after)])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let instance = match get::<Option<String>>(row, 4)? {
+                    Some(instance) => Some((instance, get(row, 5)?, get(row, 6)?)),
+                    None => None,
+                };
+                Ok(TaskRow {
+                    task: get(row, 0)?,
+                    definition: get(row, 1)?,
+                    control_version: get(row, 2)?,
+                    control: get(row, 3)?,
+                    instance,
+                })
+            })
+            .collect()
+    }
+
+    async fn control(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+    ) -> StoreResult<Option<(i64, ControlColumns)>> {
+        let rows = self.query(op, &self.sql.control, &[&task.as_str()]).await?;
+        rows.first()
+            .map(|row| Ok((get(row, 0)?, (get(row, 1)?, get(row, 2)?))))
+            .transpose()
+    }
+
+    async fn create_control(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        value: &str,
+    ) -> StoreResult<Option<i64>> {
+        let rows = self
+            .query(op, &self.sql.create_control, &[&task.as_str(), &value])
+            .await?;
+        rows.first().map(|row| get(row, 0)).transpose()
+    }
+
+    async fn update_control(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        expected: i64,
+        value: &str,
+    ) -> StoreResult<Option<i64>> {
+        let params: [&(dyn ToSql + Sync); 3] = [&task.as_str(), &expected, &value];
+        let rows = self.query(op, &self.sql.update_control, &params).await?;
+        rows.first().map(|row| get(row, 0)).transpose()
+    }
+
+    async fn leases(&self, op: Op<'_>, limit: i64) -> StoreResult<Vec<(String, LeaseRow)>> {
+        let rows = self.query(op, &self.sql.leases, &[&limit]).await?;
+        rows.iter()
+            .map(|row| {
+                let name: String = get(row, 0)?;
+                let lease = self.lease_row(&name, get(row, 1)?, get(row, 2)?, get(row, 3)?)?;
+                Ok((name, lease))
+            })
+            .collect()
     }
 }
 
@@ -495,7 +616,7 @@ impl PgConfig {
     /// Checks the settings, connects, runs the migration (with [`migrate`](Self::migrate)) and
     /// (with [`notifications`](Self::notifications)) starts listening for releases.
     pub async fn connect(self) -> Result<PgStore> {
-        PgStore::connect(self).await
+        Postgres::connect(self).await
     }
 
     /// Checks the settings and returns a store at once, without waiting for the server, for a
@@ -512,6 +633,6 @@ impl PgConfig {
     /// from an outage. Fails only on settings or a URL that can never work, or outside a Tokio
     /// runtime; never with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<PgStore> {
-        PgStore::open_lazy(self)
+        Postgres::connect_lazy(self)
     }
 }

@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use leasehold::Store;
-use leasehold_postgres::{Error, Fence, PgConfig};
+use leasehold_postgres::{Error, Fence, PgConfig, PgSetupError};
 use leasehold_testkit::errors::{everything_about, one_line};
 
 /// Nothing listens here.
@@ -49,7 +49,7 @@ async fn invalid_identifiers_are_typed_one_line_errors_before_any_connection() {
             let err = config.connect().await.unwrap_err();
             assert!(started.elapsed() < Duration::from_millis(500));
             match &err {
-                Error::InvalidIdentifier { what: w, value: v } => {
+                Error::Store(PgSetupError::InvalidIdentifier { what: w, value: v }) => {
                     assert_eq!(*w, what);
                     assert_eq!(v, value);
                 }
@@ -69,10 +69,10 @@ async fn invalid_identifiers_are_typed_one_line_errors_before_any_connection() {
     assert!(config.validate().is_ok());
     assert!(matches!(
         Fence::new("leasehold", "fence-table"),
-        Err(Error::InvalidIdentifier {
+        Err(Error::Store(PgSetupError::InvalidIdentifier {
             what: "fence_table",
             ..
-        })
+        }))
     ));
 }
 
@@ -92,12 +92,15 @@ async fn out_of_range_settings_are_config_errors() {
     ];
     for config in cases {
         let err = config.clone().connect().await.unwrap_err();
-        assert!(matches!(err, Error::Config(_)), "{config:?}: {err:?}");
+        assert!(
+            matches!(err, Error::Store(PgSetupError::Config(_))),
+            "{config:?}: {err:?}"
+        );
         assert_one_line(&err.to_string());
     }
     let err = base().schema("s".repeat(60)).connect().await.unwrap_err();
     assert!(
-        matches!(err, Error::Config(_)),
+        matches!(err, Error::Store(PgSetupError::Config(_))),
         "default channel too long: {err:?}"
     );
 }
@@ -219,7 +222,10 @@ async fn passwords_never_appear_in_url_errors() {
         format!("postgres://u@{DEAD}/db?password=a&{SECRET}=x"),
     ] {
         let err = PgConfig::new(&url).connect().await.unwrap_err();
-        assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+        assert!(
+            matches!(err, Error::Store(PgSetupError::InvalidUrl { .. })),
+            "{url}: {err:?}"
+        );
         assert!(PgConfig::new(&url).describe().contains("invalid url"));
         if url.contains("notaport") {
             assert!(err.to_string().contains("`port`"), "{err}");

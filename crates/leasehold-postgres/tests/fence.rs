@@ -10,7 +10,7 @@ use leasehold::{
     store::{Acquisition, Renewal},
 };
 use leasehold_postgres::tokio_postgres::Client;
-use leasehold_postgres::{Error, Fence, FenceError};
+use leasehold_postgres::{Error, Fence, FenceError, PgSetupError};
 use tokio::sync::OnceCell;
 
 /// The fence on this binary's schema, its table created, plus a resource table to write to.
@@ -385,14 +385,17 @@ async fn fence_migration_is_idempotent() {
 fn fence_names_must_be_plain_identifiers() {
     assert!(matches!(
         Fence::new("ok", "bad-name"),
-        Err(Error::InvalidIdentifier {
+        Err(Error::Store(PgSetupError::InvalidIdentifier {
             what: "fence_table",
             ..
-        })
+        }))
     ));
     assert!(matches!(
         Fence::new("1schema", "fences"),
-        Err(Error::InvalidIdentifier { what: "schema", .. })
+        Err(Error::Store(PgSetupError::InvalidIdentifier {
+            what: "schema",
+            ..
+        }))
     ));
     let default = Fence::default();
     assert_eq!((default.schema(), default.table()), ("leasehold", "fences"));

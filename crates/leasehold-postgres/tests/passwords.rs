@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use leasehold::{HolderId, LeaseName, Store, store::Acquisition};
-use leasehold_postgres::{Error, PgConfig, PgStore};
+use leasehold_postgres::{Error, PgConfig, PgSetupError, PgStore};
 
 /// Passwords with the characters a URL would have escaped, unescaped: the driver ends the
 /// credentials at the first `@`, so `/ ? # :` are part of the password.
@@ -91,7 +91,7 @@ async fn an_unescaped_at_in_a_url_password_is_refused_unshown() {
         let url = url_with(secret);
         let config = PgConfig::new(&url);
         let err = config.clone().connect().await.unwrap_err();
-        let Error::InvalidUrl { reason } = &err else {
+        let Error::Store(PgSetupError::InvalidUrl { reason }) = &err else {
             panic!("{secret}: {err:?}");
         };
         assert!(reason.contains("%40"), "{reason}");

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{RedisSetupError, Result};
 use crate::url::{CLUSTER_SCHEME, ClusterUrl, SENTINEL_SCHEME, SentinelUrl};
 
 /// The deployment a URL names, picked by its scheme.
@@ -29,9 +29,13 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct RedisConfig {
     /// Server URL: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` for TLS,
     /// `redis+sentinel://…` ([`SentinelUrl`]) or `redis+cluster://…` ([`ClusterUrl`]). No default.
+    /// Any form may end in `?prefix=P` (`&prefix=P` after other parameters, percent-encoded),
+    /// which sets [`prefix`](Self::prefix): so a URL alone, as `leasehold --store` or an
+    /// environment variable gives it, keeps two applications on one database apart.
     pub url: String,
     /// Prefix of every key and of the release channel. Default [`DEFAULT_PREFIX`]
-    /// (`leasehold`). Must be non-empty and free of braces and whitespace.
+    /// (`leasehold`), or the URL's `prefix=`; setting both to different values is refused
+    /// ([`RedisSetupError::Config`]). Must be non-empty and free of braces and whitespace.
     pub prefix: String,
     /// Time limit of each store operation, end to end (retries and the driver's response timeout,
     /// which is set to it, included), after which it fails with
@@ -132,13 +136,14 @@ impl RedisConfig {
             .iter()
             .any(|tls| scheme.eq_ignore_ascii_case(tls))
         {
-            return Err(Error::InvalidUrl {
+            return Err(RedisSetupError::InvalidUrl {
                 url: format!("{scheme}://…"),
                 reason: "TLS to Sentinel and Cluster deployments is not supported yet: \
                          redis+sentinel:// and redis+cluster:// speak plain TCP, rediss:// is \
                          for one server"
                     .into(),
-            });
+            }
+            .into());
         }
         Ok(if scheme.eq_ignore_ascii_case(SENTINEL_SCHEME) {
             Target::Sentinel(SentinelUrl::parse(&self.url)?)
@@ -189,28 +194,93 @@ impl RedisConfig {
         }
     }
 
+    /// The key prefix in use: the URL's `prefix=`, else [`prefix`](Self::prefix). Refused when
+    /// both are set and differ, or when it is not a valid prefix.
+    pub(crate) fn key_prefix(&self, target: &Target) -> Result<String> {
+        let from_url = match target {
+            Target::Single => crate::url::single_server_prefix(&self.url)?,
+            Target::Sentinel(url) => url.prefix.clone(),
+            Target::Cluster(url) => url.prefix.clone(),
+        };
+        let prefix = match from_url {
+            Some(p) if self.prefix != DEFAULT_PREFIX && self.prefix != p => {
+                return Err(RedisSetupError::Config(format!(
+                    "the url's prefix={p:?} and the configured key prefix {:?} differ; set it in \
+                     one place",
+                    self.prefix
+                ))
+                .into());
+            }
+            Some(p) => p,
+            None => self.prefix.clone(),
+        };
+        check_prefix(&prefix)?;
+        Ok(prefix)
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<()> {
-        if self.prefix.is_empty()
-            || self
-                .prefix
-                .chars()
-                .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
-        {
-            return Err(Error::Config(format!(
-                "key prefix {:?} must be non-empty, without braces or whitespace",
-                self.prefix
-            )));
-        }
+        check_prefix(&self.prefix)?;
         leasehold::store::check_nonzero(&[
             ("op_timeout", self.op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT)),
             ("connect_timeout", self.connect_timeout),
             ("max_reconnect_delay", self.max_reconnect_delay),
             ("keepalive", self.keepalive),
         ])
-        .map_err(|e| Error::Config(e.to_string()))?;
+        .map_err(|e| RedisSetupError::Config(e.to_string()))?;
         Ok(())
     }
+}
+
+/// The database of a `redis://` or `rediss://` URL, checked before the driver reads it: the
+/// driver's own message ("Invalid database number - InvalidClientConfig") names neither the
+/// database nor the URL. The URL is shown without its user and password.
+pub(crate) fn check_database(url: &str) -> Result<()> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(());
+    };
+    if !["redis", "rediss"]
+        .iter()
+        .any(|s| scheme.eq_ignore_ascii_case(s))
+    {
+        return Ok(());
+    }
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let Some((authority, path)) = rest
+        .rsplit_once('@')
+        .map_or(rest, |(_, a)| a)
+        .split_once('/')
+    else {
+        return Ok(());
+    };
+    if path.is_empty() || path.parse::<u32>().is_ok() {
+        return Ok(());
+    }
+    Err(RedisSetupError::InvalidUrl {
+        url: format!("{scheme}://{authority}"),
+        reason: format!(
+            "the database {:?} is not a number: end the URL with /0, /1, … (or ?prefix= to \
+             keep applications apart in one database)",
+            leasehold::store::text::visible(path)
+        ),
+    }
+    .into())
+}
+
+/// A key prefix: non-empty, without braces (they would change the keys' hash tags on a
+/// cluster), whitespace or control characters.
+fn check_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty()
+        || prefix
+            .chars()
+            .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err(RedisSetupError::Config(format!(
+            "key prefix {prefix:?} must be non-empty, without braces or whitespace"
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 impl fmt::Debug for RedisConfig {
@@ -276,6 +346,50 @@ mod tests {
         );
     }
 
+    /// `prefix=` in any URL form sets the key prefix (percent-decoded); a config that sets a
+    /// different one, a second `prefix=`, or a prefix that is not one, are refused.
+    #[test]
+    fn a_url_prefix_sets_the_key_prefix() {
+        let prefix = |config: RedisConfig| config.key_prefix(&config.target()?);
+        for (url, expected) in [
+            ("redis://127.0.0.1:6379/0?prefix=app1:", "app1:"),
+            ("redis://h?prefix=billing", "billing"),
+            (
+                "rediss://:s3cret@h:6380/2?protocol=resp3&prefix=a%2Fb",
+                "a/b",
+            ),
+            ("redis+unix:///run/redis.sock?db=2&prefix=jobs", "jobs"),
+            ("redis+sentinel://h:26379/main?db=1&prefix=app2", "app2"),
+            ("redis+cluster://a:7000,b:7001?prefix=app3", "app3"),
+            ("redis://h:6379/0", super::DEFAULT_PREFIX),
+            ("redis://h:6379/0?protocol=resp2", super::DEFAULT_PREFIX),
+        ] {
+            assert_eq!(prefix(RedisConfig::new(url)).unwrap(), expected, "{url}");
+        }
+        // The same value in both places is one setting; two values are refused.
+        let both = RedisConfig::new("redis://h?prefix=app1").prefix("app1");
+        assert_eq!(prefix(both).unwrap(), "app1");
+        let err = prefix(RedisConfig::new("redis://h?prefix=app1").prefix("app2")).unwrap_err();
+        assert!(
+            matches!(err, crate::Error::Store(crate::RedisSetupError::Config(_))),
+            "{err}"
+        );
+        assert!(err.to_string().contains("set it in one place"), "{err}");
+        for (url, reason) in [
+            ("redis://h?prefix=a%7Bb%7D", "without braces"),
+            ("redis://h?prefix=a%20b", "without braces or whitespace"),
+            ("redis://h?prefix=", "must be non-empty"),
+            ("redis://h?prefix", "names no prefix"),
+            ("redis://:s3cret@h?prefix=a&prefix=b", "given twice"),
+            ("redis+sentinel://h/m?prefix=a&prefix=b", "given twice"),
+            ("redis+cluster://h?prefix=a%7B", "without braces"),
+        ] {
+            let err = prefix(RedisConfig::new(url)).unwrap_err().to_string();
+            assert!(err.contains(reason), "{url}: {err}");
+            assert!(!err.contains("s3"), "{url}: {err}");
+        }
+    }
+
     /// The replicated forms are refused before any connection when a setting cannot apply.
     #[tokio::test]
     async fn replicated_forms_refuse_what_they_cannot_do() {
@@ -285,13 +399,19 @@ mod tests {
                 .connect()
                 .await
                 .unwrap_err();
-            assert!(matches!(err, crate::Error::Config(_)), "{url}: {err}");
+            assert!(
+                matches!(err, crate::Error::Store(crate::RedisSetupError::Config(_))),
+                "{url}: {err}"
+            );
             assert!(err.to_string().contains("no TLS support"), "{err}");
         }
         for url in ["rediss+sentinel://:s3cret@h/m", "REDISS+CLUSTER://h:7000"] {
             let err = RedisConfig::new(url).connect().await.unwrap_err();
             assert!(
-                matches!(err, crate::Error::InvalidUrl { .. }),
+                matches!(
+                    err,
+                    crate::Error::Store(crate::RedisSetupError::InvalidUrl { .. })
+                ),
                 "{url}: {err}"
             );
             assert!(err.to_string().contains("not supported yet"), "{err}");
@@ -301,7 +421,13 @@ mod tests {
             .connect()
             .await
             .unwrap_err();
-        assert!(matches!(err, crate::Error::InvalidUrl { .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                crate::Error::Store(crate::RedisSetupError::InvalidUrl { .. })
+            ),
+            "{err}"
+        );
         assert!(!err.to_string().contains("s3"), "{err}");
     }
 }

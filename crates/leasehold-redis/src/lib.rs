@@ -17,7 +17,7 @@ mod url;
 
 pub use config::{DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, RedisConfig};
 pub use conn::RedisConnection;
-pub use error::{Error, Result};
+pub use error::{Error, RedisSetupError, Result};
 pub use store::RedisStore;
 pub use url::{CLUSTER_SCHEME, ClusterUrl, SENTINEL_SCHEME, SentinelUrl};
 

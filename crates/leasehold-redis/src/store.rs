@@ -8,7 +8,7 @@ use std::time::Duration;
 use leasehold::skew;
 use leasehold::store::Operation as Op;
 use leasehold::{
-    Capabilities, FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
+    FencingToken, HolderId, LeaseName, LeaseState, Release, Store, StoreError,
     store::{Acquisition, ReleaseFeed, ReleaseSubscription, Renewal, StoreResult, within},
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -24,7 +24,7 @@ use crate::call::{
 };
 use crate::config::{DEFAULT_PREFIX, RedisConfig, Target};
 use crate::conn::{Conn, RedisConnection, SentinelLink};
-use crate::error::{Error, Result};
+use crate::error::{Error, RedisSetupError, Result};
 use crate::listener::{self, Source};
 use crate::scripts::{ACQUIRE, INSPECT, LuaScript, RELEASE, RENEW};
 
@@ -110,22 +110,25 @@ struct Setup {
     source: Source,
     /// The URL without its password.
     url: String,
+    /// The key prefix: the URL's `prefix=` or the config's.
+    prefix: String,
 }
 
 impl Setup {
     fn new(config: &RedisConfig) -> Result<Self> {
         config.validate()?;
         let url = config.describe();
-        let invalid = |e: RedisError| Error::InvalidUrl {
+        let invalid = |e: RedisError| RedisSetupError::InvalidUrl {
             url: url.clone(),
             reason: e.to_string(),
         };
         let target = config.target()?;
+        let prefix = config.key_prefix(&target)?;
         if config.tls_ca_pem.is_some() && !matches!(target, Target::Single) {
-            return Err(Error::Config(
+            return Err(RedisSetupError::Config(
                 "tls_ca_pem is for rediss:// urls: Sentinel and Cluster urls have no TLS support yet"
                     .into(),
-            ));
+            ).into());
         }
         match target {
             Target::Single => {}
@@ -152,6 +155,7 @@ impl Setup {
                     backend: Backend::Sentinel(link.clone()),
                     source: Source::Sentinel(link),
                     url,
+                    prefix,
                 });
             }
             Target::Cluster(target) => {
@@ -177,9 +181,11 @@ impl Setup {
                     },
                     source: Source::Nodes(pubsub_nodes),
                     url,
+                    prefix,
                 });
             }
         }
+        crate::config::check_database(&config.url)?;
         let client = open_client(config).map_err(invalid)?;
         #[cfg(feature = "tls")]
         if config.url.starts_with("rediss") {
@@ -202,6 +208,7 @@ impl Setup {
                 manager_config,
             },
             url,
+            prefix,
         })
     }
 
@@ -213,9 +220,12 @@ impl Setup {
                 manager_config,
             } => ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
                 .map(Conn::Single)
-                .map_err(|e| Error::InvalidUrl {
-                    url: self.url.clone(),
-                    reason: e.to_string(),
+                .map_err(|e| {
+                    RedisSetupError::InvalidUrl {
+                        url: self.url.clone(),
+                        reason: e.to_string(),
+                    }
+                    .into()
                 }),
             Backend::Sentinel(link) => Ok(Conn::Sentinel(link.clone())),
             Backend::Cluster { client, config } => Ok(Conn::Cluster(
@@ -254,23 +264,25 @@ impl Setup {
 impl RedisStore {
     pub(crate) fn open_lazy(config: RedisConfig) -> Result<Self> {
         let setup = Setup::new(&config)?;
+        let prefix = setup.prefix.clone();
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::Config(
+            return Err(RedisSetupError::Config(
                 "a lazily connecting redis store must be created within a tokio runtime".into(),
-            ));
+            )
+            .into());
         }
         let conn = setup.lazy_conn()?;
-        let channel = format!("{}:released", config.prefix);
+        let channel = format!("{prefix}:released");
         let op_timeout = config.max_op_timeout();
         let releases = config
             .notifications
             .then(|| listener::feed(setup.source.clone(), channel.clone(), &config, &setup.url));
-        tracing::debug!(url = %setup.url, prefix = %config.prefix, "connecting to redis in the background");
+        tracing::debug!(url = %setup.url, prefix = %prefix, "connecting to redis in the background");
         let (access_tx, access) = watch::channel(Access::Connecting);
         let store = Self {
             inner: Arc::new(Inner {
                 conn: RwLock::new(conn),
-                prefix: config.prefix,
+                prefix,
                 channel,
                 op_timeout,
                 op_timeout_from_ttl: config.op_timeout.is_none(),
@@ -292,25 +304,26 @@ impl RedisStore {
 
     pub(crate) async fn connect(config: RedisConfig) -> Result<Self> {
         let setup = Setup::new(&config)?;
+        let prefix = setup.prefix.clone();
         let url = setup.url.clone();
         let connect_err = |source| Error::Connect {
-            url: url.clone(),
+            store: url.clone(),
             source,
         };
         let op = Op::new("connect", None);
         let conn = tokio::time::timeout(config.connect_timeout * 3, setup.connect())
             .await
             .map_err(|_| connect_err(StoreError::Timeout(config.connect_timeout)))?
-            .map_err(|e| connect_err(classify(e, op, &config.prefix, &url)))?;
-        check_release(&mut RedisConnection(conn.clone()), &config.prefix)
+            .map_err(|e| connect_err(classify(e, op, &prefix, &url)))?;
+        check_release(&mut RedisConnection(conn.clone()), &prefix)
             .await
-            .map_err(|e| connect_err(classify(e, op, &config.prefix, &url)))?
+            .map_err(|e| connect_err(classify(e, op, &prefix, &url)))?
             .map_err(|source| Error::TooOld {
-                url: url.clone(),
+                store: url.clone(),
                 source,
             })?;
 
-        let channel = format!("{}:released", config.prefix);
+        let channel = format!("{prefix}:released");
         let op_timeout = config.max_op_timeout();
         let releases = config
             .notifications
@@ -319,11 +332,11 @@ impl RedisStore {
             // So the first release after `connect` is heard (if the server lets us subscribe).
             releases.first_attempt(config.connect_timeout).await;
         }
-        tracing::debug!(url = %url, prefix = %config.prefix, "connected to redis");
+        tracing::debug!(url = %url, prefix = %prefix, "connected to redis");
         Ok(Self {
             inner: Arc::new(Inner {
                 conn: RwLock::new(conn),
-                prefix: config.prefix,
+                prefix,
                 channel,
                 op_timeout,
                 op_timeout_from_ttl: config.op_timeout.is_none(),
@@ -869,6 +882,10 @@ fn is_auth_failure(e: &RedisError) -> bool {
     }
 }
 
+// No purge: every record expires by itself on the server (a lease when its ttl runs out, its
+// fencing counter a retention later). A tick is one script.
+leasehold::declare_capabilities!(RedisStore: SLOTS | MEMBERSHIP | CATALOG | TICK);
+
 impl Store for RedisStore {
     async fn acquire(
         &self,
@@ -996,12 +1013,6 @@ impl Store for RedisStore {
         }
     }
 
-    fn capabilities(&self) -> Capabilities {
-        // No purge: every record expires by itself on the server (a lease when its ttl runs
-        // out, its fencing counter a retention later). A tick is one script.
-        Capabilities::SLOTS | Capabilities::MEMBERSHIP | Capabilities::CATALOG | Capabilities::TICK
-    }
-
     /// One pipeline of renew scripts: one round trip for the batch (on a Redis Cluster, one
     /// renewal per lease, all at once).
     async fn renew_many(
@@ -1067,8 +1078,8 @@ impl RedisConfig {
     /// [`StoreError::Unavailable`](leasehold::StoreError::Unavailable) (or `Timeout` if the server
     /// does not answer at all), so a scheduler or a waiter can start while its store is down.
     ///
-    /// Fails only on a URL or setting that can never work ([`Error::InvalidUrl`],
-    /// [`Error::Config`]), or when called outside a Tokio runtime ([`Error::Config`]); never
+    /// Fails only on a URL or setting that can never work ([`RedisSetupError::InvalidUrl`],
+    /// [`RedisSetupError::Config`]), or when called outside a Tokio runtime ([`RedisSetupError::Config`]); never
     /// with [`Error::Connect`].
     pub fn connect_lazy(self) -> Result<RedisStore> {
         RedisStore::open_lazy(self)

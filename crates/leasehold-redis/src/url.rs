@@ -7,7 +7,7 @@ use std::fmt;
 use percent_encoding::percent_decode_str;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, RedisResult};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, RedisSetupError, Result};
 
 /// Scheme of a Sentinel URL.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel";
@@ -59,7 +59,7 @@ impl fmt::Debug for Credentials {
 }
 
 /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/MASTER[?db=N][&sentinel_user=U]
-/// [&sentinel_password=P]`: the sentinels (default port 26379) that know the primary named
+/// [&sentinel_password=P][&prefix=P]`: the sentinels (default port 26379) that know the primary named
 /// `MASTER`. The user and password are those of the primary and its replicas; the sentinels are
 /// asked with `sentinel_user`/`sentinel_password` (percent-encoded; a sentinel's `requirepass`),
 /// else without credentials.
@@ -71,18 +71,22 @@ pub struct SentinelUrl {
     pub master: String,
     /// The database to select on the primary.
     pub db: i64,
+    /// The key prefix the URL names (`prefix=`), if any.
+    pub prefix: Option<String>,
     pub(crate) credentials: Credentials,
     /// For the sentinels themselves.
     pub(crate) sentinel_credentials: Credentials,
 }
 
-/// `redis+cluster://[user:password@]host[:port][,host[:port]…]`: seed nodes of a Redis Cluster
-/// (default port 6379); the client learns the others from them. Database 0 only, as in every
-/// cluster.
+/// `redis+cluster://[user:password@]host[:port][,host[:port]…][?prefix=P]`: seed nodes of a
+/// Redis Cluster (default port 6379); the client learns the others from them. Database 0 only,
+/// as in every cluster.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClusterUrl {
     /// The seed nodes, in the URL's order.
     pub nodes: Vec<(String, u16)>,
+    /// The key prefix the URL names (`prefix=`), if any.
+    pub prefix: Option<String>,
     pub(crate) credentials: Credentials,
 }
 
@@ -96,10 +100,11 @@ struct Parts<'a> {
 }
 
 fn invalid(scheme: &str, reason: impl Into<String>) -> Error {
-    Error::InvalidUrl {
+    RedisSetupError::InvalidUrl {
         url: format!("{scheme}://…"),
         reason: reason.into(),
     }
+    .into()
 }
 
 fn decode(scheme: &str, s: &str, what: &str) -> Result<String> {
@@ -197,6 +202,34 @@ fn host_port(scheme: &str, s: &str, default_port: u16) -> Result<(String, u16)> 
     Ok((host.to_owned(), port))
 }
 
+/// Reads a `prefix=` parameter (percent-encoded) into `prefix`, which must not have one yet.
+fn set_prefix(prefix: &mut Option<String>, scheme: &str, value: &str) -> Result<()> {
+    if prefix.is_some() {
+        return Err(invalid(scheme, "prefix= is given twice"));
+    }
+    *prefix = Some(decode(scheme, value, "prefix")?);
+    Ok(())
+}
+
+/// The `prefix=` of a one-server URL (`redis://`, `rediss://`, `redis+unix://`, `unix://`),
+/// which the `redis` crate's parser passes over. `None` when the URL has none or does not
+/// parse (the driver then says why).
+pub(crate) fn single_server_prefix(url: &str) -> Result<Option<String>> {
+    let scheme = url.split_once("://").map_or("redis", |(s, _)| s);
+    let Some(query) = redis::parse_redis_url(url).and_then(|u| u.query().map(str::to_owned)) else {
+        return Ok(None);
+    };
+    let mut prefix = None;
+    for pair in query.split('&') {
+        if let Some(("prefix", value)) = pair.split_once('=') {
+            set_prefix(&mut prefix, scheme, value)?;
+        } else if pair == "prefix" {
+            return Err(invalid(scheme, "prefix= names no prefix"));
+        }
+    }
+    Ok(prefix)
+}
+
 fn hosts_display(hosts: &[(String, u16)]) -> String {
     hosts
         .iter()
@@ -232,8 +265,10 @@ impl SentinelUrl {
         let master = decode(s, parts.path, "primary's name")?;
         let mut db = 0;
         let mut sentinel_credentials = Credentials::default();
+        let mut prefix = None;
         for (key, value) in parts.query {
             match key {
+                "prefix" => set_prefix(&mut prefix, s, value)?,
                 "db" => {
                     db = value.parse().ok().filter(|d| *d >= 0).ok_or_else(|| {
                         invalid(s, format!("db={value:?} is not a database number"))
@@ -250,7 +285,7 @@ impl SentinelUrl {
                         s,
                         format!(
                             "unknown query parameter {other:?} (known: db, sentinel_user, \
-                             sentinel_password)"
+                             sentinel_password, prefix)"
                         ),
                     ));
                 }
@@ -260,6 +295,7 @@ impl SentinelUrl {
             sentinels: parts.hosts,
             master,
             db,
+            prefix,
             credentials: parts.credentials,
             sentinel_credentials,
         })
@@ -280,14 +316,21 @@ impl ClusterUrl {
                 ),
             ));
         }
-        if let Some((key, _)) = parts.query.first() {
-            return Err(invalid(
-                s,
-                format!("unknown query parameter {key:?} (a cluster url takes none)"),
-            ));
+        let mut prefix = None;
+        for (key, value) in parts.query {
+            match key {
+                "prefix" => set_prefix(&mut prefix, s, value)?,
+                other => {
+                    return Err(invalid(
+                        s,
+                        format!("unknown query parameter {other:?} (known: prefix)"),
+                    ));
+                }
+            }
         }
         Ok(Self {
             nodes: parts.hosts,
+            prefix,
             credentials: parts.credentials,
         })
     }

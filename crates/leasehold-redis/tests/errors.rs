@@ -8,7 +8,7 @@ use std::time::Duration;
 use leasehold::{
     FencingToken, HolderId, LeaseName, Release, Store, StoreError, store::Acquisition,
 };
-use leasehold_redis::{Error, RedisConfig};
+use leasehold_redis::{Error, RedisConfig, RedisSetupError};
 use leasehold_testkit::errors::everything_about;
 use leasehold_testkit::redis::OwnRedis;
 
@@ -269,7 +269,10 @@ async fn bad_urls_and_settings_are_refused() {
     let err = leasehold_redis::connect("http://127.0.0.1:6379")
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(RedisSetupError::InvalidUrl { .. })),
+        "{err:?}"
+    );
     let err = leasehold_redis::connect(&format!("redis://u:{SECRET}@[::1"))
         .await
         .unwrap_err();
@@ -279,7 +282,10 @@ async fn bad_urls_and_settings_are_refused() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(RedisSetupError::Config(_))),
+        "{err:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

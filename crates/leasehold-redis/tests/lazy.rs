@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use leasehold::{HolderId, LeaseName, Store, StoreError, store::Acquisition};
-use leasehold_redis::{Error, RedisConfig, RedisStore};
+use leasehold_redis::{Error, RedisConfig, RedisSetupError, RedisStore};
 use leasehold_testkit::redis::OwnRedis;
 
 fn name(tag: &str) -> LeaseName {
@@ -101,16 +101,25 @@ async fn a_refused_first_connection_is_retried_until_accepted() {
 #[tokio::test]
 async fn bad_urls_and_settings_fail_at_once() {
     let err = leasehold_redis::connect_lazy("http://127.0.0.1:6379").unwrap_err();
-    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(RedisSetupError::InvalidUrl { .. })),
+        "{err:?}"
+    );
     let err = RedisConfig::new(common::redis_url())
         .prefix("")
         .connect_lazy()
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(RedisSetupError::Config(_))),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn outside_a_runtime_is_a_config_error_not_a_panic() {
     let err = leasehold_redis::connect_lazy(&common::redis_url()).unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(RedisSetupError::Config(_))),
+        "{err:?}"
+    );
 }

@@ -64,10 +64,41 @@ function holder(id) {
   return h("span", { class: "holder", title: id }, short);
 }
 
-const STATE_TEXT = { running: "running", idle: "idle", paused: "paused", no_instance: "no instance" };
+const STATE_TEXT = { running: "running", idle: "idle", paused: "paused", no_instance: "no instance", failing: "failing" };
 
-function stateBadge(state) {
-  return h("span", { class: `badge state-${state}` }, STATE_TEXT[state] || state);
+/** A task's state; `failing` says how many runs failed in a row. */
+function stateBadge(task) {
+  const text = STATE_TEXT[task.state] || task.state;
+  const n = task.consecutive_failures || 0;
+  return h("span", { class: `badge state-${task.state}`, title: n ? `${n} runs failed in a row` : null },
+    task.state === "failing" ? `${text} (${n})` : text);
+}
+
+/** When the task last succeeded, for a task whose last runs failed. */
+function lastSuccess(task, now) {
+  if (!task.consecutive_failures) return null;
+  return h("span", { class: "small" }, "last success: ",
+    task.last_success_ms ? when(task.last_success_ms, now) : "none recorded");
+}
+
+/** The fleet shows only failing tasks with `?state=failing` (the checkbox above the table). */
+let onlyFailing = new URLSearchParams(location.search).get("state") === "failing";
+
+function failingFilter(tasks) {
+  const failing = tasks.filter((t) => t.consecutive_failures > 0).length;
+  return h("label", { class: "filter" },
+    h("input", {
+      type: "checkbox", id: "only-failing", checked: onlyFailing,
+      onchange: (e) => {
+        onlyFailing = e.target.checked;
+        const url = new URL(location.href);
+        if (onlyFailing) url.searchParams.set("state", "failing");
+        else url.searchParams.delete("state");
+        history.replaceState(null, "", url);
+        refreshNow();
+      },
+    }),
+    ` Only failing tasks (${failing})`);
 }
 
 function outcomeBadge(run) {
@@ -75,11 +106,36 @@ function outcomeBadge(run) {
   return h("span", { class: `badge outcome-${outcome}`, title: run.error || null }, outcome);
 }
 
-/** A task page's address, by the name people know (see shownName) when no other task has it. */
+/**
+ * `text` as one path segment. Browsers resolve `.` and `..` segments away, `%2E` included
+ * (WHATWG URL), so their dots are written `%252E`: names never hold `%`, and the sidecar reads a
+ * `%2E` left after decoding a path as a dot.
+ */
+function segment(text) {
+  return text === "." || text === ".." ? text.replace(/\./g, "%252E") : encodeURIComponent(text);
+}
+
+/** A task's API address: its name as one path segment. */
+function taskApi(name) {
+  return `/v1/tasks/${segment(name)}`;
+}
+
+/** The task named by a page address `/tasks/NAME`, as the sidecar reads it. */
+function taskOfPath(path) {
+  const m = /^\/tasks\/(.+)$/.exec(path);
+  if (!m) return null;
+  return decodeURIComponent(m[1]).replace(/%2E/gi, ".");
+}
+
+/**
+ * A task page's address, by the name people know (see shownName) when no other task has it:
+ * `/tasks/` and the name, each of its `/`-separated parts a segment, so `billing/expire` reads
+ * as itself.
+ */
 function taskHref(task, names) {
   const shown = shownName(task);
   const name = shown !== task.name && names && names.has(shown) ? task.name : shown;
-  return `/tasks/${encodeURIComponent(name).replace(/%3A/g, ":").replace(/%2F/g, "/")}`;
+  return `/tasks/${name.split("/").map((part) => segment(part).replace(/%3A/g, ":")).join("/")}`;
 }
 
 /** A `leasehold run --lease NAME` task is filed as `NAME:run`; people know it as NAME. */
@@ -253,7 +309,7 @@ async function act() {
   const a = ACTIONS[action];
   say(`${a.label} ${name}…`);
   try {
-    const r = await api("POST", `/v1/tasks/${encodeURIComponent(task)}/${action}`,
+    const r = await api("POST", `${taskApi(task)}/${action}`,
       a.body($("confirm-reason").value.trim()));
     say(a.done(name, r));
   } catch (e) {
@@ -307,6 +363,7 @@ function lastRun(run, now) {
   if (!run) return h("span", { class: "muted" }, "none yet");
   return h("div", { class: "stack" },
     h("span", {}, outcomeBadge(run), " ", when(run.started_ms ?? run.slot_ms, now)),
+    run.error ? h("span", { class: "small error" }, run.error) : null,
     h("span", { class: "small" }, "on ", holder(run.holder),
       run.duration_ms !== null && run.duration_ms !== undefined ? ` · ${span(run.duration_ms)}` : ""));
 }
@@ -343,7 +400,7 @@ function missedCell(task, names) {
   const cached = missCache.get(task.name);
   if (!cached || cached.count !== n) {
     missCache.set(task.name, { count: n, text: cached ? cached.text : "" });
-    api("GET", `/v1/tasks/${encodeURIComponent(task.name)}?limit=1`).then((d) => {
+    api("GET", `${taskApi(task.name)}?limit=1`).then((d) => {
       const reasons = new Map();
       for (const m of d.missed || []) reasons.set(m.reason, (reasons.get(m.reason) || 0) + (m.count || 1));
       const text = [...reasons].map(([r, c]) => `${c} ${r}`).join(", ");
@@ -364,9 +421,10 @@ function renderFleet(main, tasks, leases) {
     const g = t.definition && t.definition.leader_group;
     if (g) groups.set(g, [...(groups.get(g) || []), shownName(t)]);
   }
-  const taskRows = tasks.tasks.map((t) => [
+  const shown = onlyFailing ? tasks.tasks.filter((t) => t.consecutive_failures > 0) : tasks.tasks;
+  const taskRows = shown.map((t) => [
     h("a", { href: taskHref(t, names), class: "task-name" }, shownName(t)),
-    h("span", { class: "stack" }, stateBadge(t.state),
+    h("span", { class: "stack" }, stateBadge(t), lastSuccess(t, now),
       t.paused ? h("span", { class: "small" }, `by ${t.paused.by}${t.paused.reason ? ": " + t.paused.reason : ""}`) : null,
       t.trigger ? h("span", { class: "small" }, `trigger pending (${t.trigger.by})`) : null),
     owner(t, byName),
@@ -388,9 +446,11 @@ function renderFleet(main, tasks, leases) {
   main.replaceChildren(
     h("section", { id: "tasks", "aria-labelledby": "tasks-h" },
       h("h1", { id: "tasks-h" }, "Tasks"),
+      failingFilter(tasks.tasks),
       table("Tasks", ["Task", "State", "Leader / owner", "Last run", "Next due", "Missed (24 h)",
         "Instances", "Actions"], taskRows,
-      "No tasks in this store's catalog yet: start `leasehold run --every …` or a scheduler on this store.")),
+      onlyFailing ? "No task is failing." :
+        "No tasks in this store's catalog yet: start `leasehold run --every …` or a scheduler on this store.")),
     h("section", { id: "groups", "aria-labelledby": "groups-h" },
       h("h2", { id: "groups-h" }, "Leader groups"),
       table("Leader groups", ["Group", "Tasks", "Leader", "Token", "Remaining"], groupRows,
@@ -421,7 +481,7 @@ async function loadTimeline(figure, task, key) {
   const box = figure.querySelector(".timeline");
   try {
     const text = await api("GET",
-      `/v1/tasks/${encodeURIComponent(task.name)}/history.svg?limit=${HISTORY_LIMIT}`);
+      `${taskApi(task.name)}/history.svg?limit=${HISTORY_LIMIT}`);
     const doc = new DOMParser().parseFromString(text, "image/svg+xml");
     const svg = doc.documentElement;
     if (svg.nodeName !== "svg") throw new ApiFailure(0, "bad-svg", "the picture could not be read");
@@ -509,7 +569,7 @@ function renderTask(main, task, leases) {
     h("p", { class: "crumbs" }, h("a", { href: "/" }, "← All tasks")),
     h("section", { "aria-labelledby": "task-h" },
       h("div", { class: "title-row" },
-        h("h1", { id: "task-h" }, name, " ", stateBadge(task.state)),
+        h("h1", { id: "task-h" }, name, " ", stateBadge(task)),
         buttons(task)),
       facts([
         ["Task record", task.name !== name ? task.name : null],
@@ -525,6 +585,8 @@ function renderTask(main, task, leases) {
         ["Store down", d ? d.on_store_down : null],
         ["Catch-up", d && d.catch_up ? d.catch_up : null],
         ["Last run", task.last_run ? lastRun(task.last_run, now) : "none yet"],
+        ["Failed in a row", task.consecutive_failures ? String(task.consecutive_failures) : null],
+        ["Last success", task.last_success_ms ? when(task.last_success_ms, now) : task.last_run ? "none recorded" : null],
       ])),
     h("section", { "aria-labelledby": "timeline-h" },
       h("h2", { id: "timeline-h" }, "Timeline"), figure),
@@ -537,9 +599,9 @@ function renderTask(main, task, leases) {
         : h("p", { class: "muted" }, "No missed slots.")),
     h("section", { "aria-labelledby": "instances-h" },
       h("h2", { id: "instances-h" }, "Instances"),
-      table("Instances", ["Instance", "Live", "Heartbeat left", "Version", "Host", "PID"],
+      table("Instances", ["Instance", "Live", "Heartbeat left", "Via sidecar", "Version", "Host", "PID"],
         (task.instances || []).map((i) => [holder(i.instance), i.live ? "yes" : "no",
-          span(i.remaining_ms), i.version || "—", i.host || "—", i.pid ?? "—"]),
+          span(i.remaining_ms), i.via ? holder(i.via) : "—", i.version || "—", i.host || "—", i.pid ?? "—"]),
         "No instance has registered this task.")),
     h("section", { "aria-labelledby": "history-h" },
       h("h2", { id: "history-h" }, "Runs, newest first"),
@@ -556,8 +618,8 @@ let inFlight = false;
 let arrived = false;
 
 function route() {
-  const m = /^\/tasks\/(.+)$/.exec(location.pathname);
-  return m ? { task: decodeURIComponent(m[1]) } : {};
+  const task = taskOfPath(location.pathname);
+  return task === null ? {} : { task };
 }
 
 async function refresh() {
@@ -571,7 +633,7 @@ async function refresh() {
   try {
     const r = route();
     const [data, leases] = await Promise.all([
-      api("GET", r.task ? `/v1/tasks/${encodeURIComponent(r.task)}?limit=${HISTORY_LIMIT}` : "/v1/tasks"),
+      api("GET", r.task ? `${taskApi(r.task)}?limit=${HISTORY_LIMIT}` : "/v1/tasks"),
       api("GET", "/v1/leases"),
     ]);
     if (!$("confirm").open) {

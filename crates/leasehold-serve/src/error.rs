@@ -107,6 +107,10 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "cross-site", why)
     }
 
+    pub(crate) fn host_not_allowed(why: String) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "host-not-allowed", why)
+    }
+
     pub(crate) fn not_found() -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
@@ -127,12 +131,13 @@ impl ApiError {
         self.status == StatusCode::BAD_REQUEST
     }
 
-    /// A fleet operation's failure: an unknown task 404, a trigger nobody would take or a
-    /// contended control record 409, a store without a catalog 501, the store's own as
-    /// [`store`](Self::store).
+    /// A fleet operation's failure: a `by` or `reason` the text rule refuses 400 naming the
+    /// field, an unknown task 404, a trigger nobody would take or a contended control record
+    /// 409, a store without a catalog 501, the store's own as [`store`](Self::store).
     pub(crate) fn fleet(e: &leasehold::fleet::FleetError) -> Self {
         use leasehold::fleet::FleetError;
         let (status, code) = match e {
+            FleetError::Text(text) => return Self::field(text.field(), text.to_string()),
             FleetError::UnknownTask(_) => (StatusCode::NOT_FOUND, "unknown-task"),
             FleetError::NoInstance(_) => (StatusCode::CONFLICT, "no-instance"),
             FleetError::Contended(_) => (StatusCode::CONFLICT, "contended"),

@@ -6,22 +6,19 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, RawQuery, State};
-use leasehold::LeaseName;
 use leasehold::catalog::TriggerRequest;
 use leasehold::overview::{self, LeaseList, TaskDetail, TaskList, TaskSummary};
+use leasehold::{LeaseName, text};
 use serde::Deserialize;
 
-use crate::Sidecar;
 use crate::error::{ApiError, in_range, parse};
 use crate::leases::lease_name;
+use crate::sidecar::Sidecar;
 
 /// History entries a task's page shows when the request does not say.
 const DEFAULT_HISTORY: u64 = 50;
 /// The most lease records listed.
 const MAX_LEASES: usize = 1000;
-/// The longest `by` and `reason`.
-const MAX_BY: usize = 200;
-const MAX_REASON: usize = 2000;
 
 pub(crate) async fn tasks(State(sidecar): State<Sidecar>) -> Result<Json<TaskList>, ApiError> {
     let list = overview::tasks(&sidecar.0.fleet).await;
@@ -86,15 +83,19 @@ fn optional<T: serde::de::DeserializeOwned + Default>(
     }
 }
 
-/// Who asked: as the request says, else this sidecar.
-fn by(sidecar: &Sidecar, by: Option<String>) -> Result<String, ApiError> {
+/// Who asked: as the request says (checked with `reason` by the fleet, see
+/// `leasehold::text`), else this sidecar (by its pid if its holder prefix, which a library
+/// user may set to anything, breaks the rule).
+fn by(sidecar: &Sidecar, by: Option<String>) -> String {
     match by {
-        Some(by) if by.len() > MAX_BY => Err(ApiError::field(
-            "by",
-            format!("by must be at most {MAX_BY} bytes"),
-        )),
-        Some(by) if !by.trim().is_empty() => Ok(by),
-        _ => Ok(format!("api@{}", sidecar.0.holder)),
+        Some(by) if !by.trim().is_empty() => by,
+        _ => {
+            let by = format!("api@{}", sidecar.0.holder);
+            match text::BY.check(&by) {
+                Ok(()) => by,
+                Err(_) => format!("api@sidecar-{}", std::process::id()),
+            }
+        }
     }
 }
 
@@ -105,17 +106,7 @@ pub(crate) async fn pause(
 ) -> Result<Json<TaskSummary>, ApiError> {
     let task = lease_name("task", &task)?;
     let request: PauseRequest = optional(body)?;
-    if request
-        .reason
-        .as_ref()
-        .is_some_and(|r| r.len() > MAX_REASON)
-    {
-        return Err(ApiError::field(
-            "reason",
-            format!("reason must be at most {MAX_REASON} bytes"),
-        ));
-    }
-    let by = by(&sidecar, request.by)?;
+    let by = by(&sidecar, request.by);
     let paused = sidecar
         .0
         .fleet
@@ -149,7 +140,7 @@ pub(crate) async fn trigger(
 ) -> Result<Json<TriggerRequest>, ApiError> {
     let task = lease_name("task", &task)?;
     let request: TriggerBody = optional(body)?;
-    let by = by(&sidecar, request.by)?;
+    let by = by(&sidecar, request.by);
     let asked = sidecar.0.fleet.trigger(&task, &by).await;
     Ok(Json(sidecar.answered(asked)?))
 }

@@ -204,6 +204,15 @@ impl Tombstones {
         }
     }
 
+    /// Forgets the tombstones that are due, giving back the room of many gone at once.
+    fn forget_due(&mut self, now: Instant) {
+        self.sweep(now, MAX_TOMBSTONES);
+        if self.reasons.capacity() > 2 * self.reasons.len() + 64 {
+            self.reasons.shrink_to_fit();
+            self.order.shrink_to_fit();
+        }
+    }
+
     fn bury(&mut self, key: Key, reason: EndReason, now: Instant) {
         self.sweep(now, MAX_TOMBSTONES - 1);
         self.reasons.insert(key.clone(), reason);
@@ -327,7 +336,7 @@ impl Registry {
                     why: reason.as_str().to_owned(),
                 })
             {
-                self.record(&entry.name, record);
+                self.run_ended(&entry.name, record);
             }
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
@@ -347,9 +356,29 @@ impl Registry {
         lock(&self.entries).remove(&key);
     }
 
+    /// Forgets the ends remembered past their time, and gives back the room of many entries
+    /// gone at once.
+    pub(crate) fn forget_ended(&self) {
+        lock(&self.ended).forget_due(Instant::now());
+        let mut entries = lock(&self.entries);
+        if entries.capacity() > 2 * entries.len() + 64 {
+            entries.shrink_to_fit();
+        }
+    }
+
+    /// Entries held and ends remembered.
+    pub(crate) fn kept(&self) -> (usize, usize) {
+        (lock(&self.entries).len(), lock(&self.ended).reasons.len())
+    }
+
     /// Writes a run record in the background; a lost record never fails a request.
     pub(crate) fn record(&self, task: &LeaseName, record: RunRecord) {
         self.history.record(task, record);
+    }
+
+    /// Records a run's end (in the background) and counts it in the task's run series.
+    pub(crate) fn run_ended(&self, task: &LeaseName, record: RunRecord) {
+        leasehold::lifecycle::record_run_end(Some(&self.history), task, record);
     }
 
     /// Ends every entry (releasing its lease) and waits for the releases, at most `limit`.

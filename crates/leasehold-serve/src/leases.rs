@@ -1,6 +1,7 @@
 //! Leases and group leadership for applications: acquire, keepalive, watch, release, state,
 //! campaign, observe.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,13 +9,15 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use leasehold::{FencingToken, Lease, LeaseConfig, LeaseName, LeaseState, Store, TryAcquire};
+use leasehold::{
+    FencingToken, HolderId, Lease, LeaseConfig, LeaseName, LeaseState, Store, TryAcquire,
+};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::error::{ApiError, EndReason, in_range, not_null, parse};
 use crate::held::{Entry, Found, Grant, ms};
-use crate::{Shared, Sidecar};
+use crate::sidecar::{Shared, Sidecar};
 
 /// The longest ttl or keepalive: a day.
 pub(crate) const MAX_TTL_MS: u64 = 86_400_000;
@@ -28,8 +31,39 @@ const MAX_WAIT_MS: u64 = 300_000;
 const MAX_WATCH_MS: u64 = 60_000;
 const DEFAULT_WATCH_MS: u64 = 30_000;
 
-pub(crate) fn lease_name(field: &str, name: &str) -> Result<LeaseName, ApiError> {
+/// A lease, group or task name from the request path (`{name}`, `{group}`, `{task}`, the
+/// page's `/tasks/NAME`), which the router has percent-decoded. A `%2E` left after that stands
+/// for a dot: a `.` or `..` segment is sent as `%252E` / `%252E%252E`, because browsers and
+/// HTTP clients resolve those segments away, `%2E` included (WHATWG URL), before the request
+/// is sent. Names never hold `%`, so this reads no name two ways; nothing else is decoded again,
+/// so any other `%` is refused as before.
+pub(crate) fn lease_name(field: &str, segment: &str) -> Result<LeaseName, ApiError> {
+    let name = if segment.contains('%') {
+        Cow::Owned(segment.replace("%2E", ".").replace("%2e", "."))
+    } else {
+        Cow::Borrowed(segment)
+    };
+    name_field(field, &name)
+}
+
+/// A name from a request body, exactly as given.
+pub(crate) fn name_field(field: &str, name: &str) -> Result<LeaseName, ApiError> {
     LeaseName::new(name).map_err(|e| ApiError::field(field, format!("{field}: {e}")))
+}
+
+/// The application instance a request speaks for (`instance`): the one rule for text an
+/// operator reads ([`leasehold::text::INSTANCE`]), and no whitespace, as a holder id.
+pub(crate) fn instance_field(text: &str) -> Result<HolderId, ApiError> {
+    let field = leasehold::text::INSTANCE;
+    field
+        .check(text)
+        .map_err(|e| ApiError::field(field.name, e.to_string()))?;
+    HolderId::new(text).map_err(|_| {
+        ApiError::field(
+            field.name,
+            "instance must be 1 to 100 bytes without whitespace",
+        )
+    })
 }
 
 pub(crate) fn token(text: &str) -> Result<FencingToken, ApiError> {
@@ -73,6 +107,8 @@ struct AcquireRequest {
     keepalive_ms: Option<u64>,
     #[serde(default, deserialize_with = "not_null")]
     holder: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    instance: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -131,7 +167,19 @@ async fn take(
             ));
         }
     }
-    let holder = shared.holder_id(request.holder.as_deref());
+    let instance = request
+        .instance
+        .as_deref()
+        .map(instance_field)
+        .transpose()?;
+    // The holder names the application instance first: `LABEL@INSTANCE@SIDECAR#N`.
+    let label = match (&request.holder, &instance) {
+        (Some(label), Some(instance)) => Some(format!("{label}@{instance}")),
+        (label, instance) => label
+            .clone()
+            .or_else(|| instance.as_ref().map(|i| i.to_string())),
+    };
+    let holder = shared.holder_id(label.as_deref());
     let lease = Lease::held_as(shared.store.clone(), name.clone(), config, holder)
         .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
     let attempt = lease.try_acquire().await;

@@ -45,8 +45,10 @@
 //! typed: `unknown-task` 404, `no-instance` 409 (a trigger nobody would take), `no-catalog` 501.
 //!
 //! Ticks register their task in the catalog (source `sidecar`, with its schedule and policy,
-//! this sidecar as an instance) for as long as they keep coming: twice the interval plus the
-//! ttl. A paused task's ticks answer `run: false, reason: "paused"`; a trigger is taken by the
+//! and as an instance the application replica the tick names in `instance`, `via` this sidecar,
+//! or this sidecar itself for a tick that names none) for as long as they keep coming: twice
+//! the interval plus the ttl, for each instance on its own. Run and lease holders start with
+//! the instance (`INSTANCE@SIDECAR#N`). A paused task's ticks answer `run: false, reason: "paused"`; a trigger is taken by the
 //! task's next tick on an instance that may run it, which answers `run: true, trigger:
 //! "manual"` (the application hears of it only when it ticks). A grant that does not follow the
 //! previous firing granted by this sidecar records the slots in between that nobody ran as
@@ -70,12 +72,24 @@
 //! by `max_wait`. A request with both `Content-Length` and `Transfer-Encoding` is refused
 //! (400, connection closed): a proxy in front might have framed it differently.
 //!
+//! ## Where it answers
+//!
+//! Without a token, every request (any route, method or headers) must name the sidecar in its
+//! `Host` by a loopback address, `localhost`, a `*.localhost` name or one of
+//! [`SidecarConfig::allowed_hosts`] (`leasehold serve --allow-host`); others get 403
+//! `host-not-allowed`, so a web page cannot reach it through a DNS name of its own rebound to
+//! 127.0.0.1. See [`Sidecar::router`] for requests without `Host`, tokens and unix sockets.
+//!
+//! Names in paths are one segment each (`/` as `%2F`), and a `%2E` left after decoding is a dot
+//! (names never hold `%`): a name that is `.` or `..`, which clients resolve away even as `%2E`,
+//! is sent as `%252E` / `%252E%252E`. So every valid name can be addressed.
+//!
 //! ## The page
 //!
 //! `GET /` is a live page of the fleet for a person: the tasks of the store's catalog (state,
 //! leader or owner, last run, next due slot, missed slots of the last 24 h and why, instances),
-//! leader groups and leases (holder, fencing token, time left), and per task (`/tasks/NAME`)
-//! its run history as the timeline picture `leasehold history --svg` draws (served at
+//! leader groups and leases (holder, fencing token, time left), and per task (`/tasks/NAME`, each
+//! `/`-separated part of the name a segment, `.` and `..` parts written as above) its run history as the timeline picture `leasehold history --svg` draws (served at
 //! `GET /v1/tasks/{task}/history.svg`) above the runs, newest first, with Pause, Resume and
 //! Trigger buttons that ask for confirmation. It reads the fleet endpoints once a second rather
 //! than over server-sent events: `EventSource` cannot send the bearer token, and a poll is a
@@ -100,23 +114,26 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-mod catalog;
+mod assets;
 mod error;
 mod fleet;
 mod held;
+mod hosts;
 mod leases;
+mod listen;
 mod page;
 mod prometheus;
+mod series;
 mod server;
+mod sidecar;
 mod ticks;
 
+pub use hosts::{AllowedHost, BadHost};
+pub use listen::{BadListen, Listen};
 pub use server::ServeConfig;
+pub use sidecar::{Kept, Sidecar, SidecarConfig};
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -126,29 +143,11 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use leasehold::fleet::Fleet;
-use leasehold::gate::{Campaigns, StoreClock};
-use leasehold::history::{DEFAULT_HISTORY_LIMIT, HistoryWriter};
-use leasehold::{BoxStore, CancellationToken, HolderId, Purge, Store, StoreDownPolicy};
+use leasehold::{BoxStore, CancellationToken, Purge, Store};
 use serde::Serialize;
 
-use crate::catalog::Registrations;
 use crate::error::{ApiError, MAX_BODY};
-use crate::held::Registry;
 pub use crate::prometheus::{Metrics, MetricsError, MetricsListener};
-
-/// How long a history write may take before it is given up.
-const HISTORY_WRITE_LIMIT: Duration = Duration::from_secs(5);
-
-/// The holder id of a sidecar's campaigns for tick groups.
-fn group_holder(holder: &str) -> HolderId {
-    HolderId::new(format!("{holder}#group")).unwrap_or_else(|_| HolderId::generate())
-}
-
-/// The instance id a sidecar registers its ticked tasks under in the catalog.
-fn catalog_instance(holder: &str) -> HolderId {
-    HolderId::new(holder).unwrap_or_else(|_| HolderId::generate())
-}
 
 /// Worker threads of `leasehold serve`'s runtime unless `--threads` says otherwise. One thread
 /// serves the API fastest on a small machine: with two, a request and the store connection it
@@ -161,148 +160,31 @@ pub const DEFAULT_THREADS: usize = 1;
 /// The API's OpenAPI 3 document, as served at `GET /openapi.json`.
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
-/// How a sidecar behaves.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct SidecarConfig {
-    /// The holder id leases are taken under; each grant adds `#N`. Default `HOSTNAME-PID`.
-    pub holder: String,
-    /// What a tick does while the store cannot answer, unless the tick says.
-    pub on_store_down: StoreDownPolicy,
-    /// The longest any request waits (acquire's `wait_ms`, watch, observe): a long-poll
-    /// answers by then, below the idle timeout of a proxy in between. Default 5 minutes.
-    pub max_wait: Duration,
-    /// The recorder `GET /metrics` renders; without one that path answers 404. Default none.
-    pub metrics: Option<Metrics>,
-}
-
-impl Default for SidecarConfig {
-    fn default() -> Self {
-        Self {
-            holder: format!("{}-{}", leasehold::host_name(), std::process::id()),
-            on_store_down: StoreDownPolicy::FailClosed,
-            max_wait: Duration::from_secs(300),
-            metrics: None,
-        }
-    }
-}
-
-impl SidecarConfig {
-    /// Sets the holder id prefix.
-    pub fn holder(mut self, holder: impl Into<String>) -> Self {
-        self.holder = holder.into();
-        self
-    }
-
-    /// Caps every wait a request asks for.
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = max_wait;
-        self
-    }
-
-    /// Serves `metrics` at `GET /metrics`.
-    pub fn metrics(mut self, metrics: Metrics) -> Self {
-        self.metrics = Some(metrics);
-        self
-    }
-
-    /// Sets the default store-down policy of ticks.
-    pub fn on_store_down(mut self, policy: StoreDownPolicy) -> Self {
-        self.on_store_down = policy;
-        self
-    }
-}
-
-/// A sidecar's state: what it holds for applications. Cheap to clone.
-#[derive(Clone)]
-pub struct Sidecar(Arc<Shared>);
-
-struct Shared {
-    store: BoxStore,
-    /// The catalog and control the fleet endpoints read and write.
-    fleet: Fleet<BoxStore>,
-    holder: String,
-    seq: AtomicU64,
-    on_store_down: StoreDownPolicy,
-    max_wait: Duration,
-    metrics: Option<Metrics>,
-    registry: Arc<Registry>,
-    /// Leadership of the groups applications tick in.
-    campaigns: Campaigns<BoxStore>,
-    /// Where runs and misses are recorded.
-    history: HistoryWriter,
-    /// The ticked tasks' registrations in the store's catalog.
-    catalog: Arc<Registrations>,
-    /// The store's clock as the last tick read it, to name the next tick's slot.
-    clock: StoreClock,
-    /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last request that asked found it.
-    store_state: AtomicU8,
-    stop: CancellationToken,
-}
-
-const STORE_UNKNOWN: u8 = 0;
-const STORE_UP: u8 = 1;
-const STORE_DOWN: u8 = 2;
-
-impl Shared {
-    /// A holder id of its own for one grant, so two grants of one sidecar never share a
-    /// tenure (a re-acquire by the same holder would end the older one).
-    fn holder_id(&self, label: Option<&str>) -> HolderId {
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        let id = match label {
-            Some(label) => format!("{label}@{}#{n}", self.holder),
-            None => format!("{}#{n}", self.holder),
-        };
-        HolderId::new(id).unwrap_or_else(|_| self.fallback_holder(n))
-    }
-
-    fn fallback_holder(&self, n: u64) -> HolderId {
-        HolderId::new(format!("sidecar-{}#{n}", std::process::id()))
-            .unwrap_or_else(|_| HolderId::generate())
-    }
-
-    /// Notes whether the store answered (`failed` is true for an unreachable store).
-    fn saw_store(&self, failed: bool) {
-        let state = if failed { STORE_DOWN } else { STORE_UP };
-        self.store_state.store(state, Ordering::Relaxed);
-    }
-}
-
+/// The HTTP API over a sidecar's state: here, above the handlers it routes to.
 impl Sidecar {
-    /// A sidecar on `store`.
-    pub fn new(store: BoxStore, config: SidecarConfig) -> Self {
-        let stop = CancellationToken::new();
-        let history =
-            HistoryWriter::spawn(store.clone(), DEFAULT_HISTORY_LIMIT, HISTORY_WRITE_LIMIT);
-        let group_holder = group_holder(&config.holder);
-        Self(Arc::new(Shared {
-            registry: Arc::new(Registry::new(history.clone(), stop.clone())),
-            campaigns: Campaigns::new(store.clone(), group_holder, stop.clone()),
-            catalog: Arc::new(Registrations::new(
-                store.clone(),
-                catalog_instance(&config.holder),
-                stop.clone(),
-            )),
-            history,
-            fleet: Fleet::new(store.clone()),
-            clock: StoreClock::new(),
-            store,
-            holder: config.holder,
-            seq: AtomicU64::new(0),
-            on_store_down: config.on_store_down,
-            max_wait: config.max_wait,
-            metrics: config.metrics,
-            store_state: AtomicU8::new(STORE_UNKNOWN),
-            stop,
-        }))
-    }
-
     /// The HTTP API and the live page. With `auth_token`, every request but `/healthz`,
     /// `/openapi.json`, `/metrics` and the page's own files (`/`, `/tasks/NAME`, `/assets/…`,
     /// which carry no data) must carry `Authorization: Bearer TOKEN`. (The token grants taking and
     /// releasing leases; a scraper needs none of that, and metrics carry counts and task names,
     /// never holders, tokens or store credentials.)
+    ///
+    /// Without `auth_token`, every request (any route, method and headers) whose `Host` is not
+    /// a loopback address, `localhost`, a `*.localhost` name or one of
+    /// [`SidecarConfig::allowed_hosts`] is refused with 403 (`host-not-allowed`): else a web
+    /// page could read and drive the sidecar through a DNS name of its own that resolves to
+    /// 127.0.0.1 (DNS rebinding). A request without `Host` (HTTP/1.0) is served: browsers always
+    /// send one. [`serve`] on a unix socket leaves this check out (no browser connects there, and
+    /// clients put anything in `Host`).
     pub fn router(&self, auth_token: Option<String>) -> Router {
+        self.app(auth_token, true)
+    }
+
+    /// The router, with the `Host` check (without a token) or without it (a unix socket).
+    fn app(&self, auth_token: Option<String>, host_check: bool) -> Router {
+        let hosts = hosts::HostRule::new(
+            host_check && auth_token.is_none(),
+            self.0.allowed_hosts.clone(),
+        );
         let api = Router::new()
             .route("/v1/tasks", get(fleet::tasks))
             .route("/v1/tasks/{task}", get(fleet::task))
@@ -328,32 +210,21 @@ impl Sidecar {
         Router::new()
             .route("/healthz", get(health))
             .route("/openapi.json", get(openapi))
-            .route("/metrics", get(prometheus::sidecar_scrape))
-            .route("/", get(page::index))
+            .route("/metrics", get(sidecar_scrape))
+            .route("/", get(assets::index))
             .route("/tasks/{*task}", get(page::task_page))
-            .route("/assets/page.js", get(page::script))
-            .route("/assets/page.css", get(page::style))
+            .route("/assets/page.js", get(assets::script))
+            .route("/assets/page.css", get(assets::style))
             .merge(api)
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(hosts),
+                hosts::check_host,
+            ))
             .layer(axum::middleware::from_fn(prometheus::count_request))
             .layer(DefaultBodyLimit::max(MAX_BODY))
             .with_state(self.clone())
-    }
-
-    /// Releases every lease and run held for applications and steps down from every group,
-    /// waiting at most `limit`. Later calls about them answer 410 (released).
-    pub async fn shut_down(&self, limit: Duration) {
-        self.0.stop.cancel();
-        let registry = self.0.registry.shut_down(limit);
-        let groups = self.0.campaigns.shut_down(limit);
-        let catalog = self.0.catalog.shut_down(limit);
-        tokio::join!(registry, groups, catalog);
-    }
-
-    /// Leases and runs held for applications now.
-    pub fn held(&self) -> u64 {
-        self.0.registry.live()
     }
 }
 
@@ -362,7 +233,7 @@ async fn authorize(
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(why) = cross_site(request.headers(), token.is_some()) {
+    if let Some(why) = cross_site(request.headers()) {
         return ApiError::cross_site(why).into_response();
     }
     if let Some(token) = token.as_deref() {
@@ -380,11 +251,11 @@ async fn authorize(
 }
 
 /// Why a request a browser sent on behalf of another site is refused, if it is one. Any page a
-/// browser on this machine opens can post to a loopback sidecar (a form needs no preflight), or
-/// reach it under a DNS name of its own rebound to 127.0.0.1. Browsers say where such requests
-/// come from: `Origin` must be the sidecar itself, under the name it was reached by, and without
-/// a token that name must be a loopback one. Clients that are not browsers send no `Origin`.
-fn cross_site(headers: &HeaderMap, token_set: bool) -> Option<String> {
+/// browser on this machine opens can post to a loopback sidecar (a form needs no preflight).
+/// Browsers say where such requests come from: `Origin` must be the sidecar itself, under the
+/// name it was reached by (which `hosts` has checked). Clients that are not browsers send no
+/// `Origin`.
+fn cross_site(headers: &HeaderMap) -> Option<String> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if text("sec-fetch-site") == Some("cross-site") {
         return Some("requests from another site's pages are refused".into());
@@ -395,31 +266,11 @@ fn cross_site(headers: &HeaderMap, token_set: bool) -> Option<String> {
         .or_else(|| origin.strip_prefix("https://"));
     let host = text(HOST.as_str()).unwrap_or("");
     match authority {
-        Some(a) if a.eq_ignore_ascii_case(host) => {}
-        _ => {
-            return Some(format!(
-                "requests from another site's pages are refused (Origin {origin} is not this sidecar)"
-            ));
-        }
+        Some(a) if a.eq_ignore_ascii_case(host) => None,
+        _ => Some(format!(
+            "requests from another site's pages are refused (Origin {origin} is not this sidecar)"
+        )),
     }
-    if !token_set && !is_loopback_name(host) {
-        return Some(format!(
-            "without an auth token the sidecar answers browsers only under a loopback address (this page came from {origin}; open it at 127.0.0.1 or localhost)"
-        ));
-    }
-    None
-}
-
-/// Whether `host` (a Host header: name or address, with an optional port) names this machine.
-fn is_loopback_name(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Compares without stopping at the first difference, so timing does not reveal the token.
@@ -436,17 +287,21 @@ struct Health {
 }
 
 async fn health(State(sidecar): State<Sidecar>) -> axum::Json<Health> {
-    let reachable = match sidecar.0.store_state.load(Ordering::Relaxed) {
-        STORE_UP => Some(true),
-        STORE_DOWN => Some(false),
-        _ => None,
-    };
     axum::Json(Health {
         status: "ok",
         store: sidecar.0.store.describe(),
-        store_reachable: reachable,
+        store_reachable: sidecar.store_reachable(),
         held: sidecar.held(),
     })
+}
+
+/// The sidecar's `GET /metrics`: 404 for a sidecar without a recorder.
+async fn sidecar_scrape(State(sidecar): State<Sidecar>) -> Response {
+    let Some(metrics) = sidecar.0.metrics.clone() else {
+        return ApiError::not_found().into_response();
+    };
+    metrics::gauge!("leasehold_sidecar_held").set(sidecar.held() as f64);
+    prometheus::scrape(State(metrics)).await
 }
 
 async fn openapi() -> Response {
@@ -455,8 +310,8 @@ async fn openapi() -> Response {
 
 /// A browser's navigation to an unknown path gets the page's 404; anything else the API's.
 async fn not_found(request: Request) -> Response {
-    if page::wants_html(&request) {
-        page::not_found_page()
+    if assets::wants_html(&request) {
+        assets::not_found_page()
     } else {
         ApiError::not_found().into_response()
     }
@@ -464,55 +319,6 @@ async fn not_found(request: Request) -> Response {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::method_not_allowed()
-}
-
-/// Where the sidecar listens: a TCP address or a unix socket (`unix:/path`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Listen {
-    /// A TCP address.
-    Tcp(SocketAddr),
-    /// A unix socket's path.
-    Unix(PathBuf),
-}
-
-/// A `--listen` value that is neither `HOST:PORT` with an IP address nor `unix:/path`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("listen address {0:?} is neither IP:PORT (e.g. 127.0.0.1:7070) nor unix:/path/to.sock")]
-pub struct BadListen(String);
-
-impl FromStr for Listen {
-    type Err = BadListen;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err(BadListen(s.to_owned()));
-            }
-            return Ok(Self::Unix(PathBuf::from(path)));
-        }
-        s.parse()
-            .map(Self::Tcp)
-            .map_err(|_| BadListen(s.to_owned()))
-    }
-}
-
-impl Listen {
-    /// Whether only this host can connect: a loopback address or a unix socket.
-    pub fn is_local(&self) -> bool {
-        match self {
-            Self::Tcp(addr) => addr.ip().is_loopback(),
-            Self::Unix(_) => true,
-        }
-    }
-}
-
-impl std::fmt::Display for Listen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Tcp(addr) => write!(f, "http://{addr}"),
-            Self::Unix(path) => write!(f, "unix:{}", path.display()),
-        }
-    }
 }
 
 /// Serves `sidecar` on `listen` until `shutdown` completes, then stops taking connections,
@@ -535,7 +341,7 @@ pub async fn serve(
             ),
         ));
     }
-    let app = sidecar.router(config.auth_token.clone());
+    let app = sidecar.app(config.auth_token.clone(), matches!(listen, Listen::Tcp(_)));
     let stop = sidecar.0.stop.clone();
     let on_shutdown = stop.clone();
     let watch = async move {
@@ -552,7 +358,7 @@ pub async fn serve(
                 server::run(listener, app, &config, stop).await;
             }
             Listen::Unix(path) => {
-                let listener = bind_unix(path)?;
+                let listener = listen::bind_unix(path)?;
                 tokio::spawn(purge_hourly(sidecar.0.store.clone(), stop.clone()));
                 server::run(listener, app, &config, stop).await;
             }
@@ -581,19 +387,5 @@ async fn purge_hourly(store: BoxStore, stop: CancellationToken) {
             Err(leasehold::StoreError::Unsupported(_)) => return,
             Err(e) => tracing::debug!(error = %e, "purge failed; trying again in an hour"),
         }
-    }
-}
-
-/// Binds a unix socket, replacing a stale socket file that nobody listens on.
-fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
-    match tokio::net::UnixListener::bind(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(e);
-            }
-            std::fs::remove_file(path)?;
-            tokio::net::UnixListener::bind(path)
-        }
-        other => other,
     }
 }

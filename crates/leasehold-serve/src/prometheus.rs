@@ -1,7 +1,9 @@
 //! `GET /metrics` in the Prometheus text format: the engine's metrics (docs/metrics.md) and the
-//! sidecar's own, through the `metrics` facade and metrics-exporter-prometheus' recorder.
+//! sidecar's own, through the `metrics` facade and the recorder of [`crate::series`] (whose
+//! series about a task or group end with it, and whose task and group names are capped).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -11,13 +13,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics::Unit;
-use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use tokio::time::Instant;
 
 use leasehold::CancellationToken;
 
-use crate::error::ApiError;
-use crate::{Listen, ServeConfig, Sidecar, server};
+use crate::hosts::{HostRule, check_host};
+use crate::listen::{Listen, bind_unix};
+use crate::series::{MAX_NAMES, Series, SeriesRecorder};
+use crate::server::{self, ServeConfig};
 
 /// Histogram buckets, in seconds: from a store's sub-millisecond answer to a 5-minute long-poll.
 const BUCKETS: &[f64] = &[
@@ -25,8 +28,8 @@ const BUCKETS: &[f64] = &[
     120.0, 300.0,
 ];
 
-/// How often histogram samples are folded into their buckets between scrapes, so memory stays
-/// bounded when nobody scrapes.
+/// How often the series of given-up tasks and groups are removed between scrapes, so memory
+/// stays bounded when nobody scrapes.
 const UPKEEP: Duration = Duration::from_secs(5);
 
 /// The Prometheus text format's content type.
@@ -38,7 +41,7 @@ const UNMATCHED: &str = "unmatched";
 /// The process's Prometheus recorder: what `GET /metrics` renders. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    handle: PrometheusHandle,
+    series: Arc<Series>,
 }
 
 /// Why [`Metrics::install`] failed.
@@ -46,8 +49,8 @@ pub struct Metrics {
 #[non_exhaustive]
 pub enum MetricsError {
     /// The recorder could not be installed: another one is (there is one per process).
-    #[error("cannot install the Prometheus recorder")]
-    Install(#[source] BuildError),
+    #[error("cannot install the Prometheus recorder: the process has a metrics recorder already")]
+    Install,
     /// Not called within a tokio runtime, which runs the recorder's upkeep.
     #[error("the metrics recorder needs a tokio runtime for its upkeep")]
     NoRuntime,
@@ -59,26 +62,29 @@ impl Metrics {
     /// runtime. Once per process.
     pub fn install() -> Result<Self, MetricsError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| MetricsError::NoRuntime)?;
-        let handle = PrometheusBuilder::new()
-            .set_buckets(BUCKETS)
-            .and_then(PrometheusBuilder::install_recorder)
-            .map_err(MetricsError::Install)?;
+        let series = Arc::new(Series::new(BUCKETS, MAX_NAMES));
+        metrics::set_global_recorder(SeriesRecorder(series.clone()))
+            .map_err(|_| MetricsError::Install)?;
         leasehold::describe_metrics();
         describe_sidecar_metrics();
-        let upkeep = handle.clone();
+        let upkeep = Arc::downgrade(&series);
         runtime.spawn(async move {
             loop {
                 tokio::time::sleep(UPKEEP).await;
-                upkeep.run_upkeep();
+                match upkeep.upgrade() {
+                    Some(series) => series.sweep(),
+                    None => break,
+                }
             }
         });
-        Ok(Self { handle })
+        Ok(Self { series })
     }
 
-    /// Every metric recorded so far, in the Prometheus text format.
+    /// Every metric recorded so far, in the Prometheus text format, without the series of
+    /// tasks and groups given up.
     pub fn render(&self) -> String {
-        self.handle.run_upkeep();
-        self.handle.render()
+        self.series.sweep();
+        self.series.render()
     }
 
     /// A router that serves `GET /metrics` and nothing else (404 for any other path).
@@ -89,11 +95,13 @@ impl Metrics {
     }
 
     /// Binds `listen` for a listener that serves only `GET /metrics` (see
-    /// [`MetricsListener::serve`]); fails at once if the address is taken.
+    /// [`MetricsListener::serve`]); fails at once if the address is taken. On a loopback
+    /// address it answers only requests whose `Host` is a loopback address or `localhost` (as
+    /// [`Sidecar::router`](crate::Sidecar::router) without a token).
     pub async fn listen(&self, listen: &Listen) -> std::io::Result<MetricsListener> {
         let bound = match listen {
             Listen::Tcp(addr) => Bound::Tcp(tokio::net::TcpListener::bind(addr).await?),
-            Listen::Unix(path) => Bound::Unix(crate::bind_unix(path)?),
+            Listen::Unix(path) => Bound::Unix(bind_unix(path)?),
         };
         Ok(MetricsListener {
             metrics: self.clone(),
@@ -128,23 +136,21 @@ impl MetricsListener {
             on_shutdown.cancel();
         });
         match self.bound {
-            Bound::Tcp(listener) => server::run(listener, app, &config, stop).await,
+            Bound::Tcp(listener) => {
+                // On loopback, only under a loopback name, as the sidecar without a token: a
+                // web page could otherwise read the task names through DNS rebinding.
+                let local = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
+                let hosts = Arc::new(HostRule::new(local, Vec::new()));
+                let app = app.layer(axum::middleware::from_fn_with_state(hosts, check_host));
+                server::run(listener, app, &config, stop).await;
+            }
             Bound::Unix(listener) => server::run(listener, app, &config, stop).await,
         }
     }
 }
 
-async fn scrape(State(metrics): State<Metrics>) -> Response {
+pub(crate) async fn scrape(State(metrics): State<Metrics>) -> Response {
     ([(CONTENT_TYPE, TEXT_FORMAT)], metrics.render()).into_response()
-}
-
-/// The sidecar's `GET /metrics`: 404 for a sidecar without a recorder.
-pub(crate) async fn sidecar_scrape(State(sidecar): State<Sidecar>) -> Response {
-    let Some(metrics) = sidecar.0.metrics.clone() else {
-        return ApiError::not_found().into_response();
-    };
-    metrics::gauge!("leasehold_sidecar_held").set(sidecar.held() as f64);
-    scrape(State(metrics)).await
 }
 
 /// Counts every request by its route template (`/v1/leases/{name}/acquire`, never the raw path)
@@ -191,5 +197,10 @@ fn describe_sidecar_metrics() {
     metrics::describe_gauge!(
         "leasehold_sidecar_held",
         "Leases and runs held for applications now."
+    );
+    metrics::describe_counter!(
+        crate::series::DROPPED,
+        "Series about a task or group not kept because as many task and group names as the cap \
+         allows had series."
     );
 }

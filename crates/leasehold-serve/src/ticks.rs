@@ -8,23 +8,28 @@
 //! `leasehold run` on the same task see the same runs.
 
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use leasehold::catalog::{Control, TaskDefinition, TaskSource};
-use leasehold::gate::{Decision, Due, Gate, Reading, Skip, Ticket};
-use leasehold::history::{self, RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
-use leasehold::{Lease, LeaseConfig, LeaseName, Schedule, ScheduleError, StoreDownPolicy, Trigger};
+use leasehold::catalog::TaskSource;
+use leasehold::gate::{Gate, Skip, Ticket};
+use leasehold::history::{RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
+use leasehold::lifecycle::{Fired, TaskPlan};
+use leasehold::presence::idle_expiry;
+use leasehold::{
+    CatchUp, HolderId, Lease, LeaseConfig, LeaseName, Schedule, ScheduleError, StoreDownPolicy,
+    Trigger,
+};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::Sidecar;
 use crate::error::{ApiError, EndReason, in_range, not_null, parse};
 use crate::held::{Found, Grant, RunInfo, ms};
-use crate::leases::{keepalive, lease_config, lease_name, token};
+use crate::leases::{instance_field, keepalive, lease_config, lease_name, name_field, token};
+use crate::sidecar::Sidecar;
 
 /// The task lease's ttl when a tick does not say.
 const DEFAULT_TICK_TTL_MS: u64 = 30_000;
@@ -48,6 +53,10 @@ struct TickRequest {
     keepalive_ms: Option<u64>,
     #[serde(default, deserialize_with = "not_null")]
     on_store_down: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    catch_up_window_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
+    instance: Option<String>,
 }
 
 #[derive(Serialize, Default)]
@@ -67,6 +76,8 @@ pub(crate) struct TickResponse {
     keepalive_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    starts_in_ms: Option<u64>,
 }
 
 fn schedule(request: &TickRequest) -> Result<(Schedule, RecordedSchedule), ApiError> {
@@ -116,10 +127,6 @@ fn schedule(request: &TickRequest) -> Result<(Schedule, RecordedSchedule), ApiEr
     }
 }
 
-fn wall_millis() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, ms)
-}
-
 pub(crate) async fn tick(
     State(sidecar): State<Sidecar>,
     Path(task): Path<String>,
@@ -135,7 +142,12 @@ pub(crate) async fn tick(
     let group = request
         .group
         .as_deref()
-        .map(|g| lease_name("group", g))
+        .map(|g| name_field("group", g))
+        .transpose()?;
+    let instance = request
+        .instance
+        .as_deref()
+        .map(instance_field)
         .transpose()?;
     let shared = &sidecar.0;
     let policy = match &request.on_store_down {
@@ -143,6 +155,16 @@ pub(crate) async fn tick(
             .map_err(|e| ApiError::field("on_store_down", e.to_string()))?,
         None => shared.on_store_down,
     };
+    let mut plan = TaskPlan::new(schedule.clone()).on_store_down(policy);
+    if let Some(window) = request.catch_up_window_ms {
+        let window = in_range("catch_up_window_ms", window, 0..=MAX_EVERY_MS)?;
+        plan = plan.catch_up(match window {
+            0 => CatchUp::Skip,
+            ms => CatchUp::Latest {
+                window: Duration::from_millis(ms),
+            },
+        });
+    }
     let answer = |run: bool, slot: Option<u64>, reason: Option<&'static str>| TickResponse {
         run,
         task: task.to_string(),
@@ -150,46 +172,27 @@ pub(crate) async fn tick(
         reason,
         ..TickResponse::default()
     };
-    // What the policy says while the store cannot answer; the slot then is the local clock's.
-    let store_down = |e: &dyn std::fmt::Display| {
-        tracing::warn!(task = %task, error = %e, %policy, "store unreachable for a tick");
-        let slot = schedule.latest_at_or_before(wall_millis());
-        if policy.runs_when_down() {
-            TickResponse {
-                gated: Some(false),
-                ..answer(slot.is_some(), slot, slot.is_none().then_some("not-due"))
-            }
-        } else {
-            answer(false, slot, Some("store-down"))
-        }
-    };
 
-    // The gate decides, as the scheduler's does: the store's clock (with the task's control
-    // record) names the slot, then leadership, pause, task lease, slot claim; in one store
-    // round trip where the store can (the slot named from the store's clock as last read).
-    let holder = shared.holder_id(None);
+    // The task's life between ticks (slot naming, missed slots, triggers, store-down policy)
+    // is the core's; here only what the request says and what the answer carries.
+    let ticks = &shared.ticked;
+    let interval = plan.interval_near(ticks.store_now_or_wall());
+    let idle = idle_expiry(interval, config.ttl);
+    let definition = plan.definition(TaskSource::Sidecar, true, group.as_ref(), None);
+    // The application replica that ticks is the task's instance (each with its own idle
+    // expiry); a tick that names none is the sidecar's own.
+    match &instance {
+        Some(instance) => {
+            shared
+                .presence
+                .keep_for(&task, instance, &definition, config, Some(idle))
+        }
+        None => shared.presence.keep(&task, &definition, config, Some(idle)),
+    };
+    let holder = shared.holder_id(instance.as_ref().map(HolderId::as_str));
     let lease = Lease::held_as(shared.store.clone(), task.clone(), config, holder)
         .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
     let mut gate = Gate::new(lease).recording(shared.history.clone());
-    // How long ticks may stop before this sidecar gives up the group and the catalog entry:
-    // the interval between the slots around the store's clock as last read.
-    let near = shared.clock.now_ms().unwrap_or_else(wall_millis);
-    let interval = schedule
-        .latest_at_or_before(near)
-        .and_then(|slot| Some(schedule.next_after(slot)? - slot))
-        .map_or(Duration::ZERO, Duration::from_millis);
-    let definition = TaskDefinition {
-        source: TaskSource::Sidecar,
-        schedule: schedule.to_string(),
-        time_zone: schedule.time_zone().map(str::to_owned),
-        on_store_down: policy.as_str().to_owned(),
-        catch_up: None,
-        gated: true,
-        leader_group: group.as_ref().map(ToString::to_string),
-        spread_group: None,
-    };
-    let idle = interval.saturating_mul(2) + config.ttl;
-    shared.catalog.ticked(&task, &definition, config.ttl, idle);
     if let Some(group) = &group {
         let campaign = shared
             .campaigns
@@ -197,114 +200,56 @@ pub(crate) async fn tick(
             .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
         gate = gate.led_by(campaign);
     }
-    let granting = |started_ms| Granting {
-        sidecar: &sidecar,
-        task: &task,
-        arrival,
-        keepalive,
-        config,
-        started_ms,
-        schedule: &recorded,
-    };
-    // A trigger this sidecar's last tick of the task left pending (its timer slot ran then) is
-    // taken first, before the timer slot is decided: an application ticks about once per slot,
-    // and on the only instance every tick's slot is due, so a trigger that waited for a tick
-    // whose slot does not run would lapse. The slot given up runs elsewhere or is recorded as
-    // missed at the next grant.
-    let mut asked_first = false;
-    if shared.catalog.trigger_waits(&task)
-        && let Ok(reading) = gate.read_clock().await
-    {
-        match pending(&reading) {
-            None => shared.catalog.passed_over(&task, false),
-            Some((control, version)) => {
-                asked_first = true;
-                if let Some(ticket) = take(&gate, control, version, reading.now_ms).await {
-                    shared.catalog.passed_over(&task, false);
-                    return Ok(Json(granting(reading.now_ms).run(ticket).await));
-                }
-            }
+    let fired = ticks.fired(&task, idle).fire(&gate, &plan, None).await;
+    shared.saw_store(matches!(fired, Fired::StoreDown { .. }));
+    let now = ticks.store_now_or_wall();
+    let starts_in = |next: Option<u64>| next.map(|next| next.saturating_sub(now));
+    Ok(Json(match fired {
+        Fired::Run(ticket) => {
+            let grant = Granting {
+                sidecar: &sidecar,
+                task: &task,
+                arrival,
+                keepalive,
+                config,
+                started_ms: now,
+                schedule: &recorded,
+            };
+            grant.run(ticket).await
         }
-    }
-    let due = gate.decide_due(&schedule, &shared.clock).await;
-    shared.saw_store(matches!(&due, Err(e) if e.is_transient()));
-    let (reading, decided) = match due {
-        Ok(Due::Decided {
-            reading,
-            slot,
-            decision,
-        }) => (reading, Some((slot, decision))),
-        Ok(Due::NotDue(reading)) => (reading, None),
-        Err(e) if e.is_transient() => return Ok(Json(store_down(&e))),
-        Err(e) => return Err(ApiError::store(&e.into())),
-    };
-    let grant = granting(reading.now_ms);
-    // A manual run asked for through the catalog (`leasehold trigger`) is taken by a tick
-    // whose timer slot does not run here: the application hears of it only when it ticks, and
-    // a trigger waits at most one tick rather than cost a timer slot (see above).
-    let timer_runs = matches!(decided, Some((_, Decision::Run(_))));
-    if let Some((control, version)) = pending(&reading) {
-        if timer_runs {
-            shared.catalog.passed_over(&task, true);
-        } else if !asked_first
-            && let Some(ticket) = take(&gate, control, version, reading.now_ms).await
-        {
-            shared.catalog.passed_over(&task, false);
-            return Ok(Json(grant.run(ticket).await));
-        }
-    }
-    let Some((slot, decision)) = decided else {
-        return Ok(Json(answer(false, None, Some("not-due"))));
-    };
-    let ticket = match decision {
-        Decision::Run(ticket) => ticket,
-        Decision::Skip(skip) => {
-            shared.saw_store(matches!(skip, Skip::StoreDown(_)));
+        Fired::Skipped { slot, skip } => {
             let reason = match skip {
-                Skip::StoreDown(e) => return Ok(Json(store_down(&e))),
-                Skip::Refused(e) => return Err(ApiError::store(&e.into())),
                 // The claim took so long that the lease is expiring: the slot stays claimed
                 // but unrun, rather than run by a holder about to lose it.
                 Skip::Expiring => "store-down",
                 Skip::Overlap => "busy",
                 other => other.as_str(),
             };
-            return Ok(Json(answer(false, Some(slot), Some(reason))));
+            answer(false, Some(slot), Some(reason))
         }
-    };
-    // The previous firing was not granted here: record the slots nobody accounted for (a
-    // crash, an outage, every instance down), as the scheduler's timer does.
-    let previous = slot
-        .checked_sub(1)
-        .and_then(|s| schedule.latest_at_or_before(s));
-    if previous.is_some() && shared.catalog.granted(&task, slot) != previous {
-        record_gap(&sidecar, &task, &schedule, slot);
-    }
-    Ok(Json(grant.run(ticket).await))
-}
-
-/// Takes the pending trigger of `control` (at `version`) if this instance may run the task now.
-async fn take(
-    gate: &Gate<leasehold::BoxStore>,
-    control: &Control,
-    version: u64,
-    now_ms: u64,
-) -> Option<Ticket> {
-    match gate.take_trigger(control, version, now_ms).await {
-        Ok(ticket) => ticket,
-        Err(e) => {
-            tracing::debug!(task = %gate.lease().name(), error = %e, "manual trigger not taken");
-            None
+        Fired::NotDue { next } => TickResponse {
+            starts_in_ms: starts_in(next),
+            ..answer(false, None, Some("not-due"))
+        },
+        Fired::Early { slot, starts_in } => TickResponse {
+            starts_in_ms: Some(ms(starts_in)),
+            ..answer(false, Some(slot), Some("not-due"))
+        },
+        Fired::StoreDown { slot, runs, error } => {
+            tracing::warn!(task = %task, %error, %policy, "store unreachable for a tick");
+            if runs {
+                TickResponse {
+                    gated: Some(false),
+                    ..answer(true, slot, None)
+                }
+            } else {
+                answer(false, slot, Some("store-down"))
+            }
         }
-    }
-}
-
-/// The manual trigger `reading`'s control record holds, not yet lapsed, with the record's
-/// version.
-fn pending(reading: &Reading) -> Option<(&Control, u64)> {
-    let control = reading.control.as_ref()?;
-    let trigger = control.trigger.as_ref()?;
-    (trigger.expires_ms > reading.now_ms).then_some((control, reading.control_version?))
+        Fired::Refused { error, .. } => return Err(ApiError::store(&error.into())),
+        // A firing this release does not know how to answer runs nothing.
+        _ => answer(false, None, Some("not-due")),
+    }))
 }
 
 /// What a granted tick answers with, and holds for the application.
@@ -324,6 +269,7 @@ impl Granting<'_> {
         let slot = ticket.slot();
         let trigger = match ticket.trigger() {
             Trigger::Manual => RecordTrigger::Manual,
+            Trigger::CatchUp => RecordTrigger::CatchUp,
             _ => RecordTrigger::Timer,
         };
         let request = ticket.request().map(|r| RunRequest {
@@ -365,10 +311,10 @@ impl Granting<'_> {
         };
         TickResponse {
             gated: Some(true),
-            trigger: Some(if trigger == RecordTrigger::Manual {
-                "manual"
-            } else {
-                "timer"
+            trigger: Some(match trigger {
+                RecordTrigger::Manual => "manual",
+                RecordTrigger::CatchUp => "catch-up",
+                _ => "timer",
             }),
             token: Some(token.to_string()),
             valid_for_ms: Some(valid_for_ms),
@@ -376,22 +322,6 @@ impl Granting<'_> {
             ..answer
         }
     }
-}
-
-/// Records, in the background, the slots of `task` before `slot` that its history does not
-/// account for.
-fn record_gap(sidecar: &Sidecar, task: &LeaseName, schedule: &Schedule, slot: u64) {
-    let shared = sidecar.0.clone();
-    let (task, schedule) = (task.clone(), schedule.clone());
-    tokio::spawn(async move {
-        let holder = shared.holder.clone();
-        let gap = history::gap_before(&shared.store, &task, &schedule, slot, &holder);
-        match leasehold::store::within(crate::HISTORY_WRITE_LIMIT, gap).await {
-            Ok(Some(record)) => shared.history.record(&task, record),
-            Ok(None) => {}
-            Err(e) => tracing::debug!(task = %task, error = %e, "missed slots not looked for"),
-        }
-    });
 }
 
 #[derive(Deserialize)]
@@ -424,9 +354,6 @@ pub(crate) async fn done(
         .ok_or_else(|| ApiError::field("slot", "slot must be a number as granted by the tick"))?;
     let request: DoneRequest = parse(body)?;
     let token = token(&request.token)?;
-    if request.error.as_ref().is_some_and(|e| e.len() > 2000) {
-        return Err(ApiError::field("error", "error must be at most 2000 bytes"));
-    }
     let shared = &sidecar.0;
     let entry = match shared.registry.get(&task, token) {
         Found::Live(entry) => entry,
@@ -451,6 +378,8 @@ pub(crate) async fn done(
              there after its ttl, and the outcome is not in the history"
         ))
     })?;
+    // The error text is kept as the application wrote it (a command's stderr, newlines and
+    // all), cut to `leasehold::text::FAILURE`'s limit when recorded, and shown escaped.
     let outcome = match request.outcome {
         Outcome::Ok => RunOutcome::Ok,
         Outcome::Failed => RunOutcome::Failed {
@@ -458,7 +387,7 @@ pub(crate) async fn done(
         },
     };
     if let Some(record) = entry.run_record(outcome) {
-        shared.registry.record(&task, record);
+        shared.registry.run_ended(&task, record);
     }
     Ok(crate::leases::released(released))
 }

@@ -330,8 +330,9 @@ async fn run_ticks(
                 assert_eq!(status, StatusCode::OK, "{done}");
                 assert_eq!(done["released"], true);
             } else {
+                // not-due: a first tick long after the task's latest slot.
                 assert!(
-                    ["already-run", "busy", "not-leader"]
+                    ["already-run", "busy", "not-leader", "not-due"]
                         .contains(&answer["reason"].as_str().unwrap()),
                     "{answer}"
                 );
@@ -387,8 +388,10 @@ async fn a_cron_tick_in_a_time_zone_runs_the_skipped_time_at_the_change() {
     let body = json!({"cron": "30 2 * * *", "time_zone": "Europe/Berlin"});
     let runs = run_ticks(&sidecars, "nightly", &body, Duration::from_secs(240)).await;
     let slots: Vec<u64> = runs.iter().map(|r| r.0).collect();
-    // Yesterday's 02:30 CET (the latest slot when ticking starts), then the change.
-    assert_eq!(slots, [1_806_111_000_000, 1_806_195_600_000], "{runs:?}");
+    // Only the change: yesterday's 02:30 CET, the latest slot when ticking starts, is 22 h old
+    // at the task's first tick, past the cron default's one-hour catch-up window (as for
+    // `leasehold run`), so it does not run then as if on time.
+    assert_eq!(slots, [1_806_195_600_000], "{runs:?}");
     let history = leasehold::history::read(&store.inner, &LeaseName::new("nightly").unwrap(), 10)
         .await
         .unwrap();
@@ -839,4 +842,122 @@ async fn observe_answers_when_the_term_changes() {
         waited >= Duration::from_millis(1500) && waited < Duration::from_millis(2000),
         "{waited:?}"
     );
+}
+
+/// Sleeps until `before` ahead of the next multiple of `every` ms on the store's clock; returns
+/// that boundary.
+async fn until_before_boundary(store: &FaultyStore, every: u64, before: u64) -> u64 {
+    let now = store.now_millis().await.unwrap();
+    let mut boundary = now - now % every + every;
+    if boundary - now < before + 10 {
+        boundary += every;
+    }
+    tokio::time::sleep(Duration::from_millis(boundary - before - now)).await;
+    boundary
+}
+
+/// A caller whose clock runs ahead of the store's ticks a little before the slot it means
+/// (issue 36 item 7): within min(1 s, interval / 4) before a boundary, the tick is for the slot
+/// about to start, which the sidecar waits for and grants as timer; never the previous slot
+/// (already run: the slot meant would have run a whole interval late).
+#[tokio::test(start_paused = true)]
+async fn a_tick_a_little_early_is_for_the_slot_about_to_start() {
+    let store = FaultyStore::new();
+    let api = Api::on(&store, "skewed");
+    let body = json!({"every_ms": 5000});
+    // A first tick, so the previous slot ran.
+    let boundary = until_before_boundary(&store, 5000, 4000).await;
+    let first = api.tick("skewed", body.clone()).await;
+    assert_eq!(first["slot"], boundary - 5000, "{first}");
+    done(&api, "skewed", &first).await;
+    for early_ms in [60, 300, 1000] {
+        let boundary = until_before_boundary(&store, 5000, early_ms).await;
+        let asked = tokio::time::Instant::now();
+        let answer = api.tick("skewed", body.clone()).await;
+        assert_eq!(answer["run"], true, "{early_ms} ms early: {answer}");
+        assert_eq!(answer["slot"], boundary, "{early_ms} ms early: {answer}");
+        assert_eq!(answer["trigger"], "timer");
+        // Answered once the slot started, not before.
+        assert!(asked.elapsed() >= Duration::from_millis(early_ms));
+        assert!(store.now_millis().await.unwrap() >= boundary);
+        done(&api, "skewed", &answer).await;
+    }
+    // Earlier than the tolerance (here 1 s): a late tick of the slot that is running.
+    let boundary = until_before_boundary(&store, 5000, 1500).await;
+    let answer = api.tick("skewed", body.clone()).await;
+    assert_eq!(
+        (
+            answer["run"].clone(),
+            answer["reason"].clone(),
+            answer["slot"].clone()
+        ),
+        (json!(false), json!("already-run"), json!(boundary - 5000)),
+        "{answer}"
+    );
+}
+
+/// A task's first tick long after its latest slot (issue 36 item 7): a daily task first ticked
+/// at 07:18 does not run the 02:00 slot as if on time; it answers not-due with the time to its
+/// next slot, and the next slot runs as timer. Within the catch-up window a first tick runs the
+/// slot, labelled catch-up.
+#[tokio::test(start_paused = true)]
+async fn a_first_tick_long_after_its_slot_applies_the_catch_up_window() {
+    let store = FaultyStore::new();
+    let day = 86_400_000;
+    let now = store.now_millis().await.unwrap();
+    // The store's clock at 07:18 UTC.
+    let at_0718 = now - now % day + day + 7 * 3_600_000 + 18 * 60_000;
+    store
+        .faults
+        .clock_offset_ms
+        .store((at_0718 - now) as i64, std::sync::atomic::Ordering::SeqCst);
+    let api = Api::on(&store, "s");
+    let nightly = json!({"cron": "0 2 * * *"});
+    let answer = api.tick("nightly", nightly.clone()).await;
+    assert_eq!(answer["run"], false, "{answer}");
+    assert_eq!(answer["reason"], "not-due", "{answer}");
+    let next_0200 = at_0718 - at_0718 % day + day + 2 * 3_600_000;
+    let starts_in = answer["starts_in_ms"].as_u64().unwrap();
+    assert!(
+        starts_in.abs_diff(next_0200 - at_0718) < 1000,
+        "{answer}: next slot in {}",
+        next_0200 - at_0718
+    );
+    // Ticked again at once: still nothing.
+    assert_eq!(
+        api.tick("nightly", nightly.clone()).await["reason"],
+        "not-due"
+    );
+    // A window given with the tick: 5 h 18 min late is outside two hours, too.
+    let windowed = json!({"cron": "0 2 * * *", "catch_up_window_ms": 7_200_000});
+    assert_eq!(
+        api.tick("windowed", windowed.clone()).await["reason"],
+        "not-due"
+    );
+    // At 03:30 (an hour and a half late: past an hour, so not on time) the first tick of a
+    // task runs the slot within a two-hour window, labelled catch-up; without it, not at all.
+    let at_0330 = at_0718 - at_0718 % day + 3 * 3_600_000 + 30 * 60_000;
+    store
+        .faults
+        .clock_offset_ms
+        .store((at_0330 - now) as i64, std::sync::atomic::Ordering::SeqCst);
+    let other = Api::on(&store, "t");
+    let answer = other.tick("fresh", windowed).await;
+    assert_eq!(answer["run"], true, "{answer}");
+    assert_eq!(answer["trigger"], "catch-up", "{answer}");
+    assert_eq!(
+        other.tick("fresh-default", nightly).await["reason"],
+        "not-due"
+    );
+}
+
+async fn done(api: &Api, task: &str, granted: &Value) {
+    let slot = granted["slot"].as_u64().unwrap();
+    let (status, body) = api
+        .post(
+            &format!("/v1/tasks/{task}/ticks/{slot}/done"),
+            json!({"token": granted["token"], "outcome": "ok"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }

@@ -114,7 +114,7 @@ async fn response(conn: &mut TcpStream) -> (String, String) {
 async fn post(conn: &mut TcpStream, path: &str, body: &str) {
     conn.write_all(
         format!(
-            "POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .as_bytes(),
@@ -179,7 +179,7 @@ async fn a_kept_alive_connection_serves_again_then_is_closed_at_the_idle_timeout
     let mut answered = Instant::now();
     for _ in 0..2 {
         let sent = Instant::now();
-        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .await
             .unwrap();
         let (head, body) = response(&mut conn).await;
@@ -209,7 +209,7 @@ async fn a_slow_body_is_closed_at_the_body_timeout() {
     let server = Server::quick().await;
     let mut conn = server.connect().await;
     conn.write_all(
-        b"POST /v1/leases/slow/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 40\r\n\r\n{\"ttl",
+        b"POST /v1/leases/slow/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: 40\r\n\r\n{\"ttl",
     )
     .await
     .unwrap();
@@ -226,7 +226,7 @@ async fn a_slow_body_is_closed_at_the_body_timeout() {
 async fn a_client_that_never_reads_its_answers_is_closed() {
     let server = Server::quick().await;
     let mut conn = server.connect().await;
-    let request = b"GET /openapi.json HTTP/1.1\r\nHost: h\r\n\r\n".repeat(3000);
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(3000);
     let start = Instant::now();
     // Some of it may not be taken once the server stops reading.
     let _ = tokio::time::timeout(Duration::from_secs(2), conn.write_all(&request)).await;
@@ -252,7 +252,7 @@ async fn a_long_poll_outlives_every_timeout() {
     holder
         .write_all(
             format!(
-                "POST /v1/leases/busy/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST /v1/leases/busy/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
             .as_bytes(),
@@ -268,7 +268,7 @@ async fn a_long_poll_outlives_every_timeout() {
     waiter
         .write_all(
             format!(
-                "POST /v1/leases/busy/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST /v1/leases/busy/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
             .as_bytes(),
@@ -287,7 +287,7 @@ async fn a_long_poll_outlives_every_timeout() {
     );
     // And the connection is still usable.
     waiter
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let (head, _) = response(&mut waiter).await;
@@ -304,7 +304,7 @@ async fn both_length_headers_are_refused_and_the_connection_closed() {
         let mut conn = server.connect().await;
         conn.write_all(
             format!(
-                "POST /v1/leases/x/acquire HTTP/1.1\r\nHost: h\r\n{head}\r\n\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: h\r\n\r\n"
+                "POST /v1/leases/x/acquire HTTP/1.1\r\nHost: localhost\r\n{head}\r\n\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
             )
             .as_bytes(),
         )
@@ -322,7 +322,7 @@ async fn both_length_headers_are_refused_and_the_connection_closed() {
     // One of them alone is fine.
     let mut conn = server.connect().await;
     conn.write_all(
-        b"POST /v1/leases/chunked/acquire HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n11\r\n{\"ttl_ms\": 10000}\r\n0\r\n\r\n",
+        b"POST /v1/leases/chunked/acquire HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n11\r\n{\"ttl_ms\": 10000}\r\n0\r\n\r\n",
     )
     .await
     .unwrap();
@@ -348,7 +348,7 @@ async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
         silent.push(server.connect().await);
     }
     let mut late = server.connect().await;
-    late.write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
+    late.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let (head, _) = response(&mut late).await;
@@ -381,7 +381,9 @@ async fn shutdown_does_not_wait_for_slow_clients() {
         .unwrap();
     let mut half_body = server.connect().await;
     half_body
-        .write_all(b"POST /v1/leases/x/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 40\r\n\r\n{")
+        .write_all(
+            b"POST /v1/leases/x/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: 40\r\n\r\n{",
+        )
         .await
         .unwrap();
     // A long-poll being handled: a watch on a held lease.

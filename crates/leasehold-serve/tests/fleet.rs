@@ -1,7 +1,12 @@
 //! The fleet endpoints (GET /v1/tasks, /v1/tasks/{task}, /v1/leases; POST pause, resume,
 //! trigger) over a library scheduler's task on one store, on a paused clock: what they answer,
-//! that pause and trigger reach the instance, and their typed errors.
+//! that pause and trigger reach the instance, and their typed errors. And replicas are
+//! replicas: application instances that tick (or take leases) through a sidecar are the task's
+//! instances and the holders, each kept in the catalog while it ticks and gone after the task's
+//! idle expiry when it stops, although its sidecar lives on; the sidecar is named beside each
+//! (`via`).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -200,12 +205,54 @@ async fn unknown_tasks_bad_input_auth_and_a_store_without_catalog_are_typed_erro
         ("/v1/tasks/x/pause", json!({"reason": 5}), "reason"),
         ("/v1/tasks/x/pause", json!({"why": "x"}), "why"),
         ("/v1/tasks/x/pause", json!({"by": "b".repeat(201)}), "by"),
+        (
+            "/v1/tasks/x/pause",
+            json!({"reason": "r".repeat(2001)}),
+            "reason",
+        ),
         ("/v1/tasks/x/trigger", json!({"by": ["ops"]}), "by"),
         ("/v1/tasks/x/resume", json!({"reason": "x"}), "reason"),
     ] {
         let (status, error) = call(&api, "POST", path, Some(body)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {error}");
         assert_eq!(error["field"], field, "{error}");
+    }
+    // Text an operator's terminal would obey (a title change, a bell, a forged table row, a
+    // reversed line) is refused at this door as at the CLI's and the library's, the character
+    // named visibly.
+    for (path, body, field, shown) in [
+        (
+            "/v1/tasks/x/pause",
+            json!({"reason": "\u{1b}]0;x\u{7}"}),
+            "reason",
+            "\\x1b",
+        ),
+        (
+            "/v1/tasks/x/pause",
+            json!({"by": "ops\nsweep  running"}),
+            "by",
+            "\\n",
+        ),
+        (
+            "/v1/tasks/x/pause",
+            json!({"reason": "ok", "by": "\u{202e}spo"}),
+            "by",
+            "\\u{202e}",
+        ),
+        ("/v1/tasks/x/trigger", json!({"by": "a\u{0}b"}), "by", "\\0"),
+    ] {
+        let (status, error) = call(&api, "POST", path, Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        assert_eq!(error["field"], field, "{error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("holds the character {shown} ")),
+            "{message}"
+        );
+        assert!(
+            !message.chars().any(leasehold::text::is_hidden),
+            "{message:?}"
+        );
     }
     for query in ["limit=0", "limit=501", "limit=x", "page=2"] {
         let (status, error) = call(&api, "GET", &format!("/v1/tasks/x?{query}"), None).await;
@@ -370,4 +417,320 @@ async fn sidecar_ticks_register_honour_pause_take_triggers_and_record_gaps() {
     let (_, list) = call(&api, "GET", "/v1/tasks", None).await;
     assert_eq!(list["tasks"][0]["instances"], json!([]), "{list}");
     assert_eq!(list["tasks"][0]["state"], "no_instance");
+}
+
+/// A tick of `sweep` (every 2 s, ttl 3 s) by application instance `instance`; a granted run is
+/// reported done at once. The answer.
+async fn tick_as(api: &Router, instance: &str) -> Value {
+    let (status, answer) = call(
+        api,
+        "POST",
+        "/v1/tasks/sweep/ticks",
+        Some(json!({"every_ms": 2000, "ttl_ms": 3000, "instance": instance})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    if answer["run"] == true {
+        done(api, "sweep", &answer).await;
+    }
+    answer
+}
+
+/// The live instances of `sweep` as the fleet endpoint lists them: (instance, via).
+async fn live_instances(api: &Router) -> BTreeSet<(String, String)> {
+    let (status, detail) = call(api, "GET", "/v1/tasks/sweep", None).await;
+    assert_eq!(status, StatusCode::OK, "{detail}");
+    detail["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["live"] == true)
+        .map(|i| {
+            assert_eq!(
+                i["pid"],
+                Value::Null,
+                "an application's pid is not known: {i}"
+            );
+            let via = i["via"].as_str().unwrap_or("-").to_owned();
+            (i["instance"].as_str().unwrap().to_owned(), via)
+        })
+        .collect()
+}
+
+fn set(items: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+    items
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+/// Every slot runs once among three replicas ticking through one sidecar; the three are the
+/// task's instances and each run's holder names the replica that ran it; a replica that stops
+/// ticking leaves the list after the idle expiry (2 × 2 s + 3 s) while the others and the
+/// sidecar go on.
+#[tokio::test(start_paused = true)]
+async fn three_replicas_behind_one_sidecar_are_three_instances_until_one_stops() {
+    let store = FaultyStore::new();
+    let sidecar = Sidecar::new(
+        BoxStore::new(store.clone()),
+        SidecarConfig::default().holder("side"),
+    );
+    let api = sidecar.router(None);
+    let replicas = ["app-1", "app-2", "app-3"];
+    let mut ran = Vec::new();
+    for round in 0..4 {
+        // Each round another replica ticks first.
+        for replica in replicas.iter().cycle().skip(round).take(3).copied() {
+            let answer = tick_as(&api, replica).await;
+            if answer["run"] == true {
+                ran.push((answer["slot"].as_u64().unwrap(), replica));
+            }
+        }
+        if round < 3 {
+            tokio::time::sleep(SEC * 2).await;
+        }
+    }
+    let slots: BTreeSet<u64> = ran.iter().map(|(slot, _)| *slot).collect();
+    assert_eq!(slots.len(), 4, "one run per slot: {ran:?}");
+    assert_eq!(ran.len(), 4, "no slot twice: {ran:?}");
+    tokio::time::sleep(SEC).await;
+    assert_eq!(
+        live_instances(&api).await,
+        set(&[("app-1", "side"), ("app-2", "side"), ("app-3", "side")]),
+        "the replicas, not the sidecar"
+    );
+    let (_, detail) = call(&api, "GET", "/v1/tasks/sweep", None).await;
+    let runs: Vec<&Value> = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["missed"].is_null())
+        .collect();
+    assert_eq!(runs.len(), 4, "{detail}");
+    for run in runs {
+        let holder = run["holder"].as_str().unwrap();
+        let (slot, replica) = ran
+            .iter()
+            .find(|(slot, _)| Some(*slot) == run["slot_ms"].as_u64())
+            .unwrap_or_else(|| panic!("a run of a slot not granted: {detail}"));
+        assert!(
+            holder.starts_with(&format!("{replica}@side#")),
+            "slot {slot} run by {replica}, recorded as held by {holder}"
+        );
+    }
+
+    // app-3 stops; app-1 and app-2 tick on for longer than the idle expiry.
+    for _ in 0..6 {
+        tokio::time::sleep(SEC * 2).await;
+        tick_as(&api, "app-1").await;
+        tick_as(&api, "app-2").await;
+    }
+    assert_eq!(
+        live_instances(&api).await,
+        set(&[("app-1", "side"), ("app-2", "side")]),
+        "app-3 left within the idle expiry"
+    );
+}
+
+/// Three replicas each behind a sidecar of its own are three instances, each named with its
+/// sidecar; a lease request's instance starts the holder id (after its `holder` label).
+#[tokio::test(start_paused = true)]
+async fn three_replicas_behind_three_sidecars_and_lease_holders_name_the_replica() {
+    let store = FaultyStore::new();
+    let apis: Vec<Router> = (1..=3)
+        .map(|n| {
+            Sidecar::new(
+                BoxStore::new(store.clone()),
+                SidecarConfig::default().holder(format!("side-{n}")),
+            )
+            .router(None)
+        })
+        .collect();
+    for (n, api) in apis.iter().enumerate() {
+        tick_as(api, &format!("app-{}", n + 1)).await;
+    }
+    tokio::time::sleep(SEC).await;
+    assert_eq!(
+        live_instances(&apis[0]).await,
+        set(&[
+            ("app-1", "side-1"),
+            ("app-2", "side-2"),
+            ("app-3", "side-3")
+        ])
+    );
+
+    for (api, lease, body, expected) in [
+        (
+            &apis[1],
+            "report",
+            json!({"ttl_ms": 5000, "instance": "app-2"}),
+            "app-2@side-2#",
+        ),
+        (
+            &apis[2],
+            "audit",
+            json!({"ttl_ms": 5000, "instance": "app-3", "holder": "pod-7"}),
+            "pod-7@app-3@side-3#",
+        ),
+    ] {
+        let path = format!("/v1/leases/{lease}/acquire");
+        let (status, granted) = call(api, "POST", &path, Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{granted}");
+        let holder = granted["holder"].as_str().unwrap();
+        assert!(holder.starts_with(expected), "{granted}");
+        let (_, state) = call(&apis[0], "GET", &format!("/v1/leases/{lease}"), None).await;
+        assert_eq!(state["holder"], holder, "{state}");
+    }
+}
+
+/// An instance is refused, naming the field, where it could forge or hide what an operator
+/// reads: control and bidi characters, whitespace, empty, over 100 bytes; the same at both
+/// doors.
+#[tokio::test(start_paused = true)]
+async fn instances_that_an_operator_could_not_read_are_refused_at_ticks_and_leases() {
+    let store = FaultyStore::new();
+    let api = Sidecar::new(
+        BoxStore::new(store),
+        SidecarConfig::default().holder("side"),
+    )
+    .router(None);
+    let long = "a".repeat(101);
+    for bad in [
+        "app\u{1b}[2J",
+        "app\nforged",
+        "app\u{202e}1",
+        "app 1",
+        "",
+        long.as_str(),
+    ] {
+        for (path, body) in [
+            (
+                "/v1/tasks/sweep/ticks",
+                json!({"every_ms": 2000, "instance": bad}),
+            ),
+            (
+                "/v1/leases/l/acquire",
+                json!({"ttl_ms": 5000, "instance": bad}),
+            ),
+        ] {
+            let (status, error) = call(&api, "POST", path, Some(body)).await;
+            assert_eq!(
+                status,
+                StatusCode::BAD_REQUEST,
+                "{bad:?} at {path}: {error}"
+            );
+            assert_eq!(error["field"], "instance", "{bad:?} at {path}: {error}");
+        }
+    }
+    let fine = "a".repeat(100);
+    let answer = tick_as(&api, &fine).await;
+    assert_eq!(answer["run"], true, "{answer}");
+}
+
+/// `done` with `outcome` (and `error`) for a granted run.
+async fn done_as(api: &Router, task: &str, granted: &Value, outcome: &str, error: Option<&str>) {
+    let slot = granted["slot"].as_u64().unwrap();
+    let mut body = json!({"token": granted["token"], "outcome": outcome});
+    if let Some(error) = error {
+        body["error"] = json!(error);
+    }
+    let (status, answer) = call(
+        api,
+        "POST",
+        &format!("/v1/tasks/{task}/ticks/{slot}/done"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
+/// Runs an application reports failed make its task `failing` with the count and the error,
+/// and are counted in the task's run series; a success ends the streak and is the last success.
+#[tokio::test(start_paused = true)]
+async fn failed_runs_reported_through_done_make_the_task_failing_and_are_counted() {
+    let metrics = leasehold_serve::Metrics::install().unwrap();
+    let store = FaultyStore::new();
+    let sidecar = Sidecar::new(
+        BoxStore::new(store.clone()),
+        SidecarConfig::default().holder("side"),
+    );
+    let api = sidecar.router(None);
+    for _ in 0..2 {
+        let granted = tick(&api, "mail", 2000).await;
+        assert_eq!(granted["run"], true, "{granted}");
+        done_as(&api, "mail", &granted, "failed", Some("smtp: 554 rejected")).await;
+        tokio::time::sleep(SEC * 2).await;
+    }
+    let (_, detail) = call(&api, "GET", "/v1/tasks/mail", None).await;
+    assert_eq!(detail["state"], "failing", "{detail}");
+    assert_eq!(detail["consecutive_failures"], 2, "{detail}");
+    assert_eq!(detail["last_success_ms"], Value::Null, "{detail}");
+    assert_eq!(detail["last_run"]["outcome"], "failed");
+    assert_eq!(detail["last_run"]["error"], "smtp: 554 rejected");
+    let scrape = metrics.render();
+    let line = |name: &str| {
+        scrape
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("task=\"mail\""))
+            .unwrap_or_else(|| panic!("no {name} for mail:\n{scrape}"))
+            .to_owned()
+    };
+    let runs = line("leasehold_runs_total{");
+    assert!(
+        runs.contains("outcome=\"failed\"") && runs.ends_with(" 2"),
+        "{runs}"
+    );
+    assert!(line("leasehold_consecutive_failures{").ends_with(" 2"));
+    assert!(line("leasehold_task_interval_seconds{").ends_with(" 2"));
+
+    let granted = tick(&api, "mail", 2000).await;
+    done_as(&api, "mail", &granted, "ok", None).await;
+    tokio::time::sleep(SEC).await;
+    let (_, detail) = call(&api, "GET", "/v1/tasks/mail", None).await;
+    assert_eq!(detail["state"], "idle", "{detail}");
+    assert_eq!(detail["consecutive_failures"], 0, "{detail}");
+    assert_eq!(detail["last_success_ms"], detail["last_run"]["ended_ms"]);
+    let scrape = metrics.render();
+    let success = scrape
+        .lines()
+        .find(|l| l.starts_with("leasehold_last_success_timestamp_seconds{"))
+        .unwrap_or_else(|| panic!("{scrape}"));
+    let expected = detail["last_success_ms"].as_u64().unwrap() as f64 / 1000.0;
+    let seconds: f64 = success.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(
+        (seconds - expected).abs() < 0.001,
+        "{success} vs {expected}"
+    );
+    assert!(
+        scrape
+            .lines()
+            .any(|l| l.starts_with("leasehold_consecutive_failures{") && l.ends_with(" 0")),
+        "{scrape}"
+    );
+}
+
+/// `history_limit` bounds what the store keeps of each task ticked through the sidecar.
+#[tokio::test(start_paused = true)]
+async fn the_sidecar_keeps_its_history_limit() {
+    let store = FaultyStore::new();
+    let sidecar = Sidecar::new(
+        BoxStore::new(store.clone()),
+        SidecarConfig::default().holder("side").history_limit(2),
+    );
+    let api = sidecar.router(None);
+    let mut slots = Vec::new();
+    for _ in 0..4 {
+        let granted = tick(&api, "mail", 2000).await;
+        done(&api, "mail", &granted).await;
+        slots.push(granted["slot"].as_u64().unwrap());
+        tokio::time::sleep(SEC * 2).await;
+    }
+    let (_, detail) = call(&api, "GET", "/v1/tasks/mail?limit=50", None).await;
+    let kept: Vec<u64> = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["slot_ms"].as_u64().unwrap())
+        .collect();
+    assert_eq!(kept, [slots[3], slots[2]], "{detail}");
 }

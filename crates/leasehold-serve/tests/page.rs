@@ -228,10 +228,100 @@ async fn the_history_picture_is_the_timeline_svg_behind_the_token() {
     }
 }
 
+/// A run's failure text is kept as the application wrote it, whatever it holds (a command's
+/// stderr: newlines, escape sequences): the API's JSON gives it back exactly, and the history
+/// picture, which the page draws, shows each control and bidi character escaped and stays XML.
+#[tokio::test]
+async fn a_failure_text_with_control_characters_is_kept_exactly_and_drawn_escaped() {
+    let store = BoxStore::new(MemoryStore::new());
+    let router = router(&store, None);
+    let tick = Request::post("/v1/tasks/sweep/ticks")
+        .body(Body::from(json!({"every_ms": 1000}).to_string()))
+        .unwrap();
+    let granted: Value = serde_json::from_str(&send(&router, tick).await.body).unwrap();
+    assert_eq!(granted["run"], true, "{granted}");
+    let stderr = "build failed\n\u{1b}]0;pwned\u{7}\u{1b}[2J\r\u{0}\u{7f}\u{9b}\u{202e}<svg>&";
+    let done = Request::post(format!("/v1/tasks/sweep/ticks/{}/done", granted["slot"]))
+        .body(Body::from(
+            json!({"token": granted["token"], "outcome": "failed", "error": stderr}).to_string(),
+        ))
+        .unwrap();
+    let answer = send(&router, done).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+
+    // The history writer records in the background: wait for the run to be there.
+    let mut detail = Value::Null;
+    for _ in 0..100 {
+        detail = serde_json::from_str(&get(&router, "/v1/tasks/sweep", &[]).await.body).unwrap();
+        if detail["history"][0]["outcome"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(detail["history"][0]["error"], stderr, "{detail}");
+
+    let svg = get(&router, "/v1/tasks/sweep/history.svg", &[]).await;
+    assert_eq!(svg.status, StatusCode::OK, "{}", svg.body);
+    let doc = roxmltree::Document::parse(&svg.body).expect("well-formed XML");
+    let title = doc
+        .descendants()
+        .find(|n| n.has_tag_name("title"))
+        .and_then(|t| t.text())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        title.starts_with(
+            "failed: build failed\\n\\x1b]0;pwned\\x07\\x1b[2J\\r\\0\\x7f\\u{9b}\\u{202e}<svg>& · "
+        ),
+        "{title}"
+    );
+    let raw: Vec<char> = svg
+        .body
+        .chars()
+        .filter(|&c| leasehold::text::is_hidden(c) && c != '\n')
+        .collect();
+    assert!(raw.is_empty(), "{raw:?}");
+
+    // A failure text over its limit is not refused (the run's outcome would be lost with it):
+    // it is recorded cut, as the library's scheduler records a long job error.
+    let tick = Request::post("/v1/tasks/long/ticks")
+        .body(Body::from(json!({"every_ms": 1000}).to_string()))
+        .unwrap();
+    let granted: Value = serde_json::from_str(&send(&router, tick).await.body).unwrap();
+    let done = Request::post(format!("/v1/tasks/long/ticks/{}/done", granted["slot"]))
+        .body(Body::from(
+            json!({"token": granted["token"], "outcome": "failed", "error": "e".repeat(50_000)})
+                .to_string(),
+        ))
+        .unwrap();
+    let answer = send(&router, done).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let mut error = Value::Null;
+    for _ in 0..100 {
+        let detail: Value =
+            serde_json::from_str(&get(&router, "/v1/tasks/long", &[]).await.body).unwrap();
+        error = detail["history"][0]["error"].clone();
+        if !error.is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let error = error.as_str().unwrap_or_else(|| panic!("{error}"));
+    assert!(
+        error.len() <= leasehold::text::FAILURE.max,
+        "{}",
+        error.len()
+    );
+    assert!(
+        error.starts_with("eeee") && error.ends_with(" bytes cut]"),
+        "{error}"
+    );
+}
+
 /// A page of another site cannot drive a loopback sidecar through the visitor's browser: a
-/// cross-site form post, or a DNS name of the attacker's rebound to 127.0.0.1, is refused (403)
-/// before it reaches a handler; the page itself (same origin) and clients that send no Origin
-/// are served.
+/// cross-site form post is refused (403) before it reaches a handler; the page itself (same
+/// origin) and clients that send no Origin are served. (A DNS name of the attacker's rebound to
+/// 127.0.0.1 is refused by its Host, Origin or not: tests/hosts.rs.)
 #[tokio::test]
 async fn requests_browsers_send_for_other_sites_are_refused() {
     let store = BoxStore::new(MemoryStore::new());
@@ -261,13 +351,6 @@ async fn requests_browsers_send_for_other_sites_are_refused() {
                 ("sec-fetch-site", "cross-site"),
             ],
             "another site",
-        ),
-        (
-            vec![
-                ("host", "evil.example:7311"),
-                ("origin", "http://evil.example:7311"),
-            ],
-            "loopback",
         ),
     ] {
         let answer = send(&open, pause(&headers)).await;

@@ -7,21 +7,25 @@
 
 pub mod column;
 pub mod lazy;
+pub mod store;
+
+pub use store::{Dialect, SqlStore};
 
 use std::fmt;
 use std::time::Duration;
 
 /// An error followed by its causes ("error connecting to server: Connection refused"), for log
 /// lines and for messages quoting a driver, whose `Display` alone leaves out why. A cause
-/// already quoted is not repeated.
+/// already quoted is not repeated, nor a label a driver nests in itself (mysql_async's
+/// "Input/output error: Input/output error: Connection refused").
 pub struct Causes<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for Causes<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut out = self.0.to_string();
+        let mut out = without_repeated_labels(&self.0.to_string());
         let mut cause = self.0.source();
         while let Some(c) = cause {
-            let text = c.to_string();
+            let text = without_repeated_labels(&c.to_string());
             if !out.contains(&text) {
                 out.push_str(": ");
                 out.push_str(&text);
@@ -30,6 +34,17 @@ impl fmt::Display for Causes<'_> {
         }
         f.write_str(&out)
     }
+}
+
+/// `text` with each `: `-separated part that repeats the one before it left out.
+fn without_repeated_labels(text: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in text.split(": ") {
+        if parts.last() != Some(&part) {
+            parts.push(part);
+        }
+    }
+    parts.join(": ")
 }
 
 /// Checks the settings every SQL store has: a pool of at least one connection, and no zero

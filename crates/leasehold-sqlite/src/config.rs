@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SqliteSetupError};
 
 /// Default time limit of one store operation.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -95,9 +95,9 @@ impl SqliteConfig {
             ("op_timeout", self.op_timeout),
             ("notify_poll_interval", self.notify_poll_interval),
         ])
-        .map_err(|e| Error::Config(e.to_string()))?;
+        .map_err(|e| SqliteSetupError::Config(e.to_string()))?;
         if i32::try_from(self.busy_timeout.as_millis()).is_err() {
-            return Err(Error::Config("busy_timeout is too long".to_owned()));
+            return Err(SqliteSetupError::Config("busy_timeout is too long".to_owned()).into());
         }
         Ok(())
     }
@@ -105,11 +105,13 @@ impl SqliteConfig {
 
 /// The file path in a store URL: `sqlite:relative/path.db`, `sqlite:/abs/path.db` or
 /// `sqlite:///abs/path.db`. A host part (`sqlite://host/…`), `sqlite::memory:`, an empty path
-/// or a query string are refused with [`Error::InvalidUrl`].
+/// or a query string are refused with [`SqliteSetupError::InvalidUrl`].
 pub fn parse_url(url: &str) -> Result<PathBuf> {
-    let invalid = |reason: &str| Error::InvalidUrl {
-        url: url.to_owned(),
-        reason: reason.to_owned(),
+    let invalid = |reason: &str| {
+        Error::from(SqliteSetupError::InvalidUrl {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        })
     };
     let Some(rest) = url.strip_prefix("sqlite:") else {
         return Err(invalid("expected sqlite:PATH"));
@@ -168,7 +170,10 @@ mod tests {
             "leases.db",
         ] {
             assert!(
-                matches!(parse_url(bad), Err(Error::InvalidUrl { .. })),
+                matches!(
+                    parse_url(bad),
+                    Err(Error::Store(SqliteSetupError::InvalidUrl { .. }))
+                ),
                 "{bad}"
             );
         }

@@ -2,13 +2,22 @@
 
 use std::path::PathBuf;
 
+use leasehold::store::{SetupError, StoreSetupError};
+
+/// Why a [`SqliteStore`](crate::SqliteStore) could not be set up: the file is in use by a newer
+/// release ([`TooOld`](SetupError::TooOld), which names the file as `sqlite database PATH`), or
+/// one of [`SqliteSetupError`]. A file has no server to connect to nor tables to create
+/// apart from opening it, so [`Connect`](SetupError::Connect) and
+/// [`Migrate`](SetupError::Migrate) never happen here.
+pub type Error = SetupError<SqliteSetupError>;
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why a [`SqliteStore`](crate::SqliteStore) could not be set up.
+/// The SQLite store's own setup errors: a bad URL or setting, a file it cannot use.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum SqliteSetupError {
     /// The URL is not a `sqlite:PATH` URL this crate accepts.
     #[error("invalid sqlite url {url}: {reason}")]
     InvalidUrl {
@@ -27,6 +36,24 @@ pub enum Error {
         path: PathBuf,
         /// Its missing parent directory.
         dir: PathBuf,
+    },
+    /// No file at the path, for [`SqliteStore::open_existing`](crate::SqliteStore::open_existing),
+    /// which never creates one (a mistyped path must not become a new, empty store). The path
+    /// is made absolute, so the message says where it was looked for.
+    #[error("sqlite database {} does not exist", path.display())]
+    NotFound {
+        /// The database file, absolute.
+        path: PathBuf,
+    },
+    /// The file exists but is not a leasehold store, for
+    /// [`SqliteStore::open_existing`](crate::SqliteStore::open_existing), which neither adds
+    /// leasehold's tables to another database nor writes anything to it.
+    #[error("{} is not a leasehold store: {found}", path.display())]
+    NotAStore {
+        /// The file, absolute.
+        path: PathBuf,
+        /// What it holds instead.
+        found: FileContents,
     },
     /// The path exists but is not a regular file.
     #[error("sqlite database path {} is not a file", path.display())]
@@ -76,27 +103,39 @@ pub enum Error {
         /// The newest version this build knows.
         supported: i64,
     },
-    /// The file is in use by a newer release that does not let this one write to it
-    /// (`meta.min_writer`, see [`leasehold::skew`]). Nothing was written.
-    #[error("sqlite database {}", path.display())]
-    TooOld {
-        /// The database file.
-        path: PathBuf,
-        /// The release the file needs.
-        #[source]
-        source: leasehold::skew::TooOld,
-    },
     /// A background task could not be started (no tokio runtime, or it panicked).
     #[error("sqlite store setup failed: {0}")]
     Runtime(String),
 }
 
-impl Error {
-    /// Whether retrying later may succeed: the file is locked past the busy timeout, the disk
-    /// is full or failing. A file this process may not write (permissions, a read-only file or
-    /// filesystem), a foreign or newer file, a missing directory and a bad URL or setting are
-    /// not transient.
-    pub fn is_transient(&self) -> bool {
+/// What a file that is not a leasehold store holds ([`SqliteSetupError::NotAStore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FileContents {
+    /// Nothing: an empty file, or a SQLite database without tables, still so after a second
+    /// (a store another process is creating gets its tables within it).
+    Empty,
+    /// A SQLite database without leasehold's `leases` table: another application's.
+    OtherDatabase,
+    /// Something SQLite cannot read as a database.
+    NotSqlite,
+}
+
+impl std::fmt::Display for FileContents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Empty => "the file is empty",
+            Self::OtherDatabase => "it is a SQLite database without leasehold's tables",
+            Self::NotSqlite => "it is not a SQLite database",
+        })
+    }
+}
+
+impl StoreSetupError for SqliteSetupError {
+    /// The file is locked past the busy timeout, the disk is full or failing. A file this
+    /// process may not write (permissions, a read-only file or filesystem), a foreign or newer
+    /// file, a missing directory and a bad URL or setting are not transient.
+    fn is_transient(&self) -> bool {
         use rusqlite::ErrorCode as C;
         use std::io::ErrorKind as K;
         match self {
@@ -110,5 +149,9 @@ impl Error {
             ),
             _ => false,
         }
+    }
+
+    fn is_invalid(&self) -> bool {
+        matches!(self, Self::InvalidUrl { .. } | Self::Config(_))
     }
 }

@@ -91,6 +91,8 @@ pub(crate) async fn run(
                 poller = p;
                 rows
             }
+            // Cancelled: the runtime is shutting down (a process that exits), nothing to say.
+            Err(e) if e.is_cancelled() => return,
             Err(e) => {
                 tracing::error!(error = %e, "sqlite release poller stopped");
                 return;

@@ -262,14 +262,23 @@ pub(crate) const UPDATE_CONTROL: &str = "UPDATE tasks SET control_version = cont
 pub(crate) const LEASES: &str =
     "SELECT name, holder, token, expires_at_ms FROM leases ORDER BY name LIMIT ?1";
 
+/// How many of leasehold's columns the file's `leases` table has (none without the table).
+pub(crate) const LEASES_COLUMNS: &str = "SELECT count(*) FROM pragma_table_info('leases') \
+     WHERE name IN ('name', 'holder', 'token', 'expires_at_ms')";
+
+/// [`LEASES_COLUMNS`] of a leasehold store.
+pub(crate) const LEASES_COLUMN_COUNT: i64 = 4;
+
+pub(crate) const TABLE_COUNT: &str = "SELECT count(*) FROM sqlite_master WHERE type = 'table'";
+
 /// Opens a connection with the settings every connection of the store uses.
 pub(crate) fn open_connection(path: &Path, config: &SqliteConfig) -> rusqlite::Result<Connection> {
-    // No SQLITE_OPEN_URI: the path is a file name, never a `file:` URI.
+    // No SQLITE_OPEN_URI: the path is a file name, never a `file:` URI. No SQLITE_OPEN_CREATE:
+    // the store's path check creates the file when the caller may (`SqliteStore::open`), so a
+    // file that must exist (`open_existing`) and has gone is an error, never a new store.
     let conn = Connection::open_with_flags(
         path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(config.busy_timeout)?;
     conn.pragma_update(

@@ -16,8 +16,8 @@ use leasehold::store::{
     Acquisition, ReleaseHub, ReleaseSubscription, Renewal, SlotClaim, StoreResult, within,
 };
 use leasehold::{
-    Capabilities, Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge,
-    Release, Slots, Store, StoreError,
+    Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
+    Store, StoreError,
 };
 use leasehold_sql::column;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
@@ -25,7 +25,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::SqliteConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, FileContents, Result, SqliteSetupError};
 use crate::host_clock;
 use crate::poller::{self, LocalReleases, Poller};
 use crate::schema::{self, open_connection};
@@ -65,17 +65,33 @@ impl SqliteStore {
     /// if needed, in WAL mode. With notifications on, starts the release poller (needs a tokio
     /// runtime, as do all operations).
     ///
-    /// Errors: [`Error::Config`] for bad settings, [`Error::MissingDirectory`],
-    /// [`Error::NotAFile`], [`Error::Io`] (e.g. permission denied) for an unusable path,
-    /// [`Error::Open`] / [`Error::NoWal`] / [`Error::SchemaTooNew`] when SQLite cannot use it.
+    /// Errors, each a [`SqliteSetupError`] in [`Error::Store`]: `Config` for bad settings,
+    /// `MissingDirectory`, `NotAFile`, `Io` (e.g. permission denied) for an unusable path,
+    /// `Open` / `NoWal` / `SchemaTooNew` when SQLite cannot use it; and [`Error::TooOld`] for a
+    /// file a newer release does not let this one write.
     pub async fn open(path: impl AsRef<Path>, config: SqliteConfig) -> Result<Self> {
+        Self::open_in(path.as_ref(), config, Existing::Create).await
+    }
+
+    /// Opens the leasehold store in the file at `path` as [`open`](Self::open) does (an older
+    /// schema is brought up to date), but never creates one and writes nothing to a file that
+    /// is not a leasehold store: for a program that reads or controls a store others run on,
+    /// where a mistyped path must fail rather than answer from a new, empty store.
+    ///
+    /// Errors: as [`open`](Self::open), and [`SqliteSetupError::NotFound`] when no file is at `path`,
+    /// [`SqliteSetupError::NotAStore`] for an empty file, another database or a file that is not SQLite.
+    pub async fn open_existing(path: impl AsRef<Path>, config: SqliteConfig) -> Result<Self> {
+        Self::open_in(path.as_ref(), config, Existing::Required).await
+    }
+
+    async fn open_in(path: &Path, config: SqliteConfig, existing: Existing) -> Result<Self> {
         config.validate()?;
-        let path = path.as_ref().to_path_buf();
+        let path = path.to_path_buf();
         let (conn, poller) = {
             let (path, config) = (path.clone(), config.clone());
-            tokio::task::spawn_blocking(move || open_blocking(&path, &config))
+            tokio::task::spawn_blocking(move || open_blocking(&path, &config, existing))
                 .await
-                .map_err(|e| Error::Runtime(e.to_string()))??
+                .map_err(|e| SqliteSetupError::Runtime(e.to_string()))??
         };
         let local_releases: LocalReleases = Arc::new(StdMutex::new(HashSet::new()));
         let (hub, stop) = match poller {
@@ -134,23 +150,48 @@ impl SqliteStore {
     }
 }
 
-fn open_blocking(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<Poller>)> {
-    check_path(path)?;
+/// Whether opening may create the file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Existing {
+    /// Create the file and the schema if missing ([`SqliteStore::open`]).
+    Create,
+    /// The file must exist and be a leasehold store ([`SqliteStore::open_existing`]).
+    Required,
+}
+
+fn open_blocking(
+    path: &Path,
+    config: &SqliteConfig,
+    existing: Existing,
+) -> Result<(Connection, Option<Poller>)> {
     // Switching a new file to WAL mode takes an exclusive lock, and SQLite reports some lock
     // conflicts while several processes open the same new file without calling the busy
-    // handler; retry those until the busy timeout has passed.
+    // handler; retry those until the busy timeout has passed. A file with nothing in it may be
+    // a store another process has just created and not yet given its tables: it is looked at
+    // again for a while before being called empty.
     let started = std::time::Instant::now();
     loop {
-        match open_once(path, config) {
-            Err(Error::Open { source, .. })
+        match check_path(path, existing).and_then(|()| open_once(path, config, existing)) {
+            Err(Error::Store(SqliteSetupError::Open { source, .. }))
                 if is_busy(&source) && started.elapsed() < config.busy_timeout =>
             {
                 std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(Error::Store(SqliteSetupError::NotAStore {
+                found: FileContents::Empty,
+                ..
+            })) if started.elapsed() < CREATION_GRACE => {
+                std::thread::sleep(Duration::from_millis(10));
             }
             result => return result,
         }
     }
 }
+
+/// How long [`SqliteStore::open_existing`] waits for an empty file to become a store: the
+/// creating process writes the file, then its first page, then its tables, within a few
+/// milliseconds (more on a loaded host).
+const CREATION_GRACE: Duration = Duration::from_secs(1);
 
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
@@ -159,25 +200,37 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<Poller>)> {
-    let open_err = |source| Error::Open {
+fn open_once(
+    path: &Path,
+    config: &SqliteConfig,
+    existing: Existing,
+) -> Result<(Connection, Option<Poller>)> {
+    let open_err = |source| SqliteSetupError::Open {
         path: path.to_path_buf(),
         source,
     };
-    let mut conn = open_connection(path, config).map_err(open_err)?;
+    let mut conn = match open_connection(path, config) {
+        Err(e) if existing == Existing::Required => return Err(required_error(e, path)),
+        opened => opened.map_err(open_err)?,
+    };
+    // Before the switch to WAL mode, the first write.
+    if existing == Existing::Required {
+        check_is_store(&conn, path)?;
+    }
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
         .map_err(open_err)?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::NoWal {
+        return Err(SqliteSetupError::NoWal {
             path: path.to_path_buf(),
             mode,
-        });
+        }
+        .into());
     }
     // Before anything is written: a newer release may not let this one write to the file.
     if let Some(recorded) = meta_value(&conn, skew::MIN_WRITER_KEY).map_err(open_err)? {
         skew::check_writer(&recorded).map_err(|source| Error::TooOld {
-            path: path.to_path_buf(),
+            store: format!("sqlite database {}", path.display()),
             source,
         })?;
     }
@@ -194,11 +247,12 @@ fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<P
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(open_err)?;
         if version > schema::SCHEMA_VERSION {
-            return Err(Error::SchemaTooNew {
+            return Err(SqliteSetupError::SchemaTooNew {
                 path: path.to_path_buf(),
                 found: version,
                 supported: schema::SCHEMA_VERSION,
-            });
+            }
+            .into());
         }
         tx.execute_batch(schema::SCHEMA).map_err(open_err)?;
         if version == 1 || version == 2 {
@@ -206,7 +260,8 @@ fn open_once(path: &Path, config: &SqliteConfig) -> Result<(Connection, Option<P
             let wall: i64 = tx
                 .query_row(schema::NOW, [], |r| r.get(0))
                 .map_err(open_err)?;
-            let host = host_clock::now_ms().map_err(|e| Error::Runtime(e.to_string()))?;
+            let host =
+                host_clock::now_ms().map_err(|e| SqliteSetupError::Runtime(e.to_string()))?;
             tx.execute(schema::TO_HOST_CLOCK, [wall, host])
                 .map_err(open_err)?;
         }
@@ -312,8 +367,73 @@ fn check_boot(conn: &mut Connection) -> rusqlite::Result<()> {
     tx.commit()
 }
 
-/// Turns the common ways a path is unusable into clear errors before SQLite sees it.
-fn check_path(path: &Path) -> Result<()> {
+/// Whether the file SQLite opened holds leasehold's `leases` table (every schema version has
+/// it, with these columns); reads only.
+fn check_is_store(conn: &Connection, path: &Path) -> Result<()> {
+    let not_a_store = |found| SqliteSetupError::NotAStore {
+        path: absolute(path),
+        found,
+    };
+    let counted = |sql: &str| {
+        conn.query_row(sql, [], |r| r.get::<_, i64>(0))
+            .map_err(|e| required_error(e, path))
+    };
+    if counted(schema::LEASES_COLUMNS)? == schema::LEASES_COLUMN_COUNT {
+        return Ok(());
+    }
+    let tables = counted(schema::TABLE_COUNT)?;
+    Err(not_a_store(if tables == 0 {
+        FileContents::Empty
+    } else {
+        FileContents::OtherDatabase
+    })
+    .into())
+}
+
+/// SQLite's error on a file that must be a leasehold store: one SQLite cannot read is not a
+/// store; the others (a lock held past the busy timeout, say) are as for any open.
+fn required_error(source: rusqlite::Error, path: &Path) -> Error {
+    let error = match source.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => SqliteSetupError::NotAStore {
+            path: absolute(path),
+            found: FileContents::NotSqlite,
+        },
+        _ => SqliteSetupError::Open {
+            path: path.to_path_buf(),
+            source,
+        },
+    };
+    error.into()
+}
+
+/// `path` from the root, for a message saying where a file was looked for.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Turns the common ways a path is unusable into clear errors before SQLite sees it; creates
+/// the file when `existing` allows it (SQLite itself never does, see
+/// [`open_connection`](schema::open_connection)).
+fn check_path(path: &Path, existing: Existing) -> Result<()> {
+    if existing == Existing::Required {
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(SqliteSetupError::NotFound {
+                    path: absolute(path),
+                }
+                .into());
+            }
+            // Empty: SQLite would take it for an empty database and write to it.
+            Ok(m) if m.is_file() && m.len() == 0 => {
+                return Err(SqliteSetupError::NotAStore {
+                    path: absolute(path),
+                    found: FileContents::Empty,
+                }
+                .into());
+            }
+            _ => {}
+        }
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -321,38 +441,45 @@ fn check_path(path: &Path) -> Result<()> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
-            return Err(Error::NotAFile {
+            return Err(SqliteSetupError::NotAFile {
                 path: dir.to_path_buf(),
-            });
+            }
+            .into());
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Error::MissingDirectory {
+            return Err(SqliteSetupError::MissingDirectory {
                 path: path.to_path_buf(),
                 dir: dir.to_path_buf(),
-            });
+            }
+            .into());
         }
         Err(source) => {
-            return Err(Error::Io {
+            return Err(SqliteSetupError::Io {
                 path: path.to_path_buf(),
                 source,
-            });
+            }
+            .into());
         }
     }
     if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return Err(Error::NotAFile {
+        return Err(SqliteSetupError::NotAFile {
             path: path.to_path_buf(),
-        });
+        }
+        .into());
     }
     OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
+        .create(existing == Existing::Create)
         .truncate(false)
         .open(path)
         .map(drop)
-        .map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
+        .map_err(|source| {
+            SqliteSetupError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+            .into()
         })
 }
 
@@ -443,19 +570,8 @@ fn lease_state(
     expires_at_ms: i64,
     now_ms: i64,
 ) -> std::result::Result<LeaseState, StoreError> {
-    let holder = match holder {
-        Some(h) if expires_at_ms > now_ms => Some(column::holder(h)?),
-        _ => None,
-    };
-    Ok(LeaseState {
-        remaining: if holder.is_some() {
-            remaining(expires_at_ms, now_ms)
-        } else {
-            Duration::ZERO
-        },
-        holder,
-        token: column::token(token)?,
-    })
+    let remaining_us = expires_at_ms.saturating_sub(now_ms).saturating_mul(1000);
+    column::lease_state(holder, token, Some(remaining_us))
 }
 
 fn acquire_tx(
@@ -664,10 +780,6 @@ impl Store for SqliteStore {
         format!("sqlite:{}", self.inner.path.display())
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
-    }
-
     /// One transaction for the whole batch.
     fn renew_many(
         &self,
@@ -703,6 +815,8 @@ impl Store for SqliteStore {
     }
 }
 
+leasehold::declare_capabilities!(SqliteStore: SLOTS | PURGE | MEMBERSHIP | CATALOG);
+
 impl Slots for SqliteStore {
     fn claim_slot(
         &self,
@@ -729,11 +843,7 @@ impl Slots for SqliteStore {
                 .prepare_cached(schema::LAST_SLOT)?
                 .query_row([&task], |r| r.get(0))
                 .optional()?;
-            last.map(|l| {
-                u64::try_from(l)
-                    .map_err(|_| Fail::Store(StoreError::Corrupt(format!("negative slot {l}"))))
-            })
-            .transpose()
+            Ok(last.map(column::slot).transpose()?)
         })
     }
 
@@ -816,14 +926,7 @@ impl Membership for SqliteStore {
             let members = tx
                 .prepare_cached(schema::MEMBERS)?
                 .query_map([&group], |r| r.get::<_, String>(0))?
-                .map(|m| {
-                    let m = m?;
-                    HolderId::new(&m).map_err(|_| {
-                        Fail::Store(StoreError::Corrupt(format!(
-                            "member {m:?} is not a holder id"
-                        )))
-                    })
-                })
+                .map(|m| Ok(column::member(m?)?))
                 .collect::<std::result::Result<Vec<_>, Fail>>()?;
             tx.commit()?;
             Ok(members)
@@ -962,15 +1065,7 @@ impl Catalog for SqliteStore {
                 // No version above i64::MAX was ever written.
                 Some(Err(_)) => None,
             };
-            written
-                .map(|v| {
-                    u64::try_from(v).map_err(|_| {
-                        Fail::Store(StoreError::Corrupt(format!(
-                            "negative control record version {v}"
-                        )))
-                    })
-                })
-                .transpose()
+            Ok(written.map(column::version).transpose()?)
         })
     }
 

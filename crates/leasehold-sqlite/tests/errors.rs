@@ -4,7 +4,7 @@ use leasehold::Slots;
 use std::time::Duration;
 
 use leasehold::{HolderId, LeaseName, Store, StoreError};
-use leasehold_sqlite::{Error, SqliteConfig, SqliteStore, connect};
+use leasehold_sqlite::{Error, SqliteConfig, SqliteSetupError, SqliteStore, connect};
 
 fn temp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -31,7 +31,10 @@ async fn url_forms_open_the_file() {
         "sqlite:",
     ] {
         assert!(
-            matches!(connect(bad).await, Err(Error::InvalidUrl { .. })),
+            matches!(
+                connect(bad).await,
+                Err(Error::Store(SqliteSetupError::InvalidUrl { .. }))
+            ),
             "{bad}"
         );
     }
@@ -44,7 +47,10 @@ async fn missing_directory_is_a_clear_error() {
     let err = connect(&format!("sqlite:{}", path.display()))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::MissingDirectory { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(SqliteSetupError::MissingDirectory { .. })),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
 
@@ -54,7 +60,10 @@ async fn a_directory_is_not_a_database() {
     let err = SqliteStore::open(dir.path(), SqliteConfig::default())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::NotAFile { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(SqliteSetupError::NotAFile { .. })),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -69,7 +78,10 @@ async fn a_foreign_file_is_refused() {
     let err = SqliteStore::open(&path, SqliteConfig::default())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Open { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(SqliteSetupError::Open { .. })),
+        "{err:?}"
+    );
     assert!(!err.is_transient(), "a refusal: {err:?}");
 }
 
@@ -87,7 +99,10 @@ async fn permission_denied_is_a_clear_error() {
     let err = SqliteStore::open(&path, SqliteConfig::default())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(SqliteSetupError::Io { .. })),
+        "{err:?}"
+    );
     assert!(!err.is_transient(), "a refusal: {err:?}");
     // The message names the file, its source why.
     let cause = std::error::Error::source(&err).unwrap().to_string();
@@ -106,7 +121,10 @@ async fn a_newer_schema_is_refused() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, Error::SchemaTooNew { found: 99, .. }),
+        matches!(
+            err,
+            Error::Store(SqliteSetupError::SchemaTooNew { found: 99, .. })
+        ),
         "{err:?}"
     );
     assert!(!err.is_transient());
@@ -121,7 +139,10 @@ async fn bad_settings_are_refused() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(SqliteSetupError::Config(_))),
+        "{err:?}"
+    );
 }
 
 /// Another process holding the write lock: past the busy timeout the store is unavailable;

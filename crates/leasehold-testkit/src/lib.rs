@@ -3,11 +3,13 @@
 //! ([`ha`]), a MariaDB server of a test's own ([`mariadb`]), TLS certificates made with the
 //! `openssl` tool ([`tls`]), a PostgreSQL stand-in that refuses passwords ([`postgres`]), and
 //! the store conformance suite run all at once on one deployment ([`conformance`]), the fleet
-//! catalog's shared checks ([`catalog`]), and errors as a user meets them ([`errors`]).
+//! catalog's shared checks ([`catalog`]), the SQL stores' integer bounds ([`sql`]), and errors
+//! as a user meets them ([`errors`]).
 //!
-//! Servers are killed when their value is dropped; their data directories live under the
-//! system temp dir and go with them. Failures panic with a message naming what is missing, as
-//! test helpers do.
+//! The servers are `leasehold-servers`'s launchers, which `leasehold chaos` uses too: killed when
+//! their value is dropped (or by a watchdog, should the test process die first), their data
+//! directories under the system temp dir going with them. Failures panic with the launcher's
+//! message (what is missing, the end of the server's log), as test helpers do.
 
 pub mod catalog;
 pub mod conformance;
@@ -16,28 +18,22 @@ pub mod ha;
 pub mod mariadb;
 pub mod postgres;
 pub mod redis;
+pub mod sql;
 pub mod tls;
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use leasehold::{FencingToken, HolderId, LeaseName, Store, store::Acquisition};
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, below the kernel's ephemeral range where it
+/// leaves room (see [`leasehold_servers::free_ports`]).
 pub fn free_port() -> u16 {
-    free_ports(1)[0]
+    leasehold_servers::free_port().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `n` distinct loopback ports nobody listens on right now.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    // Every listener is held until all are chosen, so no port is handed out twice.
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("a bound listener's address").port())
-        .collect()
+    leasehold_servers::free_ports(n).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Polls `ready` every 20 ms and panics with `what` if it is not true within `timeout`.

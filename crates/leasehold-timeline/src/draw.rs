@@ -4,9 +4,13 @@
 use std::fmt::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
-/// Escapes text for SVG content and attribute values.
+/// Escapes text for SVG content and attribute values: the characters
+/// [`leasehold::text::is_hidden`] names (controls, bidi controls, and all those XML forbids) are
+/// written visibly (`\x1b`, `\n`, `\u{202e}`), so text from the store (a failure text, a pause
+/// reason) can neither make the document invalid XML nor reorder what a tooltip shows.
 pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
+    leasehold::text::visible(s)
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")

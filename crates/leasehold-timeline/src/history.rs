@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use leasehold::history::{MissReason, RecordTrigger, RunOutcome, RunRecord};
+use leasehold::history::{MissReason, Outcome, RecordTrigger, RunOutcome, RunRecord};
 
 use crate::draw::{AxisLabels, LEGEND_ROW, Svg, Swatch, TimeScale, legend_rows, utc_minute};
 
@@ -28,9 +28,9 @@ struct Kind(&'static str, &'static str);
 const OK: Kind = Kind("#2ca02c", "ok");
 const FAILED: Kind = Kind("#d62728", "failed");
 const CANCELLED: Kind = Kind("#ff7f0e", "cancelled");
-const ABORTED: Kind = Kind("#8c564b", "aborted or panicked");
+const TIMED_OUT: Kind = Kind("#9467bd", "timed-out");
 const RUNNING: Kind = Kind("#1f77b4", "running (no end yet)");
-const LOST: Kind = Kind("#222222", "lost (holder died)");
+const INTERRUPTED: Kind = Kind("#222222", "interrupted (its instance went away)");
 /// An outcome this release does not know (a newer writer's).
 const OTHER: Kind = Kind("#c7c7c7", "other");
 const NOT_CLAIMED: Kind = Kind("#e377c2", "missed: not claimed");
@@ -43,11 +43,15 @@ fn kind(record: &RunRecord) -> &'static Kind {
     if record.paused.is_some() {
         return &PAUSED;
     }
+    match record.result() {
+        Some(Outcome::Ok) => return &OK,
+        Some(Outcome::Failed) => return &FAILED,
+        Some(Outcome::TimedOut) => return &TIMED_OUT,
+        Some(Outcome::Cancelled) => return &CANCELLED,
+        Some(Outcome::Interrupted) => return &INTERRUPTED,
+        _ => {}
+    }
     match &record.outcome {
-        RunOutcome::Ok => &OK,
-        RunOutcome::Failed { .. } => &FAILED,
-        RunOutcome::Cancelled { .. } => &CANCELLED,
-        RunOutcome::Aborted | RunOutcome::Panicked => &ABORTED,
         RunOutcome::Missed { reason, .. } => match reason {
             MissReason::StoreDown => &STORE_DOWN,
             MissReason::Overlap => &OVERLAP,
@@ -55,7 +59,6 @@ fn kind(record: &RunRecord) -> &'static Kind {
             _ => &NOT_CLAIMED,
         },
         RunOutcome::Running => &RUNNING,
-        RunOutcome::Lost => &LOST,
         _ => &OTHER,
     }
 }
@@ -88,10 +91,9 @@ fn ms_text(ms: u64) -> String {
 }
 
 fn run_title(r: &RunRecord) -> String {
-    let mut parts = vec![match &r.outcome {
-        RunOutcome::Failed { error } => format!("failed: {error}"),
-        RunOutcome::Cancelled { why } => format!("cancelled: {why}"),
-        other => other.as_str().to_owned(),
+    let mut parts = vec![match r.error() {
+        Some(error) => format!("{}: {error}", r.word()),
+        None => r.word().to_owned(),
     }];
     if let Some(slot) = r.slot {
         parts.push(format!("slot {} UTC", ms_text(slot)));
@@ -189,10 +191,10 @@ fn legend(records: &[RunRecord]) -> Vec<Swatch<'static>> {
     let mut legend: Vec<Swatch> = [
         &OK,
         &FAILED,
+        &TIMED_OUT,
         &CANCELLED,
-        &ABORTED,
+        &INTERRUPTED,
         &RUNNING,
-        &LOST,
         &OTHER,
         &NOT_CLAIMED,
         &STORE_DOWN,
@@ -281,8 +283,8 @@ pub fn history_svg(task: &str, records: &[RunRecord], now_ms: u64) -> String {
         }
         svg.marker(x, at.misses + 14.0, colour, &miss_title(r));
         let label = miss_label(r);
-        // Labels near the right edge end there.
-        let width = label.chars().count() as f64 * CHAR;
+        // Labels near the right edge end there (the width as drawn, hidden characters escaped).
+        let width = leasehold::text::visible(&label).chars().count() as f64 * CHAR;
         let label_x = (x - 3.0).min(WIDTH - 4.0 - width);
         if let Some(row) = free_from.iter().position(|free| label_x >= *free) {
             let attrs = format!(r#"fill="{colour}""#);
@@ -306,19 +308,13 @@ fn summary(runs: &[(&RunRecord, (u64, u64))], misses: &[(&RunRecord, (u64, u64))
     let detail: Vec<String> = [
         "ok",
         "failed",
+        "timed-out",
         "cancelled",
-        "aborted",
-        "panicked",
+        "interrupted",
         "running",
-        "lost",
     ]
     .into_iter()
-    .map(|o| {
-        (
-            runs.iter().filter(|(r, _)| r.outcome.as_str() == o).count(),
-            o,
-        )
-    })
+    .map(|o| (runs.iter().filter(|(r, _)| r.word() == o).count(), o))
     .filter(|(n, _)| *n > 0)
     .map(|(n, o)| format!("{n} {o}"))
     .collect();

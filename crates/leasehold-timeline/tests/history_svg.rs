@@ -1,9 +1,11 @@
 //! The run history picture: well-formed SVG with one bar per run and one marker per miss, for
 //! one run and for hundreds, with reasons and pauses labelled. With `LEASEHOLD_SVG_OUT=DIR` the
-//! picture of hundreds is kept there to look at (`rsvg-convert` makes a PNG of it).
+//! picture of hundreds is kept there to look at (`rsvg-convert` makes a PNG of it). Text from
+//! the store with control characters in it is shown escaped, in a document that stays XML.
 
 use leasehold::catalog::Pause;
-use leasehold::history::{MissReason, RecordTrigger, RunOutcome, RunRecord};
+use leasehold::history::{MissReason, RecordTrigger, RunOutcome, RunRecord, RunRequest};
+use leasehold::text::{is_hidden, visible};
 use leasehold_timeline::history_svg;
 
 const T0: u64 = 1_796_342_400_000; // 2026-12-04T00:00:00Z
@@ -96,7 +98,7 @@ fn hundreds_of_runs_and_misses_each_get_a_bar_or_a_marker_inside_the_plot() {
             )),
             // Its instance was killed mid-run: no end was recorded.
             33 => {
-                let mut lost = run(slot, RunOutcome::Lost);
+                let mut lost = run(slot, RunOutcome::Interrupted);
                 lost.ended_ms = None;
                 records.push(lost);
             }
@@ -139,7 +141,10 @@ fn hundreds_of_runs_and_misses_each_get_a_bar_or_a_marker_inside_the_plot() {
         10
     );
     assert_eq!(bars.iter().filter(|t| t.starts_with("running")).count(), 1);
-    assert_eq!(bars.iter().filter(|t| t.starts_with("lost")).count(), 10);
+    assert_eq!(
+        bars.iter().filter(|t| t.starts_with("interrupted")).count(),
+        10
+    );
     let markers = titled(&doc, "path");
     assert_eq!(markers.len(), misses);
     assert_eq!(
@@ -232,4 +237,96 @@ fn names_and_errors_with_markup_are_escaped() {
     let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
     assert!(titled(&doc, "rect")[0].starts_with("failed: <oops> & \"x\""));
     assert!(texts(&doc).iter().any(|t| t.2 == "Run history of a<b>&c"));
+}
+
+/// Every character the text rule names (controls, bidi controls, what XML forbids), with
+/// markup around them.
+fn hostile() -> String {
+    let hidden: String = (0u32..=0x10ffff)
+        .filter_map(char::from_u32)
+        .filter(|&c| is_hidden(c))
+        .collect();
+    format!("<b>&{hidden}\"'")
+}
+
+/// Text from the store may hold anything (an older release, a hand-written row, a failure
+/// text with a command's stderr): in every text the picture draws (title, labels, tooltips of
+/// bars and markers) each such character is written visibly, and the document stays XML.
+#[test]
+fn every_control_character_in_every_drawn_text_is_shown_escaped_in_valid_xml() {
+    let bad = hostile();
+    let mut failed = run(T0, RunOutcome::Failed { error: bad.clone() });
+    failed.holder = bad.clone();
+    let mut cancelled = run(T0 + MINUTE, RunOutcome::Cancelled { why: bad.clone() });
+    cancelled.trigger = Some(RecordTrigger::Manual);
+    cancelled.request = Some(RunRequest {
+        id: bad.clone(),
+        by: bad.clone(),
+    });
+    let mut paused = RunRecord::missed(
+        T0 + 2 * MINUTE,
+        1,
+        T0 + 2 * MINUTE,
+        MissReason::NotClaimed,
+        &bad,
+    );
+    paused.paused = Some(Pause {
+        by: bad.clone(),
+        reason: Some(bad.clone()),
+        at_ms: T0,
+    });
+    let missed = RunRecord::missed(
+        T0 + 3 * MINUTE,
+        2,
+        T0 + 4 * MINUTE,
+        MissReason::Overlap,
+        &bad,
+    );
+    let svg = history_svg(&bad, &[failed, cancelled, paused, missed], T0 + 5 * MINUTE);
+
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
+    // The document's own line breaks are its only hidden characters.
+    let raw: Vec<char> = svg.chars().filter(|&c| is_hidden(c) && c != '\n').collect();
+    assert!(raw.is_empty(), "{raw:?}");
+    let shown = visible(&bad).into_owned();
+    assert!(shown.contains("\\x1b") && shown.contains("\\u{202e}") && shown.contains("\\0"));
+    let bars = titled(&doc, "rect");
+    assert_eq!(bars.len(), 2, "{bars:?}");
+    assert!(
+        bars[0].starts_with(&format!("failed: {shown} · ")),
+        "{}",
+        bars[0]
+    );
+    assert!(bars[0].contains(&format!("holder {shown}")), "{}", bars[0]);
+    assert!(
+        bars[1].starts_with(&format!("cancelled: {shown} · ")),
+        "{}",
+        bars[1]
+    );
+    assert!(
+        bars[1].contains(&format!("asked by {shown}")),
+        "{}",
+        bars[1]
+    );
+    let markers = titled(&doc, "path");
+    assert_eq!(markers.len(), 2, "{markers:?}");
+    assert!(
+        markers[0].contains(&format!("paused by {shown}: {shown} · recorded by {shown}")),
+        "{}",
+        markers[0]
+    );
+    assert!(
+        markers[1].ends_with(&format!("recorded by {shown}")),
+        "{}",
+        markers[1]
+    );
+    let words: Vec<String> = texts(&doc).into_iter().map(|t| t.2).collect();
+    assert!(
+        words.contains(&format!("Run history of {shown}")),
+        "{words:?}"
+    );
+    assert!(
+        words.contains(&format!("paused by {shown}: {shown}")),
+        "{words:?}"
+    );
 }

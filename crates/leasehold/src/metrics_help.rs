@@ -1,6 +1,9 @@
-//! The help text of the engine's metrics, for recorders that print it (Prometheus' `# HELP`).
+//! The help text of the engine's metrics, for recorders that print it (Prometheus' `# HELP`),
+//! and the counters one task holds for as long as it lives.
 
-use metrics::Unit;
+use std::sync::Mutex;
+
+use metrics::{Counter, Unit};
 
 /// How a metric is recorded.
 #[derive(Clone, Copy)]
@@ -44,6 +47,36 @@ const ENGINE_METRICS: &[(&str, Kind, &str)] = &[
         "Slots that did not run, by task and reason, counted by the instance that found them.",
     ),
     (
+        "leasehold_runs_total",
+        Kind::Counter,
+        "Runs that ended, by task, outcome (ok, failed, timed-out, cancelled, interrupted) and trigger.",
+    ),
+    (
+        "leasehold_run_duration_seconds",
+        Kind::Histogram,
+        "How long runs took, by task, whatever their outcome.",
+    ),
+    (
+        "leasehold_last_run_timestamp_seconds",
+        Kind::Gauge,
+        "When the task's last run ended (store clock, Unix seconds).",
+    ),
+    (
+        "leasehold_last_success_timestamp_seconds",
+        Kind::Gauge,
+        "When the task's last ok run ended (store clock, Unix seconds).",
+    ),
+    (
+        "leasehold_consecutive_failures",
+        Kind::Gauge,
+        "Failed and timed-out runs of the task on this instance since its last ok run.",
+    ),
+    (
+        "leasehold_task_interval_seconds",
+        Kind::Gauge,
+        "The time between the task's slots about its last run.",
+    ),
+    (
         "leasehold_history_dropped_total",
         Kind::Counter,
         "Run history records dropped because the writer's queue was full.",
@@ -74,6 +107,32 @@ pub fn describe_metrics() {
     }
 }
 
+/// The counters about one task (a `task` label), each registered on its first use and held for
+/// as long as the task lives here. A recorder that removes the series nobody holds (the
+/// sidecar's and `leasehold run`'s) so keeps a task's series exactly as long as the task: they
+/// go with it when it is given up, not before (a daily task's counters between its runs).
+#[derive(Default)]
+pub(crate) struct TaskCounters(Mutex<Vec<(&'static str, &'static str, Counter)>>);
+
+impl TaskCounters {
+    /// The counter of `metric` with the other label's value `value`, registered with `make`
+    /// the first time.
+    pub(crate) fn get(
+        &self,
+        metric: &'static str,
+        value: &'static str,
+        make: impl FnOnce() -> Counter,
+    ) -> Counter {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((.., counter)) = held.iter().find(|(m, v, _)| *m == metric && *v == value) {
+            return counter.clone();
+        }
+        let counter = make();
+        held.push((metric, value, counter.clone()));
+        counter
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,7 +145,9 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("| `"))
             .filter_map(|l| l.split('`').next())
-            .filter(|name| !name.starts_with("leasehold_sidecar_"))
+            .filter(|name| {
+                !name.starts_with("leasehold_sidecar_") && !name.starts_with("leasehold_series_")
+            })
             .collect();
         let described: std::collections::BTreeSet<&str> =
             ENGINE_METRICS.iter().map(|(name, ..)| *name).collect();

@@ -1,17 +1,19 @@
-//! The gate's decision in one store call: once a gate has read the store's clock, a store that
-//! answers `Slots::tick` itself (`Capabilities::TICK`) decides a tick in one call, with the
-//! same answers as the separate calls.
+//! The gate's decision in one store call: once a task's ticks have read the store's clock, a
+//! store that answers `Slots::tick` itself (`Capabilities::TICK`) decides a timer firing in one
+//! call, with the same answers as the separate calls.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::catalog::{Control, Pause};
-use leasehold::gate::{Decision, Due, Gate, Skip, StoreClock};
+use leasehold::gate::{Gate, Skip, StoreClock};
+use leasehold::history::HistoryWriter;
+use leasehold::lifecycle::{Fired, RunsPerFiring, TaskPlan, TaskTicks};
 use leasehold::store::{Answer, Layer, StoreResult};
 use leasehold::{
-    Capabilities, Catalog, HolderId, Lease, LeaseConfig, LeaseName, MemoryStore, Schedule, Slots,
-    Store,
+    Capabilities, Catalog, CatchUp, HolderId, Lease, LeaseConfig, LeaseName, MemoryStore, Schedule,
+    Slots, Store, Trigger,
 };
 
 /// A memory store that notes every call the gate makes.
@@ -55,36 +57,42 @@ fn gate(store: &Counted, task: &LeaseName, holder: &str) -> Gate<Counted> {
     Gate::new(lease)
 }
 
+/// One process's ticks of `task` (as a sidecar keeps them across its requests).
+fn ticks(store: &Counted, task: &LeaseName) -> TaskTicks {
+    let history = HistoryWriter::spawn(store.clone(), 100, Duration::from_secs(1));
+    TaskTicks::new(
+        task.clone(),
+        HolderId::new("sidecar").unwrap(),
+        history,
+        Arc::new(StoreClock::new()),
+    )
+}
+
 #[tokio::test]
 async fn a_tick_is_one_store_call_once_the_clock_is_known() {
     let store = Counted::default();
     assert!(store.capabilities().contains(Capabilities::TICK));
     let task = LeaseName::new("gate/one-call").unwrap();
-    let schedule = Schedule::every(Duration::from_secs(3600)).unwrap();
-    let clock = StoreClock::new();
+    let plan = TaskPlan::new(Schedule::every(Duration::from_secs(3600)).unwrap());
+    let ticks = ticks(&store, &task);
 
-    // No reading yet: the clock with the control record, then the one call for the slot.
-    let first = gate(&store, &task, "a");
-    let Due::Decided {
-        slot,
-        decision: Decision::Run(ticket),
-        ..
-    } = first.decide_due(&schedule, &clock).await.unwrap()
-    else {
+    // No reading yet, nothing decided here: the clock with the control record and the slot
+    // record (anything missed?), then the one call for the slot (its interval is an hour: a
+    // firing anywhere in it is on time).
+    let Fired::Run(ticket) = ticks.fire(&gate(&store, &task, "a"), &plan, None).await else {
         panic!("the first tick of a slot runs");
     };
-    assert_eq!(store.take_calls(), ["control", "tick"]);
+    let slot = ticket.slot();
+    assert_eq!(store.take_calls(), ["control", "last_slot", "tick"]);
     assert_eq!(store.last_slot(&task).await.unwrap(), Some(slot));
-    assert!(clock.now_ms().is_some());
+    assert!(ticks.store_now().is_some());
     store.take_calls();
 
     // Known clock: one call. The run holds the task lease and the slot is claimed.
-    let second = gate(&store, &task, "b");
-    match second.decide_due(&schedule, &clock).await.unwrap() {
-        Due::Decided {
+    match ticks.fire(&gate(&store, &task, "b"), &plan, None).await {
+        Fired::Skipped {
             slot: s,
-            decision: Decision::Skip(Skip::AlreadyRun { last }),
-            ..
+            skip: Skip::AlreadyRun { last },
         } => assert_eq!((s, last), (slot, slot)),
         other => panic!("a second tick of the slot answered {other:?}"),
     }
@@ -105,16 +113,11 @@ async fn a_tick_is_one_store_call_once_the_clock_is_known() {
         .await
         .unwrap();
     store.take_calls();
-    let third = gate(&store, &task, "c");
-    match third.decide_due(&schedule, &clock).await.unwrap() {
-        Due::Decided {
-            reading,
-            decision: Decision::Skip(Skip::Paused(p)),
+    match ticks.fire(&gate(&store, &task, "c"), &plan, None).await {
+        Fired::Skipped {
+            skip: Skip::Paused(p),
             ..
-        } => {
-            assert_eq!(p.by, "test");
-            assert!(reading.control.is_some_and(|c| c.paused.is_some()));
-        }
+        } => assert_eq!(p.by, "test"),
         other => panic!("a paused task's tick answered {other:?}"),
     }
     assert_eq!(store.take_calls(), ["tick", "claim_slot"]);
@@ -124,27 +127,68 @@ async fn a_tick_is_one_store_call_once_the_clock_is_known() {
     );
 }
 
-#[tokio::test]
-async fn a_stale_clock_costs_a_second_call_not_a_wrong_slot() {
+#[tokio::test(start_paused = true)]
+async fn a_clock_estimate_carried_forward_names_the_next_slot_in_one_call() {
     let store = Counted::default();
     let task = LeaseName::new("gate/stale-clock").unwrap();
-    let schedule = Schedule::every(Duration::from_millis(100)).unwrap();
-    let clock = StoreClock::new();
+    let plan = TaskPlan::new(Schedule::every(Duration::from_millis(100)).unwrap());
+    let ticks = ticks(&store, &task);
     let g = gate(&store, &task, "a");
-    let Due::Decided { decision, .. } = g.decide_due(&schedule, &clock).await.unwrap() else {
-        panic!("an every-100ms task is always due");
+    let Fired::Run(ticket) = ticks.fire(&g, &plan, None).await else {
+        panic!("the first tick of an every-100ms task runs");
     };
-    let Decision::Run(ticket) = decision else {
-        panic!("the first tick runs");
-    };
+    let first = ticket.slot();
     drop(ticket);
-    // The local clock runs on; the store's reading is 250 ms old: the slot named from it is
-    // still right (the monotonic clock moved with it).
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The store's clock was read 100 ms ago: the slot named from the estimate carried forward
+    // on the monotonic clock is the next one, and the store decides it in one call.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     store.take_calls();
-    let Due::Decided { slot, reading, .. } = g.decide_due(&schedule, &clock).await.unwrap() else {
-        panic!("due");
+    let Fired::Run(ticket) = ticks.fire(&g, &plan, None).await else {
+        panic!("the next slot runs");
     };
-    assert_eq!(Some(slot), schedule.latest_at_or_before(reading.now_ms));
-    assert_eq!(store.take_calls().first(), Some(&"tick"));
+    assert_eq!(ticket.slot(), first + 100);
+    assert_eq!(store.take_calls(), ["tick"]);
+}
+
+/// A new leader looks back just before a slot and decides its catch-up just after it (the
+/// store answered late): the slot that fell due meanwhile runs next as `timer`, on time, not
+/// a slot later as a second catch-up.
+#[tokio::test(start_paused = true)]
+async fn the_slot_due_when_a_catch_up_is_decided_runs_next_on_time() {
+    let store = Counted::default();
+    let task = LeaseName::new("gate/catch-up-then-due").unwrap();
+    let plan = TaskPlan::new(Schedule::every(Duration::from_secs(1)).unwrap())
+        .catch_up(CatchUp::Latest {
+            window: Duration::from_secs(3600),
+        })
+        .runs(RunsPerFiring::All);
+    let g = gate(&store, &task, "a");
+    let first = {
+        let old_leader = ticks(&store, &task);
+        let Fired::Run(ticket) = old_leader.fire(&g, &plan, None).await else {
+            panic!("the first tick runs");
+        };
+        let slot = ticket.slot();
+        ticket.into_guard().release().await.unwrap();
+        slot
+    };
+    // Three slots pass unrun; the new leader looks back half way to the fourth.
+    let now = store.now_millis().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(first + 3_500 - now)).await;
+    let new_leader = ticks(&store, &task);
+    assert!(new_leader.look_for_missed(&g, &plan).await.unwrap());
+    // The fourth slot falls due before the catch-up is decided.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let Some(Fired::Run(catch_up)) = new_leader.fire_queued(&g, &plan).await else {
+        panic!("the newest missed slot is caught up");
+    };
+    assert_eq!(
+        (catch_up.slot(), catch_up.trigger()),
+        (first + 3_000, Trigger::CatchUp)
+    );
+    catch_up.into_guard().release().await.unwrap();
+    let Some(Fired::Run(due)) = new_leader.fire_queued(&g, &plan).await else {
+        panic!("the slot due since runs next");
+    };
+    assert_eq!((due.slot(), due.trigger()), (first + 4_000, Trigger::Timer));
 }

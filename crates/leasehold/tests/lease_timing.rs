@@ -348,3 +348,25 @@ async fn a_job_stopping_on_the_cancellation_token_ends_before_the_store_frees_th
     );
     assert_eq!(guard.loss_reason(), Some(LossReason::Expired));
 }
+
+/// The order of a lease lost here first (no renewal confirmed by the local deadline), then
+/// released: the store still lists the holder until its own expiry, and the release frees it
+/// there, so a waiting instance takes over at once. (A session's guard does the same.)
+#[tokio::test(start_paused = true)]
+async fn a_release_after_a_local_loss_still_frees_the_lease_in_the_store() {
+    let store = FaultyStore::new();
+    let l = lease(&store);
+    let guard = held(&l).await;
+    store.set(|f| &f.renew_hangs, true);
+    assert_eq!(guard.lost().await, Some(LossReason::Expired));
+    let state = store.inner.inspect(l.name()).await.unwrap().unwrap();
+    assert_eq!(state.holder.as_ref(), Some(l.holder()), "still listed");
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+    let other = Lease::new(store.inner.clone(), l.name().clone(), LeaseConfig::new(TTL))
+        .unwrap()
+        .with_holder(HolderId::new("other").unwrap());
+    assert!(matches!(
+        other.try_acquire().await.unwrap(),
+        TryAcquire::Acquired(_)
+    ));
+}

@@ -107,3 +107,69 @@ async fn a_bypassing_manual_run_may_overlap_a_timer_run() {
         "the documented choice: bypass runs beside the timer run"
     );
 }
+
+/// Tasks added to a running scheduler start at once; a removed one takes no more slots, its
+/// run in progress finishes (not cancelled), and `remove_task` returns once it has ended.
+#[tokio::test(start_paused = true)]
+async fn tasks_are_added_and_removed_while_the_scheduler_runs() {
+    let store = MemoryStore::new();
+    let (kept, slow) = (Ledger::default(), Ledger::default());
+    let every = Schedule::every(SEC * 2).unwrap();
+    let s = start(
+        &store,
+        "a",
+        recorder(&kept, "kept", every.clone(), SEC / 10),
+    );
+    s.add_task(recorder(&slow, "slow", every.clone(), SEC * 3))
+        .unwrap();
+    assert!(matches!(
+        s.add_task(recorder(&slow, "slow", every.clone(), SEC)),
+        Err(SchedulerError::DuplicateTask(_))
+    ));
+    let running = |s: &SchedulerHandle| {
+        s.status()
+            .tasks
+            .iter()
+            .any(|t| t.name.as_str() == "slow" && t.running)
+    };
+    tokio::time::sleep(SEC * 3).await;
+    for _ in 0..100 {
+        if running(&s) && !slow.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(SEC / 10).await;
+    }
+    assert!(running(&s), "a second run of slow is going");
+    let removing = Instant::now();
+    s.remove_task("slow").await.unwrap();
+    let took = Instant::now() - removing;
+    let runs = slow.lock().unwrap().clone();
+    let last = runs.last().unwrap().clone();
+    assert!(!last.cancelled, "the run in progress finished: {runs:?}");
+    assert!(
+        took > Duration::ZERO && last.end <= Instant::now(),
+        "waited for it"
+    );
+    assert_eq!(s.status().tasks.len(), 1);
+    tokio::time::sleep(SEC * 6).await;
+    assert_eq!(
+        slow.lock().unwrap().len(),
+        runs.len(),
+        "no run after removal"
+    );
+    assert!(kept.lock().unwrap().len() >= 5, "the other task ran on");
+    assert!(matches!(
+        s.remove_task("slow").await,
+        Err(SchedulerError::UnknownTask(_))
+    ));
+    // Added back under the same name, it runs again.
+    s.add_task(recorder(&slow, "slow", every, SEC / 10))
+        .unwrap();
+    tokio::time::sleep(SEC * 3).await;
+    assert!(slow.lock().unwrap().len() > runs.len());
+    s.shutdown().await;
+    assert!(matches!(
+        s.add_task(recorder(&kept, "late", Schedule::every(SEC).unwrap(), SEC)),
+        Err(SchedulerError::ShutDown)
+    ));
+}

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use leasehold::faults::FaultyStore;
+use leasehold::store::Acquisition;
 use leasehold::{
     FencingToken, HolderId, LeaseConfig, LeaseGuard, LeaseName, LeaseSession, LossReason, Release,
     Store, TryAcquire,
@@ -162,4 +163,83 @@ async fn a_session_purges_records_free_for_longer_than_the_retention() {
     );
     assert!(kept.is_held());
     assert!(store.inner.inspect(kept.name()).await.unwrap().is_some());
+}
+
+/// A lease lost here first (no renewal confirmed by its local deadline) is still listed in the
+/// store until the store's own expiry. Releasing or dropping its guard frees it there, as a
+/// `Lease` guard's release does, so another holder need not wait for that expiry.
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_here_is_still_freed_in_the_store_by_its_release_or_drop() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    let released = take(&s, "released").await;
+    let dropped = take(&s, "dropped").await;
+    store.set(|f| &f.renew_hangs, true);
+    assert_eq!(released.lost().await, Some(LossReason::Expired));
+    assert_eq!(dropped.loss_reason(), Some(LossReason::Expired));
+    assert_eq!(s.len(), 0, "lost leases are not held");
+    let names = [released.name().clone(), dropped.name().clone()];
+    for name in &names {
+        let state = store.inner.inspect(name).await.unwrap().unwrap();
+        assert_eq!(
+            state.holder.as_ref(),
+            Some(s.holder()),
+            "still listed in the store"
+        );
+    }
+    assert_eq!(released.release().await.unwrap(), Release::Released);
+    drop(dropped);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let other = HolderId::new("worker-2").unwrap();
+    for name in &names {
+        let state = store.inner.inspect(name).await.unwrap().unwrap();
+        assert_eq!(state.holder, None, "{name} freed before the store's expiry");
+        let answer = store.inner.acquire(name, &other, TTL).await.unwrap();
+        assert!(matches!(answer, Acquisition::Acquired { .. }), "{answer:?}");
+    }
+}
+
+/// A name lost here can be taken again at once; the old guard's late release carries the old
+/// token, so it cannot free the new tenure.
+#[tokio::test(start_paused = true)]
+async fn the_release_of_a_lost_lease_cannot_free_the_name_taken_again() {
+    let store = FaultyStore::new();
+    let s = session(&store);
+    let old = take(&s, "x").await;
+    store.set(|f| &f.renew_hangs, true);
+    assert_eq!(old.lost().await, Some(LossReason::Expired));
+    store.set(|f| &f.renew_hangs, false);
+    let new = take(&s, "x").await;
+    assert!(new.token() > old.token());
+    assert_eq!(old.release().await.unwrap(), Release::NotHeld);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(new.is_held());
+    assert_eq!(s.len(), 1);
+    let state = store.inner.inspect(new.name()).await.unwrap().unwrap();
+    assert_eq!(state.token, new.token());
+    assert_eq!(state.holder.as_ref(), Some(s.holder()));
+}
+
+/// A session's first renewal comes a renewal interval after its first lease's acquire was
+/// sent, as a `Lease` guard's does: the lease's deadline is measured from that instant, so a
+/// slow acquire does not eat into the margin before it.
+#[tokio::test(start_paused = true)]
+async fn the_first_renewal_is_a_renewal_interval_after_the_acquire_was_sent() {
+    let store = FaultyStore::new();
+    store
+        .faults
+        .acquire_wait_ms
+        .store(500, std::sync::atomic::Ordering::SeqCst);
+    let s = session(&store);
+    let start = Instant::now();
+    let guard = take(&s, "slow").await;
+    assert_eq!(Instant::now() - start, Duration::from_millis(500));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let offsets: Vec<Duration> = store.renewal_times().iter().map(|t| *t - start).collect();
+    assert_eq!(
+        offsets,
+        vec![Duration::from_secs(1), Duration::from_secs(2)],
+        "renewals sent at"
+    );
+    assert!(guard.is_held());
 }

@@ -1,18 +1,25 @@
-import { Module } from "@nestjs/common";
-import { LeaseholdClient } from "@leasehold/client";
+import { Logger, Module } from "@nestjs/common";
+import { ScheduleModule } from "@nestjs/schedule";
+import { LeaseholdModule } from "@leasehold/client/nestjs";
 
 import { config } from "./config.js";
-import { GigExpiryWorkerService, RepinWorkerService } from "./workers.js";
+import { Sweeps } from "./workers.js";
+
+const logger = new Logger("Sweeps");
 
 @Module({
-  providers: [
-    {
-      provide: LeaseholdClient,
-      // The sidecar beside this replica: $LEASEHOLD_SIDECAR, default http://127.0.0.1:7070.
-      useFactory: () => new LeaseholdClient({ onSidecarDown: config.onSidecarDown }),
-    },
-    GigExpiryWorkerService,
-    RepinWorkerService,
+  imports: [
+    ScheduleModule.forRoot(),
+    // The sidecar beside this replica: $LEASEHOLD_SIDECAR, default http://127.0.0.1:7070; this
+    // replica's id in `leasehold status`: $LEASEHOLD_INSTANCE, else host name and pid.
+    LeaseholdModule.forRoot({
+      onSidecarDown: config.onSidecarDown,
+      ttlMs: config.ttlMs,
+      onResult: (task, result) => {
+        if (result === "failed" || result === "sidecar-down" || config.logTicks) logger.warn(`${task}: ${result}`);
+      },
+    }),
   ],
+  providers: [Sweeps],
 })
 export class AppModule {}

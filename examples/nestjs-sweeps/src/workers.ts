@@ -1,9 +1,9 @@
-import { Inject, Injectable } from "@nestjs/common";
-import { LeaseholdClient, type Run, type Schedule, type UngatedRun } from "@leasehold/client";
+import { Injectable } from "@nestjs/common";
+import { Cron, Interval } from "@nestjs/schedule";
+import { SingleActive, leaseholdRun } from "@leasehold/client/nestjs";
 
 import { config } from "./config.js";
 import { record } from "./ledger.js";
-import { SweepWorker } from "./sweep-worker.js";
 
 /** Stands in for the real work: waits `workMs`, or stops when the run's lease is lost. */
 function work(signal: AbortSignal): Promise<void> {
@@ -16,7 +16,10 @@ function work(signal: AbortSignal): Promise<void> {
   });
 }
 
-async function sweep(worker: string, run: Run | UngatedRun): Promise<void> {
+/** One sweep, in the run `@SingleActive` holds for it (its slot, fencing token and loss signal). */
+async function sweep(worker: string): Promise<void> {
+  const run = leaseholdRun();
+  if (run === undefined) throw new Error(`${worker}: not in a leasehold run`);
   const start = Date.now();
   const entry = { worker, slot: run.slot, token: run.token, start };
   record({ ...entry, phase: "start" });
@@ -24,31 +27,33 @@ async function sweep(worker: string, run: Run | UngatedRun): Promise<void> {
   record({ ...entry, phase: "end", end: Date.now() });
 }
 
-/** Expires gigs past their deadline and sends the webhooks: must not run twice per interval. */
-@Injectable()
-export class GigExpiryWorkerService extends SweepWorker {
-  protected readonly task = "gig-expiry";
-  constructor(@Inject(LeaseholdClient) leasehold: LeaseholdClient) {
-    super(leasehold);
-  }
-  protected runOnce(run: Run | UngatedRun): Promise<void> {
-    return sweep("gig-expiry", run);
-  }
-}
+/**
+ * The repin sweep's slots: a cron expression in a time zone when REPIN_CRON is set (a nightly
+ * re-pin at 03:00 local), else the interval.
+ */
+const repinSchedule =
+  config.repinCron === undefined
+    ? Interval(config.intervalMs)
+    : Cron(config.repinCron, { timeZone: config.repinTimeZone });
 
-/** Re-pins content whose pins lapsed. */
+/**
+ * The service's sweeps on @nestjs/schedule timers, as it had them, with one change:
+ * `@SingleActive` asks the sidecar first, so with N replicas each sweep still runs once per
+ * slot, on one of them.
+ */
 @Injectable()
-export class RepinWorkerService extends SweepWorker {
-  protected readonly task = "repin";
-  constructor(@Inject(LeaseholdClient) leasehold: LeaseholdClient) {
-    super(leasehold);
+export class Sweeps {
+  /** Expires gigs past their deadline and sends the webhooks: must not run twice per interval. */
+  @Interval(config.intervalMs)
+  @SingleActive({ task: "gig-expiry" })
+  expireGigs(): Promise<void> {
+    return sweep("gig-expiry");
   }
-  protected runOnce(run: Run | UngatedRun): Promise<void> {
-    return sweep("repin", run);
-  }
-  /** A cron expression in a time zone when REPIN_CRON is set (a nightly re-pin at 03:00 local). */
-  protected schedule(): Schedule {
-    if (config.repinCron === undefined) return super.schedule();
-    return { cron: config.repinCron, timeZone: config.repinTimeZone };
+
+  /** Re-pins content whose pins lapsed. */
+  @repinSchedule
+  @SingleActive({ task: "repin" })
+  repin(): Promise<void> {
+    return sweep("repin");
   }
 }

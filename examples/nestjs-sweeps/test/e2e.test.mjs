@@ -29,6 +29,8 @@ function startApp(name, sidecarUrl, ledger, log) {
       LEASEHOLD_SIDECAR: sidecarUrl,
       LEDGER: ledger,
       REPLICA: name,
+      // The replica's id in the catalog and in holders (its sidecar's is `--holder NAME`).
+      LEASEHOLD_INSTANCE: `${name}-app`,
       SWEEP_INTERVAL_MS: String(INTERVAL),
       // repin on a cron schedule in a zone with a 30-minute daylight-saving change: every
       // second, the same slots as the interval, through the client's cron + timeZone.
@@ -101,7 +103,8 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
   }
   const report = {};
   try {
-    await sleep(1500);
+    // Nest starts in about a second, and an @Interval first fires an interval after that.
+    await sleep(3000);
     const t0 = Date.now();
     await sleep(4000);
 
@@ -180,7 +183,7 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
         assert.ok(h, `${worker} slot ${e.slot} (${e.replica}) not in the history`);
         assert.equal(h.outcome, "ok");
         assert.equal(h.token, e.token);
-        assert.match(h.holder, new RegExp(`^${e.replica}#`));
+        assert.match(h.holder, new RegExp(`^${e.replica}-app@${e.replica}#`), "the app replica, via its sidecar");
       }
       // Store down, fail-closed: no sweep starts while Redis is gone.
       const during = starts(lines, worker).filter((l) => l.start > t3 + 300 && l.start < t4);

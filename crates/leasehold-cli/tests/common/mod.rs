@@ -190,6 +190,30 @@ pub async fn wait_for_leader(
     }
 }
 
+/// `leasehold ARGS` to the end.
+pub fn leasehold(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run leasehold")
+}
+
+/// `leasehold ARGS --json` parsed, which must succeed.
+pub fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = leasehold(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// The exit status (-1 if a signal ended it).
+pub fn code(out: &std::process::Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }

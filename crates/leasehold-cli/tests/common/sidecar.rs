@@ -19,10 +19,16 @@ pub struct Sidecar {
 impl Sidecar {
     /// Starts `leasehold serve --store STORE --holder HOLDER` and waits until it listens.
     pub fn start(store: &str, holder: &str) -> Self {
+        Self::start_with(store, holder, &[])
+    }
+
+    /// [`start`](Self::start) with more flags.
+    pub fn start_with(store: &str, holder: &str, flags: &[&str]) -> Self {
         let port = free_port();
         let child = Command::new(BIN)
             .args(["serve", "--store", store, "--holder", holder])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -71,9 +77,10 @@ impl Drop for Sidecar {
     }
 }
 
-/// One HTTP/1.1 exchange with `Connection: close`: the status and the JSON body.
+/// One HTTP/1.1 exchange with `Connection: close` naming `host`: the status and the JSON body.
 pub fn exchange(
     mut stream: impl Read + Write,
+    host: &str,
     method: &str,
     path: &str,
     body: Option<Value>,
@@ -81,7 +88,7 @@ pub fn exchange(
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -96,6 +103,7 @@ pub fn exchange(
 pub fn http(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
     exchange(
         TcpStream::connect(("127.0.0.1", port)).unwrap(),
+        &format!("127.0.0.1:{port}"),
         method,
         path,
         body,

@@ -4,6 +4,7 @@
 use deadpool_postgres::{Pool, PoolError, TimeoutType};
 use leasehold::StoreError;
 use leasehold::skew;
+use tokio_postgres::error::SqlState;
 
 use super::{Op, Statements, classify, pool_error};
 use crate::config::PgConfig;
@@ -18,7 +19,7 @@ pub(super) async fn migrate_on(
     sql: &Statements,
 ) -> Result<()> {
     let connect_err = |source| Error::Connect {
-        url: url.to_owned(),
+        store: url.to_owned(),
         source,
     };
     let op = Op::new("connect", None);
@@ -30,10 +31,28 @@ pub(super) async fn migrate_on(
             PoolError::Timeout(TimeoutType::Create) => {
                 connect_err(StoreError::Timeout(config.connect_timeout))
             }
+            PoolError::Backend(e)
+                if e.as_db_error().map(|db| db.code()) == Some(&SqlState::INVALID_CATALOG_NAME) =>
+            {
+                // The store creates its tables, never its database; with no dbname the
+                // server uses the user's name.
+                let database = config
+                    .driver_config()
+                    .ok()
+                    .and_then(|(pg, _, _)| {
+                        pg.get_dbname().or_else(|| pg.get_user()).map(str::to_owned)
+                    })
+                    .unwrap_or_default();
+                Error::MissingDatabase {
+                    store: url.to_owned(),
+                    database,
+                    source: classify(e, op, config.op_timeout),
+                }
+            }
             e => connect_err(pool_error(e, op, config.op_timeout)),
         })?;
     let migrate_err = |e| Error::Migrate {
-        url: url.to_owned(),
+        store: url.to_owned(),
         source: classify(e, Op::new("migration", None), config.op_timeout),
     };
     // Before anything is written: a newer release may not let this one write to the tables.
@@ -42,7 +61,7 @@ pub(super) async fn migrate_on(
         .map_err(migrate_err)?;
     if let Some(min_writer) = recorded.min_writer.as_deref() {
         skew::check_writer(min_writer).map_err(|source| Error::TooOld {
-            url: url.to_owned(),
+            store: url.to_owned(),
             source,
         })?;
     }

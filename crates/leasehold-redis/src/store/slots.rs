@@ -1,7 +1,7 @@
 //! Slots (claims, gated ticks, run history), purge and group membership.
 
 use leasehold::store::{SlotClaim, TickAnswer, TickClaim, TickRequest};
-use leasehold::{Membership, Purge, Slots};
+use leasehold::{Membership, Slots};
 
 use super::*;
 use crate::scripts::{
@@ -162,8 +162,6 @@ impl Slots for RedisStore {
 
 /// No purge: every record expires by itself on the server (a lease when its ttl runs out, its
 /// fencing counter a [`retention`](crate::RedisConfig::retention) later).
-impl Purge for RedisStore {}
-
 impl Membership for RedisStore {
     async fn members(
         &self,

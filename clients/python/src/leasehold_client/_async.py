@@ -1,0 +1,494 @@
+"""The asyncio client: leases and runs kept by a task each; a loss cancels the task running the
+guarded block."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Generator
+from types import TracebackType
+from typing import Any, Literal, Unpack, cast
+
+import httpx
+
+from . import _protocol as protocol
+from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDown
+from ._held import GateResult, HeldState, Skipped, TickOptions, early_wait, tick_call
+from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
+from ._types import (
+    GroupState,
+    Health,
+    LeaseList,
+    LeaseState,
+    TaskDetail,
+    TaskList,
+    TaskSummary,
+    TriggerRequest,
+)
+
+log = logging.getLogger("leasehold_client")
+
+
+class _AsyncKept(HeldState):
+    """A grant kept alive by a task of `watch` long-polls (the keepalives the sidecar requires).
+    Inside `async with`, a loss cancels the task running the block; the block's end then
+    raises `LeaseLost` instead of the `CancelledError`."""
+
+    def __init__(self, client: AsyncClient, grant: Grant, sent_at: float) -> None:
+        super().__init__(grant, sent_at)
+        self._client = client
+        #: Set the moment the lease is lost: the sidecar said so, or the validity it last
+        #: granted ran out without a renewal (sidecar unreachable, this process paused).
+        self.lost = asyncio.Event()
+        self._guarded: asyncio.Task[Any] | None = None
+        self._cancels_before = 0
+        self._cancelled_guarded = False
+        self._keeper = asyncio.create_task(self._keep(), name=f"leasehold-keep:{grant.name}")
+
+    def check(self) -> None:
+        """Raises `LeaseLost` if the lease is lost or ended (for code that does not await, or
+        that shields itself from cancellation)."""
+        if self.valid_for <= 0 and not self._ended:
+            self._lose("expired")
+        if self._ended:
+            raise self._lost_error()
+
+    async def keepalive(self) -> float:
+        """See `Lease.keepalive`."""
+        sent_at = time.monotonic()
+        try:
+            body = await self._client._send(protocol.keepalive(self.name, self.token))
+        except LeaseLost as e:
+            self._lose(e.reason or "unknown")
+            raise
+        self._renewed(sent_at, body)
+        return self.valid_for
+
+    def _lose(self, reason: str) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.lost_reason = reason
+        self.lost.set()
+        log.warning("lease %s lost: %s", self.name, reason)
+        if asyncio.current_task() is not self._keeper:
+            self._keeper.cancel()
+        guarded = self._guarded
+        # The guarded task itself (a check, the block's end) raises instead.
+        if guarded is not None and not guarded.done() and guarded is not asyncio.current_task():
+            self._cancelled_guarded = True
+            guarded.cancel(f"lease {self.name} lost: {reason}")
+
+    def _end(self, how: str) -> bool:
+        """Stops keeping the lease, here (`how`: released, done); False if it had ended
+        already (by a loss)."""
+        if self._ended:
+            return False
+        self._ended = True
+        self._ended_as = how
+        self._keeper.cancel()
+        return True
+
+    async def _keep(self) -> None:
+        wait = self._watch_wait()
+        while not self._ended:
+            sent_at = time.monotonic()
+            left = self._valid_until - sent_at
+            if left <= 0:
+                self._lose("expired")
+                return
+            try:
+                body = await self._client._send(
+                    protocol.watch(self.name, self.token, wait), limit=left
+                )
+            except LeaseLost as e:
+                self._lose(e.reason or "unknown")
+                return
+            except Exception:
+                # Unreachable, slow, or the client closed: the validity decides; ask again
+                # shortly, but not past it.
+                await asyncio.sleep(min(0.2, wait, max(0.0, self._valid_until - time.monotonic())))
+                continue
+            if not self._ended:
+                self._renewed(sent_at, body)
+
+    def _enter_block(self) -> None:
+        if self._guarded is not None:
+            raise RuntimeError(f"lease {self.name} already guards a block")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("async with a lease needs a running task")
+        self._guarded = task
+        self._cancels_before = task.cancelling()
+        self.check()
+
+    def _leave_block(self, exc: BaseException | None) -> LeaseLost | None:
+        """The error the block's end raises: `LeaseLost` when the lease was lost while it ran
+        (in place of the cancellation this caused, unless someone else cancelled too)."""
+        task, self._guarded = self._guarded, None
+        if self.valid_for <= 0 and not self._ended:
+            self._lose("expired")
+        if self._cancelled_guarded and task is not None:
+            if task.uncancel() > self._cancels_before:
+                return None
+            if isinstance(exc, asyncio.CancelledError):
+                return self._lost_error()
+        if self.lost.is_set() and exc is None:
+            return self._lost_error()
+        return None
+
+
+class AsyncLease(_AsyncKept):
+    """A lease held through the sidecar; `async with lease:` releases it at the block's end."""
+
+    async def release(self) -> bool:
+        """Stops keeping the lease and frees it, so that another instance takes it at once.
+        False when it was no longer held. Raises `SidecarDown` when the sidecar cannot be
+        reached (the lease then ends by itself within `keepalive`)."""
+        if not self._end("released") and self.lost_reason is None:
+            return False
+        body = await self._client._send(protocol.release(self.name, self.token))
+        return body.get("released") is True
+
+    async def __aenter__(self) -> AsyncLease:
+        self._enter_block()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self._leave_block(exc)
+        try:
+            await self.release()
+        except LeaseholdError as e:
+            log.warning("lease %s not released: %s", self.name, e)
+        if lost is not None:
+            raise lost from exc
+
+
+class AsyncRun(_AsyncKept):
+    """A run granted by a tick (see `Run`); `async with run:` ends it with the block's outcome."""
+
+    gated: Literal[True] = True
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        task: str,
+        slot: int,
+        manual: bool,
+        grant: Grant,
+        sent_at: float,
+    ) -> None:
+        super().__init__(client, grant, sent_at)
+        self.task = task
+        #: The slot: ms since the epoch of the firing this run is for (a manual run: when it
+        #: was asked for).
+        self.slot = slot
+        #: `timer` for the schedule's slot, `manual` for a run asked for with `trigger`.
+        self.trigger: Literal["timer", "manual"] = "manual" if manual else "timer"
+        self._reported = False
+
+    async def done(self, outcome: Outcome = "ok", error: str | None = None) -> bool:
+        """Ends the run: records its outcome in the task's history and frees the task lease.
+        False when the run had been lost (the history then says so) or was reported already."""
+        if self._reported:
+            return False
+        self._reported = True
+        self._end("done")
+        try:
+            body = await self._client._send(
+                protocol.done(self.task, self.slot, self.token, outcome, error)
+            )
+        except LeaseLost:
+            return False
+        return body.get("released") is True
+
+    async def __aenter__(self) -> AsyncRun:
+        self._enter_block()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self._leave_block(exc)
+        failure = lost or exc
+        try:
+            if failure is None:
+                await self.done("ok")
+            else:
+                await self.done("failed", protocol.failure_text(failure))
+        except LeaseholdError as e:
+            log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
+        if lost is not None:
+            raise lost from exc
+
+
+class AsyncUngatedRun:
+    """A run the store-down policy (or `on_sidecar_down="fail-open"`) allowed without
+    coordination: no token, never lost, and every instance that ticks may run it."""
+
+    gated: Literal[False] = False
+    token: None = None
+
+    def __init__(self, task: str, slot: int | None) -> None:
+        self.task = task
+        self.slot = slot
+        self.trigger: Literal["timer"] = "timer"
+        self.lost = asyncio.Event()
+
+    def check(self) -> None:
+        """Never raises: nothing coordinated this run."""
+
+    async def done(self, outcome: Outcome = "ok", error: str | None = None) -> bool:
+        """Nothing to report: answers False."""
+        return False
+
+    async def __aenter__(self) -> AsyncUngatedRun:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class _Taking:
+    """`client.lease(...)` and `client.leadership(...)`: awaitable (the lease, or `LeaseBusy`
+    raised) and an async context manager (the lease held for the block)."""
+
+    def __init__(self, take: Callable[[], Awaitable[AsyncLease | LeaseBusy]]) -> None:
+        self._take = take
+        self._lease: AsyncLease | None = None
+
+    async def _get(self) -> AsyncLease:
+        taken = await self._take()
+        if isinstance(taken, LeaseBusy):
+            raise taken
+        return taken
+
+    def __await__(self) -> Generator[Any, None, AsyncLease]:
+        return self._get().__await__()
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._get()
+        return await self._lease.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._lease is not None:
+            await self._lease.__aexit__(exc_type, exc, tb)
+
+
+class AsyncClient:
+    """The asyncio version of `Client`, with the same options and methods (awaited)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        auth_token: str | None = None,
+        timeout: float = 10.0,
+        on_sidecar_down: SidecarDownPolicy = "fail-closed",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = protocol.base_url(base_url)
+        self.timeout = timeout
+        self.on_sidecar_down: SidecarDownPolicy = on_sidecar_down
+        headers = {"authorization": f"Bearer {auth_token}"} if auth_token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _send(self, call: protocol.Call, limit: float | None = None) -> dict[str, Any]:
+        """One request; `limit` caps its timeout (seconds)."""
+        timeout = self.timeout + call.wait
+        if limit is not None:
+            timeout = min(timeout, limit)
+        try:
+            response = await self._http.request(
+                call.method, call.path, json=call.body, timeout=timeout
+            )
+        except httpx.TimeoutException:
+            raise SidecarDown(
+                f"sidecar {self.base_url} unreachable: no answer within {timeout:.3g} s",
+                code="sidecar-down",
+            ) from None
+        except httpx.HTTPError as e:
+            raise SidecarDown(
+                f"sidecar {self.base_url} unreachable: {e}", code="sidecar-down"
+            ) from None
+        return protocol.answer(response.status_code, response.text)
+
+    async def health(self) -> Health:
+        return cast(Health, await self._send(protocol.get("/healthz")))
+
+    async def _take(
+        self,
+        kind: Literal["leases", "groups"],
+        name: str,
+        ttl: Seconds,
+        wait: Seconds,
+        keepalive: Seconds | None,
+        holder: str | None,
+    ) -> AsyncLease | LeaseBusy:
+        sent_at = time.monotonic()
+        body = await self._send(protocol.take(kind, name, ttl, wait, keepalive, holder))
+        grant = protocol.granted(name, body)
+        return protocol.busy(name, body) if grant is None else AsyncLease(self, grant, sent_at)
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        ttl: Seconds,
+        wait: Seconds = 0,
+        keepalive: Seconds | None = None,
+        holder: str | None = None,
+    ) -> AsyncLease | None:
+        """See `Client.acquire`."""
+        taken = await self._take("leases", name, ttl, wait, keepalive, holder)
+        return None if isinstance(taken, LeaseBusy) else taken
+
+    def lease(
+        self,
+        name: str,
+        *,
+        ttl: Seconds,
+        wait: Seconds = 0,
+        keepalive: Seconds | None = None,
+        holder: str | None = None,
+    ) -> _Taking:
+        """`async with client.lease(name, ttl=...) as lease:`; raises `LeaseBusy` when busy."""
+        return _Taking(lambda: self._take("leases", name, ttl, wait, keepalive, holder))
+
+    async def campaign(
+        self,
+        group: str,
+        *,
+        ttl: Seconds,
+        wait: Seconds = 0,
+        keepalive: Seconds | None = None,
+        holder: str | None = None,
+    ) -> AsyncLease | None:
+        """See `Client.campaign`."""
+        taken = await self._take("groups", group, ttl, wait, keepalive, holder)
+        return None if isinstance(taken, LeaseBusy) else taken
+
+    def leadership(
+        self,
+        group: str,
+        *,
+        ttl: Seconds,
+        wait: Seconds = 0,
+        keepalive: Seconds | None = None,
+        holder: str | None = None,
+    ) -> _Taking:
+        """`async with client.leadership(group, ttl=...) as term:`; raises `LeaseBusy` when
+        another leads."""
+        return _Taking(lambda: self._take("groups", group, ttl, wait, keepalive, holder))
+
+    async def leader(self, group: str) -> GroupState:
+        path = f"/v1/groups/{protocol.segment(group)}"
+        return cast(GroupState, await self._send(protocol.get(path)))
+
+    async def observe(
+        self, group: str, token: int | str | None = None, wait: Seconds = 30
+    ) -> GroupState:
+        """See `Client.observe`."""
+        return cast(GroupState, await self._send(protocol.observe(group, token, wait)))
+
+    async def tick(
+        self, task: str, **options: Unpack[TickOptions]
+    ) -> AsyncRun | AsyncUngatedRun | Skipped:
+        """See `Client.tick`."""
+        sent_at = time.monotonic()
+        answer = protocol.ticked(task, await self._send(tick_call(task, options)))
+        if (wait := early_wait(answer)) is not None:
+            # Ticked a little before the slot by the store's clock: wait for it, tick again.
+            await asyncio.sleep(wait)
+            sent_at = time.monotonic()
+            answer = protocol.ticked(task, await self._send(tick_call(task, options)))
+        if answer.grant is not None and answer.slot is not None:
+            return AsyncRun(self, task, answer.slot, answer.manual, answer.grant, sent_at)
+        if answer.ungated:
+            return AsyncUngatedRun(task, answer.slot)
+        return Skipped(task, answer.slot, answer.reason or "not-due")
+
+    async def gate(
+        self,
+        task: str,
+        job: Callable[[AsyncRun | AsyncUngatedRun], Awaitable[object]],
+        **options: Unpack[TickOptions],
+    ) -> GateResult:
+        """See `Client.gate`; a lost run cancels `job`."""
+        try:
+            run = await self.tick(task, **options)
+            for _ in range(protocol.BUSY_RETRIES):
+                if not (isinstance(run, Skipped) and run.reason == "busy"):
+                    break
+                await asyncio.sleep(protocol.BUSY_RETRY_SECONDS)
+                run = await self.tick(task, **options)
+        except StoreDown:
+            return "store-down"
+        except SidecarDown:
+            if self.on_sidecar_down != "fail-open":
+                return "sidecar-down"
+            run = AsyncUngatedRun(task, protocol.local_slot(options.get("every")))
+        if isinstance(run, Skipped):
+            return run.reason
+        try:
+            async with run:
+                await job(run)
+        except Exception as e:
+            log.warning("%s: the run of slot %s failed: %s", task, run.slot, e)
+            return "failed"
+        return "ran"
+
+    async def tasks(self) -> TaskList:
+        return cast(TaskList, await self._send(protocol.get("/v1/tasks")))
+
+    async def task(self, name: str, *, limit: int | None = None) -> TaskDetail:
+        query = "" if limit is None else f"?limit={limit}"
+        return cast(TaskDetail, await self._send(protocol.get(protocol.task_path(name) + query)))
+
+    async def leases(self) -> LeaseList:
+        return cast(LeaseList, await self._send(protocol.get("/v1/leases")))
+
+    async def lease_state(self, name: str) -> LeaseState:
+        path = f"/v1/leases/{protocol.segment(name)}"
+        return cast(LeaseState, await self._send(protocol.get(path)))
+
+    async def pause(
+        self, name: str, *, reason: str | None = None, by: str | None = None
+    ) -> TaskSummary:
+        call = protocol.Call(
+            "POST", protocol.task_path(name, "/pause"), {"reason": reason, "by": by}
+        )
+        return cast(TaskSummary, await self._send(call))
+
+    async def resume(self, name: str) -> TaskSummary:
+        call = protocol.Call("POST", protocol.task_path(name, "/resume"), {})
+        return cast(TaskSummary, await self._send(call))
+
+    async def trigger(self, name: str, *, by: str | None = None) -> TriggerRequest:
+        call = protocol.Call("POST", protocol.task_path(name, "/trigger"), {"by": by})
+        return cast(TriggerRequest, await self._send(call))

@@ -1,0 +1,133 @@
+"""What a held lease or run knows, for the sync and the asyncio client alike: its grant, and for
+how long it may still act by this host's monotonic clock."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+from . import _protocol as protocol
+from ._errors import LeaseLost
+from ._protocol import Grant, Seconds, SkipReason, StoreDownPolicy
+
+
+class TickOptions(TypedDict, total=False):
+    """A tick's schedule and policies.
+
+    `every` (seconds or a timedelta: slots at every multiple of it since the Unix epoch) or
+    `cron` (five fields as in crontab, six with seconds first, or a macro such as `@daily`)
+    with `tz`, an IANA zone (default UTC). `group`: run only on the group's leader. `ttl` (the
+    task lease's, default 30 s) and `keepalive` (default the ttl) as for a lease.
+    `on_store_down`: the sidecar's `--on-store-down` unless given. `catch_up_window`: how long
+    after its slot a task's first tick still runs it (as `catch-up`; default one hour).
+    """
+
+    every: Seconds
+    cron: str
+    tz: str
+    group: str
+    ttl: Seconds
+    keepalive: Seconds
+    on_store_down: StoreDownPolicy
+    catch_up_window: Seconds
+
+
+#: The longest wait for a slot about to start that a tick answered with `starts_in`.
+EARLY_WAIT_LIMIT = 1.0
+
+
+def early_wait(answer: protocol.TickAnswer) -> float | None:
+    """How long to wait before ticking again when the tick came a little before its slot by
+    the store's clock (`starts_in`, at most `EARLY_WAIT_LIMIT`); None: take the answer."""
+    if answer.starts_in is not None and answer.starts_in <= EARLY_WAIT_LIMIT:
+        return answer.starts_in
+    return None
+
+
+def tick_call(task: str, options: TickOptions) -> protocol.Call:
+    return protocol.tick(
+        task,
+        options.get("every"),
+        options.get("cron"),
+        options.get("tz"),
+        options.get("group"),
+        options.get("ttl"),
+        options.get("keepalive"),
+        options.get("on_store_down"),
+        options.get("catch_up_window"),
+    )
+
+
+class HeldState:
+    """A grant and its validity. The sidecar counts `valid_for` from when the request reached
+    it, which is after it was sent: counting from the send is on the safe side."""
+
+    def __init__(self, grant: Grant, sent_at: float) -> None:
+        #: The lease's (or group's, or task's) name.
+        self.name = grant.name
+        #: The fencing token: send it with every write the lease protects.
+        self.token = grant.token
+        #: This grant's holder id ("" for a run).
+        self.holder = grant.holder
+        #: The sidecar drops the lease when this process has not called it for this long
+        #: (seconds); the keeper calls it four times as often.
+        self.keepalive_interval = grant.keepalive
+        #: Why the lease was lost (`released`, `taken-over`, `expired`, `app-silent`,
+        #: `unknown`), or None while it is held or after it was ended here.
+        self.lost_reason: str | None = None
+        self._valid_until = sent_at + grant.valid_for
+        self._ended = False
+        #: How it ended here (`released`, `done`), for the error a check raises afterwards.
+        self._ended_as = "expired"
+
+    @property
+    def valid_for(self) -> float:
+        """Seconds this holder may still act, by the local clock; 0 once lost or ended."""
+        if self._ended:
+            return 0.0
+        return max(0.0, self._valid_until - time.monotonic())
+
+    def _watch_wait(self) -> float:
+        # The sidecar answers each watch within keepalive / 4: the next call reaches it long
+        # before the validity granted by the previous answer runs out.
+        return max(0.025, self.keepalive_interval / 4)
+
+    def _renewed(self, sent_at: float, body: dict[str, Any]) -> None:
+        valid_ms = body.get("valid_for_ms")
+        if isinstance(valid_ms, int):
+            self._valid_until = sent_at + valid_ms / 1000
+
+    def _lost_error(self) -> LeaseLost:
+        reason = self.lost_reason or self._ended_as
+        return LeaseLost(
+            f"lease {self.name} is not held: {reason}", code="lost", status=410, reason=reason
+        )
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A tick that does not run here: `reason` says why, `slot` which slot it was (None when
+    the schedule has not fired yet). False in a boolean context, so `if run := client.tick(...)`
+    reads as it should."""
+
+    task: str
+    slot: int | None
+    reason: SkipReason
+
+    def __bool__(self) -> Literal[False]:
+        return False
+
+
+#: What `gate` did: ran the job (`ran`, or `failed` when it raised), or why it did not.
+GateResult = Literal[
+    "ran",
+    "failed",
+    "not-leader",
+    "already-run",
+    "busy",
+    "store-down",
+    "not-due",
+    "paused",
+    "sidecar-down",
+]

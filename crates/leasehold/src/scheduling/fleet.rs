@@ -1,0 +1,364 @@
+//! The operator's view and hand on every instance sharing a store: what runs where, and
+//! fleet-wide pause, resume and trigger. The CLI (`leasehold status`, `pause`, `resume`,
+//! `trigger`), the sidecar's HTTP API and applications all act through [`Fleet`]; the instances
+//! honour what it writes at their next tick ([`Gate`](crate::gate::Gate)) or catalog heartbeat.
+//!
+//! ```no_run
+//! # async fn demo(store: leasehold::BoxStore) -> Result<(), leasehold::fleet::FleetError> {
+//! use leasehold::fleet::Fleet;
+//! let fleet = Fleet::new(store);
+//! let nightly = "nightly".parse().expect("a task name");
+//! fleet.pause(&nightly, "ops@host", Some("vendor API down")).await?;
+//! fleet.resume(&nightly).await?;
+//! let request = fleet.trigger(&nightly, "ops@host").await?;
+//! let run = fleet.wait_for_run(&nightly, &request, std::time::Duration::from_secs(600)).await?;
+//! println!("{:?}", run.outcome);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use crate::scheduling::definition::{InstanceInfo, TaskDefinition, TaskSource};
+use crate::scheduling::history::{RunOutcome, RunRecord};
+use crate::store::capabilities::Capabilities;
+use crate::store::catalog::{
+    CATALOG_RETENTION, Control, LeaseRecord, Pause, TaskRecord, TriggerRequest,
+};
+use crate::store::error::StoreError;
+use crate::store::name::{HolderId, LeaseName};
+use crate::store::text::{self, TextError};
+use crate::store::traits::{Catalog, Slots};
+
+/// How long a trigger waits for an instance to take it before it lapses.
+pub const TRIGGER_TTL: Duration = Duration::from_secs(300);
+
+/// Compare-and-set attempts before a control write gives up (only under heavy contention).
+const CAS_ATTEMPTS: usize = 20;
+
+/// Why a fleet operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FleetError {
+    /// No instance has registered the task (and nobody paused it): a typo, or it never ran on
+    /// this store.
+    #[error("no task {0} in this store's catalog (see `leasehold status` for the tasks it has)")]
+    UnknownTask(LeaseName),
+    /// The task is known, but no instance runs it now: a trigger would never be taken.
+    #[error("no instance runs task {0} now: nobody would take the trigger")]
+    NoInstance(LeaseName),
+    /// The store keeps no catalog.
+    #[error("this store keeps no catalog ({0}): there is nothing to list, pause or trigger")]
+    NoCatalog(String),
+    /// A run asked for was not seen ending in time.
+    #[error("the run {id} of task {task} did not end within {waited:?} ({state})")]
+    NotEnded {
+        /// The task.
+        task: LeaseName,
+        /// The trigger's id.
+        id: String,
+        /// How long it was waited for.
+        waited: Duration,
+        /// What was seen of it last.
+        state: String,
+    },
+    /// The control record kept changing under this write.
+    #[error("task {0}'s control record kept changing; try again")]
+    Contended(LeaseName),
+    /// A `by` or `reason` that breaks [`text`](crate::text)'s rule (too long, or holding a
+    /// control or bidi character); nothing was written.
+    #[error(transparent)]
+    Text(#[from] TextError),
+    /// The store could not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl FleetError {
+    /// Whether retrying later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Store(e) => e.is_transient(),
+            Self::Contended(_) | Self::NotEnded { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// One task as the catalog describes it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TaskView {
+    /// Its name.
+    pub name: LeaseName,
+    /// Its definition, when an instance registered it (`None`: only paused so far).
+    pub definition: Option<TaskDefinition>,
+    /// The instances that registered it, live ones first.
+    pub instances: Vec<InstanceView>,
+    /// Set while it is paused.
+    pub paused: Option<Pause>,
+    /// A manual run asked for and not taken yet.
+    pub trigger: Option<TriggerRequest>,
+}
+
+impl TaskView {
+    /// Whether some instance's heartbeat is live.
+    pub fn has_live_instance(&self) -> bool {
+        self.instances.iter().any(|i| i.live)
+    }
+}
+
+/// One instance of a task.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InstanceView {
+    /// Its holder id.
+    pub instance: HolderId,
+    /// What it said about itself (version, host, pid); `None` if unreadable.
+    pub info: Option<InstanceInfo>,
+    /// Whether its heartbeat is live.
+    pub live: bool,
+    /// Time left on its heartbeat.
+    pub remaining: Duration,
+}
+
+impl TaskView {
+    fn of(record: TaskRecord) -> Result<Self, StoreError> {
+        let control = match &record.control {
+            Some(c) => Control::from_json(&c.value)?,
+            None => Control::default(),
+        };
+        Ok(Self {
+            definition: record
+                .definition
+                .as_deref()
+                .map(TaskDefinition::from_json)
+                .transpose()?,
+            instances: record
+                .instances
+                .into_iter()
+                .map(|i| InstanceView {
+                    info: InstanceInfo::from_json(&i.about).ok(),
+                    live: !i.remaining.is_zero(),
+                    remaining: i.remaining,
+                    instance: i.instance,
+                })
+                .collect(),
+            paused: control.paused,
+            trigger: control.trigger,
+            name: record.task,
+        })
+    }
+}
+
+/// The fleet sharing one store: see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Fleet<S> {
+    store: S,
+}
+
+impl<S: Catalog + Slots> Fleet<S> {
+    /// The fleet on `store`.
+    pub fn new(store: S) -> Self {
+        Self { store }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    fn check(&self) -> Result<(), FleetError> {
+        match self.store.capabilities().contains(Capabilities::CATALOG) {
+            true => Ok(()),
+            false => Err(FleetError::NoCatalog(self.store.describe())),
+        }
+    }
+
+    /// Every task in the catalog, sorted by name.
+    pub async fn tasks(&self) -> Result<Vec<TaskView>, FleetError> {
+        self.check()?;
+        let records = self.store.tasks(CATALOG_RETENTION).await?;
+        Ok(records
+            .into_iter()
+            .map(TaskView::of)
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// One task, or [`FleetError::UnknownTask`]. `leasehold run --lease NAME` files its task
+    /// as `NAME:run` (the lease `NAME` is its leader group): `NAME` finds it too, so the name
+    /// given to `run` is the name to pause, resume and trigger.
+    pub async fn task(&self, name: &LeaseName) -> Result<TaskView, FleetError> {
+        let run_task = format!("{name}:run");
+        let tasks = self.tasks().await?;
+        let exact = tasks.iter().position(|t| &t.name == name);
+        let of_run = tasks.iter().position(|t| {
+            t.name.as_str() == run_task
+                && t.definition
+                    .as_ref()
+                    .is_some_and(|d| d.source == TaskSource::Run)
+        });
+        exact
+            .or(of_run)
+            .and_then(|i| tasks.into_iter().nth(i))
+            .ok_or_else(|| FleetError::UnknownTask(name.clone()))
+    }
+
+    /// Up to `limit` lease records (tasks' run leases, leader groups, applications' leases).
+    pub async fn leases(&self, limit: usize) -> Result<Vec<LeaseRecord>, FleetError> {
+        self.check()?;
+        Ok(self.store.leases(limit).await?)
+    }
+
+    /// Pauses `task` on every instance (at their next tick); answers the pause in force (an
+    /// earlier one is kept as it was). `by` and `reason` follow [`text::BY`] and
+    /// [`text::REASON`] ([`FleetError::Text`] if not).
+    pub async fn pause(
+        &self,
+        task: &LeaseName,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<Pause, FleetError> {
+        text::BY.check(by)?;
+        if let Some(reason) = reason {
+            text::REASON.check(reason)?;
+        }
+        let task = &self.task(task).await?.name;
+        let now_ms = self.store.now_millis().await?;
+        let pause = Pause {
+            by: by.to_owned(),
+            reason: reason.map(str::to_owned),
+            at_ms: now_ms,
+        };
+        let mut kept = None;
+        self.update(task, |control| match &control.paused {
+            Some(earlier) => {
+                kept = Some(earlier.clone());
+                false
+            }
+            None => {
+                control.paused = Some(pause.clone());
+                true
+            }
+        })
+        .await?;
+        Ok(kept.unwrap_or(pause))
+    }
+
+    /// Lifts a pause; answers whether the task was paused.
+    pub async fn resume(&self, task: &LeaseName) -> Result<bool, FleetError> {
+        let task = &self.task(task).await?.name;
+        let mut was = false;
+        self.update(task, |control| {
+            was = control.paused.take().is_some();
+            was
+        })
+        .await?;
+        Ok(was)
+    }
+
+    /// Asks whichever instance runs `task` to run it once, as soon as it can (within its
+    /// catalog heartbeat, a third of its lease ttl), holding the task lease; the request lapses
+    /// after [`TRIGGER_TTL`] if no instance takes it. A trigger already waiting is answered
+    /// instead of a second one. `by` follows [`text::BY`] ([`FleetError::Text`] if not).
+    pub async fn trigger(&self, task: &LeaseName, by: &str) -> Result<TriggerRequest, FleetError> {
+        text::BY.check(by)?;
+        let view = self.task(task).await?;
+        let task = &view.name;
+        if !view.has_live_instance() {
+            return Err(FleetError::NoInstance(task.clone()));
+        }
+        let now_ms = self.store.now_millis().await?;
+        let request = TriggerRequest {
+            id: format!("{now_ms:x}-{:08x}", fastrand::u32(..)),
+            by: by.to_owned(),
+            at_ms: now_ms,
+            expires_ms: now_ms.saturating_add(millis(TRIGGER_TTL)),
+        };
+        let mut answer = request.clone();
+        self.update(task, |control| match &control.trigger {
+            Some(pending) if pending.expires_ms > now_ms => {
+                answer = pending.clone();
+                false
+            }
+            _ => {
+                control.trigger = Some(request.clone());
+                true
+            }
+        })
+        .await?;
+        Ok(answer)
+    }
+
+    /// Waits (polling the history once a second) until the run `request` asked for has ended,
+    /// at most `limit`.
+    pub async fn wait_for_run(
+        &self,
+        task: &LeaseName,
+        request: &TriggerRequest,
+        limit: Duration,
+    ) -> Result<RunRecord, FleetError> {
+        let task = &self.task(task).await?.name;
+        let started = tokio::time::Instant::now();
+        let mut state = "not taken by an instance yet".to_owned();
+        loop {
+            let records = crate::scheduling::history::read(&self.store, task, 50).await?;
+            let run = records
+                .into_iter()
+                .find(|r| r.request.as_ref().is_some_and(|q| q.id == request.id));
+            match run {
+                Some(run) if run.outcome != RunOutcome::Running => return Ok(run),
+                Some(_) => state = "running".to_owned(),
+                None => {
+                    let now = self.store.now_millis().await?;
+                    if now > request.expires_ms {
+                        state = "lapsed: no instance took it in time".to_owned();
+                        break;
+                    }
+                }
+            }
+            if started.elapsed() >= limit {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1).min(limit)).await;
+        }
+        Err(FleetError::NotEnded {
+            task: task.clone(),
+            id: request.id.clone(),
+            waited: started.elapsed(),
+            state,
+        })
+    }
+
+    /// Applies `change` to `task`'s control record by compare-and-set, retrying when another
+    /// writer got there first. `change` answers whether it changed anything.
+    async fn update(
+        &self,
+        task: &LeaseName,
+        mut change: impl FnMut(&mut Control) -> bool,
+    ) -> Result<(), FleetError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let read = self.store.control(task).await?;
+            let (version, mut control) = match &read.control {
+                Some(v) => (Some(v.version), Control::from_json(&v.value)?),
+                None => (None, Control::default()),
+            };
+            if !change(&mut control) {
+                return Ok(());
+            }
+            let json = control.to_json();
+            if self
+                .store
+                .set_control(task, version, &json)
+                .await?
+                .is_some()
+            {
+                return Ok(());
+            }
+        }
+        Err(FleetError::Contended(task.clone()))
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,718 @@
+//! One task's timer loop, its gated ticks, and the runs of its job (timer and manual).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
+
+use super::status::{SchedulerError, TaskStatus};
+use crate::lease::guard::{HeldProbe, Lease, TryAcquire};
+use crate::lease::leader::{LeaderHandle, LeaderState, MAX_REFUSALS};
+use crate::scheduling::definition::{TaskDefinition, TaskSource};
+use crate::scheduling::gate::{Contender, Gate, Skip, StoreClock, Ticket};
+use crate::scheduling::history::{
+    HistoryWriter, MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord, RunRequest,
+};
+use crate::scheduling::lifecycle::{
+    Fired, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
+};
+use crate::scheduling::placement::{Placement, View};
+use crate::scheduling::task::{
+    CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger,
+};
+use crate::store::catalog::{Control, Versioned};
+use crate::store::error::StoreError;
+use crate::store::name::{HolderId, LeaseName};
+use crate::store::token::FencingToken;
+use crate::store::traits::{Catalog, Slots};
+
+/// What every task of one scheduler shares.
+pub(super) struct Common {
+    pub(super) stop: CancellationToken,
+    pub(super) leader: Option<LeaderHandle>,
+    /// With [`Scheduler::spread`](crate::Scheduler::spread): which tasks this instance owns.
+    pub(super) placement: Option<Arc<Placement>>,
+    pub(super) holder: HolderId,
+    /// How long shutdown lets running jobs finish before cancelling them.
+    pub(super) grace: Duration,
+    /// False for [`Scheduler::local`](crate::Scheduler::local): no store at all.
+    pub(super) has_store: bool,
+    /// Why the scheduler stopped itself, if it did.
+    pub(super) failure: OnceLock<String>,
+    /// `STORE_UNKNOWN`, `STORE_UP` or `STORE_DOWN`, as the last tick found it.
+    store_state: AtomicU8,
+    pub(super) history: HistoryWriter,
+    /// The store's clock as the tasks' ticks last read it.
+    pub(super) clock: Arc<StoreClock>,
+}
+
+const STORE_UNKNOWN: u8 = 0;
+const STORE_UP: u8 = 1;
+const STORE_DOWN: u8 = 2;
+
+impl Common {
+    pub(super) fn new(
+        leader: Option<LeaderHandle>,
+        placement: Option<Arc<Placement>>,
+        holder: HolderId,
+        grace: Duration,
+        has_store: bool,
+        stop: CancellationToken,
+        history: HistoryWriter,
+    ) -> Self {
+        Self {
+            history,
+            stop,
+            leader,
+            placement,
+            holder,
+            grace,
+            has_store,
+            failure: OnceLock::new(),
+            store_state: AtomicU8::new(STORE_UNKNOWN),
+            // The local wall clock until the store first answers.
+            clock: TaskTicks::timer_clock(),
+        }
+    }
+
+    /// Stops the scheduler because retrying cannot help; `why` is kept for status.
+    pub(super) fn fail(&self, why: String) {
+        self.stop.cancel();
+        if self.failure.set(why).is_ok() {
+            let why = self.failure.get().map(String::as_str).unwrap_or_default();
+            tracing::error!(error = why, "scheduler stopped: the store keeps refusing");
+        }
+    }
+
+    /// Whether the store answered the last tick that asked it; `None` before any did.
+    pub(super) fn store_reachable(&self) -> Option<bool> {
+        match self.store_state.load(Ordering::Relaxed) {
+            STORE_UP => Some(true),
+            STORE_DOWN => Some(false),
+            _ => None,
+        }
+    }
+
+    fn store_answered(&self) {
+        if self.store_state.swap(STORE_UP, Ordering::Relaxed) == STORE_DOWN {
+            tracing::info!("store answers again; timer ticks are gated again");
+        }
+    }
+
+    /// One warning per outage, not one per tick.
+    fn store_unreachable(&self, error: &(dyn fmt::Display + Sync)) {
+        if self.store_state.swap(STORE_DOWN, Ordering::Relaxed) != STORE_DOWN {
+            tracing::warn!(%error, "store unreachable; timer ticks follow each task's store-down policy until it answers");
+        }
+    }
+}
+
+/// Counters per task, for status.
+#[derive(Default)]
+struct TaskStats {
+    ticks: AtomicU64,
+    runs: AtomicU64,
+    failures: AtomicU64,
+    store_down_ticks: AtomicU64,
+    /// Runs in progress here (timer and manual).
+    active: AtomicUsize,
+    last: Mutex<Option<(TickOutcome, Option<u64>)>>,
+}
+
+/// Counts a run as active for as long as it lives, however it ends.
+struct Active<'a>(&'a AtomicUsize);
+
+impl<'a> Active<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(super) struct TaskRunner<S> {
+    task: Task,
+    /// The tick decision; its task lease is held for the whole of a gated run.
+    gate: Gate<S>,
+    /// The task as its ticks need it: schedule and policies.
+    plan: TaskPlan,
+    /// The task's life between firings: slot naming, missed slots, catch-up, store-down.
+    ticks: TaskTicks,
+    common: Arc<Common>,
+    stats: TaskStats,
+    /// Manual runs, owned here so a caller that stops waiting does not detach them.
+    manual: TaskTracker,
+    /// Refusals in a row, for giving up after [`MAX_REFUSALS`].
+    refusals: AtomicU32,
+    /// Fires when the task is removed or the scheduler stops: no more slots are taken (a run
+    /// in progress goes on; only shutdown's grace period cancels it).
+    retired: CancellationToken,
+}
+
+async fn fired(token: Option<&CancellationToken>) {
+    match token {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Completes when the leader's state (or the membership view) changes; never without one.
+async fn changed<T>(rx: &mut Option<tokio::sync::watch::Receiver<T>>) {
+    let changed = match rx {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// What entitles this instance to contend for a task's ticks; missed slots are looked for once
+/// per term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Term {
+    /// Neither a leader gate nor placement says otherwise: every instance contends.
+    Everyone,
+    /// This instance leads the group in the term with this token.
+    Leader(FencingToken),
+    /// This instance owns the task in this generation of the membership view.
+    Owner(u64),
+}
+
+/// The leases a gated run holds.
+#[derive(Default)]
+struct Held {
+    token: Option<FencingToken>,
+    lease: Option<(CancellationToken, HeldProbe)>,
+    leader: Option<CancellationToken>,
+    /// For a run asked for through the catalog: who asked, and the request's id.
+    request: Option<RunRequest>,
+}
+
+impl Held {
+    /// What a gate's ticket holds.
+    fn of(ticket: &Ticket) -> Self {
+        Self {
+            token: Some(ticket.guard().token()),
+            lease: Some((ticket.guard().cancellation_token(), ticket.guard().probe())),
+            leader: ticket.leader_signal().cloned(),
+            request: ticket.request().map(|r| RunRequest {
+                id: r.id.clone(),
+                by: r.by.clone(),
+            }),
+        }
+    }
+}
+
+impl<S: Slots + Catalog> TaskRunner<S> {
+    pub(super) fn new(
+        task: Task,
+        lease: Lease<S>,
+        policy: StoreDownPolicy,
+        common: Arc<Common>,
+    ) -> Self {
+        let contender = match (&common.leader, &common.placement) {
+            (Some(leader), _) => Contender::Leader(leader.watch()),
+            (None, Some(placement)) => Contender::Owner(placement.clone()),
+            (None, None) => Contender::Anyone,
+        };
+        let retired = common.stop.child_token();
+        let gate = Gate::new(lease)
+            .contender(contender)
+            .recording(common.history.clone())
+            .stopping_on(retired.clone());
+        let plan = TaskPlan::new(task.schedule.clone())
+            .on_store_down(policy)
+            .catch_up(
+                task.catch_up
+                    .unwrap_or_else(|| CatchUp::default_for(&task.schedule)),
+            )
+            .runs(RunsPerFiring::All);
+        let ticks = TaskTicks::new(
+            task.name.clone(),
+            common.holder.clone(),
+            common.history.clone(),
+            common.clock.clone(),
+        );
+        Self {
+            task,
+            gate,
+            plan,
+            ticks,
+            common,
+            stats: TaskStats::default(),
+            manual: TaskTracker::new(),
+            refusals: AtomicU32::new(0),
+            retired,
+        }
+    }
+
+    /// Whether this task's ticks go through the store.
+    fn coordinated(&self) -> bool {
+        self.common.has_store && self.task.gated
+    }
+
+    /// The term in which this instance contends for this task's ticks, `None` when it does
+    /// not (another instance leads the group, or owns the task).
+    fn term(&self) -> Option<Term> {
+        if let Some(leader) = &self.common.leader {
+            return match leader.state() {
+                LeaderState::Leading { token, cancel } if !cancel.is_cancelled() => {
+                    Some(Term::Leader(token))
+                }
+                _ => None,
+            };
+        }
+        match &self.common.placement {
+            Some(placement) => match placement.owns(&self.task.name)? {
+                0 => Some(Term::Everyone),
+                generation => Some(Term::Owner(generation)),
+            },
+            None => Some(Term::Everyone),
+        }
+    }
+
+    /// Arms the timer for the next slot, fires it, repeats until shutdown.
+    ///
+    /// Timers are armed on an estimate of the store's clock (its last reading, carried forward on
+    /// the monotonic clock; the local wall clock before any reading). Each firing goes to the
+    /// task's [`TaskTicks`], which claims the slot only once the store's clock has reached it
+    /// (a host whose clock runs ahead never claims a future slot), and looks for missed slots
+    /// whenever a firing does not follow the last slot decided here.
+    ///
+    /// Missed slots are also looked for (and caught up) at once on start and when this
+    /// instance wins leadership or the task (after an outage, at the first firing the store
+    /// answers); and a
+    /// manual trigger is taken when a catalog heartbeat reads it (`control`) and the task lease
+    /// is free.
+    pub(super) async fn timer_loop(
+        self: Arc<Self>,
+        mut control: Option<watch::Receiver<Option<Versioned>>>,
+    ) {
+        let name = self.task.name.clone();
+        let mut leader_rx = self.common.leader.as_ref().map(|l| l.watch());
+        let mut view_rx: Option<watch::Receiver<View>> =
+            self.common.placement.as_ref().map(|p| p.watch());
+        // The term whose missed slots were looked for.
+        let mut checked: Option<Term> = None;
+        let mut timer = Timer::default();
+        while !self.retired.is_cancelled() {
+            // (After an outage the first firing the store answers looks back by itself: the
+            // slots decided here stopped following each other.)
+            if self.coordinated()
+                && let Some(term) = self.term()
+                && checked != Some(term)
+            {
+                match self.ticks.look_for_missed(&self.gate, &self.plan).await {
+                    Ok(_) => {
+                        checked = Some(term);
+                        self.common.store_answered();
+                        self.run_queued().await;
+                    }
+                    Err(e) => self.common.store_unreachable(&e),
+                }
+            }
+            let Some((slot, fire_at)) = timer.next(&self.ticks, &self.task.schedule) else {
+                tracing::warn!(task = %name, "schedule has no further firing; timer stopped");
+                return;
+            };
+            tokio::select! {
+                // A firing that is due wins over a change seen at the same instant.
+                biased;
+                () = self.retired.cancelled() => return,
+                () = tokio::time::sleep_until(fire_at) => {}
+                // A new term (or a task moving here) looks for missed slots at once, not at the
+                // next firing.
+                () = changed(&mut leader_rx) => continue,
+                () = changed(&mut view_rx) => continue,
+                () = changed(&mut control) => {
+                    self.take_pending_from(control.as_ref()).await;
+                    timer.again(slot);
+                    continue;
+                }
+            }
+            let outcome = if !self.coordinated() {
+                self.run(Trigger::Timer, Some(slot), Held::default()).await;
+                TickOutcome::RanUngated
+            } else {
+                let fired = self.ticks.fire(&self.gate, &self.plan, Some(slot)).await;
+                if let Fired::Early { slot, .. } = fired {
+                    // The estimate ran ahead of the store: wait for the store's time.
+                    timer.early(&self.ticks, &self.task.schedule, slot);
+                    continue;
+                }
+                if !matches!(fired, Fired::StoreDown { .. } | Fired::Refused { .. }) {
+                    self.common.store_answered();
+                }
+                let outcome = self.outcome_of(fired).await;
+                if outcome == TickOutcome::Ran {
+                    self.run_queued().await;
+                }
+                outcome
+            };
+            timer.fired(slot);
+            self.stats.ticks.fetch_add(1, Ordering::Relaxed);
+            *lock(&self.stats.last) = Some((outcome, Some(slot)));
+            let ticked = || metrics::counter!("leasehold_ticks_total", "task" => name.as_str().to_owned(), "outcome" => outcome.as_str());
+            self.ticks
+                .counter("ticks", outcome.as_str(), ticked)
+                .increment(1);
+            tracing::debug!(task = %name, slot, outcome = outcome.as_str(), "tick");
+        }
+    }
+
+    /// Runs what the task's ticks queued (catch-ups, then the slot due after them), each
+    /// once the one before ended.
+    async fn run_queued(self: &Arc<Self>) {
+        while !self.retired.is_cancelled() {
+            let Some(fired) = self.ticks.fire_queued(&self.gate, &self.plan).await else {
+                return;
+            };
+            if self.outcome_of(fired).await != TickOutcome::Ran {
+                return;
+            }
+        }
+    }
+
+    /// Acts on a firing: runs a ticket (then hands the task lease over, and takes a manual
+    /// trigger the run left waiting), or applies the store-down policy.
+    async fn outcome_of(self: &Arc<Self>, fired: Fired) -> TickOutcome {
+        match fired {
+            Fired::Run(ticket) => {
+                self.answered(TickOutcome::Ran);
+                let (slot, trigger) = (ticket.slot(), ticket.trigger());
+                let start = self.ticks.run_starts(slot);
+                let slot_run = (trigger != Trigger::Manual).then_some(slot);
+                self.run(trigger, slot_run, Held::of(&ticket)).await;
+                if let Err(e) = ticket.into_guard().release().await {
+                    tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
+                }
+                self.ticks.run_ended(&self.task.schedule, start).await;
+                if let Some(ticket) = self.ticks.take_left_trigger(&self.gate).await {
+                    self.run_manual_ticket(ticket);
+                }
+                TickOutcome::Ran
+            }
+            Fired::Skipped { skip, .. } => match skip {
+                Skip::NotLeader => TickOutcome::SkippedNotLeader,
+                Skip::NotOwner => TickOutcome::SkippedNotOwner,
+                Skip::Paused(_) => self.answered(TickOutcome::SkippedPaused),
+                Skip::Expiring => self.answered(TickOutcome::SkippedLeaseLost),
+                // Overlap (a run here), busy, already run.
+                _ => self.answered(TickOutcome::SkippedClaimed),
+            },
+            Fired::NotDue { .. } | Fired::Early { .. } => {
+                self.answered(TickOutcome::SkippedClaimed)
+            }
+            Fired::StoreDown { slot, runs, error } => self.store_down(slot, runs, &error).await,
+            Fired::Refused { slot, error } => self.refused(slot, &error).await,
+        }
+    }
+
+    /// The task's catalog heartbeat read a control record: its pending manual trigger is
+    /// taken if this instance may run the task now.
+    async fn take_pending_from(
+        self: &Arc<Self>,
+        control: Option<&watch::Receiver<Option<Versioned>>>,
+    ) {
+        let Some(record) = control.and_then(|c| c.borrow().clone()) else {
+            return;
+        };
+        let Ok(parsed) = Control::from_json(&record.value) else {
+            return;
+        };
+        self.take_pending(&parsed, record.version).await;
+    }
+
+    /// Takes the manual trigger pending in `control` (at `version`) if this instance may run
+    /// the task now, and runs it beside the timer loop, holding the task lease.
+    async fn take_pending(self: &Arc<Self>, control: &Control, version: u64) {
+        if control.trigger.is_none() {
+            return;
+        }
+        let ticket = match self
+            .gate
+            .take_trigger(control, version, self.ticks.store_now_or_wall())
+            .await
+        {
+            Ok(Some(ticket)) => ticket,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(task = %self.task.name, error = %e, "manual trigger not taken");
+                return;
+            }
+        };
+        if let Some(request) = ticket.request() {
+            tracing::info!(task = %self.task.name, id = %request.id, by = %request.by, "manual run asked for through the catalog");
+        }
+        self.run_manual_ticket(ticket);
+    }
+
+    /// Runs a manual trigger's ticket beside the timer loop, holding the task lease.
+    fn run_manual_ticket(self: &Arc<Self>, ticket: Ticket) {
+        let runner = self.clone();
+        self.manual.spawn(async move {
+            runner.run(Trigger::Manual, None, Held::of(&ticket)).await;
+            if let Err(e) = ticket.into_guard().release().await {
+                tracing::warn!(task = %runner.task.name, error = %e, "task lease release failed");
+            }
+        });
+    }
+
+    /// The task's definition as the catalog shows it.
+    pub(super) fn definition(
+        &self,
+        source: TaskSource,
+        leader_group: Option<&LeaseName>,
+        spread_group: Option<&LeaseName>,
+    ) -> TaskDefinition {
+        self.plan
+            .definition(source, self.task.gated, leader_group, spread_group)
+    }
+
+    /// The store answered (whatever it said): refusals in a row start again from zero.
+    fn answered(&self, outcome: TickOutcome) -> TickOutcome {
+        self.refusals.store(0, Ordering::Relaxed);
+        outcome
+    }
+
+    /// The store refused: a full disk, a permission lost. The slot is missed because the store
+    /// could not serve it, as when it is down.
+    async fn refused(&self, slot: u64, error: &(dyn fmt::Display + Sync)) -> TickOutcome {
+        self.ticks.skipped(slot, MissReason::StoreDown).await;
+        let refusals = self.refusals.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(task = %self.task.name, %error, refusals, "the store refused the task lease or slot claim");
+        if refusals >= MAX_REFUSALS {
+            self.common.fail(format!(
+                "task {}: the store refused {refusals} times in a row: {error}",
+                self.task.name
+            ));
+        }
+        TickOutcome::SkippedRefused
+    }
+
+    /// The store could not answer a firing of `slot`; the store-down policy said whether it
+    /// `runs` here anyway (ungated).
+    async fn store_down(
+        &self,
+        slot: Option<u64>,
+        runs: bool,
+        error: &(dyn fmt::Display + Sync),
+    ) -> TickOutcome {
+        self.common.store_unreachable(error);
+        self.stats.store_down_ticks.fetch_add(1, Ordering::Relaxed);
+        let policy = self.plan.on_store_down.as_str();
+        let down = || metrics::counter!("leasehold_store_down_ticks_total", "task" => self.task.name.as_str().to_owned(), "policy" => policy);
+        self.ticks
+            .counter("store_down_ticks", policy, down)
+            .increment(1);
+        if !runs {
+            if let Some(slot) = slot {
+                self.ticks.skipped(slot, MissReason::StoreDown).await;
+            }
+            return TickOutcome::SkippedStoreDown;
+        }
+        self.run(Trigger::Timer, slot, Held::default()).await;
+        TickOutcome::RanStoreDown
+    }
+
+    /// Runs the job in its own task (so a panic is contained). Its token is cancelled when the
+    /// task lease or leadership starts expiring, or when shutdown's grace period ends; a job
+    /// still running a stop margin later is aborted. Gated and manual runs are recorded in the
+    /// run history (ungated and store-down runs, which every instance may make, are not).
+    async fn run(&self, trigger: Trigger, slot: Option<u64>, held: Held) -> RunResult {
+        let cancel = CancellationToken::new();
+        let (lease_cancel, lease_probe) = held.lease.unzip();
+        let mut probes: Vec<HeldProbe> = lease_probe.into_iter().collect();
+        probes.extend(held.leader.clone().map(HeldProbe::Token));
+        let ctx = TaskContext {
+            task: self.task.name.clone(),
+            trigger,
+            slot,
+            token: held.token,
+            holder: self.common.holder.clone(),
+            cancel: cancel.clone(),
+            held: probes,
+        };
+        let recorded_trigger = match trigger {
+            Trigger::Manual => Some(RecordTrigger::Manual),
+            Trigger::CatchUp => Some(RecordTrigger::CatchUp),
+            Trigger::Timer if held.token.is_some() => Some(RecordTrigger::Timer),
+            _ => None,
+        };
+        // Every run is counted in the task's run series; gated and manual ones are also kept
+        // in the history.
+        let mut record = RunRecord::started(
+            slot,
+            recorded_trigger.unwrap_or(RecordTrigger::Timer),
+            self.common.holder.to_string(),
+            held.token,
+            self.ticks.store_now_or_wall(),
+            Some(RecordedSchedule::of(&self.task.schedule)),
+        );
+        record.request = held.request.clone();
+        let history = recorded_trigger.map(|_| &self.common.history);
+        if let Some(history) = history {
+            history.record(&self.task.name, record.clone());
+        }
+        let _active = Active::new(&self.stats.active);
+        // Aborted if this future is dropped, so a job never outlives its run.
+        let mut job = AbortOnDropHandle::new(tokio::spawn((self.task.job)(ctx)));
+        let stop = async {
+            tokio::select! {
+                () = fired(lease_cancel.as_ref()) => "task lease expiring",
+                () = fired(held.leader.as_ref()) => "leadership ending",
+                () = async {
+                    self.common.stop.cancelled().await;
+                    tokio::time::sleep(self.common.grace).await;
+                } => "shutdown grace period over",
+            }
+        };
+        let mut stopped = None;
+        let joined = tokio::select! {
+            joined = &mut job => Some(joined),
+            why = stop => {
+                // Cancel first: a log write that fails must never delay the stop.
+                cancel.cancel();
+                stopped = Some(why);
+                tracing::warn!(task = %self.task.name, why, "cancelling run");
+                tokio::time::timeout(self.gate.lease().config().stop_margin, &mut job).await.ok()
+            }
+        };
+        let result = match joined {
+            Some(Ok(Ok(()))) => RunResult::Succeeded,
+            Some(Ok(Err(e))) => RunResult::Failed(e.to_string()),
+            Some(Err(e)) if e.is_panic() => RunResult::Panicked,
+            _ => RunResult::Aborted,
+        };
+        self.stats.runs.fetch_add(1, Ordering::Relaxed);
+        if result != RunResult::Succeeded {
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(task = %self.task.name, ?slot, ?result, "run did not succeed");
+        }
+        let outcome = match (&result, stopped) {
+            (RunResult::Aborted, _) => RunOutcome::Aborted,
+            (RunResult::Panicked, _) => RunOutcome::Panicked,
+            (_, Some(why)) => RunOutcome::Cancelled {
+                why: why.to_owned(),
+            },
+            (RunResult::Succeeded, None) => RunOutcome::Ok,
+            (RunResult::Failed(error), None) => RunOutcome::Failed {
+                error: error.clone(),
+            },
+        };
+        record_run_end(
+            history,
+            &self.task.name,
+            record.ended(self.ticks.store_now_or_wall(), outcome),
+        );
+        result
+    }
+
+    /// A manual run in a task of the scheduler's own (so it is drained on shutdown even if the
+    /// caller stops waiting). `exclusive`: hold the task lease for the run, so it never overlaps
+    /// a run of this task anywhere.
+    async fn manual_run(self: Arc<Self>, exclusive: bool) -> Result<RunResult, SchedulerError> {
+        if !exclusive {
+            return Ok(self.run(Trigger::Manual, None, Held::default()).await);
+        }
+        let Ok(_exclusive) = self.gate.exclusive().try_lock_owned() else {
+            return Err(SchedulerError::Busy {
+                holder: self.common.holder.clone(),
+            });
+        };
+        let guard = match self.gate.lease().try_acquire().await? {
+            TryAcquire::Acquired(guard) => guard,
+            TryAcquire::Busy { holder, .. } => return Err(SchedulerError::Busy { holder }),
+        };
+        let held = Held {
+            token: Some(guard.token()),
+            lease: Some((guard.cancellation_token(), guard.probe())),
+            leader: None,
+            request: None,
+        };
+        let result = self.run(Trigger::Manual, None, held).await;
+        if let Err(e) = guard.release().await {
+            tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
+        }
+        Ok(result)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The object-safe part of a task runner the handle needs.
+pub(super) trait RunNow: Send + Sync {
+    fn start_manual(
+        self: Arc<Self>,
+        exclusive: bool,
+    ) -> tokio::task::JoinHandle<Result<RunResult, SchedulerError>>;
+    fn status(&self) -> TaskStatus;
+    /// Takes no more slots (see `retired`).
+    fn retire(&self);
+    /// The task's manual runs, to drain.
+    fn manual_runs(&self) -> TaskTracker;
+    fn history(self: Arc<Self>, limit: usize) -> BoxFuture<Result<Vec<RunRecord>, StoreError>>;
+}
+
+impl<S: Slots + Catalog> RunNow for TaskRunner<S> {
+    fn start_manual(
+        self: Arc<Self>,
+        exclusive: bool,
+    ) -> tokio::task::JoinHandle<Result<RunResult, SchedulerError>> {
+        let tracker = self.manual.clone();
+        tracker.spawn(self.manual_run(exclusive))
+    }
+
+    fn retire(&self) {
+        self.retired.cancel();
+    }
+
+    fn manual_runs(&self) -> TaskTracker {
+        self.manual.clone()
+    }
+
+    fn status(&self) -> TaskStatus {
+        TaskStatus {
+            name: self.task.name.clone(),
+            schedule: self.task.schedule.to_string(),
+            policy: self.plan.on_store_down,
+            gated: self.task.gated,
+            catch_up: self.plan.catch_up,
+            ticks: self.stats.ticks.load(Ordering::Relaxed),
+            runs: self.stats.runs.load(Ordering::Relaxed),
+            failures: self.stats.failures.load(Ordering::Relaxed),
+            store_down_ticks: self.stats.store_down_ticks.load(Ordering::Relaxed),
+            running: self.stats.active.load(Ordering::Relaxed) > 0,
+            owned: self
+                .common
+                .placement
+                .as_ref()
+                .and_then(|p| p.owned(&self.task.name)),
+            last: *lock(&self.stats.last),
+        }
+    }
+
+    fn history(self: Arc<Self>, limit: usize) -> BoxFuture<Result<Vec<RunRecord>, StoreError>> {
+        Box::pin(async move {
+            crate::scheduling::history::read(self.gate.lease().store(), &self.task.name, limit)
+                .await
+        })
+    }
+}
