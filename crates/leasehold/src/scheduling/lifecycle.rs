@@ -198,6 +198,8 @@ struct State {
     /// A timer run here saw a manual trigger pending: the next firing (or the end of that
     /// run) takes it first.
     trigger_waits: bool,
+    /// The last catch-up queued was decided: once it ran, the slot after it may be due.
+    resume: bool,
 }
 
 /// The most skipped slots remembered with their reason between two looks back.
@@ -425,9 +427,33 @@ impl TaskTicks {
         plan: &TaskPlan,
     ) -> Option<Fired> {
         let mut state = self.state.lock().await;
-        let (slot, trigger) = pop_front(&mut state.queued)?;
+        if let Some((slot, trigger)) = pop_front(&mut state.queued) {
+            return Some(
+                self.decide_queued(gate, plan, &mut state, slot, trigger)
+                    .await,
+            );
+        }
+        if !std::mem::take(&mut state.resume) {
+            return None;
+        }
+        // The slot after the last catch-up may have fallen due before that catch-up ran (it
+        // was decided just before): it runs now, on time, rather than waiting for a timer armed
+        // past it to find it missed. One that fell due while the catch-up ran is missed for the
+        // overlap, as after any run. A store that does not answer is the next firing's concern.
+        let reading = gate.read_clock().await.ok()?;
+        self.clock.saw(&reading);
+        let next = plan.schedule.next_after(state.handled?)?;
+        let overlapped = state.known.iter().any(|&(from, to, reason)| {
+            reason == MissReason::Overlap && (from..=to).contains(&next)
+        });
+        if overlapped
+            || plan.schedule.latest_at_or_before(reading.now_ms) != Some(next)
+            || !on_time(&plan.schedule, next, reading.now_ms)
+        {
+            return None;
+        }
         Some(
-            self.decide_queued(gate, plan, &mut state, slot, trigger)
+            self.decide_at(gate, plan, &mut state, &reading, next, Trigger::Timer)
                 .await,
         )
     }
@@ -635,18 +661,9 @@ impl TaskTicks {
             Err(error) => return Fired::Refused { slot, error },
         };
         self.clock.saw(&reading);
-        // The slot after the last catch-up may have fallen due since the look back (the
-        // catch-ups were decided after it): it runs next, on time, rather than waiting for a
-        // timer armed past it to find it missed.
-        if trigger == Trigger::CatchUp
+        state.resume = trigger == Trigger::CatchUp
             && state.queued.is_empty()
-            && plan.runs == RunsPerFiring::All
-            && let Some(next) = plan.schedule.next_after(slot)
-            && plan.schedule.latest_at_or_before(reading.now_ms) == Some(next)
-            && on_time(&plan.schedule, next, reading.now_ms)
-        {
-            state.queued.push((next, Trigger::Timer));
-        }
+            && plan.runs == RunsPerFiring::All;
         self.decide_at(gate, plan, state, &reading, slot, trigger)
             .await
     }
