@@ -219,3 +219,11 @@ async fn the_slot_due_while_a_catch_up_runs_is_not_run_after_it() {
     let (_, next) = after_a_catch_up(300, 300, 400).await;
     assert_eq!(next, None);
 }
+
+/// The catch-up's run started more than a slot late (a loaded CI host, a slow store): the
+/// newest slot due runs next, on time, and the one between is missed, not caught up later.
+#[tokio::test(start_paused = true)]
+async fn the_newest_slot_due_when_a_late_catch_up_ends_runs_next_on_time() {
+    let (first, next) = after_a_catch_up(300, 1_700, 50).await;
+    assert_eq!(next, Some((first + 5_000, Trigger::Timer)));
+}

@@ -436,24 +436,32 @@ impl TaskTicks {
         if !std::mem::take(&mut state.resume) {
             return None;
         }
-        // The slot after the last catch-up may have fallen due before that catch-up ran (it
-        // was decided just before): it runs now, on time, rather than waiting for a timer armed
-        // past it to find it missed. One that fell due while the catch-up ran is missed for the
-        // overlap, as after any run. A store that does not answer is the next firing's concern.
+        // Slots may have fallen due after the look back, before the last catch-up ran (it was
+        // decided, or started, late): the newest of them runs now as `timer` if it is on time,
+        // and those before it are missed for the catch-up's sake, rather than a timer armed
+        // past them finding a new gap and catching up again. A slot that fell due while the
+        // catch-up ran is missed for the overlap, as after any run. A store that does not
+        // answer is the next firing's concern.
         let reading = gate.read_clock().await.ok()?;
         self.clock.saw(&reading);
-        let next = plan.schedule.next_after(state.handled?)?;
+        let schedule = &plan.schedule;
+        let handled = state.handled?;
+        let first = schedule.next_after(handled)?;
+        let newest = schedule.latest_at_or_before(reading.now_ms)?;
         let overlapped = state.known.iter().any(|&(from, to, reason)| {
-            reason == MissReason::Overlap && (from..=to).contains(&next)
+            reason == MissReason::Overlap && (from..=to).contains(&newest)
         });
-        if overlapped
-            || plan.schedule.latest_at_or_before(reading.now_ms) != Some(next)
-            || !on_time(&plan.schedule, next, reading.now_ms)
-        {
+        if newest < first || overlapped || !on_time(schedule, newest, reading.now_ms) {
             return None;
         }
+        if newest > first {
+            let (count, last) = schedule.firings_between(handled, newest - 1, 1);
+            let last = last.first().copied().unwrap_or(first);
+            self.record_miss(schedule, first, count, last, MissReason::Overlap);
+            state.handled = Some(last);
+        }
         Some(
-            self.decide_at(gate, plan, &mut state, &reading, next, Trigger::Timer)
+            self.decide_at(gate, plan, &mut state, &reading, newest, Trigger::Timer)
                 .await,
         )
     }
