@@ -448,10 +448,10 @@ impl TaskTicks {
         let handled = state.handled?;
         let first = schedule.next_after(handled)?;
         let newest = schedule.latest_at_or_before(reading.now_ms)?;
-        let overlapped = state.known.iter().any(|&(from, to, reason)| {
-            reason == MissReason::Overlap && (from..=to).contains(&newest)
-        });
-        if newest < first || overlapped || !on_time(schedule, newest, reading.now_ms) {
+        if newest < first
+            || overlapped(&state.known, newest)
+            || !on_time(schedule, newest, reading.now_ms)
+        {
             return None;
         }
         if newest > first {
@@ -614,16 +614,9 @@ impl TaskTicks {
             return Ok((reading, false));
         }
         let oldest_runnable = window.map_or(u64::MAX, |w| now.saturating_sub(w));
-        // A slot that fell due while a run here was going is missed for the overlap, not run
-        // late beside the next one.
-        let overlapped = |slot: u64| {
-            known.iter().any(|&(from, to, reason)| {
-                reason == MissReason::Overlap && (from..=to).contains(&slot)
-            })
-        };
         let to_run: Vec<u64> = newest
             .into_iter()
-            .filter(|&slot| slot >= oldest_runnable && !overlapped(slot))
+            .filter(|&slot| slot >= oldest_runnable && !overlapped(&known, slot))
             .collect();
         let missed = count - to_run.len() as u64;
         if missed > 0 {
@@ -999,6 +992,14 @@ fn follows(schedule: &Schedule, handled: Option<u64>, due: u64) -> bool {
         (Some(handled), Some(previous)) => handled >= previous,
         (None, Some(_)) => false,
     }
+}
+
+/// Whether `slot` fell due while a run here was going (such a slot is missed for the overlap,
+/// not run late beside the next one).
+fn overlapped(known: &[(u64, u64, MissReason)], slot: u64) -> bool {
+    known
+        .iter()
+        .any(|&(from, to, reason)| reason == MissReason::Overlap && (from..=to).contains(&slot))
 }
 
 fn remember(known: &mut Vec<(u64, u64, MissReason)>, slot: u64, reason: MissReason) {
