@@ -194,6 +194,7 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
     }
     tracing::info!(listen = %args.listen, store = %leasehold::Store::describe(&store), "sidecar serving");
     let sidecar = Sidecar::new(store, config);
+    crate::trim::spawn_periodic();
     leasehold_serve::serve(sidecar, &args.listen, serving, crate::run::termination())
         .await
         .map_err(|e| {
