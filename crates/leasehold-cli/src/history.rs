@@ -102,7 +102,24 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
         return Ok(0);
     }
     if args.json {
-        let doc = serde_json::json!({ "task": task.as_str(), "runs": records });
+        // `slot_ms` and `duration_ms` as `status --json` and the API name them, beside the
+        // record's own fields (`slot` stays for scripts written against earlier releases).
+        let runs: Vec<serde_json::Value> = records
+            .iter()
+            .map(|r| {
+                let mut run = serde_json::to_value(r).unwrap_or_default();
+                if let Some(run) = run.as_object_mut() {
+                    if let Some(slot) = r.slot {
+                        run.insert("slot_ms".into(), slot.into());
+                    }
+                    if let Some(took) = r.duration() {
+                        run.insert("duration_ms".into(), (took.as_millis() as u64).into());
+                    }
+                }
+                run
+            })
+            .collect();
+        let doc = serde_json::json!({ "task": task.as_str(), "runs": runs });
         crate::output::json(&doc)?;
         return Ok(0);
     }

@@ -138,6 +138,10 @@ async fn failing_runs_are_failed_everywhere(url: &str) {
         assert_eq!(r["outcome"], "failed", "{doc}");
         assert_eq!(r["result"], "failed", "{doc}");
         assert_eq!(r["error"], "command exited with status 3", "{doc}");
+        // The names `status --json` and the API use, beside the record's own.
+        assert_eq!(r["slot_ms"], r["slot"], "{doc}");
+        let took = r["ended_ms"].as_u64().unwrap() - r["started_ms"].as_u64().unwrap();
+        assert_eq!(r["duration_ms"].as_u64(), Some(took), "{doc}");
     }
     let table = leasehold(&["history", "--store", url, &lease]);
     let table = String::from_utf8_lossy(&table.stdout);

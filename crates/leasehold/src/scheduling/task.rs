@@ -222,6 +222,18 @@ pub enum RunResult {
     Aborted,
 }
 
+/// The words logs and messages use: `succeeded`, `failed: …`, `panicked`, `aborted`.
+impl std::fmt::Display for RunResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Succeeded => f.write_str("succeeded"),
+            Self::Failed(error) => write!(f, "failed: {error}"),
+            Self::Panicked => f.write_str("panicked"),
+            Self::Aborted => f.write_str("aborted"),
+        }
+    }
+}
+
 pub(crate) type JobFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 pub(crate) type Job = Arc<dyn Fn(TaskContext) -> JobFuture + Send + Sync>;
 

@@ -1,7 +1,7 @@
 //! One task's timer loop, its gated ticks, and the runs of its job (timer and manual).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -30,6 +30,7 @@ use crate::scheduling::task::{
 use crate::store::catalog::{Control, Versioned};
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
+use crate::store::text::visible;
 use crate::store::token::FencingToken;
 use crate::store::traits::{Catalog, Slots};
 
@@ -124,6 +125,8 @@ struct TaskStats {
     /// Runs in progress here (timer and manual).
     active: AtomicUsize,
     last: Mutex<Option<(TickOutcome, Option<u64>)>>,
+    /// The last firing here found the task paused (logged once, and its resume once).
+    paused: AtomicBool,
 }
 
 /// Counts a run as active for as long as it lives, however it ends.
@@ -356,6 +359,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 if !matches!(fired, Fired::StoreDown { .. } | Fired::Refused { .. }) {
                     self.common.store_answered();
                 }
+                self.note_pause(&fired);
                 let outcome = self.outcome_of(fired).await;
                 if outcome == TickOutcome::Ran {
                     self.run_queued().await;
@@ -483,6 +487,29 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     }
 
     /// The store answered (whatever it said): refusals in a row start again from zero.
+    /// Logs once when a firing here finds the task paused (who paused it, and why), and once
+    /// when a slot runs here again.
+    fn note_pause(&self, fired: &Fired) {
+        let paused = match fired {
+            Fired::Skipped {
+                skip: Skip::Paused(pause),
+                ..
+            } => Some(pause),
+            Fired::Run(_) => None,
+            _ => return,
+        };
+        match (self.stats.paused.swap(paused.is_some(), Ordering::Relaxed), paused) {
+            (false, Some(pause)) => tracing::info!(
+                task = %self.task.name,
+                by = %visible(&pause.by),
+                reason = %visible(pause.reason.as_deref().unwrap_or("")),
+                "task paused: its slots are skipped until it is resumed"
+            ),
+            (true, None) => tracing::info!(task = %self.task.name, "task resumed: its slots run again"),
+            _ => {}
+        }
+    }
+
     fn answered(&self, outcome: TickOutcome) -> TickOutcome {
         self.refusals.store(0, Ordering::Relaxed);
         outcome
@@ -600,7 +627,12 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         self.stats.runs.fetch_add(1, Ordering::Relaxed);
         if result != RunResult::Succeeded {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(task = %self.task.name, ?slot, ?result, "run did not succeed");
+            match slot {
+                Some(slot) => {
+                    tracing::warn!(task = %self.task.name, slot, %result, "run did not succeed")
+                }
+                None => tracing::warn!(task = %self.task.name, %result, "manual run did not succeed"),
+            }
         }
         let outcome = match (&result, stopped) {
             (RunResult::Aborted, _) => RunOutcome::Aborted,
