@@ -136,6 +136,16 @@ fn run_task(url: &str) {
     for i in instances {
         assert_eq!(i.stop(Duration::from_secs(10)), 0);
     }
+    // The instance that found the task paused said so once, with who and why, and once that
+    // it ran again.
+    let logs: String = ["i1", "i2"]
+        .iter()
+        .map(|i| std::fs::read_to_string(dir.path().join(format!("{i}.log"))).unwrap())
+        .collect();
+    let said = |what: &str| logs.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(said("task paused: its slots are skipped"), 1, "{logs}");
+    assert!(logs.contains("by=ops reason=freeze"), "{logs}");
+    assert_eq!(said("task resumed: its slots run again"), 1, "{logs}");
     let runs = read_ledger(&ledger);
     let manual: Vec<_> = runs.iter().filter(|r| r.trigger == "manual").collect();
     assert_eq!(manual.len(), 1, "{runs:?}");

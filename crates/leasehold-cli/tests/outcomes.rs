@@ -143,6 +143,20 @@ async fn failing_runs_are_failed_everywhere(url: &str) {
         let took = r["ended_ms"].as_u64().unwrap() - r["started_ms"].as_u64().unwrap();
         assert_eq!(r["duration_ms"].as_u64(), Some(took), "{doc}");
     }
+    // The instance's log names the slot and the outcome in plain words.
+    let logged = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
+    let failed_line = logged
+        .lines()
+        .find(|l| l.contains("run did not succeed"))
+        .unwrap_or_else(|| panic!("{logged}"));
+    assert!(
+        failed_line.contains("result=failed: command exited with status 3")
+            && ended
+                .iter()
+                .any(|r| failed_line.contains(&format!("slot={} ", r["slot"])))
+            && !failed_line.contains("Some("),
+        "{failed_line}"
+    );
     let table = leasehold(&["history", "--store", url, &lease]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(

@@ -498,14 +498,19 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             Fired::Run(_) => None,
             _ => return,
         };
-        match (self.stats.paused.swap(paused.is_some(), Ordering::Relaxed), paused) {
+        match (
+            self.stats.paused.swap(paused.is_some(), Ordering::Relaxed),
+            paused,
+        ) {
             (false, Some(pause)) => tracing::info!(
                 task = %self.task.name,
                 by = %visible(&pause.by),
                 reason = %visible(pause.reason.as_deref().unwrap_or("")),
                 "task paused: its slots are skipped until it is resumed"
             ),
-            (true, None) => tracing::info!(task = %self.task.name, "task resumed: its slots run again"),
+            (true, None) => {
+                tracing::info!(task = %self.task.name, "task resumed: its slots run again")
+            }
             _ => {}
         }
     }
@@ -631,7 +636,9 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 Some(slot) => {
                     tracing::warn!(task = %self.task.name, slot, %result, "run did not succeed")
                 }
-                None => tracing::warn!(task = %self.task.name, %result, "manual run did not succeed"),
+                None => {
+                    tracing::warn!(task = %self.task.name, %result, "manual run did not succeed")
+                }
             }
         }
         let outcome = match (&result, stopped) {
