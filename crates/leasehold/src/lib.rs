@@ -31,7 +31,7 @@ pub use scheduling::schedule_error::ScheduleError;
 #[cfg(feature = "cron")]
 pub use scheduling::schedule_error::{CronField, CronProblem};
 pub use scheduling::scheduler::{
-    Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus, TaskStatus,
+    Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus, SchedulerStore, TaskStatus,
 };
 pub use scheduling::task::{
     CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,

@@ -243,3 +243,64 @@ async fn the_first_renewal_is_a_renewal_interval_after_the_acquire_was_sent() {
     );
     assert!(guard.is_held());
 }
+
+/// Counts the WARN events whose message is `message`, on this thread.
+struct WarnCounter {
+    message: &'static str,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarnCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if *event.metadata().level() == tracing::Level::WARN && message.0 == self.message {
+            self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// A store that stops answering while a session holds 14 leases: renewals are retried every
+/// retry interval (100 ms here: dozens of rounds in 7 s), and that is said once at the first
+/// failure and then once per 5 s, not once per round.
+#[tokio::test(start_paused = true)]
+async fn renewals_failing_for_seconds_are_said_once_per_five_seconds() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = WarnCounter {
+        message: "renewal failed; retrying",
+        seen: seen.clone(),
+    };
+    let _said = tracing::subscriber::set_default(tracing_subscriber::registry().with(counter));
+    let store = FaultyStore::new();
+    let config =
+        LeaseConfig::new(Duration::from_secs(15)).retry_interval(Duration::from_millis(100));
+    let s = LeaseSession::with_holder(store.clone(), config, HolderId::new("worker-1").unwrap())
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..14 {
+        guards.push(take(&s, &format!("lease-{i}")).await);
+    }
+    store.set(|f| &f.down, true);
+    // The first renewal is due at 5 s (a third of the ttl); they fail until 12 s.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let renewals = store.renewal_times().len();
+    assert!(
+        renewals >= 30,
+        "renewal rounds tried while down: {renewals}"
+    );
+    // The first failure (at 5 s), then one 5 s later, where each round used to be said.
+    let warned = seen.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((2..=3).contains(&warned), "{warned} warnings");
+    store.set(|f| &f.down, false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(guards.iter().all(LeaseGuard::is_held));
+}

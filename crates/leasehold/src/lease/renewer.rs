@@ -199,7 +199,15 @@ pub(crate) struct Renewer<S, M> {
     /// When the live members are renewed next: one cadence for all, started by the first
     /// member's first renewal.
     next_renewal: Instant,
+    /// Failed renewal rounds not yet said (one warning per [`SAY_FAILURES_EVERY`]), and when
+    /// the last was said.
+    unsaid: u64,
+    said_at: Option<Instant>,
 }
+
+/// While renewals keep failing (a store that is down, retried every retry interval), how often
+/// that is said: once at the first failure, then once per this with the count in between.
+const SAY_FAILURES_EVERY: Duration = Duration::from_secs(5);
 
 impl<S: Store, M: Members<S>> Renewer<S, M> {
     /// A renewer of no member yet.
@@ -210,6 +218,8 @@ impl<S: Store, M: Members<S>> Renewer<S, M> {
             config,
             members,
             next_renewal: Instant::now(),
+            unsaid: 0,
+            said_at: None,
         }
     }
 
@@ -366,12 +376,25 @@ impl<S: Store, M: Members<S>> Renewer<S, M> {
             }
         }
         self.next_renewal = match failure {
-            None => sent + self.config.renew_interval,
+            None => {
+                if self.said_at.is_some() {
+                    tracing::info!(unsaid_failures = self.unsaid, "renewals succeed again");
+                }
+                (self.unsaid, self.said_at) = (0, None);
+                sent + self.config.renew_interval
+            }
             Some((name, e)) => {
-                if failures == 1 {
-                    tracing::warn!(lease = %name, error = %e, "renewal failed; retrying");
+                if self.said_at.is_some_and(|at| now < at + SAY_FAILURES_EVERY) {
+                    self.unsaid += 1;
+                    tracing::debug!(leases = failures, error = %e, "renewal failed; retrying");
                 } else {
-                    tracing::warn!(leases = failures, error = %e, "renewal failed; retrying");
+                    let since = std::mem::take(&mut self.unsaid);
+                    if failures == 1 {
+                        tracing::warn!(lease = %name, error = %e, failed_rounds_since_last_said = since, "renewal failed; retrying");
+                    } else {
+                        tracing::warn!(leases = failures, error = %e, failed_rounds_since_last_said = since, "renewal failed; retrying");
+                    }
+                    self.said_at = Some(now);
                 }
                 now + self.config.retry_interval
             }

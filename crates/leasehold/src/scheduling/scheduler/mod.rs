@@ -142,7 +142,22 @@ impl Scheduler<MemoryStore> {
     }
 }
 
-impl<S: Slots + Membership + Catalog> Scheduler<S> {
+/// What a [`Scheduler`] needs of its store: slots and history, membership, the catalog. Every
+/// store crate's store has it (the memory store too); generic code over a scheduler names it:
+///
+/// ```
+/// use leasehold::{Scheduler, SchedulerStore};
+///
+/// fn nightly<S: SchedulerStore>(scheduler: Scheduler<S>) -> Scheduler<S> {
+///     scheduler.grace_period(std::time::Duration::from_secs(30))
+/// }
+/// # let _ = nightly(Scheduler::new(leasehold::MemoryStore::new()));
+/// ```
+pub trait SchedulerStore: Slots + Membership + Catalog {}
+
+impl<S: Slots + Membership + Catalog> SchedulerStore for S {}
+
+impl<S: SchedulerStore> Scheduler<S> {
     /// A scheduler coordinating through `store`, with default lease timing (ttl 15 s), policy
     /// fail-closed, no leader gate and a 30 s shutdown grace period.
     pub fn new(store: S) -> Self {
