@@ -268,7 +268,8 @@ pub struct TaskSummary {
     pub last_run: Option<RunSummary>,
     /// The next slot after now, while some instance runs the task.
     pub next_slot_ms: Option<u64>,
-    /// Slots that did not run in the last 24 hours (paused ones included).
+    /// Slots that did not run in the last 24 hours (not those skipped while the task was
+    /// paused: the history shows them as paused).
     pub missed_24h: u64,
     /// The newest runs that failed (or timed out) in a row, as far as the history read goes
     /// (cancelled and interrupted runs are passed over): 0 when the last one that counts
@@ -434,9 +435,10 @@ async fn summarize<S: Catalog + Slots>(
     let missed_24h = records
         .iter()
         .filter_map(|r| match &r.outcome {
+            // A slot paused on purpose is recorded as missed but is not one that went wrong.
             RunOutcome::Missed {
                 count, last_slot, ..
-            } if *last_slot >= since => {
+            } if *last_slot >= since && r.paused.is_none() => {
                 // Only the part of a long gap that falls within the window.
                 let first = r.slot.unwrap_or(*last_slot);
                 Some(match (first >= since, &schedule) {
@@ -602,7 +604,8 @@ mod tests {
         let list = tasks(&fleet).await.unwrap();
         let summary = &list.tasks[0];
         assert_eq!(summary.state, TaskState::Idle);
-        assert_eq!(summary.missed_24h, 2 + 1, "{summary:?}");
+        // The paused slot is not counted.
+        assert_eq!(summary.missed_24h, 2, "{summary:?}");
         assert_eq!(
             summary.last_run.as_ref().unwrap().slot_ms,
             Some(hour - 2 * HOUR)
