@@ -48,6 +48,8 @@ async function main() {
       await page.goto(`${base}/`);
       const link = page.locator("#tasks").getByRole("link", { name, exact: true });
       await until(`the fleet lists ${name}`, () => link.isVisible(), 5000);
+      // This sidecar asks for no token: the page offers none.
+      assert.equal(await page.locator("#token-open").isVisible(), false, "no Token button without a token");
       await link.click();
       const path = pagePath(name);
       await page.waitForURL((url) => url.pathname === path, { timeout: 5000 })

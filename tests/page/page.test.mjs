@@ -49,6 +49,7 @@ async function timed(what, check, limitMs) {
 }
 
 async function giveToken(page) {
+  assert.ok(await page.locator("#token-open").isVisible(), "the Token button is offered once a 401 was met");
   await page.getByLabel("Bearer token").fill(TOKEN);
   await page.getByRole("button", { name: "Use token" }).click();
   await until("the fleet is shown", () => page.getByRole("heading", { name: "Tasks" }).isVisible(), 5000);
@@ -116,12 +117,14 @@ async function main() {
     await row.getByRole("button", { name: `Pause ${TASK}` }).click();
     // From the keyboard: the reason, and Enter confirms.
     await page.getByLabel("Reason (optional, shown to others)").fill("browser test");
+    await page.getByLabel("Your name (optional, recorded as who asked)").fill("page-tester");
     await page.keyboard.press("Enter");
     await timed("the page shows paused", () => row.getByText("paused", { exact: true }).first().isVisible(), LIVE_MS);
     await until("the result is shown", () => page.locator("#result").filter({ hasText: `Paused ${TASK}.` }).isVisible(), LIVE_MS);
     await page.screenshot({ path: join(OUT, "paused-1280.png"), fullPage: true });
     const paused = (await api(taskPath)).paused;
     assert.ok(paused, "the store has the pause");
+    assert.equal(paused.by, "page-tester", "the pause names who asked, as typed");
     // A run granted just before the pause may still start; none after a second more.
     await sleep(4000);
     const during = (await history()).filter((r) => r.started_ms > paused.at_ms + 1500 && !r.paused && r.outcome !== "missed");

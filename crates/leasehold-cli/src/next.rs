@@ -73,9 +73,11 @@ pub fn next(args: NextArgs) -> Result<u8, Failure> {
         crate::output::json(&doc)?;
         return Ok(0);
     }
+    // The expression as written (the zone is said beside it, whether given by --tz or by a
+    // CRON_TZ= prefix of the expression).
     outln!(
         "cron {:?} in {}, after {}",
-        cron.expr(),
+        args.cron.trim(),
         cron.time_zone(),
         history::time(start)
     )?;

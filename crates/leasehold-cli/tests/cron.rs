@@ -83,6 +83,25 @@ fn next_shows_local_and_utc_times_across_a_change() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("cron \"0 3 * * *\" in UTC"), "{text}");
     assert!(text.contains("2027-01-01T03:00:00+00:00"), "{text}");
+    // With --tz the expression is echoed as written, the zone beside it.
+    let out = next(
+        &[
+            "--cron",
+            "0 3 * * *",
+            "--tz",
+            "Europe/Paris",
+            "--after",
+            "2027-01-01T00:00:00Z",
+            "-n",
+            "1",
+        ],
+        None,
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("cron \"0 3 * * *\" in Europe/Paris"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -11,6 +11,7 @@ const POLL_MS = 1000;
 const REQUEST_TIMEOUT_MS = 5000;
 const HISTORY_LIMIT = 100;
 const TOKEN_KEY = "leasehold-token";
+const BY_KEY = "leasehold-by";
 
 // ---- small helpers -------------------------------------------------------------------------
 
@@ -209,6 +210,7 @@ async function api(method, path, body) {
 
 function needToken(message) {
   const form = $("auth");
+  $("token-open").hidden = false;
   $("auth-why").textContent = token()
     ? `401 Unauthorized: the sidecar refused the token given (${message}). Enter the right one.`
     : `401 Unauthorized: this sidecar needs its bearer token (${message}). Enter it to see the fleet and use the buttons.`;
@@ -221,6 +223,7 @@ function needToken(message) {
 
 function setUpToken() {
   const form = $("auth");
+  $("token-open").hidden = !token();
   $("token-open").addEventListener("click", () => {
     form.hidden = !form.hidden;
     if (!form.hidden) {
@@ -272,7 +275,7 @@ const ACTIONS = {
   pause: {
     label: "Pause",
     text: (n) => `Pause ${n} on every instance? Its slots are skipped (recorded as paused, never caught up) until it is resumed.`,
-    body: (reason) => ({ reason: reason || null, by: null }),
+    body: (reason, by) => ({ reason: reason || null, by: by || null }),
     done: (n) => `Paused ${n}.`,
   },
   resume: {
@@ -284,7 +287,7 @@ const ACTIONS = {
   trigger: {
     label: "Trigger",
     text: (n) => `Run ${n} once now? The instance that runs it picks the request up (within its next tick) and runs it holding the task's lease.`,
-    body: () => ({ by: null }),
+    body: (_, by) => ({ by: by || null }),
     done: (n, r) => `Trigger of ${n} requested (id ${r.id}); it expires ${utc(r.expires_ms)} unless an instance takes it.`,
   },
 };
@@ -299,6 +302,9 @@ function ask(action, task) {
   $("confirm-text").textContent = a.text(name);
   $("confirm-reason-row").hidden = action !== "pause";
   $("confirm-reason").value = "";
+  // Who asked: kept for this tab, so it is typed once.
+  $("confirm-by-row").hidden = action === "resume";
+  $("confirm-by").value = sessionStorage.getItem(BY_KEY) || "";
   $("confirm-ok").textContent = a.label;
   $("confirm").showModal();
   (action === "pause" ? $("confirm-reason") : $("confirm-ok")).focus();
@@ -309,8 +315,10 @@ async function act() {
   const a = ACTIONS[action];
   say(`${a.label} ${name}…`);
   try {
+    const by = $("confirm-by").value.trim();
+    if (by) sessionStorage.setItem(BY_KEY, by);
     const r = await api("POST", `${taskApi(task)}/${action}`,
-      a.body($("confirm-reason").value.trim()));
+      a.body($("confirm-reason").value.trim(), by));
     say(a.done(name, r));
   } catch (e) {
     say(failureText(`${a.label} ${name} failed`, e), true);
@@ -320,13 +328,15 @@ async function act() {
 
 function setUpConfirm() {
   const dialog = $("confirm");
-  // Enter in the reason confirms (the form's default button would be Cancel, the first).
-  $("confirm-reason").addEventListener("keydown", (e) => {
-    if (e.key === "Enter") {
-      e.preventDefault();
-      dialog.close("ok");
-    }
-  });
+  // Enter in a text field confirms (the form's default button would be Cancel, the first).
+  for (const field of ["confirm-reason", "confirm-by"]) {
+    $(field).addEventListener("keydown", (e) => {
+      if (e.key === "Enter") {
+        e.preventDefault();
+        dialog.close("ok");
+      }
+    });
+  }
   dialog.addEventListener("close", () => {
     if (dialog.returnValue === "ok" && confirming) act();
     dialog.returnValue = "";
