@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
 use clap::Args;
-use leasehold::history::{RunOutcome, RunRecord};
+use leasehold::history::{RetryNote, RunOutcome, RunRecord};
 use leasehold::{BoxStore, LeaseName, Store};
 
 use crate::failure::Failure;
@@ -126,9 +126,10 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
             (_, Some(d)) => format!("{:.1?}", d),
         };
         outln!(
-            "{when:<24}  {trigger:<9}  {:<28}  {duration:>9}  {}",
+            "{when:<24}  {trigger:<9}  {:<28}  {duration:>9}  {}{}",
             r.holder,
-            outcome(r)
+            outcome(r),
+            attempt(r)
         )?;
     }
     Ok(0)
@@ -161,6 +162,21 @@ pub fn outcome(r: &RunRecord) -> String {
         (RunOutcome::Missed { reason, .. }, _) => format!("missed: {reason}"),
         (_, Some(error)) => format!("{}: {error}", r.word()),
         (_, None) => r.word().to_owned(),
+    }
+}
+
+/// For a task with retries: which attempt the run was, and what became of the next one.
+pub fn attempt(r: &RunRecord) -> String {
+    let Some(attempt) = r.attempt else {
+        return String::new();
+    };
+    match r.retry {
+        Some(RetryNote::AtMs(at)) => format!(" (attempt {attempt}; retry at {})", time(at)),
+        Some(RetryNote::DroppedBeforeSlot(next)) => format!(
+            " (attempt {attempt}; retry dropped: the next slot, {}, came first)",
+            time(next)
+        ),
+        _ => format!(" (attempt {attempt})"),
     }
 }
 

@@ -385,6 +385,13 @@ impl Task {
         self
     }
 
+    /// With timeout and retries as `policy` says (what [`timeout`](Self::timeout),
+    /// [`retries`](Self::retries) and [`retry_backoff`](Self::retry_backoff) set, at once).
+    pub fn with_run_policy(mut self, policy: RunPolicy) -> Self {
+        self.run_policy = policy;
+        self
+    }
+
     /// The task's timeout and retries.
     pub fn run_policy(&self) -> RunPolicy {
         self.run_policy
