@@ -54,10 +54,7 @@ impl Backoff {
     pub fn delay(&self, task: &LeaseName, slot: Option<u64>, attempt: u32) -> Duration {
         let doublings = attempt.saturating_sub(2).min(63);
         let base = millis(self.base);
-        let wait = base
-            .checked_mul(1u64 << doublings)
-            .unwrap_or(u64::MAX)
-            .min(millis(self.max));
+        let wait = base.saturating_mul(1u64 << doublings).min(millis(self.max));
         let half = wait / 2;
         let spread = wait - half;
         if spread == 0 {
