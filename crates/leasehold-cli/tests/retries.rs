@@ -10,18 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{tag}-{:08x}", nanos ^ std::process::id())
-}
-
-fn redis_url() -> String {
-    std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into())
-}
-
 /// `leasehold run --lease LEASE --every 5s ARGS -- sh -c SCRIPT` on `url`, in `dir`.
 fn start(url: &str, lease: &str, args: &[&str], script: &str, dir: &std::path::Path) -> KillOnDrop {
     KillOnDrop(
@@ -157,55 +145,56 @@ async fn times_out(url: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_command_failing_twice_succeeds_on_its_third_attempt() {
-    let dir = temp_dir();
-    let url = format!("sqlite:{}", path_str(&dir.path().join("r.db")));
-    fails_twice_then_succeeds(&url).await;
+/// A test of `check` on a fresh SQLite file and one on the test Redis.
+macro_rules! on_sqlite_and_redis {
+    ($check:ident: $sqlite:ident, $redis:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            let dir = temp_dir();
+            $check(&format!("sqlite:{}", path_str(&dir.path().join("r.db")))).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            $check(&redis_url()).await;
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_a_command_failing_twice_succeeds_on_its_third_attempt() {
-    fails_twice_then_succeeds(&redis_url()).await;
-}
+on_sqlite_and_redis!(fails_twice_then_succeeds:
+    sqlite_a_command_failing_twice_succeeds_on_its_third_attempt,
+    redis_a_command_failing_twice_succeeds_on_its_third_attempt);
+on_sqlite_and_redis!(times_out:
+    sqlite_a_command_past_its_timeout_is_timed_out,
+    redis_a_command_past_its_timeout_is_timed_out);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_command_past_its_timeout_is_timed_out() {
-    let dir = temp_dir();
-    let url = format!("sqlite:{}", path_str(&dir.path().join("t.db")));
-    times_out(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_a_command_past_its_timeout_is_timed_out() {
-    times_out(&redis_url()).await;
-}
-
-/// Bad values are usage errors (exit 2) that say what is wrong.
+/// Bad values are usage errors (exit 2) that say what is wrong; so are retries without a
+/// schedule.
 #[test]
 fn bad_policy_values_are_usage_errors() {
-    for (args, says) in [
+    let every = ["--every", "5s"];
+    for (schedule, args, says) in [
         (
+            &every[..],
             &["--retries", "1000"][..],
-            "is not a number of retries from 0 to 100",
+            "not a number of retries from 0 to 100",
         ),
         (
-            &["--retry-backoff", "1m,10s"][..],
+            &every,
+            &["--retry-backoff", "1m,10s"],
             "is below the first wait",
         ),
-        (&["--retry-backoff", "1s,2s,3s"][..], "is not D or D,MAX"),
-        (&["--timeout", "0s"][..], "a timeout of zero"),
+        (
+            &every,
+            &["--retry-backoff", "1s,2s,3s"],
+            "is not D or D,MAX",
+        ),
+        (&every, &["--timeout", "0s"], "a timeout of zero"),
+        (&[], &["--retries", "2"], "need a schedule"),
     ] {
         let out = Command::new(BIN)
-            .args([
-                "run",
-                "--store",
-                "sqlite::memory:",
-                "--lease",
-                "x",
-                "--every",
-                "5s",
-            ])
+            .args(["run", "--store", "sqlite::memory:", "--lease", "x"])
+            .args(schedule)
             .args(args)
             .args(["--", "true"])
             .output()
@@ -214,22 +203,6 @@ fn bad_policy_values_are_usage_errors() {
         assert_eq!(code(&out), 2, "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
-    let out = Command::new(BIN)
-        .args([
-            "run",
-            "--store",
-            "sqlite::memory:",
-            "--lease",
-            "x",
-            "--retries",
-            "2",
-        ])
-        .args(["--", "true"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 2, "{stderr}");
-    assert!(stderr.contains("need a schedule"), "{stderr}");
 }
 
 /// Without a schedule, a command past its --timeout is stopped and `run` exits 124, as
