@@ -99,6 +99,7 @@ async fn a_hanging_job_is_cancelled_at_its_timeout_and_recorded_timed_out() {
             r.outcome
         );
         assert_eq!(r.duration(), Some(SEC * 2), "{r:?}");
+        assert_eq!(r.error(), Some("timeout reached (2s)"));
         assert_eq!(r.attempt, None, "no retries: records keep their shape");
         assert_eq!(r.retry, None);
     }
@@ -230,4 +231,76 @@ async fn a_job_ignoring_its_timeout_is_aborted_and_recorded_timed_out() {
     assert_eq!(records[0].outcome, RunOutcome::Aborted);
     assert_eq!(records[0].result(), Some(Outcome::TimedOut));
     handle.shutdown().await;
+}
+
+/// Two instances on one store: every attempt of a slot runs on the instance that claimed it,
+/// one after the other, and the other instance runs nothing of that slot meanwhile.
+#[tokio::test(start_paused = true)]
+async fn retries_stay_on_the_instance_that_holds_the_task() {
+    let store = MemoryStore::new();
+    // (holder, slot, attempt, start, end) of every call.
+    type Seen = Arc<
+        Mutex<
+            Vec<(
+                String,
+                Option<u64>,
+                u32,
+                tokio::time::Instant,
+                tokio::time::Instant,
+            )>,
+        >,
+    >;
+    let seen = Seen::default();
+    let make = |holder: &str| {
+        let seen = seen.clone();
+        let t = Task::new(
+            LeaseName::new("shared").unwrap(),
+            Schedule::every(SEC * 30).unwrap(),
+            move |ctx: TaskContext| {
+                let seen = seen.clone();
+                async move {
+                    let start = tokio::time::Instant::now();
+                    tokio::time::sleep(SEC).await;
+                    let ok = ctx.attempt >= 3;
+                    let end = tokio::time::Instant::now();
+                    seen.lock().unwrap().push((
+                        ctx.holder.to_string(),
+                        ctx.slot,
+                        ctx.attempt,
+                        start,
+                        end,
+                    ));
+                    if ok { Ok(()) } else { Err("not yet") }
+                }
+            },
+        )
+        .retries(3)
+        .retry_backoff(SEC, SEC * 4);
+        Scheduler::new(store.clone())
+            .holder(HolderId::new(holder).unwrap())
+            .lease_config(LeaseConfig::new(SEC * 15))
+            .task(t)
+            .start(std::future::pending())
+            .unwrap()
+    };
+    let (a, b) = (make("a"), make("b"));
+    tokio::time::sleep(SEC * 95).await;
+    let seen = seen.lock().unwrap().clone();
+    let mut slots: Vec<Option<u64>> = seen.iter().map(|s| s.1).collect();
+    slots.dedup();
+    assert!(slots.len() >= 3, "{seen:?}");
+    for slot in slots {
+        let of_slot: Vec<_> = seen.iter().filter(|s| s.1 == slot).collect();
+        let attempts: Vec<u32> = of_slot.iter().map(|s| s.2).collect();
+        assert_eq!(attempts, [1, 2, 3], "{seen:?}");
+        assert!(
+            of_slot.iter().all(|s| s.0 == of_slot[0].0),
+            "one holder: {seen:?}"
+        );
+    }
+    for pair in seen.windows(2) {
+        assert!(pair[0].4 <= pair[1].3, "never two calls at once: {seen:?}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
 }

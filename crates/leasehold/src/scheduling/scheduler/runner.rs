@@ -651,6 +651,9 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let outcome = match (&result, stopped) {
             (RunResult::Aborted, _) => RunOutcome::Aborted,
             (RunResult::Panicked, _) => RunOutcome::Panicked,
+            (_, Some(TIMED_OUT)) => RunOutcome::Cancelled {
+                why: format!("{TIMED_OUT} ({:?})", timeout.unwrap_or_default()),
+            },
             (_, Some(why)) => RunOutcome::Cancelled {
                 why: why.to_owned(),
             },
