@@ -304,3 +304,78 @@ async fn retries_stay_on_the_instance_that_holds_the_task() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Every attempt is a run in the metrics; retries and dropped retries are counted by task.
+#[test]
+fn attempts_retries_and_dropped_retries_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = MemoryStore::new();
+            let calls = Calls::default();
+            let flaky = task("counted", SEC * 60, &calls, |n| {
+                if n < 3 { Act::Fail } else { Act::Ok }
+            })
+            .retries(3)
+            .retry_backoff(SEC, SEC);
+            let late = task("dropped", SEC * 60, &calls, |_| Act::Fail)
+                .retries(1)
+                // At least 65 s, after jitter: past the next slot.
+                .retry_backoff(SEC * 130, SEC * 130);
+            let handle = Scheduler::new(store)
+                .holder(HolderId::new("a").unwrap())
+                .lease_config(LeaseConfig::new(SEC * 15))
+                .task(flaky)
+                .task(late)
+                .start(std::future::pending())
+                .unwrap();
+            tokio::time::sleep(SEC * 65).await;
+            handle.shutdown().await;
+        });
+    });
+    let mut counted = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let name = key.key().name();
+        if !matches!(
+            name,
+            "leasehold_runs_total"
+                | "leasehold_run_retries_total"
+                | "leasehold_retries_dropped_total"
+        ) {
+            continue;
+        }
+        let labels: Vec<String> = key
+            .key()
+            .labels()
+            .filter(|l| l.key() != "trigger")
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        if let DebugValue::Counter(n) = value {
+            counted.insert(format!("{name}{{{}}}", labels.join(",")), n);
+        }
+    }
+    let at_least = |key: &str, n: u64| {
+        assert!(
+            counted.get(key).is_some_and(|&c| c >= n),
+            "{key} at least {n}: {counted:#?}"
+        )
+    };
+    // The first slot of each: three attempts of `counted` (two of them retries), one of
+    // `dropped` whose retry would have passed the next slot.
+    at_least("leasehold_runs_total{task=counted,outcome=failed}", 2);
+    at_least("leasehold_runs_total{task=counted,outcome=ok}", 1);
+    at_least("leasehold_run_retries_total{task=counted}", 2);
+    at_least("leasehold_retries_dropped_total{task=dropped}", 1);
+    assert_eq!(
+        counted.get("leasehold_run_retries_total{task=dropped}"),
+        None,
+        "{counted:#?}"
+    );
+}
