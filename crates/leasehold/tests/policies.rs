@@ -289,10 +289,17 @@ async fn retries_stay_on_the_instance_that_holds_the_task() {
     let mut slots: Vec<Option<u64>> = seen.iter().map(|s| s.1).collect();
     slots.dedup();
     assert!(slots.len() >= 3, "{seen:?}");
+    let last = slots.last().copied();
     for slot in slots {
         let of_slot: Vec<_> = seen.iter().filter(|s| s.1 == slot).collect();
         let attempts: Vec<u32> = of_slot.iter().map(|s| s.2).collect();
-        assert_eq!(attempts, [1, 2, 3], "{seen:?}");
+        // The last slot may still be going when the test looks.
+        let expected: &[u32] = if Some(slot) == last {
+            &[1, 2, 3][..attempts.len().min(3)]
+        } else {
+            &[1, 2, 3]
+        };
+        assert_eq!(attempts, expected, "{seen:?}");
         assert!(
             of_slot.iter().all(|s| s.0 == of_slot[0].0),
             "one holder: {seen:?}"
