@@ -186,3 +186,26 @@ pub fn local_now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use leasehold::history::{RecordTrigger, RetryNote, RunRecord};
+
+    #[test]
+    fn an_attempt_is_shown_with_what_became_of_its_retry() {
+        let mut r = RunRecord::started(Some(0), RecordTrigger::Timer, "a", None, 0, None);
+        assert_eq!(super::attempt(&r), "", "a task without retries shows none");
+        r.attempt = Some(2);
+        assert_eq!(super::attempt(&r), " (attempt 2)");
+        r.retry = Some(RetryNote::AtMs(1_500));
+        assert_eq!(
+            super::attempt(&r),
+            " (attempt 2; retry at 1970-01-01T00:00:01.500Z)"
+        );
+        r.retry = Some(RetryNote::DroppedBeforeSlot(60_000));
+        assert_eq!(
+            super::attempt(&r),
+            " (attempt 2; retry dropped: the next slot, 1970-01-01T00:01:00.000Z, came first)"
+        );
+    }
+}
