@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
 use clap::Args;
-use leasehold::history::{RunOutcome, RunRecord};
+use leasehold::history::{RetryNote, RunOutcome, RunRecord};
 use leasehold::{BoxStore, LeaseName, Store};
 
 use crate::failure::Failure;
@@ -143,9 +143,10 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
             (_, Some(d)) => format!("{:.1?}", d),
         };
         outln!(
-            "{when:<24}  {trigger:<9}  {:<28}  {duration:>9}  {}",
+            "{when:<24}  {trigger:<9}  {:<28}  {duration:>9}  {}{}",
             r.holder,
-            outcome(r)
+            outcome(r),
+            attempt(r)
         )?;
     }
     Ok(0)
@@ -181,9 +182,47 @@ pub fn outcome(r: &RunRecord) -> String {
     }
 }
 
+/// For a task with retries: which attempt the run was, and what became of the next one.
+pub fn attempt(r: &RunRecord) -> String {
+    let Some(attempt) = r.attempt else {
+        return String::new();
+    };
+    match r.retry {
+        Some(RetryNote::AtMs(at)) => format!(" (attempt {attempt}; retry at {})", time(at)),
+        Some(RetryNote::DroppedBeforeSlot(next)) => format!(
+            " (attempt {attempt}; retry dropped: the next slot, {}, came first)",
+            time(next)
+        ),
+        _ => format!(" (attempt {attempt})"),
+    }
+}
+
 /// The local wall clock, for a store that cannot tell its own.
 pub fn local_now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold::history::{RecordTrigger, RetryNote, RunRecord};
+
+    #[test]
+    fn an_attempt_is_shown_with_what_became_of_its_retry() {
+        let mut r = RunRecord::started(Some(0), RecordTrigger::Timer, "a", None, 0, None);
+        assert_eq!(super::attempt(&r), "", "a task without retries shows none");
+        r.attempt = Some(2);
+        assert_eq!(super::attempt(&r), " (attempt 2)");
+        r.retry = Some(RetryNote::AtMs(1_500));
+        assert_eq!(
+            super::attempt(&r),
+            " (attempt 2; retry at 1970-01-01T00:00:01.500Z)"
+        );
+        r.retry = Some(RetryNote::DroppedBeforeSlot(60_000));
+        assert_eq!(
+            super::attempt(&r),
+            " (attempt 2; retry dropped: the next slot, 1970-01-01T00:01:00.000Z, came first)"
+        );
+    }
 }

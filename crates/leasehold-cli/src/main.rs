@@ -12,6 +12,7 @@ mod link;
 mod logging;
 mod next;
 mod output;
+mod policies;
 mod reaper;
 mod run;
 mod serve;

@@ -83,6 +83,22 @@ pub struct RunArgs {
     /// keeps retrying from the start too (a store that comes up after its clients).
     #[arg(long, default_value = "60s", value_name = "DURATION|forever", value_parser = connect_timeout_arg)]
     connect_timeout: ConnectTimeout,
+    /// Each run's time limit, e.g. 10m: at it the command gets SIGTERM, then SIGKILL after
+    /// --grace. With a schedule the run is recorded `timed-out` (and retried under --retries);
+    /// without one `run` exits 124, as timeout(1) does.
+    #[arg(long, value_name = "DURATION", value_parser = crate::policies::timeout_arg)]
+    timeout: Option<Duration>,
+    /// With a schedule: how many times a `failed` or `timed-out` run of a slot is tried again
+    /// (0 to 100), on this instance while it holds the lease, never past the next slot (a
+    /// retry that would start after it is dropped and recorded). The command sees its attempt
+    /// in LEASEHOLD_ATTEMPT (1, 2, …); `leasehold history` shows each attempt.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = crate::policies::retries_arg)]
+    retries: u32,
+    /// With --retries: the wait before the first retry, doubling with each further one up to
+    /// MAX [default: 1s,1m], each cut by a jitter (the same on every instance) to between half
+    /// and all of it. E.g. 10s or 10s,5m.
+    #[arg(long, value_name = "D[,MAX]", value_parser = crate::policies::backoff_arg)]
+    retry_backoff: Option<leasehold::Backoff>,
     /// Without a schedule: wait for the lease instead of exiting 75 when it is busy.
     #[arg(long, conflicts_with_all = ["every", "cron"])]
     wait: bool,
@@ -138,6 +154,7 @@ const CATCH_UP_MAX: usize = 100;
 
 struct Settings {
     name: LeaseName,
+    run_policy: leasehold::RunPolicy,
     schedule: Option<Schedule>,
     catch_up: Option<CatchUp>,
     config: LeaseConfig,
@@ -191,9 +208,16 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
         )),
         e => Failure::usage(e),
     })?;
+    if schedule.is_none() && (args.retries > 0 || args.retry_backoff.is_some()) {
+        return Err(Failure::usage(anyhow!(
+            "--retries and --retry-backoff need a schedule (--every or --cron)"
+        )));
+    }
+    let run_policy = crate::policies::run_policy(args.timeout, args.retries, args.retry_backoff);
     let holder = holder_arg(args.holder.as_deref())?;
     Ok(Settings {
         name,
+        run_policy,
         schedule,
         catch_up,
         config,
@@ -334,13 +358,46 @@ fn shutdown_token() -> (CancellationToken, tokio::task::JoinHandle<()>) {
 }
 
 /// The exit status for a command that ended: its own, except that a command this process had to
-/// stop on shutdown gives 143 (terminated), whether SIGTERM or SIGKILL ended it.
-fn exit_status(ended: Ended) -> u8 {
-    if ended.stopped_by_us {
-        143
-    } else {
-        u8::try_from(ended.code).unwrap_or(1)
+/// stop gives 124 at its --timeout (as timeout(1)) and 143 (terminated) on shutdown, whether
+/// SIGTERM or SIGKILL ended it.
+fn exit_status(ended: Ended, timed_out: bool) -> u8 {
+    match (ended.stopped_by_us, timed_out) {
+        (true, true) => EXIT_TIMED_OUT,
+        (true, false) => 143,
+        _ => u8::try_from(ended.code).unwrap_or(1),
     }
+}
+
+/// The exit status of a command stopped at its --timeout, without a schedule.
+const EXIT_TIMED_OUT: u8 = 124;
+
+/// A stop for a command run once: `shutdown`, or `timeout` after now. Tells whether the timeout
+/// was the one that fired.
+fn stop_with_timeout(
+    shutdown: &CancellationToken,
+    timeout: Option<Duration>,
+) -> (
+    CancellationToken,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let stop = shutdown.child_token();
+    let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(limit) = timeout {
+        let (stop, fired) = (stop.clone(), fired.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(limit) => {
+                    if !stop.is_cancelled() {
+                        fired.store(true, std::sync::atomic::Ordering::SeqCst);
+                        stop.cancel();
+                        tracing::warn!("the command reached its --timeout");
+                    }
+                }
+            }
+        });
+    }
+    (stop, fired)
 }
 
 /// Runs the command with no lease (the store is down and the policy allows it).
@@ -350,18 +407,23 @@ async fn unleased(args: RunArgs, s: Settings, holder: &str) -> Result<u8, Failur
         env: base_env(&s.name, holder),
     };
     let (shutdown, signals) = shutdown_token();
+    let (stop, timed_out) = stop_with_timeout(&shutdown, s.run_policy.timeout);
     let ended = child::run(
         &spec,
         Stops {
             grace: s.config.stop_margin,
             deadline: None,
             expiring: None,
-            requested: Some(shutdown),
+            requested: Some(stop.clone()),
         },
     )
     .await;
+    stop.cancel();
     signals.abort();
-    Ok(exit_status(ended?))
+    Ok(exit_status(
+        ended?,
+        timed_out.load(std::sync::atomic::Ordering::SeqCst),
+    ))
 }
 
 /// A refusal (wrong key type, no permission) ends the run with exit 78; other errors with 69.
@@ -410,16 +472,18 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
         env,
     };
     let (shutdown, signals) = shutdown_token();
+    let (stop, timed_out) = stop_with_timeout(&shutdown, s.run_policy.timeout);
     let ended = child::run(
         &spec,
         Stops {
             grace: s.config.stop_margin,
             deadline: Some(guard.deadline_updates()),
             expiring: Some(guard.cancellation_token()),
-            requested: Some(shutdown),
+            requested: Some(stop.clone()),
         },
     )
     .await;
+    stop.cancel();
     signals.abort();
     let reason = guard
         .loss_reason()
@@ -435,7 +499,10 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
             s.name
         )));
     }
-    Ok(exit_status(ended))
+    Ok(exit_status(
+        ended,
+        timed_out.load(std::sync::atomic::Ordering::SeqCst),
+    ))
 }
 
 /// A scheduled command: what it runs and how it is stopped.
@@ -448,6 +515,8 @@ pub struct CommandRun {
     pub env: Vec<(String, String)>,
     /// How long it has after SIGTERM (the lease's stop margin).
     pub grace: Duration,
+    /// Its timeout and retries.
+    pub policy: leasehold::RunPolicy,
 }
 
 /// A task that runs `command` once per slot, supervised (src/child.rs) by its task lease: for
@@ -460,7 +529,8 @@ pub fn command_task(
     log_as: Option<&LeaseName>,
 ) -> Task {
     let span = log_as.map(|task| tracing::info_span!("task", name = %task));
-    Task::new(name, schedule, move |ctx: TaskContext| {
+    let policy = command.policy;
+    let task = Task::new(name, schedule, move |ctx: TaskContext| {
         let mut env = command.env.clone();
         env.extend(base_env(&command.lease, ctx.holder.as_str()));
         if let Some(t) = ctx.token {
@@ -470,6 +540,7 @@ pub fn command_task(
             env.push(("LEASEHOLD_SLOT".into(), slot.to_string()));
         }
         env.push(("LEASEHOLD_TRIGGER".into(), ctx.trigger.as_str().into()));
+        env.push(("LEASEHOLD_ATTEMPT".into(), ctx.attempt.to_string()));
         let spec = ChildSpec {
             argv: command.argv.clone(),
             env,
@@ -505,7 +576,8 @@ pub fn command_task(
         };
         let span = span.clone().unwrap_or_else(tracing::Span::none);
         tracing::Instrument::instrument(run, span)
-    })
+    });
+    task.with_run_policy(policy)
 }
 
 /// With a schedule: the scheduler runs the command once per tick on the leader.
@@ -530,6 +602,7 @@ async fn scheduled(
             argv: args.command.clone(),
             env: Vec::new(),
             grace: s.config.stop_margin,
+            policy: s.run_policy,
         },
         None,
     );

@@ -52,6 +52,16 @@ const ENGINE_METRICS: &[(&str, Kind, &str)] = &[
         "Runs that ended, by task, outcome (ok, failed, timed-out, cancelled, interrupted) and trigger.",
     ),
     (
+        "leasehold_run_retries_total",
+        Kind::Counter,
+        "Runs that were a retry of their slot (attempt 2 on), by task; each is in leasehold_runs_total too.",
+    ),
+    (
+        "leasehold_retries_dropped_total",
+        Kind::Counter,
+        "Retries not run because they would not have started before the task's next slot, by task.",
+    ),
+    (
         "leasehold_run_duration_seconds",
         Kind::Histogram,
         "How long runs took, by task, whatever their outcome.",

@@ -38,18 +38,23 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold::{CatchUp, LeaseName, NameError, Schedule, ScheduleError, StoreDownPolicy};
+use leasehold::{
+    CatchUp, LeaseName, NameError, RunPolicy, Schedule, ScheduleError, StoreDownPolicy,
+};
 use leasehold::{CronField, CronProblem};
 use sha2::{Digest, Sha256};
+
+use crate::policies;
 
 /// The shell commands run through unless the file sets `SHELL=`.
 pub const DEFAULT_SHELL: &str = "/bin/sh";
 
 /// The keys of a `# leasehold:` comment.
-pub const OPTION_KEYS: &str = "name, catch-up, catch-up-window, on-store-down";
+pub const OPTION_KEYS: &str =
+    "name, catch-up, catch-up-window, on-store-down, timeout, retries, retry-backoff";
 
 /// Keys the issue asks for that the library does not offer yet: refused with their own message.
-const LATER_KEYS: [&str; 4] = ["timeout", "retries", "overlap", "jitter"];
+const LATER_KEYS: [&str; 2] = ["overlap", "jitter"];
 
 /// At most this many missed slots run in one catch-up with `catch-up=all` (as `leasehold run`).
 pub const CATCH_UP_MAX: usize = 100;
@@ -128,6 +133,8 @@ pub struct Job {
     pub env: Vec<(String, String)>,
     pub catch_up: Option<CatchUp>,
     pub on_store_down: Option<StoreDownPolicy>,
+    /// Its `timeout=`, `retries=` and `retry-backoff=`.
+    pub run_policy: RunPolicy,
     /// Where the line is.
     pub file: String,
     pub line: usize,
@@ -145,6 +152,7 @@ impl Job {
             && self.env == other.env
             && self.catch_up == other.catch_up
             && self.on_store_down == other.on_store_down
+            && self.run_policy == other.run_policy
     }
 }
 
@@ -390,8 +398,8 @@ fn options_of<'a>(at: usize, text: &'a str) -> Result<Options<'a>, Located> {
             return Err((
                 word.at,
                 format!(
-                    "{key}= is not supported yet (timeout, retries, overlap and jitter come \
-                     with a later release); the keys are: {OPTION_KEYS}"
+                    "{key}= is not supported yet (overlap and jitter come with a later \
+                     release); the keys are: {OPTION_KEYS}"
                 ),
             ));
         }
@@ -413,6 +421,15 @@ fn options_of<'a>(at: usize, text: &'a str) -> Result<Options<'a>, Located> {
             "catch-up" => catch_up_kind(value)
                 .map(|_| ())
                 .ok_or_else(|| "expected skip, latest or all".to_owned()),
+            "timeout" => policies::timeout_arg(value)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            "retries" => policies::retries_arg(value)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            "retry-backoff" => policies::backoff_arg(value)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             _ => crate::durations::interval_arg(value).map(|_| ()),
         };
         if let Err(e) = checked {
@@ -603,6 +620,13 @@ fn job_line(
         // A window alone widens the default policy for cron schedules (latest).
         None => window.map(|window| CatchUp::Latest { window }),
     };
+    let run_policy = policies::run_policy(
+        option("timeout").and_then(|(_, _, v)| policies::timeout_arg(v).ok()),
+        option("retries")
+            .and_then(|(_, _, v)| policies::retries_arg(v).ok())
+            .unwrap_or(0),
+        option("retry-backoff").and_then(|(_, _, v)| policies::backoff_arg(v).ok()),
+    );
     Ok(Job {
         name,
         derived_name,
@@ -615,6 +639,7 @@ fn job_line(
         env: scope.env.clone(),
         catch_up,
         on_store_down,
+        run_policy,
         file: file.to_owned(),
         line: number,
     })
@@ -783,6 +808,12 @@ mod tests {
             })
         );
         assert_eq!(j[0].on_store_down, Some(StoreDownPolicy::FailOpen));
+        assert_eq!(j[0].run_policy, RunPolicy::default());
+        let j = jobs("# leasehold: timeout=10m retries=2 retry-backoff=30s,5m\n0 3 * * * backup\n");
+        assert_eq!(j[0].run_policy.timeout, Some(Duration::from_secs(600)));
+        assert_eq!(j[0].run_policy.retries, 2);
+        assert_eq!(j[0].run_policy.backoff.base, Duration::from_secs(30));
+        assert_eq!(j[0].run_policy.backoff.max, Duration::from_secs(300));
         // The file's defaults, overridden per line.
         let defaults = Defaults {
             catch_up: Some(CatchUpKind::Skip),
@@ -802,7 +833,7 @@ mod tests {
 
     #[test]
     fn unknown_and_later_option_keys_are_refused_naming_the_supported_ones() {
-        let e = refused("# leasehold: name=a timeout=5m\n* * * * * x\n");
+        let e = refused("# leasehold: name=a jitter=5m\n* * * * * x\n");
         assert_eq!(e.column, 21);
         assert!(e.message.contains("not supported yet"), "{}", e.message);
         assert!(e.message.contains(OPTION_KEYS), "{}", e.message);
@@ -811,6 +842,8 @@ mod tests {
         assert!(e.message.contains(OPTION_KEYS), "{}", e.message);
         let e = refused("# leasehold: name=bad*name\n* * * * * x\n");
         assert!(e.message.contains("name=bad*name"), "{}", e.message);
+        let e = refused("# leasehold: retry-backoff=1m,10s\n* * * * * x\n");
+        assert!(e.message.contains("below the first wait"), "{}", e.message);
         let e = refused("# leasehold: catch-up=sometimes\n* * * * * x\n");
         assert!(e.message.contains("skip, latest or all"), "{}", e.message);
         let e = refused("# leasehold: name=a\n\n* * * * * x\n");

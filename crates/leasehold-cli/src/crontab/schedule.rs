@@ -29,6 +29,7 @@ fn task_of(job: &Job, grace: Duration) -> leasehold::Task {
             argv: vec![job.shell.clone(), "-c".into(), job.command.clone()],
             env: job.env.clone(),
             grace,
+            policy: job.run_policy,
         },
         Some(&job.name),
     );

@@ -242,3 +242,17 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+/// A name no other test run uses: `tag` and a few hex digits from the clock and this process.
+pub fn unique(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{tag}-{:08x}", nanos ^ std::process::id())
+}
+
+/// The test Redis: `LEASEHOLD_TEST_REDIS_URL`, else the local default.
+pub fn redis_url() -> String {
+    std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into())
+}

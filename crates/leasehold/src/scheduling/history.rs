@@ -306,6 +306,26 @@ pub struct RunRecord {
     /// than `outcome` for a timed-out run, kept as `cancelled`. Use [`result`](Self::result).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Outcome>,
+    /// Which attempt of its slot this run was, for a task with retries (absent: the first).
+    /// Use [`attempt`](Self::attempt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// For an attempt that failed or timed out with retries left: when the next one starts, or
+    /// that it was dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryNote>,
+}
+
+/// What became of the retry a failed or timed-out attempt was due ([`RunRecord::retry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RetryNote {
+    /// The next attempt starts at this time (ms since the epoch, store clock).
+    AtMs(u64),
+    /// The next attempt would not have started before the task's next slot, at this time: it
+    /// was not run.
+    DroppedBeforeSlot(u64),
 }
 
 /// Who asked for a manual run, as its history record keeps it.
@@ -343,6 +363,8 @@ impl RunRecord {
             paused: None,
             request: None,
             result: None,
+            attempt: None,
+            retry: None,
         }
     }
 
@@ -369,6 +391,8 @@ impl RunRecord {
             paused: None,
             request: None,
             result: None,
+            attempt: None,
+            retry: None,
         }
     }
 
@@ -404,9 +428,22 @@ impl RunRecord {
         }
     }
 
-    /// The key the store files it under: its slot, else its start time.
+    /// The key the store files it under: its slot, else its start time. A retry of a slot
+    /// (attempt 2 on) goes under its start time, at least a millisecond per attempt after the
+    /// slot, so each attempt keeps an entry of its own (and they stay in order).
     pub fn key(&self) -> u64 {
-        self.slot.or(self.started_ms).unwrap_or_default()
+        match (self.slot, self.attempt) {
+            (Some(slot), Some(attempt)) if attempt > 1 => self
+                .started_ms
+                .unwrap_or_default()
+                .max(slot.saturating_add(u64::from(attempt) - 1)),
+            _ => self.slot.or(self.started_ms).unwrap_or_default(),
+        }
+    }
+
+    /// Which attempt of its slot the run was: 1 unless recorded otherwise.
+    pub fn attempt(&self) -> u32 {
+        self.attempt.unwrap_or(1)
     }
 
     /// How long it ran, if it ended.
@@ -659,6 +696,8 @@ mod tests {
             paused: None,
             request: None,
             result: Some(Outcome::Failed),
+            attempt: Some(2),
+            retry: Some(RetryNote::AtMs(1_767_225_915_000)),
         };
         let json = run.to_json();
         assert!(json.contains("\"token\":\"9007199254740993\""), "{json}");
@@ -666,7 +705,22 @@ mod tests {
         assert!(json.contains("\"trigger\":\"catch-up\""), "{json}");
         assert_eq!(RunRecord::from_json(&json).unwrap(), run);
         assert_eq!(run.duration(), Some(Duration::from_millis(1_500)));
-        assert_eq!(run.key(), 1_767_225_900_000);
+        assert!(json.contains("\"attempt\":2"), "{json}");
+        assert!(
+            json.contains("\"retry\":{\"at_ms\":1767225915000}"),
+            "{json}"
+        );
+        assert_eq!(
+            run.key(),
+            1_767_225_913_000,
+            "a retry is filed under its start"
+        );
+        let first = RunRecord {
+            attempt: None,
+            ..run.clone()
+        };
+        assert_eq!(first.key(), 1_767_225_900_000);
+        assert_eq!(first.attempt(), 1);
         let missed = RunRecord {
             slot: Some(10),
             trigger: None,
@@ -683,6 +737,8 @@ mod tests {
             paused: None,
             request: None,
             result: None,
+            attempt: None,
+            retry: None,
         };
         assert_eq!(RunRecord::from_json(&missed.to_json()).unwrap(), missed);
         assert!(matches!(

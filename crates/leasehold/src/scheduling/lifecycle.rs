@@ -27,7 +27,8 @@ use tokio::time::Instant;
 use crate::metrics_help::TaskCounters;
 use crate::scheduling::definition::{TaskDefinition, TaskSource};
 use crate::scheduling::gate::{Decision, Gate, Reading, Skip, StoreClock, Ticket, TimerDecision};
-use crate::scheduling::history::{HistoryWriter, MissReason, RecordedSchedule, RunRecord};
+use crate::scheduling::history::{HistoryWriter, MissReason, Outcome, RecordedSchedule, RunRecord};
+use crate::scheduling::policy::{NextAttempt, RunPolicy};
 use crate::scheduling::schedule::Schedule;
 use crate::scheduling::task::{CatchUp, StoreDownPolicy, Trigger};
 use crate::store::error::StoreError;
@@ -47,6 +48,8 @@ pub struct TaskPlan {
     pub catch_up: CatchUp,
     /// How many runs one firing may start.
     pub runs: RunsPerFiring,
+    /// Each attempt's timeout, and the retries of a failed one.
+    pub run_policy: RunPolicy,
 }
 
 impl TaskPlan {
@@ -58,6 +61,7 @@ impl TaskPlan {
             schedule,
             on_store_down: StoreDownPolicy::FailClosed,
             runs: RunsPerFiring::One,
+            run_policy: RunPolicy::default(),
         }
     }
 
@@ -76,6 +80,12 @@ impl TaskPlan {
     /// With `runs` per firing.
     pub fn runs(mut self, runs: RunsPerFiring) -> Self {
         self.runs = runs;
+        self
+    }
+
+    /// With timeout and retries `policy`.
+    pub fn run_policy(mut self, policy: RunPolicy) -> Self {
+        self.run_policy = policy;
         self
     }
 
@@ -768,6 +778,33 @@ impl TaskTicks {
             runs: plan.on_store_down.runs_when_down() && slot.is_some(),
             error,
         }
+    }
+
+    /// What follows attempt `attempt` of the run of `slot` that ended `outcome` now (the
+    /// store's clock as estimated here), under the plan's [`RunPolicy`]: another attempt after
+    /// a wait, nothing, or a retry dropped because it would not start before the next slot
+    /// (logged and counted in `leasehold_retries_dropped_total`). The driver runs the next
+    /// attempt while it still holds the task (its lease, its leadership), and says so in the
+    /// ended attempt's record ([`RunRecord::retry`]).
+    pub fn next_attempt(
+        &self,
+        plan: &TaskPlan,
+        slot: Option<u64>,
+        attempt: u32,
+        outcome: Outcome,
+    ) -> NextAttempt {
+        let now = self.store_now_or_wall();
+        let next =
+            plan.run_policy
+                .next_attempt(&self.task, &plan.schedule, slot, attempt, outcome, now);
+        if let NextAttempt::Dropped { attempt, next } = next {
+            tracing::warn!(task = %self.task, ?slot, attempt, next, "retry dropped: it would not start before the next slot");
+            let dropped = || metrics::counter!("leasehold_retries_dropped_total", "task" => self.task.as_str().to_owned());
+            self.counters
+                .get("retries_dropped", "", dropped)
+                .increment(1);
+        }
+        next
     }
 
     /// Remembers why this instance skipped `slot`, for the next look back.

@@ -14,6 +14,7 @@ pub mod history;
 pub mod lifecycle;
 pub mod overview;
 pub(crate) mod placement;
+pub mod policy;
 pub mod presence;
 pub(crate) mod run_metrics;
 pub(crate) mod schedule;

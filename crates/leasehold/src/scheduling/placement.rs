@@ -204,22 +204,16 @@ fn owner<'a>(members: &'a [HolderId], task: &LeaseName) -> Option<&'a HolderId> 
     })
 }
 
-/// A stable hash of (member, task): FNV-1a over both, finished with splitmix64's mixer so that
-/// ids differing in a few trailing bytes still get independent weights. Every instance (and
-/// every version) must compute the same weights, so std's randomly seeded hasher will not do.
+/// A stable hash of (member, task): every instance (and every version) must compute the same
+/// weights.
 fn weight(member: &HolderId, task: &LeaseName) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let bytes = member
-        .as_str()
-        .bytes()
-        .chain([0xff])
-        .chain(task.as_str().bytes());
-    for b in bytes {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+    crate::scheduling::policy::stable_hash(
+        member
+            .as_str()
+            .bytes()
+            .chain([0xff])
+            .chain(task.as_str().bytes()),
+    )
 }
 
 #[cfg(test)]

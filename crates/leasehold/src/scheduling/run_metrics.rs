@@ -27,6 +27,8 @@ pub(crate) const LAST_SUCCESS: &str = "leasehold_last_success_timestamp_seconds"
 pub(crate) const CONSECUTIVE_FAILURES: &str = "leasehold_consecutive_failures";
 /// The interval between the task's slots about its last run.
 pub(crate) const INTERVAL: &str = "leasehold_task_interval_seconds";
+/// Attempts after the first of a slot (retries), by task.
+pub(crate) const RETRIES: &str = "leasehold_run_retries_total";
 
 /// The handles of each task's run series, held from its first run's end until the task is given
 /// up here ([`forget`], when its [`TaskTicks`](super::lifecycle::TaskTicks) goes): a recorder
@@ -37,6 +39,7 @@ struct Held {
     runs: HashMap<(&'static str, &'static str), Counter>,
     gauges: HashMap<&'static str, Gauge>,
     duration: Option<Histogram>,
+    retries: Option<Counter>,
 }
 
 static HELD: LazyLock<Mutex<HashMap<LeaseName, Held>>> = LazyLock::new(Mutex::default);
@@ -101,6 +104,12 @@ pub(crate) fn run_ended(task: &LeaseName, record: &RunRecord) {
             metrics::counter!(RUNS, "task" => name.clone(), "outcome" => outcome.as_str(), "trigger" => trigger)
         })
         .increment(1);
+    if record.attempt() > 1 {
+        series
+            .retries
+            .get_or_insert_with(|| metrics::counter!(RETRIES, "task" => name.clone()))
+            .increment(1);
+    }
     if let Some(took) = record.duration() {
         series
             .duration

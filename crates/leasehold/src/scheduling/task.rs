@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::guard::HeldProbe;
+use crate::scheduling::policy::{Backoff, RunPolicy};
 use crate::scheduling::schedule::Schedule;
 use crate::store::error::BoxError;
 use crate::store::name::{HolderId, LeaseName};
@@ -132,11 +133,15 @@ pub struct TaskContext {
     /// This instance's holder id.
     pub holder: HolderId,
     /// Fires when the run must stop: the task lease or leadership is about to expire (its
-    /// renewal is overdue by the lease's stop margin) or was lost, or shutdown's grace period
-    /// ran out. A job still running a stop margin later is aborted.
+    /// renewal is overdue by the lease's stop margin) or was lost, shutdown's grace period
+    /// ran out, or the attempt reached the task's [`timeout`](Task::timeout). A job still
+    /// running a stop margin later is aborted.
     pub cancel: CancellationToken,
     /// The leases the run holds (task lease, leadership), for [`is_held`](Self::is_held).
     pub(crate) held: Vec<HeldProbe>,
+    /// Which attempt of the slot this is: 1, then 2 for the first retry
+    /// ([`Task::retries`]).
+    pub attempt: u32,
 }
 
 impl TaskContext {
@@ -220,9 +225,13 @@ pub enum RunResult {
     Panicked,
     /// The job ignored cancellation past the stop margin and was aborted.
     Aborted,
+    /// The job reached the task's [`timeout`](Task::timeout) and was cancelled (or aborted, if
+    /// it ignored that).
+    TimedOut,
 }
 
-/// The words logs and messages use: `succeeded`, `failed: …`, `panicked`, `aborted`.
+/// The words logs and messages use: `succeeded`, `failed: …`, `panicked`, `aborted`,
+/// `timed-out`.
 impl std::fmt::Display for RunResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -230,6 +239,7 @@ impl std::fmt::Display for RunResult {
             Self::Failed(error) => write!(f, "failed: {error}"),
             Self::Panicked => f.write_str("panicked"),
             Self::Aborted => f.write_str("aborted"),
+            Self::TimedOut => f.write_str("timed-out"),
         }
     }
 }
@@ -245,6 +255,7 @@ pub struct Task {
     pub(crate) policy: Option<StoreDownPolicy>,
     pub(crate) gated: bool,
     pub(crate) catch_up: Option<CatchUp>,
+    pub(crate) run_policy: RunPolicy,
     pub(crate) job: Job,
 }
 
@@ -308,6 +319,7 @@ impl fmt::Debug for Task {
             .field("policy", &self.policy)
             .field("gated", &self.gated)
             .field("catch_up", &self.catch_up)
+            .field("run_policy", &self.run_policy)
             .finish_non_exhaustive()
     }
 }
@@ -331,6 +343,7 @@ impl Task {
             policy: None,
             gated: true,
             catch_up: None,
+            run_policy: RunPolicy::default(),
             job,
         }
     }
@@ -355,6 +368,47 @@ impl Task {
     pub fn catch_up(mut self, policy: CatchUp) -> Self {
         self.catch_up = Some(policy);
         self
+    }
+
+    /// Each attempt's time limit: at `timeout` its [`TaskContext::cancel`] is cancelled, and an
+    /// attempt that then ends is recorded `timed-out` (kept as `cancelled` in the store's
+    /// `outcome`, which older releases read); one still running a stop margin later is
+    /// aborted, `timed-out` too. Zero: no limit (the default).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.run_policy = self.run_policy.timeout(Some(timeout));
+        self
+    }
+
+    /// Retries a slot's `failed` or `timed-out` run up to `retries` times (at most
+    /// [`MAX_RETRIES`](crate::policy::MAX_RETRIES)), after the waits of
+    /// [`retry_backoff`](Self::retry_backoff), on the instance that ran it and while it holds
+    /// the task lease, so never beside another run of the task. A retry that would not start
+    /// before the next slot is dropped and recorded so. Each attempt is in the history with its
+    /// number ([`RunRecord::attempt`](crate::history::RunRecord::attempt)) and told it in
+    /// [`TaskContext::attempt`]. Runs cancelled by the instance (a lease lost, shutdown) and
+    /// manual runs are not retried. Default: none.
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.run_policy = self.run_policy.retries(retries);
+        self
+    }
+
+    /// The waits between attempts: `base` before the first retry, doubling up to `max`, with a
+    /// deterministic jitter ([`Backoff`]). Default: 1 s up to 60 s.
+    pub fn retry_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.run_policy = self.run_policy.backoff(Backoff::new(base, Some(max)));
+        self
+    }
+
+    /// With timeout and retries as `policy` says (what [`timeout`](Self::timeout),
+    /// [`retries`](Self::retries) and [`retry_backoff`](Self::retry_backoff) set, at once).
+    pub fn with_run_policy(mut self, policy: RunPolicy) -> Self {
+        self.run_policy = policy;
+        self
+    }
+
+    /// The task's timeout and retries.
+    pub fn run_policy(&self) -> RunPolicy {
+        self.run_policy
     }
 
     /// The task's name.

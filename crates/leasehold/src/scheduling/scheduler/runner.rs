@@ -18,12 +18,14 @@ use crate::lease::leader::{LeaderHandle, LeaderState, MAX_REFUSALS};
 use crate::scheduling::definition::{TaskDefinition, TaskSource};
 use crate::scheduling::gate::{Contender, Gate, Skip, StoreClock, Ticket};
 use crate::scheduling::history::{
-    HistoryWriter, MissReason, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord, RunRequest,
+    HistoryWriter, MissReason, Outcome, RecordTrigger, RecordedSchedule, RetryNote, RunOutcome,
+    RunRecord, RunRequest,
 };
 use crate::scheduling::lifecycle::{
     Fired, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
 };
 use crate::scheduling::placement::{Placement, View};
+use crate::scheduling::policy::NextAttempt;
 use crate::scheduling::task::{
     CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger,
 };
@@ -164,6 +166,9 @@ pub(super) struct TaskRunner<S> {
     retired: CancellationToken,
 }
 
+/// Why an attempt was cancelled at the task's timeout.
+const TIMED_OUT: &str = "timeout reached";
+
 async fn fired(token: Option<&CancellationToken>) {
     match token {
         Some(t) => t.cancelled().await,
@@ -242,7 +247,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 task.catch_up
                     .unwrap_or_else(|| CatchUp::default_for(&task.schedule)),
             )
-            .runs(RunsPerFiring::All);
+            .runs(RunsPerFiring::All)
+            .run_policy(task.run_policy);
         let ticks = TaskTicks::new(
             task.name.clone(),
             common.holder.clone(),
@@ -560,13 +566,48 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         TickOutcome::RanStoreDown
     }
 
-    /// Runs the job in its own task (so a panic is contained). Its token is cancelled when the
-    /// task lease or leadership starts expiring, or when shutdown's grace period ends; a job
-    /// still running a stop margin later is aborted. Gated and manual runs are recorded in the
-    /// run history (ungated and store-down runs, which every instance may make, are not).
+    /// Runs the job, and again after a failed or timed-out attempt as the task's retries say
+    /// ([`TaskTicks::next_attempt`]), while this instance still holds what the run holds (its
+    /// task lease, its leadership) and the task is not retired: the waits end early on either,
+    /// and the retry is not run. Returns the last attempt's result.
     async fn run(&self, trigger: Trigger, slot: Option<u64>, held: Held) -> RunResult {
+        let mut attempt = 1;
+        loop {
+            let (result, next) = self.attempt(trigger, slot, &held, attempt).await;
+            let NextAttempt::After {
+                attempt: next,
+                wait,
+            } = next
+            else {
+                return result;
+            };
+            let lease_cancel = held.lease.as_ref().map(|(cancel, _)| cancel);
+            tokio::select! {
+                biased;
+                () = self.retired.cancelled() => return result,
+                () = fired(lease_cancel) => return result,
+                () = fired(held.leader.as_ref()) => return result,
+                () = tokio::time::sleep(wait) => {}
+            }
+            tracing::info!(task = %self.task.name, ?slot, attempt = next, "retrying");
+            attempt = next;
+        }
+    }
+
+    /// Runs one attempt of the job in its own task (so a panic is contained). Its token is
+    /// cancelled when the task lease or leadership starts expiring, when shutdown's grace
+    /// period ends, or at the task's timeout; a job still running a stop margin later is
+    /// aborted. Gated and manual runs are recorded in the run history (ungated and store-down
+    /// runs, which every instance may make, are not), each attempt with what follows it.
+    async fn attempt(
+        &self,
+        trigger: Trigger,
+        slot: Option<u64>,
+        held: &Held,
+        attempt: u32,
+    ) -> (RunResult, NextAttempt) {
         let cancel = CancellationToken::new();
-        let (lease_cancel, lease_probe) = held.lease.unzip();
+        let (lease_cancel, lease_probe) = held.lease.clone().unzip();
         let mut probes: Vec<HeldProbe> = lease_probe.into_iter().collect();
         probes.extend(held.leader.clone().map(HeldProbe::Token));
         let ctx = TaskContext {
@@ -577,6 +618,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             holder: self.common.holder.clone(),
             cancel: cancel.clone(),
             held: probes,
+            attempt,
         };
         let recorded_trigger = match trigger {
             Trigger::Manual => Some(RecordTrigger::Manual),
@@ -595,6 +637,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             Some(RecordedSchedule::of(&self.task.schedule)),
         );
         record.request = held.request.clone();
+        // Numbered only for a task that retries: other records keep their shape.
+        record.attempt = (self.plan.run_policy.retries > 0).then_some(attempt);
         let history = recorded_trigger.map(|_| &self.common.history);
         if let Some(history) = history {
             history.record(&self.task.name, record.clone());
@@ -602,6 +646,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let _active = Active::new(&self.stats.active);
         // Aborted if this future is dropped, so a job never outlives its run.
         let mut job = AbortOnDropHandle::new(tokio::spawn((self.task.job)(ctx)));
+        let timeout = self.plan.run_policy.timeout;
         let stop = async {
             tokio::select! {
                 () = fired(lease_cancel.as_ref()) => "task lease expiring",
@@ -610,6 +655,12 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                     self.common.stop.cancelled().await;
                     tokio::time::sleep(self.common.grace).await;
                 } => "shutdown grace period over",
+                () = async {
+                    match timeout {
+                        Some(limit) => tokio::time::sleep(limit).await,
+                        None => std::future::pending().await,
+                    }
+                } => TIMED_OUT,
             }
         };
         let mut stopped = None;
@@ -623,27 +674,18 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 tokio::time::timeout(self.gate.lease().config().stop_margin, &mut job).await.ok()
             }
         };
-        let result = match joined {
+        let mut result = match joined {
             Some(Ok(Ok(()))) => RunResult::Succeeded,
             Some(Ok(Err(e))) => RunResult::Failed(e.to_string()),
             Some(Err(e)) if e.is_panic() => RunResult::Panicked,
             _ => RunResult::Aborted,
         };
-        self.stats.runs.fetch_add(1, Ordering::Relaxed);
-        if result != RunResult::Succeeded {
-            self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            match slot {
-                Some(slot) => {
-                    tracing::warn!(task = %self.task.name, slot, %result, "run did not succeed")
-                }
-                None => {
-                    tracing::warn!(task = %self.task.name, %result, "manual run did not succeed")
-                }
-            }
-        }
         let outcome = match (&result, stopped) {
             (RunResult::Aborted, _) => RunOutcome::Aborted,
             (RunResult::Panicked, _) => RunOutcome::Panicked,
+            (_, Some(TIMED_OUT)) => RunOutcome::Cancelled {
+                why: format!("{TIMED_OUT} ({:?})", timeout.unwrap_or_default()),
+            },
             (_, Some(why)) => RunOutcome::Cancelled {
                 why: why.to_owned(),
             },
@@ -651,13 +693,41 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             (RunResult::Failed(error), None) => RunOutcome::Failed {
                 error: error.clone(),
             },
+            // Only set below, from `stopped`.
+            (RunResult::TimedOut, None) => RunOutcome::Ok,
         };
-        record_run_end(
-            history,
-            &self.task.name,
-            record.ended(self.ticks.store_now_or_wall(), outcome),
-        );
-        result
+        let mut ended = record.ended(self.ticks.store_now_or_wall(), outcome);
+        if stopped == Some(TIMED_OUT) && result != RunResult::Panicked {
+            // Kept as `cancelled` (or `aborted`) in `outcome`, which older releases read.
+            ended.result = Some(Outcome::TimedOut);
+            result = RunResult::TimedOut;
+        }
+        self.stats.runs.fetch_add(1, Ordering::Relaxed);
+        if result != RunResult::Succeeded {
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            match slot {
+                Some(slot) => {
+                    tracing::warn!(task = %self.task.name, slot, attempt, %result, "run did not succeed")
+                }
+                None => {
+                    tracing::warn!(task = %self.task.name, attempt, %result, "manual run did not succeed")
+                }
+            }
+        }
+        let next = match ended.result() {
+            Some(outcome) => self.ticks.next_attempt(&self.plan, slot, attempt, outcome),
+            None => NextAttempt::Done,
+        };
+        let now = self.ticks.store_now_or_wall();
+        ended.retry = match next {
+            NextAttempt::After { wait, .. } => Some(RetryNote::AtMs(
+                now.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+            )),
+            NextAttempt::Dropped { next, .. } => Some(RetryNote::DroppedBeforeSlot(next)),
+            _ => None,
+        };
+        record_run_end(history, &self.task.name, ended);
+        (result, next)
     }
 
     /// A manual run in a task of the scheduler's own (so it is drained on shutdown even if the

@@ -1,0 +1,236 @@
+//! A task's run policies: how long one attempt may take ([`RunPolicy::timeout`]) and how a
+//! failed or timed-out run is tried again ([`RunPolicy::retries`], [`Backoff`]). Values only:
+//! the task's lifecycle decides with them ([`TaskTicks::next_attempt`]) and its driver acts,
+//! so every driver retries alike.
+//!
+//! [`TaskTicks::next_attempt`]: crate::lifecycle::TaskTicks::next_attempt
+
+use std::time::Duration;
+
+use crate::scheduling::history::Outcome;
+use crate::scheduling::schedule::Schedule;
+use crate::store::name::LeaseName;
+
+/// The most retries a task may ask for: more are taken as this many.
+pub const MAX_RETRIES: u32 = 100;
+
+/// How long a retry waits: `base` before the first, doubling with each further one up to `max`,
+/// each wait then cut by a deterministic jitter to between half and all of it.
+///
+/// The jitter is derived from the task's name, the slot and the attempt, so every instance (and
+/// every release) computes the same wait for the same attempt, and tasks failing together do
+/// not all retry at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Backoff {
+    /// The wait before the first retry, before jitter. Default 1 s.
+    pub base: Duration,
+    /// The longest wait, before jitter. Default 60 s (or `base`, if longer).
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(1), None)
+    }
+}
+
+impl Backoff {
+    /// The default cap when none is given.
+    pub const DEFAULT_MAX: Duration = Duration::from_secs(60);
+
+    /// Waits from `base` up to `max` (default [`DEFAULT_MAX`](Self::DEFAULT_MAX)); a `max`
+    /// below `base` is taken as `base`.
+    pub fn new(base: Duration, max: Option<Duration>) -> Self {
+        Self {
+            base,
+            max: max.unwrap_or(Self::DEFAULT_MAX).max(base),
+        }
+    }
+
+    /// The wait before attempt `attempt` (2 is the first retry) of `task`'s run of `slot`
+    /// (`None` for a run without one): `base × 2^(attempt − 2)`, at most `max`, then jittered to
+    /// `[w/2, w)` in whole milliseconds.
+    pub fn delay(&self, task: &LeaseName, slot: Option<u64>, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(2).min(63);
+        let base = millis(self.base);
+        let wait = base.saturating_mul(1u64 << doublings).min(millis(self.max));
+        let half = wait / 2;
+        let spread = wait - half;
+        if spread == 0 {
+            return Duration::from_millis(wait);
+        }
+        let hash = stable_hash(
+            task.as_str()
+                .bytes()
+                .chain([0xff])
+                .chain(slot.unwrap_or(u64::MAX).to_le_bytes())
+                .chain(attempt.to_le_bytes()),
+        );
+        Duration::from_millis(half + hash % spread)
+    }
+}
+
+/// How long a run may take and how often it is tried again. The default: no timeout, no retry
+/// (a run takes as long as it takes, and a failure waits for the next slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RunPolicy {
+    /// Each attempt's time limit: at it, the attempt's cancellation token is cancelled; an
+    /// attempt that then ends is `timed-out` (one that ignores it is aborted a stop margin
+    /// later, `timed-out` too).
+    pub timeout: Option<Duration>,
+    /// How many times a `failed` or `timed-out` attempt of a slot is tried again, at most
+    /// [`MAX_RETRIES`].
+    pub retries: u32,
+    /// The waits between attempts.
+    pub backoff: Backoff,
+}
+
+impl RunPolicy {
+    /// With a time limit per attempt (`None`, or zero: none).
+    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout.filter(|t| !t.is_zero());
+        self
+    }
+
+    /// With `retries` retries (at most [`MAX_RETRIES`]).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = retries.min(MAX_RETRIES);
+        self
+    }
+
+    /// With `backoff` between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// What follows attempt `attempt` of `task`'s run of `slot`, which ended `outcome` at
+    /// `now_ms` (store clock): another attempt for a `failed` or `timed-out` one while retries
+    /// are left, unless it would start at or after the schedule's next slot (a retry never
+    /// runs beside, or instead of, the next slot's run). A run without a slot (a manual one) is
+    /// not retried: whoever asked for it is answered with its outcome.
+    pub fn next_attempt(
+        &self,
+        task: &LeaseName,
+        schedule: &Schedule,
+        slot: Option<u64>,
+        attempt: u32,
+        outcome: Outcome,
+        now_ms: u64,
+    ) -> NextAttempt {
+        let Some(slot) = slot else {
+            return NextAttempt::Done;
+        };
+        if !outcome.is_failure() || attempt > self.retries {
+            return NextAttempt::Done;
+        }
+        let attempt = attempt + 1;
+        let wait = self.backoff.delay(task, Some(slot), attempt);
+        let starts = now_ms.saturating_add(millis(wait));
+        match schedule.next_after(slot) {
+            Some(next) if starts >= next => NextAttempt::Dropped { attempt, next },
+            _ => NextAttempt::After { attempt, wait },
+        }
+    }
+}
+
+/// What follows an attempt ([`RunPolicy::next_attempt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NextAttempt {
+    /// Nothing: the attempt succeeded, was not the job's failure, or was the last allowed.
+    Done,
+    /// Attempt `attempt` starts after `wait`.
+    After {
+        /// Its number (the first attempt is 1).
+        attempt: u32,
+        /// How long until it starts.
+        wait: Duration,
+    },
+    /// Attempt `attempt` was due but would not start before the next slot, at `next`: it is
+    /// dropped (and recorded so).
+    Dropped {
+        /// Its number.
+        attempt: u32,
+        /// The next slot.
+        next: u64,
+    },
+}
+
+/// A hash of `bytes` that every instance and every release computes alike: FNV-1a, finished
+/// with splitmix64's mixer so that inputs differing in a few trailing bytes still spread.
+/// (std's hasher is randomly seeded, or may change between releases.)
+pub(crate) fn stable_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task() -> LeaseName {
+        LeaseName::new("sweep").unwrap()
+    }
+
+    #[test]
+    fn waits_double_up_to_the_cap_and_stay_within_their_jitter() {
+        let b = Backoff::new(Duration::from_millis(100), Some(Duration::from_millis(350)));
+        for (attempt, full) in [(2, 100), (3, 200), (4, 350), (5, 350), (90, 350)] {
+            let d = b.delay(&task(), Some(60_000), attempt).as_millis() as u64;
+            assert!(full / 2 <= d && d < full, "attempt {attempt}: {d} ms");
+            assert_eq!(
+                b.delay(&task(), Some(60_000), attempt).as_millis() as u64,
+                d
+            );
+        }
+        let spread: std::collections::HashSet<_> = (0..20)
+            .map(|slot| b.delay(&task(), Some(slot * 1000), 2))
+            .collect();
+        assert!(spread.len() > 5, "jitter differs between slots: {spread:?}");
+    }
+
+    #[test]
+    fn only_failures_of_slots_are_retried_and_never_past_the_next_slot() {
+        let every = Schedule::every(Duration::from_secs(10)).unwrap();
+        let policy = RunPolicy::default()
+            .retries(2)
+            .backoff(Backoff::new(Duration::from_secs(1), None));
+        let next = |attempt, outcome, now| {
+            policy.next_attempt(&task(), &every, Some(10_000), attempt, outcome, now)
+        };
+        assert!(matches!(
+            next(1, Outcome::Failed, 10_100),
+            NextAttempt::After { attempt: 2, .. }
+        ));
+        assert!(matches!(
+            next(2, Outcome::TimedOut, 10_100),
+            NextAttempt::After { attempt: 3, .. }
+        ));
+        assert_eq!(next(3, Outcome::Failed, 10_100), NextAttempt::Done);
+        assert_eq!(next(1, Outcome::Ok, 10_100), NextAttempt::Done);
+        assert_eq!(next(1, Outcome::Cancelled, 10_100), NextAttempt::Done);
+        assert_eq!(
+            next(1, Outcome::Failed, 19_900),
+            NextAttempt::Dropped {
+                attempt: 2,
+                next: 20_000
+            }
+        );
+        assert_eq!(
+            policy.next_attempt(&task(), &every, None, 1, Outcome::Failed, 0),
+            NextAttempt::Done
+        );
+    }
+}
