@@ -1,7 +1,7 @@
 //! One task's timer loop, its gated ticks, and the runs of its job (timer and manual).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -36,6 +36,8 @@ use crate::store::traits::{Catalog, Slots};
 /// What every task of one scheduler shares.
 pub(super) struct Common {
     pub(super) stop: CancellationToken,
+    /// Ends shutdown's grace period early (a second SIGTERM): running jobs are cancelled now.
+    pub(super) drain_over: CancellationToken,
     pub(super) leader: Option<LeaderHandle>,
     /// With [`Scheduler::spread`](crate::Scheduler::spread): which tasks this instance owns.
     pub(super) placement: Option<Arc<Placement>>,
@@ -70,6 +72,7 @@ impl Common {
         Self {
             history,
             stop,
+            drain_over: CancellationToken::new(),
             leader,
             placement,
             holder,
@@ -88,6 +91,21 @@ impl Common {
         if self.failure.set(why).is_ok() {
             let why = self.failure.get().map(String::as_str).unwrap_or_default();
             tracing::error!(error = why, "scheduler stopped: the store keeps refusing");
+        }
+    }
+
+    /// Completes when shutdown wants a run stopped: once its grace period, counted from the
+    /// start of shutdown, has run out, or the drain was ended early. Until then the run goes on
+    /// holding (and renewing) its leases; `draining` is set once shutdown has begun.
+    async fn drained(&self, task: &LeaseName, slot: Option<u64>, draining: &AtomicBool) -> &'static str {
+        self.stop.cancelled().await;
+        draining.store(true, Ordering::Relaxed);
+        if !self.grace.is_zero() && !self.drain_over.is_cancelled() {
+            tracing::info!(task = %task, ?slot, "draining: waiting up to {:?} for the run of {} to finish", self.grace, run_of(task, slot));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(self.grace) => "shutdown grace period over",
+            () = self.drain_over.cancelled() => "shutdown drain ended early",
         }
     }
 
@@ -111,6 +129,14 @@ impl Common {
         if self.store_state.swap(STORE_DOWN, Ordering::Relaxed) != STORE_DOWN {
             tracing::warn!(%error, "store unreachable; timer ticks follow each task's store-down policy until it answers");
         }
+    }
+}
+
+/// A run's name in log lines: the task and, for a slot's run, the slot.
+fn run_of(task: &LeaseName, slot: Option<u64>) -> String {
+    match slot {
+        Some(slot) => format!("{task} slot {slot}"),
+        None => task.to_string(),
     }
 }
 
@@ -400,7 +426,10 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                     tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
                 }
                 self.ticks.run_ended(&self.task.schedule, start).await;
-                if let Some(ticket) = self.ticks.take_left_trigger(&self.gate).await {
+                // A trigger left waiting is not taken once shutdown has begun.
+                if !self.retired.is_cancelled()
+                    && let Some(ticket) = self.ticks.take_left_trigger(&self.gate).await
+                {
                     self.run_manual_ticket(ticket);
                 }
                 TickOutcome::Ran
@@ -529,7 +558,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     }
 
     /// Runs the job in its own task (so a panic is contained). Its token is cancelled when the
-    /// task lease or leadership starts expiring, or when shutdown's grace period ends; a job
+    /// task lease or leadership starts expiring, or when shutdown's grace period ends (or
+    /// [`SchedulerHandle::end_drain`](super::SchedulerHandle::end_drain) is called); a job
     /// still running a stop margin later is aborted. Gated and manual runs are recorded in the
     /// run history (ungated and store-down runs, which every instance may make, are not).
     async fn run(&self, trigger: Trigger, slot: Option<u64>, held: Held) -> RunResult {
@@ -570,14 +600,14 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let _active = Active::new(&self.stats.active);
         // Aborted if this future is dropped, so a job never outlives its run.
         let mut job = AbortOnDropHandle::new(tokio::spawn((self.task.job)(ctx)));
+        // Shutdown drains the run: it goes on for up to the grace period, still stopped at once
+        // should a lease start expiring, so the stop-before-re-grant margin holds throughout.
+        let draining = AtomicBool::new(false);
         let stop = async {
             tokio::select! {
                 () = fired(lease_cancel.as_ref()) => "task lease expiring",
                 () = fired(held.leader.as_ref()) => "leadership ending",
-                () = async {
-                    self.common.stop.cancelled().await;
-                    tokio::time::sleep(self.common.grace).await;
-                } => "shutdown grace period over",
+                why = self.common.drained(&self.task.name, slot, &draining) => why,
             }
         };
         let mut stopped = None;
@@ -591,6 +621,13 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 tokio::time::timeout(self.gate.lease().config().stop_margin, &mut job).await.ok()
             }
         };
+        if draining.load(Ordering::Relaxed) && !self.common.grace.is_zero() {
+            let run = run_of(&self.task.name, slot);
+            match stopped {
+                None => tracing::info!(task = %self.task.name, ?slot, "draining over: the run of {run} finished"),
+                Some(why) => tracing::info!(task = %self.task.name, ?slot, why, "draining over: the run of {run} was stopped ({why})"),
+            }
+        }
         let result = match joined {
             Some(Ok(Ok(()))) => RunResult::Succeeded,
             Some(Ok(Err(e))) => RunResult::Failed(e.to_string()),
