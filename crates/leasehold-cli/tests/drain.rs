@@ -75,7 +75,10 @@ async fn rolling_replacement(url: &str) {
         let leaving = instances.remove(at);
         let stopping = Instant::now();
         assert_eq!(leaving.stop(Duration::from_secs(30)), 0, "{running}");
-        println!("round {round}: {running} stopped {:?} after SIGTERM", stopping.elapsed());
+        println!(
+            "round {round}: {running} stopped {:?} after SIGTERM",
+            stopping.elapsed()
+        );
         replaced.push(running);
     }
     // The last replacements run a few slots more.

@@ -168,8 +168,7 @@ fn a_dead_log_pipe_does_not_disable_shutdown() {
     drop(reader);
     let mut run = leasehold(
         &[
-            "--store", &url, "--lease", "p", "--every", "200ms", "--grace", "1s", "--drain",
-            "0",
+            "--store", &url, "--lease", "p", "--every", "200ms", "--grace", "1s", "--drain", "0",
         ],
         &stubborn(dir.path()),
     )

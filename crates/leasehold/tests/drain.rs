@@ -22,7 +22,12 @@ fn start(store: &FaultyStore, ledger: &Ledger, work: Duration, grace: Duration) 
         .holder(HolderId::new("a").unwrap())
         .lease_config(LeaseConfig::new(TTL))
         .grace_period(grace)
-        .task(recorder(ledger, "sweep", Schedule::every(SEC).unwrap(), work))
+        .task(recorder(
+            ledger,
+            "sweep",
+            Schedule::every(SEC).unwrap(),
+            work,
+        ))
         .start(std::future::pending())
         .unwrap()
 }
@@ -77,8 +82,14 @@ async fn a_run_shorter_than_the_grace_finishes_and_no_slot_is_taken_meanwhile() 
     assert_eq!(recorded[0].trigger, Some(RecordTrigger::Timer));
     assert_eq!(recorded[0].outcome, RunOutcome::Ok);
     let lease = leasehold::LeaseName::new("sweep").unwrap();
-    let state = leasehold::Store::inspect(&store, &lease).await.unwrap().unwrap();
-    assert_eq!(state.holder, None, "the task lease is released after the drain");
+    let state = leasehold::Store::inspect(&store, &lease)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        state.holder, None,
+        "the task lease is released after the drain"
+    );
 }
 
 #[tokio::test(start_paused = true)]

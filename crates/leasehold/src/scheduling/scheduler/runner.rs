@@ -97,7 +97,12 @@ impl Common {
     /// Completes when shutdown wants a run stopped: once its grace period, counted from the
     /// start of shutdown, has run out, or the drain was ended early. Until then the run goes on
     /// holding (and renewing) its leases; `draining` is set once shutdown has begun.
-    async fn drained(&self, task: &LeaseName, slot: Option<u64>, draining: &AtomicBool) -> &'static str {
+    async fn drained(
+        &self,
+        task: &LeaseName,
+        slot: Option<u64>,
+        draining: &AtomicBool,
+    ) -> &'static str {
         self.stop.cancelled().await;
         draining.store(true, Ordering::Relaxed);
         if !self.grace.is_zero() && !self.drain_over.is_cancelled() {
@@ -624,8 +629,12 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         if draining.load(Ordering::Relaxed) && !self.common.grace.is_zero() {
             let run = run_of(&self.task.name, slot);
             match stopped {
-                None => tracing::info!(task = %self.task.name, ?slot, "draining over: the run of {run} finished"),
-                Some(why) => tracing::info!(task = %self.task.name, ?slot, why, "draining over: the run of {run} was stopped ({why})"),
+                None => {
+                    tracing::info!(task = %self.task.name, ?slot, "draining over: the run of {run} finished")
+                }
+                Some(why) => {
+                    tracing::info!(task = %self.task.name, ?slot, why, "draining over: the run of {run} was stopped ({why})")
+                }
             }
         }
         let result = match joined {
