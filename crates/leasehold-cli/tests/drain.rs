@@ -26,20 +26,30 @@ fn all_runs(ledger: &Path) -> Vec<Run> {
 }
 
 /// Waits (at most `limit`) for a run to start: the task lease of `lease` goes from free to
-/// held. Returns its holder.
-async fn next_run_starts(store: &impl leasehold::Store, lease: &str, limit: Duration) -> String {
-    let task = format!("{lease}:run");
+/// held. Returns its holder and fencing token (the run's `LEASEHOLD_TOKEN`).
+async fn next_run_starts(
+    store: &impl leasehold::Store,
+    lease: &str,
+    limit: Duration,
+) -> (String, u64) {
+    let task = leasehold::LeaseName::new(format!("{lease}:run")).unwrap();
     let start = Instant::now();
     let mut was_free = false;
     loop {
-        match leader(store, &task).await {
-            Some(holder) if was_free => return holder,
+        let state = store.inspect(&task).await.unwrap();
+        match state.and_then(|s| s.holder.map(|h| (h.to_string(), s.token.get()))) {
+            Some(run) if was_free => return run,
             Some(_) => {}
             None => was_free = true,
         }
         assert!(start.elapsed() < limit, "no run started within {limit:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+fn epoch_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    u64::try_from(now.unwrap().as_millis()).unwrap()
 }
 
 async fn rolling_replacement(url: &str) {
@@ -55,11 +65,12 @@ async fn rolling_replacement(url: &str) {
         .map(|i| Instance::start(&format!("old{i}"), &args, &ledger, work, dir.path()))
         .collect();
     let store = leasehold_connect::open_store(url).await.unwrap();
-    let mut replaced = Vec::new();
+    // (instance, the token of the run it was in when SIGTERM came, when it came)
+    let mut cut = Vec::new();
     for round in 1..=3 {
-        let running = next_run_starts(&store, &lease, Duration::from_secs(20)).await;
-        // The replacement starts first, as a rolling deploy does; then the old one is stopped
-        // in the middle of its run.
+        let (running, token) = next_run_starts(&store, &lease, Duration::from_secs(20)).await;
+        // The replacement starts first, as a rolling deploy does; then the instance running
+        // the slot is stopped in the middle of its run.
         instances.push(Instance::start(
             &format!("new{round}"),
             &args,
@@ -73,17 +84,25 @@ async fn rolling_replacement(url: &str) {
             .position(|i| i.name == running)
             .expect("the running instance is one of ours");
         let leaving = instances.remove(at);
-        let stopping = Instant::now();
+        let (stopping, sigterm_ms) = (Instant::now(), epoch_ms());
         assert_eq!(leaving.stop(Duration::from_secs(30)), 0, "{running}");
         println!(
             "round {round}: {running} stopped {:?} after SIGTERM",
             stopping.elapsed()
         );
-        replaced.push(running);
+        cut.push((running, token, sigterm_ms));
     }
-    // The last replacements run a few slots more.
+    // The old instances that were not running a slot go too: the whole fleet is replaced.
+    let (old, new): (Vec<Instance>, Vec<Instance>) = instances
+        .into_iter()
+        .partition(|i| i.name.starts_with("old"));
+    for i in old {
+        let name = i.name.clone();
+        assert_eq!(i.stop(Duration::from_secs(30)), 0, "{name}");
+    }
+    // The replacements run a few slots more.
     tokio::time::sleep(Duration::from_secs(7)).await;
-    for i in instances {
+    for i in new {
         let name = i.name.clone();
         assert_eq!(i.stop(Duration::from_secs(30)), 0, "{name}");
     }
@@ -96,10 +115,11 @@ async fn rolling_replacement(url: &str) {
         );
     }
     let by_slot = assert_exactly_once(&runs);
-    for name in &replaced {
+    for (name, token, sigterm_ms) in &cut {
+        let run = runs.iter().find(|r| r.token == Some(*token));
         assert!(
-            runs.iter().any(|r| &r.holder == name),
-            "{name}'s run, going when it was stopped, completed: {runs:?}"
+            run.is_some_and(|r| &r.holder == name && r.end_ms >= *sigterm_ms),
+            "{name}'s run (token {token}), going when it got SIGTERM, completed after it: {run:?}"
         );
     }
     let slots: Vec<u64> = by_slot.keys().copied().collect();
