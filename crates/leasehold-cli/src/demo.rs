@@ -361,7 +361,7 @@ async fn phases(args: &DemoArgs, demo: &mut Demo) -> anyhow::Result<(Duration, D
 
     let leader = demo.seen.leader.clone().unwrap_or(next);
     outln!(
-        "{} >>> SIGTERM {leader}: it finishes its run, releases the lease and exits",
+        "{} >>> SIGTERM {leader}: it takes no new tick, lets a run in progress finish (--drain), releases the lease and exits",
         stamp(demo.started)
     )?;
     let stop_at = Instant::now();

@@ -3,6 +3,7 @@
 mod child;
 mod crontab;
 mod demo;
+mod drain;
 mod durations;
 mod failure;
 mod fleet;

@@ -49,10 +49,17 @@ pub struct RunArgs {
     /// How long the command has to exit after SIGTERM before its process group gets SIGKILL.
     /// It is also the lease's stop margin: when renewals have failed until only this much of
     /// the lease is left, the command is stopped, so it is gone before the lease can pass to
-    /// anyone else. On shutdown `leasehold` forwards SIGTERM at once and is done within it.
-    /// [default: ttl/5]
+    /// anyone else. On shutdown (after --drain, with a schedule) `leasehold` forwards SIGTERM
+    /// and is done within it. [default: ttl/5]
     #[arg(long, value_parser = crate::durations::duration_arg)]
     grace: Option<Duration>,
+    /// With a schedule: on SIGTERM or SIGINT, take no new slot and let a running command finish
+    /// for up to this long (the lease is renewed meanwhile; should it be lost or start
+    /// expiring, the command is stopped as at any time), then forward SIGTERM, and SIGKILL after
+    /// --grace. A second SIGTERM or SIGINT forwards at once. 0 forwards the first at once.
+    /// [default: the ttl]
+    #[arg(long, value_parser = crate::durations::duration_arg)]
+    drain: Option<Duration>,
     /// What to do when the store cannot be reached: fail-closed (skip), fail-open (run anyway,
     /// warn), local (single-instance mode).
     #[arg(long, default_value = "fail-closed")]
@@ -190,6 +197,11 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
             max: CATCH_UP_MAX,
         }),
     };
+    if args.drain.is_some() && schedule.is_none() {
+        return Err(Failure::usage(anyhow!(
+            "--drain needs a schedule (--every or --cron)"
+        )));
+    }
     let mut config = LeaseConfig::new(args.ttl);
     if let Some(renew) = args.renew {
         config = config.renew_interval(renew);
@@ -609,11 +621,11 @@ async fn scheduled(
     if let Some(policy) = s.catch_up {
         task = task.catch_up(policy);
     }
-    // Shutdown cancels running commands at once (SIGTERM), so it takes at most the grace period.
+    // Shutdown drains a running command (up to --drain), then stops it (SIGTERM, SIGKILL
+    // after the grace period).
     let mut sched = Scheduler::new(store.clone())
         .lease_config(s.config)
         .leader_group(s.name.clone())
-        .grace_period(Duration::ZERO)
         .on_store_down(args.on_store_down)
         .registered_as(TaskSource::Run)
         .history_limit(args.history)
@@ -622,9 +634,9 @@ async fn scheduled(
         sched = sched.holder(h);
     }
     tracing::info!(lease = %s.name, store = %store.describe(), policy = %args.on_store_down, "scheduling");
-    let handle = sched
-        .start(termination())
+    let draining = crate::drain::start(sched, args.drain.unwrap_or(s.config.ttl))
         .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
+    let handle = &draining.handle;
     if let ConnectTimeout(Some(limit)) = args.connect_timeout {
         let never = tokio::select! {
             () = handle.wait() => None,

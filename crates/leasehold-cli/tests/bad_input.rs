@@ -333,6 +333,12 @@ fn catch_up_without_a_schedule() {
     fails_in_one_line(&args, "--catch-up needs a schedule");
 }
 
+#[test]
+fn drain_without_a_schedule() {
+    let args = ["run", "--lease", "a", "--drain", "5s", "--", "true"];
+    fails_in_one_line(&args, "--drain needs a schedule");
+}
+
 /// `args` fails in one line naming `expect`, with the usage status (2) every bad flag gets.
 #[cfg(any(feature = "bench", feature = "chaos"))]
 fn usage_exit(args: &[&str], expect: &str) {

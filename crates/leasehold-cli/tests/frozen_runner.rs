@@ -110,7 +110,8 @@ fn freeze_while_another_waits(store: &str, scheduled: bool) {
     let ttl = format!("{}s", TTL.as_secs());
     let mut args = vec!["--store", store, "--lease", &lease, "--ttl", &ttl];
     if scheduled {
-        args.extend(["--every", "1s"]);
+        // The commands never end: the final SIGTERMs stop them at once, without a drain.
+        args.extend(["--every", "1s", "--drain", "0"]);
     } else {
         args.push("--wait");
     }

@@ -113,7 +113,8 @@ fn run_stubborn(args: &[&str], scheduled: bool) -> (tempfile::TempDir, Child, [i
     let mut all = vec!["--store", url.as_str()];
     all.extend(args);
     if scheduled {
-        all.extend(["--every", "1s"]);
+        // Stopped on the first SIGTERM, not drained: these tests are about forwarding it.
+        all.extend(["--every", "1s", "--drain", "0"]);
     }
     let run = leasehold(&all, &stubborn(dir.path()))
         .stderr(Stdio::null())
@@ -167,7 +168,7 @@ fn a_dead_log_pipe_does_not_disable_shutdown() {
     drop(reader);
     let mut run = leasehold(
         &[
-            "--store", &url, "--lease", "p", "--every", "200ms", "--grace", "1s",
+            "--store", &url, "--lease", "p", "--every", "200ms", "--grace", "1s", "--drain", "0",
         ],
         &stubborn(dir.path()),
     )
@@ -313,7 +314,8 @@ fn a_stalled_log_pipe_never_keeps_leasehold_from_exiting() {
     // A scheduled run that logs at every tick, stopped by SIGTERM.
     let run = leasehold(
         &[
-            "--store", &url, "--lease", "stalled", "--every", "200ms", "--grace", "1s",
+            "--store", &url, "--lease", "stalled", "--every", "200ms", "--grace", "1s", "--drain",
+            "0",
         ],
         &stubborn(dir.path()),
     )

@@ -71,6 +71,12 @@ pub struct CrontabArgs {
     /// (also the lease's stop margin, as for `leasehold run`) [default: ttl/5]
     #[arg(long, value_parser = crate::durations::duration_arg)]
     grace: Option<Duration>,
+    /// On SIGTERM or SIGINT, take no new slot and let running commands finish for up to this
+    /// long (their leases are renewed meanwhile), then forward SIGTERM, and SIGKILL after
+    /// --grace, as `leasehold run --drain`. A second SIGTERM or SIGINT forwards at once.
+    /// [default: the ttl]
+    #[arg(long, value_parser = crate::durations::duration_arg)]
+    drain: Option<Duration>,
     /// This instance's holder id [default: host:pid:random].
     #[arg(long)]
     holder: Option<String>,

@@ -74,10 +74,9 @@ pub async fn run(args: CrontabArgs, texts: Vec<String>, jobs: Vec<Job>) -> Resul
     }
     crate::reaper::start_if_init();
     let policy = args.on_store_down.unwrap_or(StoreDownPolicy::FailClosed);
-    // Shutdown cancels running commands at once (SIGTERM), as `leasehold run` does.
+    // Shutdown drains running commands (up to --drain), as `leasehold run` does.
     let mut sched = Scheduler::new(store.clone())
         .lease_config(config)
-        .grace_period(Duration::ZERO)
         .on_store_down(policy)
         .registered_as(TaskSource::Crontab);
     sched = match args.placement {
@@ -91,9 +90,10 @@ pub async fn run(args: CrontabArgs, texts: Vec<String>, jobs: Vec<Job>) -> Resul
         sched = sched.task(task_of(job, config.stop_margin));
     }
     tracing::info!(store = %store.describe(), placement = ?args.placement, group = %group, lines = jobs.len(), "running the crontab");
-    let handle = sched
-        .start(crate::run::termination())
+    let drain = args.drain.unwrap_or(config.ttl);
+    let draining = crate::drain::start(sched, drain)
         .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
+    let handle = draining.handle.clone();
     let reloads = tokio::spawn(reload_loop(
         handle.clone(),
         args,

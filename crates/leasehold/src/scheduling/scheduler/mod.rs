@@ -212,9 +212,14 @@ impl<S: SchedulerStore> Scheduler<S> {
         self
     }
 
-    /// How long shutdown lets running jobs finish before cancelling them; a cancelled job that
-    /// has not returned a stop margin later (see [`LeaseConfig::stop_margin`]) is aborted, so
-    /// shutdown takes at most `grace + stop_margin`. Default: 30 s.
+    /// How long shutdown lets running jobs finish before cancelling them (the drain); a
+    /// cancelled job that has not returned a stop margin later (see [`LeaseConfig::stop_margin`])
+    /// is aborted, so shutdown takes at most `grace + stop_margin`. Default: 30 s.
+    ///
+    /// While it drains the scheduler takes no new slot (nor manual trigger) and keeps renewing
+    /// the leases its running jobs hold; a job whose lease (or leadership) starts expiring is
+    /// cancelled at once, as at any other time. [`SchedulerHandle::end_drain`] ends the
+    /// grace period early. `Duration::ZERO` cancels running jobs as soon as shutdown begins.
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -679,6 +684,14 @@ impl SchedulerHandle {
     pub async fn shutdown(&self) {
         self.inner.common.stop.cancel();
         self.wait().await;
+    }
+
+    /// Ends shutdown's grace period now: running jobs are cancelled at once (they have a stop
+    /// margin to return). Begins shutdown if it has not begun. Returns without waiting; see
+    /// [`wait`](Self::wait).
+    pub fn end_drain(&self) {
+        self.inner.common.drain_over.cancel();
+        self.inner.common.stop.cancel();
     }
 
     /// Waits until the scheduler has stopped (shutdown, or a [`failure`](Self::failure)):

@@ -39,6 +39,8 @@ use crate::store::traits::{Catalog, Slots};
 /// What every task of one scheduler shares.
 pub(super) struct Common {
     pub(super) stop: CancellationToken,
+    /// Ends shutdown's grace period early (a second SIGTERM): running jobs are cancelled now.
+    pub(super) drain_over: CancellationToken,
     pub(super) leader: Option<LeaderHandle>,
     /// With [`Scheduler::spread`](crate::Scheduler::spread): which tasks this instance owns.
     pub(super) placement: Option<Arc<Placement>>,
@@ -73,6 +75,7 @@ impl Common {
         Self {
             history,
             stop,
+            drain_over: CancellationToken::new(),
             leader,
             placement,
             holder,
@@ -91,6 +94,26 @@ impl Common {
         if self.failure.set(why).is_ok() {
             let why = self.failure.get().map(String::as_str).unwrap_or_default();
             tracing::error!(error = why, "scheduler stopped: the store keeps refusing");
+        }
+    }
+
+    /// Completes when shutdown wants a run stopped: once its grace period, counted from the
+    /// start of shutdown, has run out, or the drain was ended early. Until then the run goes on
+    /// holding (and renewing) its leases; `draining` is set once shutdown has begun.
+    async fn drained(
+        &self,
+        task: &LeaseName,
+        slot: Option<u64>,
+        draining: &AtomicBool,
+    ) -> &'static str {
+        self.stop.cancelled().await;
+        draining.store(true, Ordering::Relaxed);
+        if !self.grace.is_zero() && !self.drain_over.is_cancelled() {
+            tracing::info!(task = %task, "draining: waiting up to {:?} for the run of {} to finish", self.grace, run_of(task, slot));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(self.grace) => "shutdown grace period over",
+            () = self.drain_over.cancelled() => "shutdown drain ended early",
         }
     }
 
@@ -114,6 +137,14 @@ impl Common {
         if self.store_state.swap(STORE_DOWN, Ordering::Relaxed) != STORE_DOWN {
             tracing::warn!(%error, "store unreachable; timer ticks follow each task's store-down policy until it answers");
         }
+    }
+}
+
+/// A run's name in log lines: the task and, for a slot's run, the slot.
+fn run_of(task: &LeaseName, slot: Option<u64>) -> String {
+    match slot {
+        Some(slot) => format!("{task} slot {slot}"),
+        None => task.to_string(),
     }
 }
 
@@ -410,7 +441,10 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                     tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
                 }
                 self.ticks.run_ended(&self.task.schedule, start).await;
-                if let Some(ticket) = self.ticks.take_left_trigger(&self.gate).await {
+                // A trigger left waiting is not taken once shutdown has begun.
+                if !self.retired.is_cancelled()
+                    && let Some(ticket) = self.ticks.take_left_trigger(&self.gate).await
+                {
                     self.run_manual_ticket(ticket);
                 }
                 TickOutcome::Ran
@@ -568,8 +602,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
 
     /// Runs the job, and again after a failed or timed-out attempt as the task's retries say
     /// ([`TaskTicks::next_attempt`]), while this instance still holds what the run holds (its
-    /// task lease, its leadership) and the task is not retired: the waits end early on either,
-    /// and the retry is not run. Returns the last attempt's result.
+    /// task lease, its leadership), the task is not retired and the scheduler is not shutting
+    /// down: the waits end early on any of these, and the retry is not run. Returns the last attempt's result.
     async fn run(&self, trigger: Trigger, slot: Option<u64>, held: Held) -> RunResult {
         let mut attempt = 1;
         loop {
@@ -585,18 +619,21 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             tokio::select! {
                 biased;
                 () = self.retired.cancelled() => return result,
+                // A drain lets a run finish; it starts no new attempt.
+                () = self.common.stop.cancelled() => return result,
                 () = fired(lease_cancel) => return result,
                 () = fired(held.leader.as_ref()) => return result,
                 () = tokio::time::sleep(wait) => {}
             }
-            tracing::info!(task = %self.task.name, ?slot, attempt = next, "retrying");
+            tracing::info!(task = %self.task.name, attempt = next, "retrying the run of {}", run_of(&self.task.name, slot));
             attempt = next;
         }
     }
 
     /// Runs one attempt of the job in its own task (so a panic is contained). Its token is
     /// cancelled when the task lease or leadership starts expiring, when shutdown's grace
-    /// period ends, or at the task's timeout; a job still running a stop margin later is
+    /// period ends (or [`SchedulerHandle::end_drain`](super::SchedulerHandle::end_drain) is
+    /// called), or at the task's timeout; a job still running a stop margin later is
     /// aborted. Gated and manual runs are recorded in the run history (ungated and store-down
     /// runs, which every instance may make, are not), each attempt with what follows it.
     async fn attempt(
@@ -647,14 +684,14 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         // Aborted if this future is dropped, so a job never outlives its run.
         let mut job = AbortOnDropHandle::new(tokio::spawn((self.task.job)(ctx)));
         let timeout = self.plan.run_policy.timeout;
+        // Shutdown drains the run: it goes on for up to the grace period, still stopped at once
+        // should a lease start expiring, so the stop-before-re-grant margin holds throughout.
+        let draining = AtomicBool::new(false);
         let stop = async {
             tokio::select! {
                 () = fired(lease_cancel.as_ref()) => "task lease expiring",
                 () = fired(held.leader.as_ref()) => "leadership ending",
-                () = async {
-                    self.common.stop.cancelled().await;
-                    tokio::time::sleep(self.common.grace).await;
-                } => "shutdown grace period over",
+                why = self.common.drained(&self.task.name, slot, &draining) => why,
                 () = async {
                     match timeout {
                         Some(limit) => tokio::time::sleep(limit).await,
@@ -674,6 +711,17 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 tokio::time::timeout(self.gate.lease().config().stop_margin, &mut job).await.ok()
             }
         };
+        if draining.load(Ordering::Relaxed) && !self.common.grace.is_zero() {
+            let run = run_of(&self.task.name, slot);
+            match stopped {
+                None => {
+                    tracing::info!(task = %self.task.name, "draining over: the run of {run} finished")
+                }
+                Some(why) => {
+                    tracing::info!(task = %self.task.name, why, "draining over: the run of {run} was stopped ({why})")
+                }
+            }
+        }
         let mut result = match joined {
             Some(Ok(Ok(()))) => RunResult::Succeeded,
             Some(Ok(Err(e))) => RunResult::Failed(e.to_string()),
