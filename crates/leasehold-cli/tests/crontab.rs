@@ -270,7 +270,10 @@ async fn fleet(url: &str) {
         let runs = marks
             .get(line)
             .unwrap_or_else(|| panic!("{line} never ran"));
-        assert!(runs.len() >= 5, "{line} ran {} times", runs.len());
+        // Some 17 s of running, a replica killed and one stopped meanwhile: at least ten
+        // seconds' worth of slots (a loaded host loses a few to the takeovers and catch-ups).
+        let least = (10_000 / period) as usize;
+        assert!(runs.len() >= least, "{line} ran {} times", runs.len());
         assert_no_gap(line, runs, period, &[killed_at, stopped_at]);
     }
     assert!(marks.get("slow").is_some_and(|r| r.len() >= 3), "{marks:?}");
