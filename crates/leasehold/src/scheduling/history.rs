@@ -306,6 +306,12 @@ pub struct RunRecord {
     /// than `outcome` for a timed-out run, kept as `cancelled`. Use [`result`](Self::result).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Outcome>,
+    /// What the run printed, as its job kept it ([`TaskContext::keep_output`](crate::TaskContext::keep_output),
+    /// a command's stdout and stderr under `leasehold run --output-tail`, the sidecar's `done`):
+    /// its end, at most [`text::OUTPUT`]'s limit, cut when recorded. Untrusted: show it through
+    /// [`text::visible`]. Releases before it ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// Who asked for a manual run, as its history record keeps it.
@@ -343,6 +349,7 @@ impl RunRecord {
             paused: None,
             request: None,
             result: None,
+            output: None,
         }
     }
 
@@ -369,6 +376,7 @@ impl RunRecord {
             paused: None,
             request: None,
             result: None,
+            output: None,
         }
     }
 
@@ -434,6 +442,7 @@ impl RunRecord {
         if let Some(request) = &mut self.request {
             request.by = text::BY.cut(take(&mut request.by));
         }
+        self.output = self.output.take().map(|o| text::OUTPUT.cut_tail(o));
         self
     }
 
@@ -659,6 +668,7 @@ mod tests {
             paused: None,
             request: None,
             result: Some(Outcome::Failed),
+            output: Some("line one\n\u{1b}[31mred\u{1b}[0m \"quoted\" ünïcode\n".into()),
         };
         let json = run.to_json();
         assert!(json.contains("\"token\":\"9007199254740993\""), "{json}");
@@ -683,6 +693,7 @@ mod tests {
             paused: None,
             request: None,
             result: None,
+            output: None,
         };
         assert_eq!(RunRecord::from_json(&missed.to_json()).unwrap(), missed);
         assert!(matches!(

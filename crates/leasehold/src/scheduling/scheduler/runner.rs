@@ -537,6 +537,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let (lease_cancel, lease_probe) = held.lease.unzip();
         let mut probes: Vec<HeldProbe> = lease_probe.into_iter().collect();
         probes.extend(held.leader.clone().map(HeldProbe::Token));
+        let output = Arc::default();
         let ctx = TaskContext {
             task: self.task.name.clone(),
             trigger,
@@ -545,6 +546,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             holder: self.common.holder.clone(),
             cancel: cancel.clone(),
             held: probes,
+            output: Arc::clone(&output),
         };
         let recorded_trigger = match trigger {
             Trigger::Manual => Some(RecordTrigger::Manual),
@@ -613,6 +615,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 error: error.clone(),
             },
         };
+        record.output = lock(&output).take();
         record_run_end(
             history,
             &self.task.name,
