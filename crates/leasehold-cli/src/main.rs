@@ -17,6 +17,7 @@ mod run;
 mod serve;
 mod status;
 mod supervise;
+mod tail;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -141,17 +141,22 @@ impl Field {
 impl Field {
     /// The end of `text`: its last bytes up to the limit, from a character boundary (so at
     /// most the limit, never a broken character).
-    pub fn cut_tail(&self, mut text: String) -> String {
-        if text.len() <= self.max {
-            return text;
-        }
-        let mut start = text.len() - self.max;
-        while !text.is_char_boundary(start) {
-            start += 1;
-        }
-        text.drain(..start);
-        text
+    pub fn cut_tail(&self, text: String) -> String {
+        keep_end(text, self.max)
     }
+}
+
+/// The last bytes of `text`, at most `max` of them, from a character boundary.
+pub fn keep_end(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text.drain(..start);
+    text
 }
 
 /// Whether `c` is refused in one-line fields and escaped wherever text is shown: the C0
