@@ -52,7 +52,9 @@ use anyhow::{Context, Result, anyhow};
 use leasehold::CancellationToken;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, Lines,
+};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
@@ -254,10 +256,18 @@ impl Group {
             let tail = Arc::new(Mutex::new(Tail::new(output.keep)));
             let mut copies = Vec::with_capacity(2);
             if let Some(out) = supervisor.stdout.take() {
-                copies.push(tokio::spawn(copy_keeping(out, tokio::io::stdout(), tail.clone())));
+                copies.push(tokio::spawn(copy_keeping(
+                    out,
+                    tokio::io::stdout(),
+                    tail.clone(),
+                )));
             }
             if let Some(err) = supervisor.stderr.take() {
-                copies.push(tokio::spawn(copy_keeping(err, tokio::io::stderr(), tail.clone())));
+                copies.push(tokio::spawn(copy_keeping(
+                    err,
+                    tokio::io::stderr(),
+                    tail.clone(),
+                )));
             }
             Tee {
                 tail,

@@ -118,7 +118,10 @@ impl Redactor {
         let mut masks: Vec<Range<usize>> = url_passwords(text).map(|(s, e)| s..e).collect();
         masks.extend(keyed_passwords(text).map(|(s, e)| s..e));
         for secret in &self.secrets {
-            masks.extend(text.match_indices(secret.as_str()).map(|(at, s)| at..at + s.len()));
+            masks.extend(
+                text.match_indices(secret.as_str())
+                    .map(|(at, s)| at..at + s.len()),
+            );
             if cut {
                 // The end of a password whose start was dropped.
                 let partial = (1..secret.len())
@@ -267,10 +270,10 @@ mod tests {
     fn store_passwords_are_found_in_every_shape_of_url() {
         let secrets = |url: &str| Redactor::for_store_url(url).secrets;
         assert_eq!(secrets("postgres://app:s3cret!@db:5432/x"), ["s3cret!"]);
-        assert_eq!(secrets("redis://:hunter2%40x@127.0.0.1:6379/0"), [
-            "hunter2%40x",
-            "hunter2@x"
-        ]);
+        assert_eq!(
+            secrets("redis://:hunter2%40x@127.0.0.1:6379/0"),
+            ["hunter2%40x", "hunter2@x"]
+        );
         assert_eq!(
             secrets("redis+sentinel://:primary-pw@s1,s2/mymaster?sentinel_password=sent%2Fpw&db=1"),
             ["primary-pw", "sent%2Fpw", "sent/pw"]
@@ -303,7 +306,10 @@ mod tests {
             "dsn: \"mysql://root:***@127.0.0.1:3306/t\" password=***&x=1"
         );
         // Not URLs: left alone.
-        assert_eq!(none.redact("a:b@c and x://@h and ://u:p@h"), "a:b@c and x://@h and ://u:p@h");
+        assert_eq!(
+            none.redact("a:b@c and x://@h and ://u:p@h"),
+            "a:b@c and x://@h and ://u:p@h"
+        );
     }
 
     #[test]

@@ -48,7 +48,10 @@ fn first_failed_run(url: &str, lease: &str) -> serde_json::Value {
                 return run.clone();
             }
         }
-        assert!(Instant::now() < deadline, "no run ended within 60 s: {out:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no run ended within 60 s: {out:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -84,7 +87,10 @@ fn the_tail_is_kept_bounded_and_redacted(url: &str, secret: Option<&str>) {
     let stdout_part = kept.replacen("a warning on stderr\n", "", 1);
     assert!(stdout_part.ends_with(".\nthe \u{1b}[2Jend\n"), "{kept:?}");
     assert!(kept.contains("line 299 of the filler text\n"), "{kept:?}");
-    assert!(!kept.contains("line 0 of"), "only the end is kept: {kept:?}");
+    assert!(
+        !kept.contains("line 0 of"),
+        "only the end is kept: {kept:?}"
+    );
     assert!(
         kept.contains("connecting to mysql://app:***@10.0.0.1/db\n"),
         "{kept:?}"
@@ -103,15 +109,24 @@ fn the_tail_is_kept_bounded_and_redacted(url: &str, secret: Option<&str>) {
     assert!(shown.status.success(), "{shown:?}");
     let shown = String::from_utf8(shown.stdout).unwrap();
     assert!(shown.contains("\n    | the \\x1b[2Jend\n"), "{shown}");
-    assert!(shown.contains("\n    | line 299 of the filler text\n"), "{shown}");
-    assert!(!shown.contains('\u{1b}') && !shown.contains(PRINTED_PASSWORD), "{shown}");
+    assert!(
+        shown.contains("\n    | line 299 of the filler text\n"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains(PRINTED_PASSWORD),
+        "{shown}"
+    );
     let plain = leasehold(&["history", "--store", url, &lease]);
     assert!(!String::from_utf8_lossy(&plain.stdout).contains("    | "));
 
     // The command's own output went through whole, as it printed it.
     let out = std::fs::read_to_string(&out).unwrap();
     assert!(out.starts_with("line 0 of the filler text\n"), "{out:.200}");
-    assert!(out.contains("line 299 of the filler text\nconnecting to "), "{out}");
+    assert!(
+        out.contains("line 299 of the filler text\nconnecting to "),
+        "{out}"
+    );
     assert!(out.contains("the \u{1b}[2Jend\n"));
     assert!(out.contains(&format!("mysql://app:{PRINTED_PASSWORD}@10.0.0.1/db")));
     let err = std::fs::read_to_string(&err).unwrap();
@@ -140,7 +155,10 @@ fn postgres_keeps_a_bounded_redacted_tail_without_the_stores_password() {
     let secret = "Pg-Tail-S3cret";
     let with_password = match url.split_once("://") {
         Some((scheme, rest)) => match rest.split_once('@') {
-            Some((user, host)) => format!("{scheme}://{}:{secret}@{host}", user.split(':').next().unwrap()),
+            Some((user, host)) => format!(
+                "{scheme}://{}:{secret}@{host}",
+                user.split(':').next().unwrap()
+            ),
             None => format!("{scheme}://postgres:{secret}@{rest}"),
         },
         None => panic!("not a URL: {url}"),
@@ -166,6 +184,16 @@ fn output_tail_zero_keeps_nothing() {
     let record = first_failed_run(&url, &lease);
     let _ = child.0.kill();
     assert!(record.get("output").is_none(), "{record}");
-    let bad = leasehold(&["run", "--lease", "x", "--every", "1s", "--output-tail", "65", "--", "true"]);
+    let bad = leasehold(&[
+        "run",
+        "--lease",
+        "x",
+        "--every",
+        "1s",
+        "--output-tail",
+        "65",
+        "--",
+        "true",
+    ]);
     assert_eq!(code(&bad), 2, "{bad:?}");
 }

@@ -106,13 +106,7 @@ pub async fn run(args: CrontabArgs, texts: Vec<String>, jobs: Vec<Job>) -> Resul
     let handle = sched
         .start(crate::run::termination())
         .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
-    let reloads = tokio::spawn(reload_loop(
-        handle.clone(),
-        args,
-        texts,
-        jobs,
-        commands,
-    ));
+    let reloads = tokio::spawn(reload_loop(handle.clone(), args, texts, jobs, commands));
     handle.wait().await;
     reloads.abort();
     match handle.failure() {

@@ -530,15 +530,17 @@ pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership + 
     // As large as a run record with a full output (`text::OUTPUT`, 64 KiB of what a command
     // printed, control characters escaped six bytes each in its JSON): still byte for byte.
     let output = crate::store::text::OUTPUT;
-    let printed = output.cut_tail(
-        "\u{1b}[31mred\u{1b}[0m \"q\" \\ ünïcode €\r\n\t\0".repeat(output.max / 30),
-    );
+    let printed = output
+        .cut_tail("\u{1b}[31mred\u{1b}[0m \"q\" \\ ünïcode €\r\n\t\0".repeat(output.max / 30));
     let full = format!(
         "{{\"outcome\":\"ok\",\"output\":{}}}",
         serde_json::Value::String(printed)
     );
     assert!(full.len() > output.max * 3 / 2, "{}", full.len());
-    store.record_history(&task, big + 1, &full, 5).await.unwrap();
+    store
+        .record_history(&task, big + 1, &full, 5)
+        .await
+        .unwrap();
     assert_eq!(store.history(&task, 1).await.unwrap(), vec![full]);
 }
 
