@@ -305,12 +305,16 @@ def test_done_keeps_the_runs_output_its_end_when_long(store: str, sidecars: Star
                 if kept["output"] is not None:
                     break
                 time.sleep(0.1)
-            assert kept is not None and kept["outcome"] == "failed", kept
+            assert kept is not None
+            assert kept["outcome"] == "failed", kept
+            shown = kept["output"]
+            assert shown is not None
             if output == printed:
-                assert kept["output"] == printed
+                assert shown == printed
             else:
-                assert output.endswith(kept["output"]) and kept["output"].endswith("€THE END")
-                assert 65536 - 3 < len(kept["output"].encode()) <= 65536
+                assert output.endswith(shown)
+                assert shown.endswith("€THE END")
+                assert 65536 - 3 < len(shown.encode()) <= 65536
 
 
 def test_leadership(store: str, sidecars: Start) -> None:
