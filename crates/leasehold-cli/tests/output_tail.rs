@@ -197,3 +197,41 @@ fn output_tail_zero_keeps_nothing() {
     ]);
     assert_eq!(code(&bad), 2, "{bad:?}");
 }
+
+/// `leasehold crontab --output-tail` keeps each line's output the same way (the same command
+/// task underneath): bounded, the URL's password out, shown under the run.
+#[test]
+fn crontab_lines_keep_their_output_tail() {
+    let dir = temp_dir();
+    let url = format!("sqlite:{}", path_str(&dir.path().join("tail.db")));
+    let task = lease_name();
+    let file = dir.path().join("crontab");
+    std::fs::write(
+        &file,
+        format!(
+            "SHELL=/bin/sh\n\
+             # leasehold: name={task}\n\
+             * * * * * * * i=0; while [ $i -lt 300 ]; do echo \"filler $i\"; i=$((i+1)); done; \
+             echo redis://:{PRINTED_PASSWORD}@h:6379/0; exit 4\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(BIN)
+        .args(["crontab", "--store", &url, "--output-tail", "1"])
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let record = first_failed_run(&url, &task);
+    let _ = child.0.kill();
+    let kept = record["output"].as_str().expect("the run's output");
+    assert!(kept.len() <= 1024 && kept.len() > 900, "{kept:?}");
+    assert!(
+        kept.ends_with("filler 299\nredis://:***@h:6379/0\n"),
+        "{kept:?}"
+    );
+    assert!(!kept.contains("filler 0\n"), "{kept:?}");
+}
