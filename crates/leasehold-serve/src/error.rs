@@ -196,7 +196,7 @@ pub(crate) fn parse<T: DeserializeOwned>(
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too-large",
-                format!("the body is over {MAX_BODY} bytes"),
+                format!("the body is over {MAX_BODY} bytes ({MAX_DONE_BODY} for done)"),
             )
         } else {
             ApiError::field("body", rejection.body_text())

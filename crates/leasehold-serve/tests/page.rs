@@ -372,6 +372,22 @@ async fn done_keeps_the_runs_output_exactly_and_its_end_when_long() {
             assert!(output.ends_with(kept) && kept.ends_with("\u{1}THE END"));
         }
     }
+    // Past the room for a whole escaped output, the body is refused as any too large one.
+    let tick = Request::post("/v1/tasks/huge/ticks")
+        .body(Body::from(json!({"every_ms": 1000}).to_string()))
+        .unwrap();
+    let granted: Value = serde_json::from_str(&send(&router, tick).await.body).unwrap();
+    let body = json!({"token": granted["token"], "outcome": "ok", "output": "o".repeat(500_000)});
+    let done = Request::post(format!("/v1/tasks/huge/ticks/{}/done", granted["slot"]))
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let answer = send(&router, done).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        answer.body
+    );
 }
 
 /// A page of another site cannot drive a loopback sidecar through the visitor's browser: a
