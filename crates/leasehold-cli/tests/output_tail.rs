@@ -56,6 +56,21 @@ fn first_failed_run(url: &str, lease: &str) -> serde_json::Value {
     }
 }
 
+/// Runs `leasehold ARGS REST` (its output discarded) until `task` has a failed run, and answers
+/// that run's record.
+fn first_failed_run_of(url: &str, task: &str, args: &[&str], rest: &[&str]) -> serde_json::Value {
+    let child = Command::new(BIN)
+        .args(args)
+        .args(rest)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _child = KillOnDrop(child);
+    first_failed_run(url, task)
+}
+
 /// Runs the script every second with a 1 KiB tail against `url` until a run of it has ended
 /// in the history; checks that run's record, `history --output`, and the passthrough.
 /// `secret`: the store URL's password, if it has one (else a stand-in printed all the same).
@@ -172,17 +187,22 @@ fn output_tail_zero_keeps_nothing() {
     let dir = temp_dir();
     let url = format!("sqlite:{}", path_str(&dir.path().join("tail.db")));
     let lease = lease_name();
-    let child = Command::new(BIN)
-        .args(["run", "--store", &url, "--lease", &lease, "--every", "1s"])
-        .args(["--output-tail", "0", "--", "sh", "-c", "echo hello; exit 1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let record = first_failed_run(&url, &lease);
-    let _ = child.0.kill();
+    let record = first_failed_run_of(
+        &url,
+        &lease,
+        &[
+            "run",
+            "--store",
+            &url,
+            "--lease",
+            &lease,
+            "--every",
+            "1s",
+            "--output-tail",
+            "0",
+        ],
+        &["--", "sh", "-c", "echo hello; exit 1"],
+    );
     assert!(record.get("output").is_none(), "{record}");
     let bad = leasehold(&[
         "run",
@@ -216,17 +236,12 @@ fn crontab_lines_keep_their_output_tail() {
         ),
     )
     .unwrap();
-    let child = Command::new(BIN)
-        .args(["crontab", "--store", &url, "--output-tail", "1"])
-        .arg(&file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let record = first_failed_run(&url, &task);
-    let _ = child.0.kill();
+    let record = first_failed_run_of(
+        &url,
+        &task,
+        &["crontab", "--store", &url, "--output-tail", "1"],
+        &[&path_str(&file)],
+    );
     let kept = record["output"].as_str().expect("the run's output");
     assert!(kept.len() <= 1024 && kept.len() > 900, "{kept:?}");
     assert!(
