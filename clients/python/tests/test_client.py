@@ -290,6 +290,33 @@ def test_fleet_control_pause_resume_trigger(store: str, sidecars: Start) -> None
             client.trigger("gone")
 
 
+def test_done_keeps_the_runs_output_its_end_when_long(store: str, sidecars: Start) -> None:
+    a = sidecars(store)
+    printed = "step 1\n\x1b[31mred\x1b[0m\n"
+    long = "€" * 30_000 + "THE END"
+    with Client(a.url) as client:
+        for task, output in [("py-output", printed), ("py-output-long", long)]:
+            run = client.tick(task, every=3600)
+            assert isinstance(run, Run)
+            run.done("failed", "boom", output=output)
+            kept = None
+            for _ in range(50):
+                kept = client.task(task, limit=1)["history"][0]
+                if kept["output"] is not None:
+                    break
+                time.sleep(0.1)
+            assert kept is not None
+            assert kept["outcome"] == "failed", kept
+            shown = kept["output"]
+            assert shown is not None
+            if output == printed:
+                assert shown == printed
+            else:
+                assert output.endswith(shown)
+                assert shown.endswith("€THE END")
+                assert 65536 - 3 < len(shown.encode()) <= 65536
+
+
 def test_leadership(store: str, sidecars: Start) -> None:
     a, b = sidecars(store), sidecars(store)
     with Client(a.url) as ca, Client(b.url) as cb:

@@ -180,6 +180,8 @@ export interface RunEntry {
   request: { id: string; by: string } | null;
   /** For slots that did not run: how many from `slot_ms` to `last_slot_ms`, and why. */
   missed: { count: number; last_slot_ms: number; reason: string } | null;
+  /** What the run printed, as its job kept it (`done`'s `output`): untrusted text. */
+  output: string | null;
 }
 
 export interface Miss {
@@ -368,12 +370,17 @@ export class Run extends Lease {
     super(client, task, token, holder, sentAt, validForMs, keepaliveMs);
   }
 
-  /** Ends the run: records its outcome in the task's history and releases the task lease. */
-  async done(outcome: "ok" | "failed", error?: string): Promise<boolean> {
+  /**
+   * Ends the run: records its outcome in the task's history and releases the task lease.
+   * `output`: what the run printed, kept in its record (its last 64 KiB; shown by `leasehold
+   * history --output` and the page).
+   */
+  async done(outcome: "ok" | "failed", error?: string, output?: string): Promise<boolean> {
     // The run is over either way; done is still sent after a loss, so the history has it.
     this.end("done");
     const body: Json = { token: this.token, outcome };
     if (error !== undefined) body.error = error.slice(0, 2000);
+    if (output !== undefined) body.output = outputTail(output);
     const answer = await this.client.post(`/v1/tasks/${enc(this.task)}/ticks/${this.slot}/done`, body);
     return answer.released === true;
   }
@@ -388,7 +395,23 @@ export interface UngatedRun {
   /** No fencing token: nothing coordinated this run. */
   token: null;
   signal: AbortSignal;
-  done(outcome: "ok" | "failed", error?: string): Promise<boolean>;
+  done(outcome: "ok" | "failed", error?: string, output?: string): Promise<boolean>;
+}
+
+/** The sidecar keeps a run's output up to its last this many bytes of UTF-8. */
+const OUTPUT_BYTES_LIMIT = 65536;
+
+/**
+ * The end of `output` the sidecar keeps: its last {@link OUTPUT_BYTES_LIMIT} bytes of UTF-8,
+ * from a character boundary (so the body stays within the sidecar's size limit).
+ */
+function outputTail(output: string): string {
+  // Encoding also replaces a lone surrogate (which the sidecar's JSON parser refuses) by U+FFFD.
+  const bytes = new TextEncoder().encode(output);
+  let start = Math.max(0, bytes.length - OUTPUT_BYTES_LIMIT);
+  // Past the continuation bytes (10xxxxxx) of a character the cut went through.
+  while (start < bytes.length && (bytes[start] & 0xc0) === 0x80) start++;
+  return new TextDecoder().decode(bytes.subarray(start));
 }
 
 /** @internal */

@@ -446,6 +446,29 @@ test("fleet: a sidecar task is registered by its ticks and a trigger is taken as
   assert.equal((await ca.tick("ts-side", schedule)).reason, "already-run");
 });
 
+test("done keeps the run's output: its end when long, cut at a character boundary", async () => {
+  const schedule = { everyMs: 3_600_000 };
+  const printed = "step 1\n\u001b[31mred\u001b[0m\n";
+  const long = `${"€".repeat(30_000)}THE END`;
+  for (const [task, output] of [["ts-output", printed], ["ts-output-long", long]]) {
+    const run = await ca.tick(task, schedule);
+    assert.equal(run.run, true, JSON.stringify(run));
+    await run.done("failed", "boom", output);
+    let kept;
+    for (let i = 0; i < 50 && typeof kept?.output !== "string"; i++) {
+      if (i > 0) await sleep(100);
+      kept = (await ca.task(task)).history[0];
+    }
+    assert.equal(kept?.outcome, "failed", JSON.stringify(kept));
+    if (output === printed) assert.equal(kept.output, printed);
+    else {
+      assert.ok(output.endsWith(kept.output) && kept.output.endsWith("€THE END"));
+      assert.ok(new TextEncoder().encode(kept.output).length <= 65536);
+      assert.ok(kept.output.length > 21_000, `${kept.output.length}`);
+    }
+  }
+});
+
 test("names with . and .. segments reach the task, lease and group they name", async () => {
   for (const name of [".", "..", "../../etc", "a/./b", "x/..", "/lead", "a//b"]) {
     const run = await ca.tick(name, { everyMs: 3_600_000 });

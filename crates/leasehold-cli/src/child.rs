@@ -33,6 +33,11 @@
 //! - it needs `Command::pre_exec`, i.e. unsafe code (plus a getppid check for a parent that died
 //!   before the prctl), in a workspace that forbids it.
 //!
+//! # Output
+//! With [`ChildSpec::output`] the group's stdout and stderr are pipes this process reads at once
+//! and copies to its own (so the command never waits on a full pipe while this process runs),
+//! keeping their end for the run's record (src/tail.rs). Without it they are this process's own.
+//!
 //! The supervisor needs no unsafe code, covers grandchildren, does not depend on threads, and,
 //! being the group leader until the group is killed, keeps the group id from being reused while
 //! anyone might still signal it. It costs one extra small process per run.
@@ -40,13 +45,16 @@
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use leasehold::CancellationToken;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, Lines,
+};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
@@ -54,6 +62,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use crate::link::Orders;
+use crate::tail::{Redactor, Tail};
 
 /// The command to run and what it is told about its lease.
 #[derive(Debug, Clone)]
@@ -62,6 +71,17 @@ pub struct ChildSpec {
     pub argv: Vec<String>,
     /// Extra environment (`LEASEHOLD_*`).
     pub env: Vec<(String, String)>,
+    /// Keep the end of what the command prints ([`Ended::output`]).
+    pub output: Option<OutputTail>,
+}
+
+/// How much of a command's output to keep, and what to take out of it.
+#[derive(Debug, Clone)]
+pub struct OutputTail {
+    /// Bytes kept (the last ones), more than 0.
+    pub keep: usize,
+    /// The passwords to take out.
+    pub redact: Arc<Redactor>,
 }
 
 /// What tells the command to stop, and how long it then has.
@@ -83,7 +103,7 @@ pub struct Stops {
 }
 
 /// How the command ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
     /// The shell convention: the exit code, or 128 + the signal that ended it.
     pub code: i32,
@@ -95,6 +115,9 @@ pub struct Ended {
     /// process was frozen or too slow to renew). Whatever the command then returned, its run
     /// was cut short.
     pub lease_ended: bool,
+    /// With [`ChildSpec::output`]: the end of its stdout and stderr, redacted; `None` when it
+    /// printed nothing.
+    pub output: Option<String>,
 }
 
 /// How long before the lease's deadline the command's group gets SIGKILL: a quarter of the grace
@@ -129,6 +152,51 @@ struct Group {
     pgid: Pid,
     reports: Lines<BufReader<OwnedReadHalf>>,
     reaped: bool,
+    tee: Option<Tee>,
+}
+
+/// The copies of the group's stdout and stderr to this process's, and the tail they keep.
+struct Tee {
+    tail: Arc<Mutex<Tail>>,
+    redact: Arc<Redactor>,
+    copies: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// How long, once the group is gone, the copies may take to reach the end of its output. Only a
+/// process that left the group (a daemon's `setsid`) can hold the pipes open longer: its output
+/// is still copied after, but not kept.
+const OUTPUT_END: Duration = Duration::from_millis(100);
+
+impl Tee {
+    /// The kept tail, once both copies reached the end of their pipe (or [`OUTPUT_END`] passed).
+    async fn finish(mut self) -> Option<String> {
+        let _ = tokio::time::timeout(OUTPUT_END, async {
+            for copy in &mut self.copies {
+                let _ = copy.await;
+            }
+        })
+        .await;
+        let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        tail.text(&self.redact)
+    }
+}
+
+/// Copies `from` to `to` as it is read, keeping each read in `tail`. Reads on when `to` fails
+/// (this process's stdout closed), so the command never blocks on a full pipe.
+async fn copy_keeping(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    tail: Arc<Mutex<Tail>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut writable = true;
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        let read = &buf[..n];
+        tail.lock().unwrap_or_else(|p| p.into_inner()).push(read);
+        if writable {
+            writable = to.write_all(read).await.is_ok() && to.flush().await.is_ok();
+        }
+    }
 }
 
 /// What the supervisor said: the signals it sent by its orders, and how the command ended.
@@ -168,8 +236,11 @@ impl Group {
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .process_group(0)
             .kill_on_drop(true);
+        if spec.output.is_some() {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
         // Noted as ours under the reaper's lock, so a PID 1 reaper never takes it.
-        let supervisor = {
+        let mut supervisor = {
             let mut ours = crate::reaper::ours();
             let supervisor = cmd
                 .spawn()
@@ -181,6 +252,29 @@ impl Group {
         };
         // Closes our copy of the supervisor's end.
         drop(cmd);
+        let tee = spec.output.as_ref().map(|output| {
+            let tail = Arc::new(Mutex::new(Tail::new(output.keep)));
+            let mut copies = Vec::with_capacity(2);
+            if let Some(out) = supervisor.stdout.take() {
+                copies.push(tokio::spawn(copy_keeping(
+                    out,
+                    tokio::io::stdout(),
+                    tail.clone(),
+                )));
+            }
+            if let Some(err) = supervisor.stderr.take() {
+                copies.push(tokio::spawn(copy_keeping(
+                    err,
+                    tokio::io::stderr(),
+                    tail.clone(),
+                )));
+            }
+            Tee {
+                tail,
+                redact: output.redact.clone(),
+                copies,
+            }
+        });
         let pgid = supervisor
             .id()
             .map(|id| Pid::from_raw(id as i32))
@@ -193,6 +287,7 @@ impl Group {
             pgid,
             reports: BufReader::new(reports).lines(),
             reaped: false,
+            tee,
         })
     }
 
@@ -419,10 +514,15 @@ pub async fn run(spec: &ChildSpec, stops: Stops) -> Result<Ended> {
         Some(s) if s == Signal::SIGKILL as i32 => asked || kill_sent || report.kill,
         _ => false,
     };
+    let output = match group.tee.take() {
+        Some(tee) => tee.finish().await,
+        None => None,
+    };
     Ok(Ended {
         code,
         stopped_by_us,
         lease_ended: lease_stop || by_deadline,
+        output,
     })
 }
 

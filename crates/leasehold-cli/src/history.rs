@@ -30,6 +30,11 @@ pub struct HistoryArgs {
     /// their reason; hover a bar or marker for its slot, holder, token and duration.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Print each run's kept output (`leasehold run --output-tail`, the library's
+    /// `keep_output`, the sidecar's `done`) under its row, each line indented after `| `, with
+    /// control characters escaped. (`--json` always carries it, as `output`.)
+    #[arg(long, conflicts_with = "svg")]
+    output: bool,
 }
 
 /// Entries a picture shows when --limit is not given: more than any store keeps by default.
@@ -148,6 +153,12 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
             outcome(r),
             attempt(r)
         )?;
+        if let Some(output) = r.output.as_deref().filter(|_| args.output) {
+            // One escaped line per line printed: a newline in the output cannot forge a row.
+            for line in output.strip_suffix('\n').unwrap_or(output).split('\n') {
+                outln!("    | {line}")?;
+            }
+        }
     }
     Ok(0)
 }

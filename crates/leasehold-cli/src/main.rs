@@ -20,6 +20,7 @@ mod serve;
 mod status;
 mod supervise;
 mod trim;
+mod tail;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -79,6 +79,13 @@ pub struct RunArgs {
     /// missed slots, newest first), 1 to 1000.
     #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = crate::serve::history_entries)]
     history: usize,
+    /// With a schedule: keep the last N KiB of each run's stdout and stderr (interleaved as
+    /// read) in its history record, for `leasehold history NAME --output` and the page; 0 to
+    /// keep none, at most 64. The output still reaches this process's stdout and stderr, through
+    /// pipes (the command's are then not a terminal). Passwords are taken out: the store
+    /// URL's wherever they appear, and any URL's `user:password@`.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = output_tail_arg)]
+    output_tail: usize,
     /// Serve Prometheus metrics (GET /metrics, nothing else, no token) on IP:PORT or
     /// unix:/path/to.sock while running, e.g. 127.0.0.1:9464. On a loopback address it answers
     /// only requests whose Host is a loopback address or localhost. See docs/metrics.md.
@@ -154,6 +161,22 @@ async fn first_answer(
         }
         tokio::time::sleep(retry).await;
     }
+}
+
+/// `--output-tail`: KiB, 0 to 64.
+pub fn output_tail_arg(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(kib @ 0..=64) => Ok(kib),
+        _ => Err(format!("{text:?} is not a number of KiB from 0 to 64")),
+    }
+}
+
+/// What `--output-tail KIB` keeps of a command run against `store_url` (none for 0).
+pub fn output_tail(kib: usize, store_url: &str) -> Option<child::OutputTail> {
+    (kib > 0).then(|| child::OutputTail {
+        keep: kib * 1024,
+        redact: std::sync::Arc::new(crate::tail::Redactor::for_store_url(store_url)),
+    })
 }
 
 /// At most this many missed slots run in one catch-up with `--catch-up all`.
@@ -417,6 +440,7 @@ async fn unleased(args: RunArgs, s: Settings, holder: &str) -> Result<u8, Failur
     let spec = ChildSpec {
         argv: args.command,
         env: base_env(&s.name, holder),
+        output: None,
     };
     let (shutdown, signals) = shutdown_token();
     let (stop, timed_out) = stop_with_timeout(&shutdown, s.run_policy.timeout);
@@ -482,6 +506,7 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
     let spec = ChildSpec {
         argv: args.command,
         env,
+        output: None,
     };
     let (shutdown, signals) = shutdown_token();
     let (stop, timed_out) = stop_with_timeout(&shutdown, s.run_policy.timeout);
@@ -529,6 +554,8 @@ pub struct CommandRun {
     pub grace: Duration,
     /// Its timeout and retries.
     pub policy: leasehold::RunPolicy,
+    /// Keep the end of its output in each run's record.
+    pub output: Option<child::OutputTail>,
 }
 
 /// A task that runs `command` once per slot, supervised (src/child.rs) by its task lease: for
@@ -556,6 +583,7 @@ pub fn command_task(
         let spec = ChildSpec {
             argv: command.argv.clone(),
             env,
+            output: command.output.clone(),
         };
         let grace = command.grace;
         let run = async move {
@@ -574,6 +602,9 @@ pub fn command_task(
                 },
             )
             .await?;
+            if let Some(output) = ended.output {
+                ctx.keep_output(output);
+            }
             if ended.lease_ended {
                 // The supervisor stopped the command by the deadline before this process saw the
                 // lease run out (it was frozen): whatever the command returned, not a success.
@@ -615,6 +646,10 @@ async fn scheduled(
             env: Vec::new(),
             grace: s.config.stop_margin,
             policy: s.run_policy,
+            output: output_tail(
+                args.output_tail,
+                &leasehold_connect::store_url(args.store.clone()),
+            ),
         },
         None,
     );

@@ -541,6 +541,36 @@ function setUpTips() {
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") tip.hidden = true; });
 }
 
+// The characters leasehold::text::is_hidden names (C0 but newline, DEL, C1, bidi controls, the
+// line and paragraph separators, U+FFFE/FFFF): a run's output is untrusted text, shown in a
+// <pre> with these written as escapes, as the CLI shows them.
+const HIDDEN = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ufffe\uffff]/g;
+
+function visibleLines(text) {
+  return text.replace(HIDDEN, (c) => {
+    const n = c.charCodeAt(0);
+    if (c === "\r") return "\\r";
+    if (c === "\t") return "\\t";
+    if (c === "\0") return "\\0";
+    return n <= 0x7f ? `\\x${n.toString(16).padStart(2, "0")}` : `\\u{${n.toString(16)}}`;
+  });
+}
+
+// The runs whose output block is open, so the once-a-second redraw keeps it open.
+const openOutputs = new Set();
+
+/** A run's kept output as a collapsible block, closed unless opened. */
+function outputBlock(r) {
+  if (typeof r.output !== "string") return null;
+  const key = `${r.holder} ${r.slot_ms ?? ""} ${r.started_ms ?? ""}`;
+  return h("details", {
+    class: "output",
+    open: openOutputs.has(key),
+    ontoggle: (e) => { if (e.target.open) openOutputs.add(key); else openOutputs.delete(key); },
+  }, h("summary", { class: "small" }, `output (${r.output.length} characters)`),
+  h("pre", {}, visibleLines(r.output)));
+}
+
 function runRows(history, now) {
   return history.map((r) => [
     r.slot_ms !== null && r.slot_ms !== undefined ? h("span", { title: utc(r.slot_ms) }, utc(r.slot_ms)) : "—",
@@ -553,7 +583,8 @@ function runRows(history, now) {
       r.error ? h("span", { class: "small error" }, r.error) : null,
       r.missed && !r.paused ? h("span", { class: "small" },
         `${r.missed.count > 1 ? r.missed.count + " slots: " : ""}${r.missed.reason}`) : null,
-      r.paused ? h("span", { class: "small" }, `paused by ${r.paused.by}${r.paused.reason ? ": " + r.paused.reason : ""}`) : null),
+      r.paused ? h("span", { class: "small" }, `paused by ${r.paused.by}${r.paused.reason ? ": " + r.paused.reason : ""}`) : null,
+      outputBlock(r)),
   ]);
 }
 

@@ -171,6 +171,10 @@ impl IntoResponse for ApiError {
 /// its longest string escaped as a surrogate pair (`\uXXXX\uXXXX`).
 pub(crate) const MAX_BODY: usize = 64 * 1024;
 
+/// The largest `done` body: room for an output of `leasehold::text::OUTPUT`'s limit (64 KiB,
+/// kept whole) with every byte escaped (`\u0000`, six bytes), and the other fields.
+pub(crate) const MAX_DONE_BODY: usize = 6 * 64 * 1024 + MAX_BODY;
+
 /// For optional fields that may be left out but are not nullable: `null` is refused (serde's
 /// `Option` would take it as absent), so the API accepts exactly what its document says.
 pub(crate) fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
@@ -192,7 +196,7 @@ pub(crate) fn parse<T: DeserializeOwned>(
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too-large",
-                format!("the body is over {MAX_BODY} bytes"),
+                format!("the body is over {MAX_BODY} bytes ({MAX_DONE_BODY} for done)"),
             )
         } else {
             ApiError::field("body", rejection.body_text())

@@ -146,7 +146,7 @@ use axum::routing::{get, post};
 use leasehold::{BoxStore, CancellationToken, Purge, Store};
 use serde::Serialize;
 
-use crate::error::{ApiError, MAX_BODY};
+use crate::error::{ApiError, MAX_BODY, MAX_DONE_BODY};
 pub use crate::prometheus::{Metrics, MetricsError, MetricsListener};
 
 /// Worker threads of `leasehold serve`'s runtime unless `--threads` says otherwise. One thread
@@ -201,7 +201,10 @@ impl Sidecar {
             .route("/v1/groups/{group}/campaign", post(leases::campaign))
             .route("/v1/groups/{group}/observe", post(leases::observe))
             .route("/v1/tasks/{task}/ticks", post(ticks::tick))
-            .route("/v1/tasks/{task}/ticks/{slot}/done", post(ticks::done))
+            .route(
+                "/v1/tasks/{task}/ticks/{slot}/done",
+                post(ticks::done).layer(DefaultBodyLimit::max(MAX_DONE_BODY)),
+            )
             .route("/v1/tasks/{task}/history.svg", get(page::history_svg))
             .route_layer(axum::middleware::from_fn_with_state(
                 Arc::new(auth_token),

@@ -338,6 +338,8 @@ struct DoneRequest {
     outcome: Outcome,
     #[serde(default, deserialize_with = "not_null")]
     error: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    output: Option<String>,
 }
 
 pub(crate) async fn done(
@@ -386,7 +388,9 @@ pub(crate) async fn done(
             error: request.error.unwrap_or_default(),
         },
     };
-    if let Some(record) = entry.run_record(outcome) {
+    if let Some(mut record) = entry.run_record(outcome) {
+        // As written, its end kept (`leasehold::text::OUTPUT`) when recorded; shown escaped.
+        record.output = request.output;
         shared.registry.run_ended(&task, record);
     }
     Ok(crate::leases::released(released))

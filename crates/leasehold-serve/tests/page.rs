@@ -318,6 +318,78 @@ async fn a_failure_text_with_control_characters_is_kept_exactly_and_drawn_escape
     );
 }
 
+/// `done` takes the run's output with either outcome: recorded exactly (control characters and
+/// all, for the page and `history --output` to show escaped), its end kept when longer than
+/// `leasehold::text::OUTPUT`'s limit, even with every byte escaped in the body; `null` is
+/// refused, as for the other optional fields.
+#[tokio::test]
+async fn done_keeps_the_runs_output_exactly_and_its_end_when_long() {
+    let store = BoxStore::new(MemoryStore::new());
+    let router = router(&store, None);
+    let limit = leasehold::text::OUTPUT.max;
+    let hostile = "step 1\n\u{1b}[2J\r\u{0}\u{9b}\u{202e}<pre>&</pre>\n";
+    // Control characters only: each is six bytes in the body (`\u0000`).
+    let long = format!("{}THE END", "\u{1}".repeat(limit + 10_000));
+    for (task, outcome, output) in [
+        ("printed", "ok", hostile.to_owned()),
+        ("long", "failed", long.clone()),
+    ] {
+        let tick = Request::post(format!("/v1/tasks/{task}/ticks"))
+            .body(Body::from(json!({"every_ms": 1000}).to_string()))
+            .unwrap();
+        let granted: Value = serde_json::from_str(&send(&router, tick).await.body).unwrap();
+        assert_eq!(granted["run"], true, "{granted}");
+        let done_path = format!("/v1/tasks/{task}/ticks/{}/done", granted["slot"]);
+        let null = Request::post(&done_path)
+            .body(Body::from(
+                json!({"token": granted["token"], "outcome": outcome, "output": null}).to_string(),
+            ))
+            .unwrap();
+        assert_eq!(send(&router, null).await.status, StatusCode::BAD_REQUEST);
+        let body = json!({"token": granted["token"], "outcome": outcome, "output": output});
+        let done = Request::post(&done_path)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let answer = send(&router, done).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        let mut kept = Value::Null;
+        for _ in 0..100 {
+            let detail: Value =
+                serde_json::from_str(&get(&router, &format!("/v1/tasks/{task}"), &[]).await.body)
+                    .unwrap();
+            kept = detail["history"][0]["output"].clone();
+            if !kept.is_null() {
+                assert_eq!(detail["history"][0]["outcome"], outcome);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let kept = kept.as_str().unwrap_or_else(|| panic!("{kept}"));
+        if output.len() <= limit {
+            assert_eq!(kept, output);
+        } else {
+            assert_eq!(kept.len(), limit);
+            assert!(output.ends_with(kept) && kept.ends_with("\u{1}THE END"));
+        }
+    }
+    // Past the room for a whole escaped output, the body is refused as any too large one.
+    let tick = Request::post("/v1/tasks/huge/ticks")
+        .body(Body::from(json!({"every_ms": 1000}).to_string()))
+        .unwrap();
+    let granted: Value = serde_json::from_str(&send(&router, tick).await.body).unwrap();
+    let body = json!({"token": granted["token"], "outcome": "ok", "output": "o".repeat(500_000)});
+    let done = Request::post(format!("/v1/tasks/huge/ticks/{}/done", granted["slot"]))
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let answer = send(&router, done).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        answer.body
+    );
+}
+
 /// A page of another site cannot drive a loopback sidecar through the visitor's browser: a
 /// cross-site form post is refused (403) before it reaches a handler; the page itself (same
 /// origin) and clients that send no Origin are served. (A DNS name of the attacker's rebound to

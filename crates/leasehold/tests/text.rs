@@ -149,3 +149,54 @@ async fn a_jobs_long_error_and_an_old_releases_long_pause_are_cut_in_the_history
         assert!(reason.starts_with("rrrr") && reason.ends_with(" bytes cut]"));
     }
 }
+
+/// A job's kept output reaches its run's history record whatever the run's outcome, cut to its
+/// last `text::OUTPUT` bytes (the end survives, from a character boundary); a run that keeps
+/// none records none.
+#[tokio::test(start_paused = true)]
+async fn a_jobs_kept_output_is_recorded_cut_to_its_end() {
+    let store = MemoryStore::new();
+    // 3-byte characters, so the limit falls inside one.
+    let long = format!("start\n{}\n\u{1b}[31mthe end", "€".repeat(40_000));
+    let kept = long.clone();
+    let app = Scheduler::new(store.clone())
+        .holder(HolderId::new("app-1").unwrap())
+        .lease_config(LeaseConfig::new(SEC * 6))
+        .task(Task::new(
+            name("sweep"),
+            Schedule::every(SEC * 10).unwrap(),
+            move |ctx: leasehold::TaskContext| {
+                let kept = kept.clone();
+                async move {
+                    if ctx.slot.is_some_and(|s| s / 10_000 % 2 == 0) {
+                        ctx.keep_output("replaced");
+                        ctx.keep_output(kept);
+                        Err(std::io::Error::other("boom"))
+                    } else {
+                        Ok(())
+                    }
+                }
+            },
+        ))
+        .start(std::future::pending())
+        .unwrap();
+    tokio::time::sleep(SEC * 35).await;
+    let records = app.history("sweep", 10).await.unwrap();
+    app.shutdown().await;
+    let ended: Vec<_> = records.iter().filter(|r| r.result().is_some()).collect();
+    assert!(ended.len() >= 3, "{records:?}");
+    for r in ended {
+        let even = r.slot.unwrap() / 10_000 % 2 == 0;
+        match (&r.output, even) {
+            (Some(output), true) => {
+                assert!(matches!(r.outcome, RunOutcome::Failed { .. }));
+                assert!(output.len() <= text::OUTPUT.max, "{}", output.len());
+                assert!(output.len() > text::OUTPUT.max - 3, "{}", output.len());
+                assert!(long.ends_with(output.as_str()));
+                assert!(output.ends_with("\u{1b}[31mthe end"));
+            }
+            (None, false) => assert_eq!(r.outcome, RunOutcome::Ok),
+            other => panic!("{other:?}: {r:?}"),
+        }
+    }
+}

@@ -193,16 +193,20 @@ class AsyncRun(_AsyncKept):
         self.trigger: Literal["timer", "manual"] = "manual" if manual else "timer"
         self._reported = False
 
-    async def done(self, outcome: Outcome = "ok", error: str | None = None) -> bool:
+    async def done(
+        self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
+    ) -> bool:
         """Ends the run: records its outcome in the task's history and frees the task lease.
-        False when the run had been lost (the history then says so) or was reported already."""
+        `output`: what the run printed, kept in its record (its last 64 KiB; shown by
+        `leasehold history --output` and the page). False when the run had been lost (the
+        history then says so) or was reported already."""
         if self._reported:
             return False
         self._reported = True
         self._end("done")
         try:
             body = await self._client._send(
-                protocol.done(self.task, self.slot, self.token, outcome, error)
+                protocol.done(self.task, self.slot, self.token, outcome, error, output)
             )
         except LeaseLost:
             return False
@@ -247,7 +251,9 @@ class AsyncUngatedRun:
     def check(self) -> None:
         """Never raises: nothing coordinated this run."""
 
-    async def done(self, outcome: Outcome = "ok", error: str | None = None) -> bool:
+    async def done(
+        self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
+    ) -> bool:
         """Nothing to report: answers False."""
         return False
 

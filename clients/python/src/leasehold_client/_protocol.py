@@ -28,6 +28,8 @@ SkipReason = Literal[
 DEFAULT_SIDECAR = "http://127.0.0.1:7070"
 #: A failed run's error is kept up to this many characters (the sidecar cuts at 2,000 bytes).
 ERROR_TEXT_LIMIT = 2000
+#: A run's output is kept up to its last this many bytes of UTF-8 (the sidecar's limit).
+OUTPUT_BYTES_LIMIT = 65536
 #: How often, and how far apart, `gate` asks again when the task is busy: a slot whose task
 #: is still held by a finishing run (a replica shutting down) is then not missed.
 BUSY_RETRIES = 4
@@ -107,10 +109,27 @@ def release(name: str, token: int) -> Call:
     return Call("POST", f"/v1/leases/{segment(name)}/release", {"token": str(token)})
 
 
-def done(task: str, slot: int, token: int, outcome: Outcome, error: str | None) -> Call:
+def output_tail(output: str) -> str:
+    """The end of `output` the sidecar keeps: its last `OUTPUT_BYTES_LIMIT` bytes of UTF-8,
+    from a character boundary (so the body stays within the sidecar's size limit). A lone
+    surrogate, which the sidecar's JSON parser refuses, becomes `?`."""
+    raw = output.encode("utf-8", "replace")
+    return raw[-OUTPUT_BYTES_LIMIT:].decode("utf-8", "ignore")
+
+
+def done(
+    task: str,
+    slot: int,
+    token: int,
+    outcome: Outcome,
+    error: str | None,
+    output: str | None = None,
+) -> Call:
     body: dict[str, Any] = {"token": str(token), "outcome": outcome}
     if error is not None:
         body["error"] = error[:ERROR_TEXT_LIMIT]
+    if output is not None:
+        body["output"] = output_tail(output)
     return Call("POST", f"/v1/tasks/{segment(task)}/ticks/{slot}/done", body)
 
 

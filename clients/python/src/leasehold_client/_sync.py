@@ -172,16 +172,20 @@ class Run(_Kept):
         self.trigger: Literal["timer", "manual"] = "manual" if manual else "timer"
         self._reported = False
 
-    def done(self, outcome: Outcome = "ok", error: str | None = None) -> bool:
+    def done(
+        self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
+    ) -> bool:
         """Ends the run: records its outcome in the task's history and frees the task lease.
-        False when the run had been lost (the history then says so) or was reported already."""
+        `output`: what the run printed, kept in its record (its last 64 KiB; shown by
+        `leasehold history --output` and the page). False when the run had been lost (the
+        history then says so) or was reported already."""
         if self._reported:
             return False
         self._reported = True
         self._end("done")
         try:
             body = self._client._send(
-                protocol.done(self.task, self.slot, self.token, outcome, error)
+                protocol.done(self.task, self.slot, self.token, outcome, error, output)
             )
         except LeaseLost:
             return False
@@ -224,7 +228,9 @@ class UngatedRun:
     def check(self) -> None:
         """Never raises: nothing coordinated this run."""
 
-    def done(self, outcome: Outcome = "ok", error: str | None = None) -> bool:
+    def done(
+        self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
+    ) -> bool:
         """Nothing to report: answers False."""
         return False
 

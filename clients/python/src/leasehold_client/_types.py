@@ -75,6 +75,8 @@ class RunEntry(TypedDict):
     paused: Pause | None
     request: RunRequest | None
     missed: Missed | None
+    #: What the run printed, as its job kept it (`done`'s `output`): untrusted text.
+    output: str | None
 
 
 class Miss(TypedDict):

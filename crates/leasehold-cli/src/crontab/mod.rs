@@ -84,6 +84,10 @@ pub struct CrontabArgs {
     /// `leasehold run --metrics-listen`.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<Listen>,
+    /// Keep the last N KiB of each run's stdout and stderr in its history record, as
+    /// `leasehold run --output-tail` (0 to keep none, at most 64).
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = crate::run::output_tail_arg)]
+    output_tail: usize,
     /// How often the files are checked for changes (mtime and content); SIGHUP reloads at once.
     #[arg(long, default_value = "1s", value_parser = crate::durations::duration_arg, hide = true)]
     poll: Duration,

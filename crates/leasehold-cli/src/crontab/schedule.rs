@@ -17,10 +17,18 @@ use tokio::sync::Mutex;
 use super::parse::Job;
 use super::{CrontabArgs, Placement, load};
 use crate::Failure;
+use crate::child::OutputTail;
 use crate::run::{CommandRun, command_task};
 
+/// What every line's command is given: its grace period, and how much of its output is kept.
+#[derive(Clone)]
+struct Commands {
+    grace: Duration,
+    output: Option<OutputTail>,
+}
+
 /// The task of one line: `SHELL -c COMMAND` with the line's environment.
-fn task_of(job: &Job, grace: Duration) -> leasehold::Task {
+fn task_of(job: &Job, commands: &Commands) -> leasehold::Task {
     let mut task = command_task(
         job.name.clone(),
         job.schedule.clone(),
@@ -28,8 +36,9 @@ fn task_of(job: &Job, grace: Duration) -> leasehold::Task {
             lease: job.name.clone(),
             argv: vec![job.shell.clone(), "-c".into(), job.command.clone()],
             env: job.env.clone(),
-            grace,
+            grace: commands.grace,
             policy: job.run_policy,
+            output: commands.output.clone(),
         },
         Some(&job.name),
     );
@@ -86,21 +95,19 @@ pub async fn run(args: CrontabArgs, texts: Vec<String>, jobs: Vec<Job>) -> Resul
     if let Some(h) = holder {
         sched = sched.holder(h);
     }
+    let commands = Commands {
+        grace: config.stop_margin,
+        output: crate::run::output_tail(args.output_tail, &url),
+    };
     for job in &jobs {
-        sched = sched.task(task_of(job, config.stop_margin));
+        sched = sched.task(task_of(job, &commands));
     }
     tracing::info!(store = %store.describe(), placement = ?args.placement, group = %group, lines = jobs.len(), "running the crontab");
     let drain = args.drain.unwrap_or(config.ttl);
     let draining = crate::drain::start(sched, drain)
         .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
     let handle = draining.handle.clone();
-    let reloads = tokio::spawn(reload_loop(
-        handle.clone(),
-        args,
-        texts,
-        jobs,
-        config.stop_margin,
-    ));
+    let reloads = tokio::spawn(reload_loop(handle.clone(), args, texts, jobs, commands));
     handle.wait().await;
     reloads.abort();
     match handle.failure() {
@@ -131,7 +138,7 @@ async fn reload_loop(
     args: CrontabArgs,
     mut texts: Vec<String>,
     jobs: Vec<Job>,
-    grace: Duration,
+    commands: Commands,
 ) {
     let mut hup = hangups().await;
     let defaults = args.defaults();
@@ -162,7 +169,7 @@ async fn reload_loop(
             Ok((new_texts, new_jobs)) => {
                 refused = None;
                 texts = new_texts;
-                apply(&handle, &names, &mut running, new_jobs, grace);
+                apply(&handle, &names, &mut running, new_jobs, &commands);
             }
             Err(e) => {
                 if asked || refused != now {
@@ -205,7 +212,7 @@ fn apply(
     names: &Names,
     running: &mut HashMap<LeaseName, Job>,
     jobs: Vec<Job>,
-    grace: Duration,
+    commands: &Commands,
 ) {
     let mut wanted: HashMap<LeaseName, Job> =
         jobs.into_iter().map(|j| (j.name.clone(), j)).collect();
@@ -221,6 +228,7 @@ fn apply(
             None => removed += 1,
         }
         let (handle, lock, name) = (handle.clone(), names.of(name), name.clone());
+        let commands = commands.clone();
         tokio::spawn(async move {
             let _turn = lock.lock_owned().await;
             match handle.remove_task(name.as_str()).await {
@@ -228,7 +236,7 @@ fn apply(
                 Err(e) => tracing::warn!(task = %name, error = %e, "cannot remove the line"),
             }
             if let Some(job) = replacement {
-                add(&handle, &job, grace);
+                add(&handle, &job, &commands);
             }
         });
     }
@@ -238,9 +246,10 @@ fn apply(
         }
         added += 1;
         let (handle, lock, job) = (handle.clone(), names.of(name), job.clone());
+        let commands = commands.clone();
         tokio::spawn(async move {
             let _turn = lock.lock_owned().await;
-            add(&handle, &job, grace);
+            add(&handle, &job, &commands);
         });
     }
     tracing::info!(
@@ -253,8 +262,8 @@ fn apply(
     std::mem::swap(running, &mut wanted);
 }
 
-fn add(handle: &SchedulerHandle, job: &Job, grace: Duration) {
-    match handle.add_task(task_of(job, grace)) {
+fn add(handle: &SchedulerHandle, job: &Job, commands: &Commands) {
+    match handle.add_task(task_of(job, commands)) {
         Ok(()) => {
             tracing::info!(task = %job.name, file = %job.file, line = job.line, "line added to the crontab")
         }

@@ -314,6 +314,12 @@ pub struct RunRecord {
     /// that it was dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryNote>,
+    /// What the run printed, as its job kept it ([`TaskContext::keep_output`](crate::TaskContext::keep_output),
+    /// a command's stdout and stderr under `leasehold run --output-tail`, the sidecar's `done`):
+    /// its end, at most [`text::OUTPUT`]'s limit, cut when recorded. Untrusted: show it through
+    /// [`text::visible`]. Releases before it ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// What became of the retry a failed or timed-out attempt was due ([`RunRecord::retry`]).
@@ -365,6 +371,7 @@ impl RunRecord {
             result: None,
             attempt: None,
             retry: None,
+            output: None,
         }
     }
 
@@ -393,6 +400,7 @@ impl RunRecord {
             result: None,
             attempt: None,
             retry: None,
+            output: None,
         }
     }
 
@@ -471,6 +479,7 @@ impl RunRecord {
         if let Some(request) = &mut self.request {
             request.by = text::BY.cut(take(&mut request.by));
         }
+        self.output = self.output.take().map(|o| text::OUTPUT.cut_tail(o));
         self
     }
 
@@ -698,6 +707,7 @@ mod tests {
             result: Some(Outcome::Failed),
             attempt: Some(2),
             retry: Some(RetryNote::AtMs(1_767_225_915_000)),
+            output: Some("line one\n\u{1b}[31mred\u{1b}[0m \"quoted\" ünïcode\n".into()),
         };
         let json = run.to_json();
         assert!(json.contains("\"token\":\"9007199254740993\""), "{json}");
@@ -739,6 +749,7 @@ mod tests {
             result: None,
             attempt: None,
             retry: None,
+            output: None,
         };
         assert_eq!(RunRecord::from_json(&missed.to_json()).unwrap(), missed);
         assert!(matches!(

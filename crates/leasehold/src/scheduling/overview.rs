@@ -193,6 +193,8 @@ pub struct RunSummary {
     pub request: Option<RunRequest>,
     /// For slots that did not run.
     pub missed: Option<MissedSlots>,
+    /// What the run printed, as its job kept it ([`RunRecord::output`]): untrusted text.
+    pub output: Option<String>,
 }
 
 impl From<&RunRecord> for RunSummary {
@@ -210,6 +212,7 @@ impl From<&RunRecord> for RunSummary {
             paused: r.paused.clone(),
             request: r.request.clone(),
             missed: miss_of(r),
+            output: r.output.clone(),
         }
     }
 }

@@ -142,6 +142,9 @@ pub struct TaskContext {
     /// Which attempt of the slot this is: 1, then 2 for the first retry
     /// ([`Task::retries`]).
     pub attempt: u32,
+    /// What [`keep_output`](Self::keep_output) was given last, shared with the runner (the job
+    /// owns its context, and a clone of it, by value).
+    pub(crate) output: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl TaskContext {
@@ -156,6 +159,18 @@ impl TaskContext {
 }
 
 impl TaskContext {
+    /// Keeps `output` (what the run printed, a log's end) in the run's history record, written
+    /// when the run ends however it ends; a later call replaces an earlier one. Cut to its last
+    /// [`text::OUTPUT`](crate::text::OUTPUT) bytes when recorded, and shown escaped: it is
+    /// untrusted text. Runs the history does not keep (ungated and store-down runs) drop it.
+    pub fn keep_output(&self, output: impl Into<String>) {
+        let mut kept = self
+            .output
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *kept = Some(output.into());
+    }
+
     /// Whether the run may still act: not cancelled, and every lease it runs under (task lease,
     /// leadership) still held on the local clock and not expiring. Check it right before
     /// committing work the lease protects (and send [`token`](Self::token) with the write).

@@ -491,7 +491,8 @@ pub async fn last_slot_reads_the_highest_claim<S: Slots + Purge + Membership + C
 }
 
 /// History entries are replaced by key, kept newest-first up to the limit, trimmed to `keep`,
-/// per task, and come back byte for byte (JSON with quotes, backslashes, non-ASCII).
+/// per task, and come back byte for byte (JSON with quotes, backslashes, non-ASCII, and the
+/// size of a record with a full kept output).
 pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership + Catalog>(store: S) {
     let (task, other) = (unique_name("history"), unique_name("history-other"));
     assert!(store.history(&task, 10).await.unwrap().is_empty());
@@ -526,6 +527,21 @@ pub async fn history_is_bounded_keyed_and_exact<S: Slots + Purge + Membership + 
         store.history(&other, 10).await.unwrap(),
         vec!["x".to_owned()]
     );
+    // As large as a run record with a full output (`text::OUTPUT`, 64 KiB of what a command
+    // printed, control characters escaped six bytes each in its JSON): still byte for byte.
+    let output = crate::store::text::OUTPUT;
+    let printed = output
+        .cut_tail("\u{1b}[31mred\u{1b}[0m \"q\" \\ ünïcode €\r\n\t\0".repeat(output.max / 30));
+    let full = format!(
+        "{{\"outcome\":\"ok\",\"output\":{}}}",
+        serde_json::Value::String(printed)
+    );
+    assert!(full.len() > output.max * 3 / 2, "{}", full.len());
+    store
+        .record_history(&task, big + 1, &full, 5)
+        .await
+        .unwrap();
+    assert_eq!(store.history(&task, 1).await.unwrap(), vec![full]);
 }
 
 /// `keep` 0 counts as 1 (the rule of `Slots::record_history`): a write never empties a

@@ -47,6 +47,14 @@ pub const FAILURE: Field = Field {
     max: 2000,
 };
 
+/// What a run printed (a command's stdout and stderr, a job's kept output): any text, cut to
+/// its last 64 KiB when recorded ([`Field::cut_tail`]), so the end of a long log, where the
+/// failure usually is, survives.
+pub const OUTPUT: Field = Field {
+    name: "output",
+    max: 64 * 1024,
+};
+
 /// An application instance that a sidecar speaks for (a tick's or lease request's `instance`):
 /// at most 100 bytes, one line; it becomes a catalog instance and the start of a holder id, so
 /// it also holds no whitespace ([`HolderId`](crate::HolderId)'s rule).
@@ -128,6 +136,27 @@ impl Field {
         let _ = write!(text, "… [{} bytes cut]", len - end);
         text
     }
+}
+
+impl Field {
+    /// The end of `text`: its last bytes up to the limit, from a character boundary (so at
+    /// most the limit, never a broken character).
+    pub fn cut_tail(&self, text: String) -> String {
+        keep_end(text, self.max)
+    }
+}
+
+/// The last bytes of `text`, at most `max` of them, from a character boundary.
+pub fn keep_end(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text.drain(..start);
+    text
 }
 
 /// Whether `c` is refused in one-line fields and escaped wherever text is shown: the C0
@@ -243,6 +272,25 @@ mod tests {
             BY.check(&"x".repeat(201)).unwrap_err().to_string(),
             "by is 201 bytes long, the limit is 200"
         );
+    }
+
+    #[test]
+    fn output_keeps_its_end_within_the_limit_at_a_character_boundary() {
+        let short = "line\n".repeat(10);
+        assert_eq!(OUTPUT.cut_tail(short.clone()), short);
+        let exact = "o".repeat(OUTPUT.max);
+        assert_eq!(OUTPUT.cut_tail(exact.clone()), exact);
+        // 3-byte characters: the limit falls inside one, which is left out whole.
+        for long in [
+            format!("{}THE END", "x".repeat(200_000)),
+            format!("{}THE END", "€".repeat(30_000)),
+        ] {
+            let cut = OUTPUT.cut_tail(long.clone());
+            assert!(cut.len() <= OUTPUT.max, "{}", cut.len());
+            assert!(cut.len() > OUTPUT.max - 4, "{}", cut.len());
+            assert!(long.ends_with(&cut));
+            assert!(cut.ends_with("THE END"));
+        }
     }
 
     #[test]

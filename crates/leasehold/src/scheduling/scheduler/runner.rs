@@ -603,7 +603,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     /// Runs the job, and again after a failed or timed-out attempt as the task's retries say
     /// ([`TaskTicks::next_attempt`]), while this instance still holds what the run holds (its
     /// task lease, its leadership), the task is not retired and the scheduler is not shutting
-    /// down: the waits end early on any of these, and the retry is not run. Returns the last attempt's result.
+    /// down: the waits end early on any of these, and the retry is not run. Returns the last
+    /// attempt's result.
     async fn run(&self, trigger: Trigger, slot: Option<u64>, held: Held) -> RunResult {
         let mut attempt = 1;
         loop {
@@ -647,6 +648,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let (lease_cancel, lease_probe) = held.lease.clone().unzip();
         let mut probes: Vec<HeldProbe> = lease_probe.into_iter().collect();
         probes.extend(held.leader.clone().map(HeldProbe::Token));
+        let output = Arc::default();
         let ctx = TaskContext {
             task: self.task.name.clone(),
             trigger,
@@ -656,6 +658,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             cancel: cancel.clone(),
             held: probes,
             attempt,
+            output: Arc::clone(&output),
         };
         let recorded_trigger = match trigger {
             Trigger::Manual => Some(RecordTrigger::Manual),
@@ -744,6 +747,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             // Only set below, from `stopped`.
             (RunResult::TimedOut, None) => RunOutcome::Ok,
         };
+        record.output = lock(&output).take();
         let mut ended = record.ended(self.ticks.store_now_or_wall(), outcome);
         if stopped == Some(TIMED_OUT) && result != RunResult::Panicked {
             // Kept as `cancelled` (or `aborted`) in `outcome`, which older releases read.
