@@ -19,8 +19,8 @@ mod run;
 mod serve;
 mod status;
 mod supervise;
-mod trim;
 mod tail;
+mod trim;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -1,11 +1,11 @@
 //! The run policy flags of `leasehold run` and the `# leasehold:` keys of `leasehold crontab`:
-//! `--timeout`, `--retries`, `--retry-backoff D[,MAX]`, each read by one parser with a typed
+//! `--timeout`, `--retries`, `--retry-backoff D[,MAX]`, `--jitter`, each read by one parser with a typed
 //! error, so both doors accept and refuse the same text.
 
 use std::fmt;
 use std::time::Duration;
 
-use leasehold::policy::MAX_RETRIES;
+use leasehold::policy::{MAX_JITTER, MAX_RETRIES};
 use leasehold::{Backoff, RunPolicy};
 
 use crate::durations::{MAX_INTERVAL, parse_duration};
@@ -23,6 +23,8 @@ pub enum PolicyArgError {
     ZeroBackoff,
     /// More than `D,MAX`.
     BackoffShape(String),
+    /// A jitter above [`MAX_JITTER`].
+    JitterTooLong(String),
     /// A cap below the first wait.
     CapBelowBase {
         /// The first wait as written.
@@ -49,6 +51,12 @@ impl fmt::Display for PolicyArgError {
             Self::BackoffShape(text) => write!(
                 f,
                 "{text:?} is not D or D,MAX (the first wait, then the longest), e.g. 10s or 10s,5m"
+            ),
+            Self::JitterTooLong(text) => write!(
+                f,
+                "jitter {text:?} is above {}: a slot started that late would be taken for a \
+                 late one",
+                humantime::format_duration(MAX_JITTER)
             ),
             Self::CapBelowBase { base, max } => {
                 write!(f, "the longest wait {max} is below the first wait {base}")
@@ -112,12 +120,26 @@ pub fn backoff_arg(text: &str) -> Result<Backoff, PolicyArgError> {
     Ok(Backoff::new(base, max))
 }
 
-/// The policy the three values make (none given: no timeout, no retries).
-pub fn run_policy(timeout: Option<Duration>, retries: u32, backoff: Option<Backoff>) -> RunPolicy {
+/// `--jitter D`, `jitter=D`: at most [`MAX_JITTER`]; zero for none.
+pub fn jitter_arg(text: &str) -> Result<Duration, PolicyArgError> {
+    match duration(text)? {
+        d if d > MAX_JITTER => Err(PolicyArgError::JitterTooLong(text.trim().to_owned())),
+        d => Ok(d),
+    }
+}
+
+/// The policy the values make (none given: no timeout, no retries, no jitter).
+pub fn run_policy(
+    timeout: Option<Duration>,
+    retries: u32,
+    backoff: Option<Backoff>,
+    jitter: Option<Duration>,
+) -> RunPolicy {
     RunPolicy::default()
         .timeout(timeout)
         .retries(retries)
         .backoff(backoff.unwrap_or_default())
+        .jitter(jitter)
 }
 
 #[cfg(test)]
@@ -131,6 +153,12 @@ mod tests {
         assert!(matches!(
             timeout_arg("soon"),
             Err(PolicyArgError::Duration(_))
+        ));
+        assert_eq!(jitter_arg("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(jitter_arg("0s"), Ok(Duration::ZERO));
+        assert!(matches!(
+            jitter_arg("2h"),
+            Err(PolicyArgError::JitterTooLong(_))
         ));
         assert_eq!(retries_arg("3"), Ok(3));
         assert!(matches!(

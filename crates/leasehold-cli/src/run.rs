@@ -113,6 +113,12 @@ pub struct RunArgs {
     /// and all of it. E.g. 10s or 10s,5m.
     #[arg(long, value_name = "D[,MAX]", value_parser = crate::policies::backoff_arg)]
     retry_backoff: Option<leasehold::Backoff>,
+    /// With a schedule: put each slot's start off by up to this (at most 30m), by an amount
+    /// derived from the lease name and the slot, the same on every instance and never half the
+    /// way to the next slot, so that many tasks on one schedule (every hour at :00) do not all
+    /// start at once. The run is still the slot's (LEASEHOLD_SLOT names it). E.g. 5m.
+    #[arg(long, value_name = "DURATION", value_parser = crate::policies::jitter_arg)]
+    jitter: Option<Duration>,
     /// Without a schedule: wait for the lease instead of exiting 75 when it is busy.
     #[arg(long, conflicts_with_all = ["every", "cron"])]
     wait: bool,
@@ -248,7 +254,13 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
             "--retries and --retry-backoff need a schedule (--every or --cron)"
         )));
     }
-    let run_policy = crate::policies::run_policy(args.timeout, args.retries, args.retry_backoff);
+    if schedule.is_none() && args.jitter.is_some() {
+        return Err(Failure::usage(anyhow!(
+            "--jitter needs a schedule (--every or --cron): it spreads the starts of slots"
+        )));
+    }
+    let run_policy =
+        crate::policies::run_policy(args.timeout, args.retries, args.retry_backoff, args.jitter);
     let holder = holder_arg(args.holder.as_deref())?;
     Ok(Settings {
         name,

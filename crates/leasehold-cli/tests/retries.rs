@@ -191,6 +191,8 @@ fn bad_policy_values_are_usage_errors() {
         ),
         (&every, &["--timeout", "0s"], "a timeout of zero"),
         (&[], &["--retries", "2"], "need a schedule"),
+        (&every, &["--jitter", "2h"], "is above 30m"),
+        (&[], &["--jitter", "1s"], "--jitter needs a schedule"),
     ] {
         let out = Command::new(BIN)
             .args(["run", "--store", "sqlite::memory:", "--lease", "x"])
@@ -219,4 +221,60 @@ fn a_single_run_past_its_timeout_exits_124() {
         .unwrap();
     assert_eq!(code(&out), 124, "{}", String::from_utf8_lossy(&out.stderr));
     assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+/// `--jitter`: two instances on SQLite, a slot every 2 s, each start put off by up to 1 s. Each
+/// slot runs once, as its timer slot, and starts its own delay after it (the one the library
+/// computes for the task and slot, on either instance; a loaded host may add some).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jitter_puts_each_start_off_by_the_slots_own_delay() {
+    let dir = temp_dir();
+    let url = format!("sqlite:{}", path_str(&dir.path().join("j.db")));
+    let lease = unique("jitter");
+    let run = || {
+        KillOnDrop(
+            Command::new(BIN)
+                .args(["run", "--store", &url, "--lease", &lease, "--every", "2s"])
+                .args(["--ttl", "3s", "--jitter", "1s", "--", "true"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let instances = [run(), run()];
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    drop(instances);
+    let out = leasehold(&[
+        "history", "--store", &url, &lease, "--json", "--limit", "50",
+    ]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs: Vec<&serde_json::Value> = doc["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["trigger"] == "timer")
+        .collect();
+    assert!(runs.len() >= 3, "{doc}");
+    let task = leasehold::LeaseName::new(format!("{lease}:run")).unwrap();
+    let schedule = leasehold::Schedule::every(Duration::from_secs(2)).unwrap();
+    let policy = leasehold::RunPolicy::default().jitter(Some(Duration::from_secs(1)));
+    let mut slots = std::collections::BTreeSet::new();
+    let mut delays = std::collections::BTreeSet::new();
+    for r in &runs {
+        let slot = r["slot"].as_u64().unwrap();
+        assert!(slots.insert(slot), "slot {slot} twice: {doc}");
+        let delay = policy.start_delay(&task, &schedule, slot).as_millis() as u64;
+        let started = r["started_ms"].as_u64().unwrap() - slot;
+        assert!(
+            started + 20 >= delay && started < delay + 900,
+            "slot {slot}: started {started} ms after it, its delay is {delay} ms: {doc}"
+        );
+        delays.insert(delay);
+    }
+    assert!(
+        delays.len() >= 2,
+        "delays differ from slot to slot: {delays:?}"
+    );
 }

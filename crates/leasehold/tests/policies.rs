@@ -386,3 +386,57 @@ fn attempts_retries_and_dropped_retries_are_counted() {
         "{counted:#?}"
     );
 }
+
+/// Jitter: two instances of a task on every 60 s with up to 20 s of jitter. Each slot runs
+/// once, as the slot due (not a late or catch-up one), started when the slot's own delay says:
+/// the same delay both instances compute, different from slot to slot.
+#[tokio::test(start_paused = true)]
+async fn jitter_puts_each_slot_off_by_its_own_delay_on_whichever_instance_runs_it() {
+    let store = MemoryStore::new();
+    let calls: Calls = Arc::default();
+    let make = || task("spread", SEC * 60, &calls, |_| Act::Ok).jitter(SEC * 20);
+    let policy = make().run_policy();
+    let handles: Vec<SchedulerHandle> = ["a", "b"]
+        .iter()
+        .map(|holder| {
+            Scheduler::new(store.clone())
+                .holder(HolderId::new(*holder).unwrap())
+                .lease_config(LeaseConfig::new(SEC * 15))
+                .task(make())
+                .start(std::future::pending())
+                .unwrap()
+        })
+        .collect();
+    tokio::time::sleep(SEC * 60 * 6 + SEC * 30).await;
+    let records = runs(&handles[0], "spread").await;
+    assert!(records.len() >= 5, "{records:?}");
+    let name = LeaseName::new("spread").unwrap();
+    let schedule = Schedule::every(SEC * 60).unwrap();
+    let mut delays = std::collections::HashSet::new();
+    for r in &records {
+        let slot = r.slot.unwrap();
+        assert_eq!(
+            r.trigger,
+            Some(leasehold::history::RecordTrigger::Timer),
+            "{r:?}"
+        );
+        let expected = ms(policy.start_delay(&name, &schedule, slot));
+        let started = r.started_ms.unwrap() - slot;
+        assert!(
+            started >= expected && started <= expected + 50,
+            "slot {slot}: started {started} ms after it, its delay is {expected} ms"
+        );
+        delays.insert(expected);
+    }
+    assert!(
+        delays.len() > 2,
+        "the delay differs from slot to slot: {delays:?}"
+    );
+    let mut slots: Vec<u64> = records.iter().map(|r| r.slot.unwrap()).collect();
+    slots.dedup();
+    assert_eq!(slots.len(), records.len(), "no slot twice: {records:?}");
+    assert!(
+        slots.windows(2).all(|w| w[1] == w[0] + 60_000),
+        "no slot missed: {slots:?}"
+    );
+}

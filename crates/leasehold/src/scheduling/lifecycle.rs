@@ -853,9 +853,11 @@ pub struct Timer {
 }
 
 impl Timer {
-    /// The slot to fire next and the instant the store's clock reaches it; `None` once the
-    /// schedule has no further firing.
-    pub fn next(&mut self, ticks: &TaskTicks, schedule: &Schedule) -> Option<(u64, Instant)> {
+    /// The slot to fire next and the instant to fire it: when the store's clock reaches it,
+    /// put off by the plan's jitter ([`RunPolicy::start_delay`]); `None` once the schedule has
+    /// no further firing.
+    pub fn next(&mut self, ticks: &TaskTicks, plan: &TaskPlan) -> Option<(u64, Instant)> {
+        let schedule = &plan.schedule;
         let now = ticks.store_now_or_wall();
         let mut next = self.again.take().or_else(|| schedule.next_after(now));
         // A timer that fired a hair early must not pick the slot it just fired again.
@@ -865,9 +867,10 @@ impl Timer {
             next = schedule.next_after(last);
         }
         let slot = next?;
+        let delay = plan.run_policy.start_delay(&ticks.task, schedule, slot);
         Some((
             slot,
-            Instant::now() + Duration::from_millis(slot.saturating_sub(now)),
+            Instant::now() + Duration::from_millis(slot.saturating_sub(now)) + delay,
         ))
     }
 

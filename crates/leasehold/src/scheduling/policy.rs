@@ -1,5 +1,6 @@
-//! A task's run policies: how long one attempt may take ([`RunPolicy::timeout`]) and how a
-//! failed or timed-out run is tried again ([`RunPolicy::retries`], [`Backoff`]). Values only:
+//! A task's run policies: how long one attempt may take ([`RunPolicy::timeout`]), how a
+//! failed or timed-out run is tried again ([`RunPolicy::retries`], [`Backoff`]), and how far
+//! each slot's start is spread ([`RunPolicy::jitter`]). Values only:
 //! the task's lifecycle decides with them ([`TaskTicks::next_attempt`]) and its driver acts,
 //! so every driver retries alike.
 //!
@@ -85,9 +86,47 @@ pub struct RunPolicy {
     pub retries: u32,
     /// The waits between attempts.
     pub backoff: Backoff,
+    /// At most how long each slot's start is put off, by an amount derived from the task's name
+    /// and the slot ([`start_delay`](Self::start_delay)); `None`: slots start when due.
+    pub jitter: Option<Duration>,
 }
 
+/// The most a slot's start is put off, whatever the jitter asked: a slot started later would
+/// be taken for a late one (the catch-up policy decides a slot fired an hour after it).
+pub const MAX_JITTER: Duration = Duration::from_secs(30 * 60);
+
 impl RunPolicy {
+    /// Each slot's start put off by up to `jitter` (`None`, or zero: none), the same amount on
+    /// every instance for a given task and slot ([`start_delay`](Self::start_delay)).
+    pub fn jitter(mut self, jitter: Option<Duration>) -> Self {
+        self.jitter = jitter.filter(|j| !j.is_zero());
+        self
+    }
+
+    /// How long after it is due `task`'s `slot` of `schedule` starts: an amount in
+    /// `[0, jitter)` derived from the task's name and the slot, so that every replica computes
+    /// the same one and a fleet's tasks on one schedule (every hour at :00) do not all start at
+    /// once. Never as much as half the way to the next slot, nor [`MAX_JITTER`].
+    pub fn start_delay(&self, task: &LeaseName, schedule: &Schedule, slot: u64) -> Duration {
+        let Some(jitter) = self.jitter else {
+            return Duration::ZERO;
+        };
+        let interval = schedule
+            .next_after(slot)
+            .map_or(u64::MAX, |next| next.saturating_sub(slot));
+        let room = millis(jitter).min(interval / 2).min(millis(MAX_JITTER));
+        if room == 0 {
+            return Duration::ZERO;
+        }
+        let hash = stable_hash(
+            task.as_str()
+                .bytes()
+                .chain([0xfe])
+                .chain(slot.to_le_bytes()),
+        );
+        Duration::from_millis(hash % room)
+    }
+
     /// With a time limit per attempt (`None`, or zero: none).
     pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeout = timeout.filter(|t| !t.is_zero());
@@ -182,6 +221,43 @@ mod tests {
 
     fn task() -> LeaseName {
         LeaseName::new("sweep").unwrap()
+    }
+
+    #[test]
+    fn start_delays_are_the_same_everywhere_spread_and_short_of_half_the_interval() {
+        let every_minute = Schedule::every(Duration::from_secs(60)).unwrap();
+        let p = RunPolicy::default().jitter(Some(Duration::from_secs(45)));
+        let delays: Vec<Duration> = (1..=50)
+            .map(|i| p.start_delay(&task(), &every_minute, i * 60_000))
+            .collect();
+        // Half the way to the next slot at most, though 45 s were asked.
+        assert!(
+            delays.iter().all(|d| *d < Duration::from_secs(30)),
+            "{delays:?}"
+        );
+        let distinct: std::collections::HashSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 40, "spread: {delays:?}");
+        // Every instance computes the same.
+        let again: Vec<Duration> = (1..=50)
+            .map(|i| p.start_delay(&task(), &every_minute, i * 60_000))
+            .collect();
+        assert_eq!(delays, again);
+        // Other tasks on the same slot start at other times.
+        let others: std::collections::HashSet<_> = (0..20)
+            .map(|i| {
+                let name = LeaseName::new(format!("sweep-{i}")).unwrap();
+                p.start_delay(&name, &every_minute, 60_000)
+            })
+            .collect();
+        assert!(others.len() > 15, "{others:?}");
+        // None asked, or none possible: none.
+        assert_eq!(
+            RunPolicy::default().start_delay(&task(), &every_minute, 60_000),
+            Duration::ZERO
+        );
+        let daily = Schedule::every(Duration::from_secs(86_400)).unwrap();
+        let long = RunPolicy::default().jitter(Some(Duration::from_secs(86_400)));
+        assert!(long.start_delay(&task(), &daily, 86_400_000) < MAX_JITTER);
     }
 
     #[test]

@@ -414,6 +414,29 @@ impl Task {
         self
     }
 
+    /// Puts each slot's start off by up to `jitter`: an amount derived from the task's name and
+    /// the slot, the same on every instance, never as much as half the way to the next slot
+    /// (nor [`MAX_JITTER`](crate::policy::MAX_JITTER)), so that a fleet's tasks on one
+    /// schedule do not all start at the same instant. The slot is still the one due (the run's
+    /// [`TaskContext::slot`] and history say it). Zero: none (the default).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use leasehold::{LeaseName, Schedule, Task, TaskContext};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let hourly = Task::new(
+    ///     LeaseName::new("refresh-library")?,
+    ///     Schedule::every(Duration::from_secs(3600))?,
+    ///     |_ctx: TaskContext| async { Ok::<_, std::io::Error>(()) },
+    /// )
+    /// .jitter(Duration::from_secs(300)); // somewhere in the first five minutes of the hour
+    /// # Ok(()) }
+    /// ```
+    pub fn jitter(mut self, jitter: Duration) -> Self {
+        self.run_policy = self.run_policy.jitter(Some(jitter));
+        self
+    }
+
     /// With timeout and retries as `policy` says (what [`timeout`](Self::timeout),
     /// [`retries`](Self::retries) and [`retry_backoff`](Self::retry_backoff) set, at once).
     pub fn with_run_policy(mut self, policy: RunPolicy) -> Self {

@@ -364,7 +364,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                     Err(e) => self.common.store_unreachable(&e),
                 }
             }
-            let Some((slot, fire_at)) = timer.next(&self.ticks, &self.task.schedule) else {
+            let Some((slot, fire_at)) = timer.next(&self.ticks, &self.plan) else {
                 tracing::warn!(task = %name, "schedule has no further firing; timer stopped");
                 return;
             };
