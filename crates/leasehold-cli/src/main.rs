@@ -17,6 +17,7 @@ mod policies;
 mod reaper;
 mod run;
 mod serve;
+mod service;
 mod status;
 mod supervise;
 mod tail;

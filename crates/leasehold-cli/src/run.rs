@@ -11,7 +11,9 @@ use leasehold::{
     Scheduler, Store, StoreDownPolicy, Task, TaskContext, TryAcquire,
 };
 
-use leasehold_serve::{Listen, Metrics};
+use leasehold_serve::Listen;
+
+use crate::service::{serve_metrics, termination};
 
 use crate::child::{self, ChildSpec, Ended, Stops};
 use crate::failure::{EXIT_BUSY, Failure};
@@ -77,7 +79,7 @@ pub struct RunArgs {
     holder: Option<String>,
     /// With a schedule: how many run-history entries the store keeps for the task (runs and
     /// missed slots, newest first), 1 to 1000.
-    #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = crate::serve::history_entries)]
+    #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = crate::service::history_entries)]
     history: usize,
     /// With a schedule: keep the last N KiB of each run's stdout and stderr (interleaved as
     /// read) in its history record, for `leasehold history NAME --output` and the page; 0 to
@@ -281,19 +283,7 @@ pub fn holder_arg(holder: Option<&str>) -> Result<Option<leasehold::HolderId>, F
 }
 
 fn warn_if_default_store(args: &RunArgs) {
-    warn_if_no_store(args.store.as_deref());
-}
-
-/// Warns loudly when neither `--store` nor `LEASEHOLD_STORE` is given.
-pub fn warn_if_no_store(store: Option<&str>) {
-    if leasehold_connect::configured_store_url(store.map(str::to_owned)).is_none() {
-        let dir = std::env::current_dir().map_or_else(|_| ".".into(), |d| d.display().to_string());
-        tracing::warn!(
-            "no --store and no LEASEHOLD_STORE: using {} in {dir}, which coordinates only processes \
-             on this host started in this directory; give every instance the same --store",
-            leasehold_connect::DEFAULT_STORE
-        );
-    }
+    crate::service::warn_if_no_store(args.store.as_deref());
 }
 
 /// With a schedule: the store, connecting in the background if its server is not reachable
@@ -350,24 +340,6 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     }
 }
 
-/// Installs the process's Prometheus recorder.
-pub fn install_metrics() -> Result<Metrics, Failure> {
-    Metrics::install().map_err(|e| Failure::from(anyhow::Error::new(e)))
-}
-
-/// `--metrics-listen`: binds at once (a taken address is one clear error before anything runs),
-/// then serves scrapes for as long as the process runs, through the command's shutdown too.
-pub async fn serve_metrics(listen: &Listen) -> Result<(), Failure> {
-    let metrics = install_metrics()?;
-    let listener = metrics
-        .listen(listen)
-        .await
-        .map_err(|e| Failure::usage(anyhow!("cannot listen for metrics on {listen}: {e}")))?;
-    tracing::info!(listen = %listen, "serving metrics at /metrics");
-    tokio::spawn(listener.serve(std::future::pending()));
-    Ok(())
-}
-
 fn base_env(lease: &LeaseName, holder: &str) -> Vec<(String, String)> {
     vec![
         ("LEASEHOLD_LEASE".into(), lease.to_string()),
@@ -375,22 +347,6 @@ fn base_env(lease: &LeaseName, holder: &str) -> Vec<(String, String)> {
         // The command's parent is its supervisor; this is the process to signal.
         ("LEASEHOLD_PID".into(), std::process::id().to_string()),
     ]
-}
-
-/// Completes on the first SIGTERM or SIGINT.
-pub async fn termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
 }
 
 /// A token cancelled on the first SIGTERM or SIGINT, and the task that watches for them.

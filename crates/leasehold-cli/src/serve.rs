@@ -44,7 +44,7 @@ pub struct ServeArgs {
     holder: Option<String>,
     /// How many run-history entries the store keeps for each task ticked through this sidecar
     /// (runs and missed slots, newest first), 1 to 1000.
-    #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = history_entries)]
+    #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = crate::service::history_entries)]
     history: usize,
     /// How long a request's head may take to arrive (from its first byte, or from the
     /// connection's start); a connection past it is closed.
@@ -69,15 +69,6 @@ pub struct ServeArgs {
     /// serves many applications on a machine with cores to spare.
     #[arg(long, default_value_t = leasehold_serve::DEFAULT_THREADS, value_parser = threads)]
     pub(crate) threads: usize,
-}
-
-/// `--history`: 1 to [`MAX_HISTORY_SETTING`](leasehold::history::MAX_HISTORY_SETTING).
-pub(crate) fn history_entries(text: &str) -> Result<usize, String> {
-    let max = leasehold::history::MAX_HISTORY_SETTING;
-    match text.parse::<usize>() {
-        Ok(n) if (1..=max).contains(&n) => Ok(n),
-        _ => Err(format!("must be a number of entries from 1 to {max}")),
-    }
 }
 
 /// `--threads`: 1 to 256.
@@ -159,8 +150,8 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
             "--allow-host is for TCP addresses: a unix socket's clients are not checked by name"
         )));
     }
-    crate::run::warn_if_no_store(args.store.as_deref());
-    let metrics = crate::run::install_metrics()?;
+    crate::service::warn_if_no_store(args.store.as_deref());
+    let metrics = crate::service::install_metrics()?;
     let url = leasehold_connect::store_url(args.store);
     let store = leasehold_connect::open_store_lazy(&url)
         .await
@@ -195,13 +186,16 @@ pub async fn serve(args: ServeArgs) -> Result<u8, Failure> {
     tracing::info!(listen = %args.listen, store = %leasehold::Store::describe(&store), "sidecar serving");
     let sidecar = Sidecar::new(store, config);
     crate::trim::spawn_periodic();
-    leasehold_serve::serve(sidecar, &args.listen, serving, crate::run::termination())
-        .await
-        .map_err(|e| {
-            Failure::usage(
-                anyhow::Error::new(e).context(format!("cannot serve on {}", args.listen)),
-            )
-        })?;
+    leasehold_serve::serve(
+        sidecar,
+        &args.listen,
+        serving,
+        crate::service::termination(),
+    )
+    .await
+    .map_err(|e| {
+        Failure::usage(anyhow::Error::new(e).context(format!("cannot serve on {}", args.listen)))
+    })?;
     tracing::info!("sidecar stopped; leases released");
     Ok(0)
 }

@@ -4,8 +4,9 @@ use leasehold::Schedule;
 
 use super::CrontabArgs;
 use super::parse::Job;
+use crate::failure::Failure;
+use crate::history;
 use crate::output::outln;
-use crate::{Failure, history};
 
 /// A firing: ms since the epoch, in UTC, and in the line's zone.
 fn firings(job: &Job, after: u64, n: u16) -> Vec<(u64, String, String)> {

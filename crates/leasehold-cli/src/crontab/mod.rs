@@ -16,7 +16,7 @@ use clap::{Args, ValueEnum};
 use leasehold::StoreDownPolicy;
 use leasehold_serve::Listen;
 
-use crate::Failure;
+use crate::failure::Failure;
 use parse::{CatchUpKind, Defaults, Job, ParseError};
 
 #[derive(Args)]
@@ -180,7 +180,7 @@ pub async fn crontab(args: CrontabArgs) -> Result<u8, Failure> {
         Ok(loaded) => loaded,
         Err(e) => {
             e.report("");
-            return Ok(crate::EXIT_USAGE);
+            return Ok(crate::failure::EXIT_USAGE);
         }
     };
     if args.test {

@@ -16,8 +16,8 @@ use tokio::sync::Mutex;
 
 use super::parse::Job;
 use super::{CrontabArgs, Placement, load};
-use crate::Failure;
 use crate::child::OutputTail;
+use crate::failure::Failure;
 use crate::run::{CommandRun, command_task};
 
 /// What every line's command is given: its grace period, and how much of its output is kept.
@@ -70,9 +70,9 @@ pub async fn run(args: CrontabArgs, texts: Vec<String>, jobs: Vec<Job>) -> Resul
     let config = lease_config(&args)?;
     let group = LeaseName::new(&args.group).map_err(Failure::usage)?;
     let holder = crate::run::holder_arg(args.holder.as_deref())?;
-    crate::run::warn_if_no_store(args.store.as_deref());
+    crate::service::warn_if_no_store(args.store.as_deref());
     if let Some(listen) = &args.metrics_listen {
-        crate::run::serve_metrics(listen).await?;
+        crate::service::serve_metrics(listen).await?;
     }
     let url = leasehold_connect::store_url(args.store.clone());
     let mut store = leasehold_connect::open_store_lazy(&url)
