@@ -636,7 +636,13 @@ async fn scheduled(
     if let Some(h) = s.holder {
         sched = sched.holder(h);
     }
-    tracing::info!(lease = %s.name, store = %store.describe(), policy = %args.on_store_down, "scheduling");
+    // The first firing due, as this host's clock sees it.
+    let first = s
+        .schedule
+        .as_ref()
+        .and_then(|schedule| schedule.next_after(crate::history::local_now_ms()))
+        .map_or_else(|| "none".to_owned(), crate::history::time);
+    tracing::info!(lease = %s.name, store = %store.describe(), policy = %args.on_store_down, first_slot = %first, "scheduling");
     let draining = crate::drain::start(sched, args.drain.unwrap_or(s.config.ttl))
         .map_err(|e| Failure::usage(anyhow!("cannot start: {e}")))?;
     let handle = &draining.handle;

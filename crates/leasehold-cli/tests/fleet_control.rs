@@ -146,6 +146,8 @@ fn run_task(url: &str) {
     assert_eq!(said("task paused: its slots are skipped"), 1, "{logs}");
     assert!(logs.contains("by=ops reason=freeze"), "{logs}");
     assert_eq!(said("task resumed: its slots run again"), 1, "{logs}");
+    // Each instance said when its first slot falls due.
+    assert_eq!(said(" first_slot=20"), 2, "{logs}");
     let runs = read_ledger(&ledger);
     let manual: Vec<_> = runs.iter().filter(|r| r.trigger == "manual").collect();
     assert_eq!(manual.len(), 1, "{runs:?}");
