@@ -556,3 +556,36 @@ fn test_flag_firings_agree_with_croniter() {
         assert_eq!(got, expected, "line {} ({})", job["line"], job["schedule"]);
     }
 }
+
+/// `--history N` bounds each line's kept history, as `run --history` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_setting_bounds_each_lines_history() {
+    let dir = temp_dir();
+    let url = format!("sqlite:{}", path_str(&dir.path().join("h.db")));
+    let id = unique("hist");
+    let file = dir.path().join("crontab");
+    std::fs::write(
+        &file,
+        format!("# leasehold: name={id}-a\n* * * * * * * true\n# leasehold: name={id}-b\n* * * * * * * true\n"),
+    )
+    .unwrap();
+    let replica = Replica::start("h1", &url, &["--history", "2"], &file, dir.path());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(replica.stop(), 0);
+    for line in ["a", "b"] {
+        let doc = json_of(&[
+            "history",
+            "--store",
+            &url,
+            &format!("{id}-{line}"),
+            "--json",
+            "--limit",
+            "50",
+        ]);
+        assert_eq!(
+            doc["runs"].as_array().unwrap().len(),
+            2,
+            "--history 2: {doc}"
+        );
+    }
+}

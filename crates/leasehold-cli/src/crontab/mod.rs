@@ -88,6 +88,10 @@ pub struct CrontabArgs {
     /// `leasehold run --output-tail` (0 to keep none, at most 64).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = crate::run::output_tail_arg)]
     output_tail: usize,
+    /// How many run-history entries the store keeps for each line's task (runs and missed
+    /// slots, newest first), 1 to 1000, as `leasehold run --history`.
+    #[arg(long, value_name = "N", default_value_t = leasehold::history::DEFAULT_HISTORY_LIMIT, value_parser = crate::service::history_entries)]
+    history: usize,
     /// How often the files are checked for changes (mtime and content); SIGHUP reloads at once.
     #[arg(long, default_value = "1s", value_parser = crate::durations::duration_arg, hide = true)]
     poll: Duration,

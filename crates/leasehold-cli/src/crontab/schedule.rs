@@ -87,7 +87,8 @@ pub async fn run(args: CrontabArgs, texts: Vec<String>, jobs: Vec<Job>) -> Resul
     let mut sched = Scheduler::new(store.clone())
         .lease_config(config)
         .on_store_down(policy)
-        .registered_as(TaskSource::Crontab);
+        .registered_as(TaskSource::Crontab)
+        .history_limit(args.history);
     sched = match args.placement {
         Placement::Leader => sched.leader_group(group.clone()),
         Placement::Spread => sched.spread(group.clone()),
