@@ -59,6 +59,21 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             tasks.push(TaskSummary::of(task, &records, now_ms));
         }
     }
+    // The catalog says what the history cannot: a task paused (or not yet due) before it ever
+    // ran, and who paused one that did.
+    let fleet = Fleet::new(store.clone());
+    for name in &names {
+        let Ok(found) = overview::task(&fleet, name, 0).await else {
+            continue;
+        };
+        let Ok(task) = LeaseName::new(&found.task.name) else {
+            continue;
+        };
+        match tasks.iter_mut().find(|t| t.task == task) {
+            Some(t) => t.paused = found.task.paused,
+            None => tasks.push(TaskSummary::of_catalog(task, &found.task)),
+        }
+    }
     if args.json {
         let leases: Vec<_> = rows
             .iter()
@@ -160,6 +175,19 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
                 t.next_due.map_or_else(dash, history::time),
                 t.last_run.as_ref().map_or_else(dash, history::outcome),
             )?;
+            if let Some(pause) = &t.paused {
+                let reason = pause
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(": {}", leasehold::text::visible(r)))
+                    .unwrap_or_default();
+                outln!(
+                    "{:<width$}  paused by {} at {}{reason}",
+                    "",
+                    leasehold::text::visible(&pause.by),
+                    history::time(pause.at_ms)
+                )?;
+            }
         }
     }
     Ok(0)
@@ -174,6 +202,8 @@ struct TaskSummary {
     last_success_ms: Option<u64>,
     schedule: Option<Schedule>,
     next_due: Option<u64>,
+    /// Who paused it, when and why, as the catalog says.
+    paused: Option<leasehold::catalog::Pause>,
 }
 
 impl TaskSummary {
@@ -191,6 +221,23 @@ impl TaskSummary {
             last_success_ms: overview::last_success_ms(records),
             next_due: schedule.as_ref().and_then(|s| s.next_after(now_ms)),
             schedule,
+            paused: None,
+        }
+    }
+
+    /// A task in the catalog with no history yet.
+    fn of_catalog(task: LeaseName, found: &FleetTask) -> Self {
+        Self {
+            task,
+            last_run: None,
+            consecutive_failures: 0,
+            last_success_ms: None,
+            schedule: found
+                .definition
+                .as_ref()
+                .and_then(|d| overview::schedule_of_text(&d.schedule)),
+            next_due: found.next_slot_ms,
+            paused: found.paused.clone(),
         }
     }
 
@@ -219,6 +266,7 @@ impl TaskSummary {
             "next_due_ms": self.next_due,
             "time_zone": self.time_zone(),
             "next_due_local": self.next_due_local(),
+            "paused": self.paused,
         })
     }
 }

@@ -354,3 +354,51 @@ fn etcd_run_and_sidecar_tasks_are_paused_resumed_and_triggered() {
     run_task(&etcd.url());
     sidecar_task(&etcd.url());
 }
+
+/// `status NAME` of a task paused before its first slot (no history yet): its row comes from
+/// the catalog, with the next slot and who paused it.
+#[test]
+fn status_of_a_task_paused_before_it_ever_ran() {
+    let dir = temp_dir();
+    let url = format!("sqlite:{}", path_str(&dir.path().join("p.db")));
+    let ledger = ledger_in(dir.path());
+    let lease = unique("early");
+    let task = format!("{lease}:run");
+    let args = [
+        "--store", &url, "--lease", &lease, "--every", "1h", "--ttl", "3s",
+    ];
+    let instance = Instance::start("i1", &args, &ledger, "20ms", dir.path());
+    task_when(&url, &task, "one live instance", |t| {
+        t["instances"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["live"] == true))
+    });
+    let paused = leasehold(&[
+        "pause", "--store", &url, &lease, "--reason", "not yet", "--by", "ops",
+    ]);
+    assert_eq!(
+        code(&paused),
+        0,
+        "{}",
+        String::from_utf8_lossy(&paused.stderr)
+    );
+    let table = leasehold(&["status", "--store", &url, &lease]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.lines().any(|l| l.starts_with(&task)) && table.contains("paused by ops at "),
+        "{table}"
+    );
+    assert!(table.contains(": not yet"), "{table}");
+    let doc = json_of(&["status", "--store", &url, &lease, "--json"]);
+    let row = &doc["tasks"][0];
+    assert_eq!(row["task"], task.as_str(), "{doc}");
+    assert_eq!(row["paused"]["by"], "ops", "{doc}");
+    assert!(
+        row["next_due_ms"]
+            .as_u64()
+            .is_some_and(|n| n % 3_600_000 == 0),
+        "{doc}"
+    );
+    assert!(row["last_run"].is_null(), "{doc}");
+    assert_eq!(instance.stop(Duration::from_secs(10)), 0);
+}
