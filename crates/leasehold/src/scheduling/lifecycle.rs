@@ -867,10 +867,13 @@ impl Timer {
             next = schedule.next_after(last);
         }
         let slot = next?;
-        let delay = plan.run_policy.start_delay(&ticks.task, schedule, slot);
+        // At the slot put off by its delay, or at once if that time has passed (a slot fired
+        // again after a manual trigger is not put off a second time).
+        let delay = millis(plan.run_policy.start_delay(&ticks.task, schedule, slot));
+        let at = slot.saturating_add(delay);
         Some((
             slot,
-            Instant::now() + Duration::from_millis(slot.saturating_sub(now)) + delay,
+            Instant::now() + Duration::from_millis(at.saturating_sub(now)),
         ))
     }
 
