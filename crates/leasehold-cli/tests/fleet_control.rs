@@ -365,14 +365,34 @@ fn status_of_a_task_paused_before_it_ever_ran() {
     let lease = unique("early");
     let task = format!("{lease}:run");
     let args = [
-        "--store", &url, "--lease", &lease, "--every", "1h", "--ttl", "3s",
+        "--store",
+        &url,
+        "--lease",
+        &lease,
+        "--every",
+        "1h",
+        "--ttl",
+        "3s",
+        "--timeout",
+        "5s",
+        "--retries",
+        "2",
+        "--jitter",
+        "100ms",
     ];
     let instance = Instance::start("i1", &args, &ledger, "20ms", dir.path());
-    task_when(&url, &task, "one live instance", |t| {
+    let listed = task_when(&url, &task, "one live instance", |t| {
         t["instances"]
             .as_array()
             .is_some_and(|i| i.iter().any(|i| i["live"] == true))
     });
+    // The catalog shows the task's run policies.
+    let d = &listed["definition"];
+    assert_eq!(
+        (&d["timeout_ms"], &d["retries"], &d["jitter_ms"]),
+        (&5000.into(), &2.into(), &100.into()),
+        "{listed}"
+    );
     let paused = leasehold(&[
         "pause", "--store", &url, &lease, "--reason", "not yet", "--by", "ops",
     ]);

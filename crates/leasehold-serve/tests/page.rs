@@ -70,6 +70,9 @@ async fn register(store: &BoxStore, task: &str) {
         gated: true,
         leader_group: None,
         spread_group: None,
+        timeout_ms: None,
+        retries: None,
+        jitter_ms: None,
     };
     let task = LeaseName::new(task).unwrap();
     let instance = HolderId::new("page-test:1:0123456789abcdef").unwrap();

@@ -46,6 +46,15 @@ pub struct TaskDefinition {
     /// The spread group the task is placed in, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread_group: Option<String>,
+    /// Each run's time limit, ms, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// How many times a failed or timed-out run is tried again, if at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// At most how long each slot's start is put off, ms, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_ms: Option<u64>,
 }
 
 /// What an instance says about itself when it registers.

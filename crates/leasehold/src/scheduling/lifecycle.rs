@@ -116,6 +116,9 @@ impl TaskPlan {
             gated,
             leader_group: leader_group.map(|g| g.to_string()),
             spread_group: spread_group.map(|g| g.to_string()),
+            timeout_ms: self.run_policy.timeout.map(millis),
+            retries: Some(self.run_policy.retries).filter(|&n| n > 0),
+            jitter_ms: self.run_policy.jitter.map(millis),
         }
     }
 }

@@ -89,6 +89,12 @@ pub struct DefinitionView {
     pub leader_group: Option<String>,
     /// The spread group the task is placed in.
     pub spread_group: Option<String>,
+    /// Each run's time limit, ms.
+    pub timeout_ms: Option<u64>,
+    /// How many times a failed or timed-out run is tried again.
+    pub retries: Option<u32>,
+    /// At most how long each slot's start is put off, ms.
+    pub jitter_ms: Option<u64>,
 }
 
 impl From<&TaskDefinition> for DefinitionView {
@@ -105,6 +111,9 @@ impl From<&TaskDefinition> for DefinitionView {
             gated: d.gated,
             leader_group: d.leader_group.clone(),
             spread_group: d.spread_group.clone(),
+            timeout_ms: d.timeout_ms,
+            retries: d.retries,
+            jitter_ms: d.jitter_ms,
         }
     }
 }

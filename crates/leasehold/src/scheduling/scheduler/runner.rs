@@ -526,7 +526,6 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             .definition(source, self.task.gated, leader_group, spread_group)
     }
 
-    /// The store answered (whatever it said): refusals in a row start again from zero.
     /// Logs once when a firing here finds the task paused (who paused it, and why), and once
     /// when a slot runs here again.
     fn note_pause(&self, fired: &Fired) {
@@ -555,6 +554,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         }
     }
 
+    /// The store answered (whatever it said): refusals in a row start again from zero.
     fn answered(&self, outcome: TickOutcome) -> TickOutcome {
         self.refusals.store(0, Ordering::Relaxed);
         outcome
