@@ -748,7 +748,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             (RunResult::TimedOut, None) => RunOutcome::Ok,
         };
         record.output = lock(&output).take();
-        let mut ended = record.ended(self.ticks.store_now_or_wall(), outcome);
+        let now = self.ticks.store_now_or_wall();
+        let mut ended = record.ended(now, outcome);
         if stopped == Some(TIMED_OUT) && result != RunResult::Panicked {
             // Kept as `cancelled` (or `aborted`) in `outcome`, which older releases read.
             ended.result = Some(Outcome::TimedOut);
@@ -770,7 +771,6 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             Some(outcome) => self.ticks.next_attempt(&self.plan, slot, attempt, outcome),
             None => NextAttempt::Done,
         };
-        let now = self.ticks.store_now_or_wall();
         ended.retry = match next {
             NextAttempt::After { wait, .. } => Some(RetryNote::AtMs(
                 now.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
