@@ -128,6 +128,11 @@ pub fn jitter_arg(text: &str) -> Result<Duration, PolicyArgError> {
     }
 }
 
+/// `--on-interrupt rerun|skip`, `on-interrupt=rerun|skip`.
+pub fn on_interrupt_arg(text: &str) -> Result<leasehold::OnInterrupt, String> {
+    text.trim().parse()
+}
+
 /// The policy the values make (none given: no timeout, no retries, no jitter).
 pub fn run_policy(
     timeout: Option<Duration>,

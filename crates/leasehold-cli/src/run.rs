@@ -121,6 +121,13 @@ pub struct RunArgs {
     /// start at once. The run is still the slot's (LEASEHOLD_SLOT names it). E.g. 5m.
     #[arg(long, value_name = "DURATION", value_parser = crate::policies::jitter_arg)]
     jitter: Option<Duration>,
+    /// With a schedule: what becomes of a run that was cut off (this instance killed mid-run,
+    /// its lease lost, a --drain that ran out): `rerun` (the default) has the next instance to
+    /// hold the task run that slot once more, after the slot it was granted, with
+    /// LEASEHOLD_TRIGGER=retry and LEASEHOLD_ATTEMPT=2 (at least once for interrupted runs);
+    /// `skip` leaves it.
+    #[arg(long, value_name = "rerun|skip", default_value = "rerun", value_parser = crate::policies::on_interrupt_arg)]
+    on_interrupt: leasehold::OnInterrupt,
     /// Without a schedule: wait for the lease instead of exiting 75 when it is busy.
     #[arg(long, conflicts_with_all = ["every", "cron"])]
     wait: bool,
@@ -262,7 +269,8 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
         )));
     }
     let run_policy =
-        crate::policies::run_policy(args.timeout, args.retries, args.retry_backoff, args.jitter);
+        crate::policies::run_policy(args.timeout, args.retries, args.retry_backoff, args.jitter)
+            .on_interrupt(args.on_interrupt);
     let holder = holder_arg(args.holder.as_deref())?;
     Ok(Settings {
         name,

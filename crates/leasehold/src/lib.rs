@@ -26,6 +26,7 @@ pub use lease::tenure::LossReason;
 pub use metrics_help::describe_metrics;
 #[cfg(feature = "cron")]
 pub use scheduling::cron::CronSchedule;
+pub use scheduling::interrupted::OnInterrupt;
 pub use scheduling::policy::{Backoff, RunPolicy};
 pub use scheduling::schedule::Schedule;
 pub use scheduling::schedule_error::ScheduleError;
@@ -37,7 +38,7 @@ pub use scheduling::scheduler::{
 pub use scheduling::task::{
     CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
 };
-pub use scheduling::{fleet, gate, history, lifecycle, overview, policy, presence};
+pub use scheduling::{fleet, gate, history, interrupted, lifecycle, overview, policy, presence};
 pub use store::answers::{LeaseState, Release};
 pub use store::boxed::BoxStore;
 pub use store::capabilities::Capabilities;

@@ -50,8 +50,8 @@ use crate::policies;
 pub const DEFAULT_SHELL: &str = "/bin/sh";
 
 /// The keys of a `# leasehold:` comment.
-pub const OPTION_KEYS: &str =
-    "name, catch-up, catch-up-window, on-store-down, timeout, retries, retry-backoff, jitter";
+pub const OPTION_KEYS: &str = "name, catch-up, catch-up-window, on-store-down, timeout, retries, retry-backoff, jitter, \
+     on-interrupt";
 
 /// Keys the issue asks for that the library does not offer yet: refused with their own message.
 const LATER_KEYS: [&str; 1] = ["overlap"];
@@ -433,6 +433,7 @@ fn options_of<'a>(at: usize, text: &'a str) -> Result<Options<'a>, Located> {
             "jitter" => policies::jitter_arg(value)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
+            "on-interrupt" => policies::on_interrupt_arg(value).map(|_| ()),
             _ => crate::durations::interval_arg(value).map(|_| ()),
         };
         if let Err(e) = checked {
@@ -630,6 +631,11 @@ fn job_line(
             .unwrap_or(0),
         option("retry-backoff").and_then(|(_, _, v)| policies::backoff_arg(v).ok()),
         option("jitter").and_then(|(_, _, v)| policies::jitter_arg(v).ok()),
+    )
+    .on_interrupt(
+        option("on-interrupt")
+            .and_then(|(_, _, v)| policies::on_interrupt_arg(v).ok())
+            .unwrap_or_default(),
     );
     Ok(Job {
         name,

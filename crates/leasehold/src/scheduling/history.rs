@@ -519,6 +519,68 @@ mod token_as_string {
     }
 }
 
+/// How often records the store did not take are offered again.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// The most records kept to offer again: beyond it the oldest is dropped.
+const RETRY_MAX: usize = 256;
+
+/// The writer task's side: records a store that was down did not take are offered again, in
+/// order, once it answers (a run's end recorded while the store was down must not leave it
+/// `running` there: the next holder would take it for a run that was cut off).
+struct Writer<S> {
+    store: S,
+    keep: usize,
+    limit: Duration,
+    warned: bool,
+    again: std::collections::VecDeque<(LeaseName, Box<RunRecord>)>,
+}
+
+impl<S: Slots> Writer<S> {
+    async fn write(&mut self, task: LeaseName, record: Box<RunRecord>) {
+        let record = Box::new(record.with_text_cut());
+        let json = record.to_json();
+        let write = self
+            .store
+            .record_history(&task, record.key(), &json, self.keep);
+        match crate::store::within(self.limit, write).await {
+            Ok(()) => {}
+            // A store without history: nothing to warn about.
+            Err(StoreError::Unsupported(_)) => {}
+            Err(e) => {
+                if !self.warned {
+                    self.warned = true;
+                    tracing::warn!(task = %task, error = %e, "run history not recorded (further failures at debug level)");
+                } else {
+                    tracing::debug!(task = %task, error = %e, "run history not recorded");
+                }
+                if e.is_transient() {
+                    if self.again.len() >= RETRY_MAX {
+                        self.again.pop_front();
+                        metrics::counter!("leasehold_history_dropped_total").increment(1);
+                    }
+                    self.again.push_back((task, record));
+                }
+            }
+        }
+    }
+
+    /// Offers the records the store did not take again, oldest first, until one fails.
+    async fn write_again(&mut self) {
+        while let Some((task, record)) = self.again.pop_front() {
+            let before = self.again.len();
+            self.write(task, record).await;
+            if self.again.len() > before {
+                // Not taken: it went to the back; put it first again, the store is still down.
+                if let Some(last) = self.again.pop_back() {
+                    self.again.push_front(last);
+                }
+                return;
+            }
+        }
+    }
+}
+
 enum Write {
     Record(LeaseName, Box<RunRecord>),
     Flush(oneshot::Sender<()>),
@@ -526,8 +588,9 @@ enum Write {
 
 /// Where runs and misses are recorded: a queue to one writer task, so a record never adds a
 /// round trip to a run's critical path and the records of one task land in order. A record that
-/// cannot be queued (1024 waiting) or written is dropped (counted in
-/// `leasehold_history_dropped_total`, warned about once); it never stops a run. Free text is
+/// cannot be queued (1024 waiting) is dropped (counted in `leasehold_history_dropped_total`);
+/// one the store did not take for a transient error is offered again every second, in order
+/// (the newest 256 kept). A failed write is warned about once; it never stops a run. Free text is
 /// cut to [`text`]'s limits on the way (a failure text to [`text::FAILURE`]).
 #[derive(Clone)]
 pub struct HistoryWriter(mpsc::Sender<Write>);
@@ -538,27 +601,35 @@ impl HistoryWriter {
     pub fn spawn<S: Slots>(store: S, keep: usize, limit: Duration) -> Self {
         let (tx, mut rx) = mpsc::channel(1024);
         tokio::spawn(async move {
-            let mut warned = false;
-            while let Some(write) = rx.recv().await {
-                let (task, record) = match write {
-                    Write::Flush(done) => {
-                        let _ = done.send(());
-                        continue;
+            let mut writer = Writer {
+                store,
+                keep,
+                limit,
+                warned: false,
+                again: std::collections::VecDeque::new(),
+            };
+            loop {
+                let write = if writer.again.is_empty() {
+                    rx.recv().await
+                } else {
+                    tokio::select! {
+                        write = rx.recv() => write,
+                        () = tokio::time::sleep(RETRY_EVERY) => {
+                            writer.write_again().await;
+                            continue;
+                        }
                     }
-                    Write::Record(task, record) => (task, record),
                 };
-                let record = record.with_text_cut();
-                let json = record.to_json();
-                let write = store.record_history(&task, record.key(), &json, keep);
-                match crate::store::within(limit, write).await {
-                    Ok(()) => {}
-                    // A store without history: nothing to warn about.
-                    Err(StoreError::Unsupported(_)) => {}
-                    Err(e) if !warned => {
-                        warned = true;
-                        tracing::warn!(task = %task, error = %e, "run history not recorded (further failures at debug level)");
+                match write {
+                    None => return,
+                    Some(Write::Flush(done)) => {
+                        writer.write_again().await;
+                        let _ = done.send(());
                     }
-                    Err(e) => tracing::debug!(task = %task, error = %e, "run history not recorded"),
+                    Some(Write::Record(task, record)) => {
+                        writer.write_again().await;
+                        writer.write(task, record).await;
+                    }
                 }
             }
         });

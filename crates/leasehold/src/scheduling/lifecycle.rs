@@ -28,6 +28,7 @@ use crate::metrics_help::TaskCounters;
 use crate::scheduling::definition::{TaskDefinition, TaskSource};
 use crate::scheduling::gate::{Decision, Gate, Reading, Skip, StoreClock, Ticket, TimerDecision};
 use crate::scheduling::history::{HistoryWriter, MissReason, Outcome, RecordedSchedule, RunRecord};
+use crate::scheduling::interrupted::{self, OnInterrupt, Rerun};
 use crate::scheduling::policy::{NextAttempt, RunPolicy};
 use crate::scheduling::schedule::Schedule;
 use crate::scheduling::task::{CatchUp, StoreDownPolicy, Trigger};
@@ -213,6 +214,9 @@ struct State {
     trigger_waits: bool,
     /// The last catch-up queued was decided: once it ran, the slot after it may be due.
     resume: bool,
+    /// Every slot since the history was last looked at for cut-off runs ran here and ended:
+    /// no other instance's run (nor this instance's before a restart) can have been cut off.
+    history_known: bool,
 }
 
 /// The most skipped slots remembered with their reason between two looks back.
@@ -282,6 +286,32 @@ impl TaskTicks {
     /// the driver's timer was armed for, if it knows one (the store's clock as last read names
     /// it otherwise).
     pub async fn fire<S: Slots + Catalog>(
+        &self,
+        gate: &Gate<S>,
+        plan: &TaskPlan,
+        aim: Option<u64>,
+    ) -> Fired {
+        let fired = self.fire_once(gate, plan, aim).await;
+        self.note_elsewhere(&fired).await;
+        fired
+    }
+
+    /// A slot that another instance may have run (or that nobody ran for a reason this
+    /// instance cannot see) means the history must be looked at before the next run here.
+    async fn note_elsewhere(&self, fired: &Fired) {
+        let elsewhere = match fired {
+            Fired::Run(_) | Fired::NotDue { .. } | Fired::Early { .. } => false,
+            Fired::Skipped { skip, .. } => {
+                !matches!(skip, Skip::Overlap | Skip::Paused(_) | Skip::Expiring)
+            }
+            Fired::StoreDown { .. } | Fired::Refused { .. } => true,
+        };
+        if elsewhere {
+            self.state.lock().await.history_known = false;
+        }
+    }
+
+    async fn fire_once<S: Slots + Catalog>(
         &self,
         gate: &Gate<S>,
         plan: &TaskPlan,
@@ -808,6 +838,87 @@ impl TaskTicks {
                 .increment(1);
         }
         next
+    }
+
+    /// The runs to make again once `ticket`'s run ended, while its task lease is still held:
+    /// slots whose run was cut off ([`interrupted`](crate::scheduling::interrupted)), found in
+    /// the task's history. The history is read only when a slot since it was last read may
+    /// have run elsewhere (or this instance just started): a task that runs on one instance
+    /// pays nothing for it. A history that cannot be read is looked at again next time.
+    pub async fn cut_off_runs<S: Slots + Catalog>(
+        &self,
+        gate: &Gate<S>,
+        plan: &TaskPlan,
+        ticket: &Ticket,
+    ) -> Vec<Rerun> {
+        if plan.run_policy.on_interrupt == OnInterrupt::Skip
+            || ticket.trigger() == Trigger::Manual
+            || std::mem::replace(&mut self.state.lock().await.history_known, true)
+        {
+            return Vec::new();
+        }
+        let limit = gate.lease().config().renew_interval;
+        let store = gate.lease().store();
+        let read = within(limit, store.history(&self.task, interrupted::LOOKED_AT)).await;
+        let texts = match read {
+            Ok(texts) => texts,
+            Err(e) => {
+                tracing::debug!(task = %self.task, error = %e, "history not read for cut-off runs");
+                self.state.lock().await.history_known = false;
+                return Vec::new();
+            }
+        };
+        let records: Vec<RunRecord> = texts
+            .iter()
+            .filter_map(|text| RunRecord::from_json(text).ok())
+            .collect();
+        let held = ticket.guard().token();
+        // A run still recorded `running` by another instance is cut off only once that
+        // instance is gone (a live one may yet record how it ended): the catalog says.
+        let live: Vec<String> = if interrupted::running_elsewhere(
+            &records,
+            held,
+            self.holder.as_str(),
+        ) {
+            match within(limit, store.tasks(Duration::ZERO)).await {
+                Ok(tasks) => tasks
+                    .into_iter()
+                    .filter(|t| t.task == self.task)
+                    .flat_map(|t| t.instances)
+                    .filter(|i| !i.remaining.is_zero() && i.instance != self.holder)
+                    .map(|i| i.instance.to_string())
+                    .collect(),
+                // Without a catalog whether it is live cannot be told: it is taken for gone.
+                Err(StoreError::Unsupported(_)) => Vec::new(),
+                Err(e) => {
+                    tracing::debug!(task = %self.task, error = %e, "catalog not read for cut-off runs");
+                    self.state.lock().await.history_known = false;
+                    return Vec::new();
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let found = interrupted::cut_off(
+            &records,
+            ticket.slot(),
+            held,
+            self.store_now_or_wall(),
+            plan.run_policy.retries,
+            |holder| live.iter().any(|l| l == holder),
+        );
+        if found.deferred {
+            self.state.lock().await.history_known = false;
+        }
+        for rerun in &found.reruns {
+            tracing::info!(task = %self.task, slot = rerun.slot, attempt = rerun.attempt, "a run of this task was cut off: running its slot again");
+        }
+        found.reruns
+    }
+
+    /// A run here was cut off (its lease or leadership ended): the next run here looks for it.
+    pub async fn run_cut_off(&self) {
+        self.state.lock().await.history_known = false;
     }
 
     /// Remembers why this instance skipped `slot`, for the next look back.

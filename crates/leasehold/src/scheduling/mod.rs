@@ -11,6 +11,7 @@ pub(crate) mod definition;
 pub mod fleet;
 pub mod gate;
 pub mod history;
+pub mod interrupted;
 pub mod lifecycle;
 pub mod overview;
 pub(crate) mod placement;

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use crate::scheduling::history::Outcome;
+use crate::scheduling::interrupted::OnInterrupt;
 use crate::scheduling::schedule::Schedule;
 use crate::store::name::LeaseName;
 
@@ -89,6 +90,10 @@ pub struct RunPolicy {
     /// At most how long each slot's start is put off, by an amount derived from the task's name
     /// and the slot ([`start_delay`](Self::start_delay)); `None`: slots start when due.
     pub jitter: Option<Duration>,
+    /// What becomes of a run that was cut off (its instance went away, its lease or leadership
+    /// ended, a drain ran out): run again by the next holder, or left
+    /// ([`interrupted`](crate::scheduling::interrupted)).
+    pub on_interrupt: OnInterrupt,
 }
 
 /// The most a slot's start is put off, whatever the jitter asked: a slot started later would
@@ -130,6 +135,12 @@ impl RunPolicy {
     /// With a time limit per attempt (`None`, or zero: none).
     pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeout = timeout.filter(|t| !t.is_zero());
+        self
+    }
+
+    /// With `on_interrupt` for a run that was cut off.
+    pub fn on_interrupt(mut self, on_interrupt: OnInterrupt) -> Self {
+        self.on_interrupt = on_interrupt;
         self
     }
 

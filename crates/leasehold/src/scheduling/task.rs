@@ -103,15 +103,20 @@ pub enum Trigger {
     /// [`SchedulerHandle::run_now`](crate::SchedulerHandle::run_now) or
     /// [`run_now_exclusive`](crate::SchedulerHandle::run_now_exclusive).
     Manual,
+    /// A slot run again because its run was cut off (its instance went away, its lease or
+    /// leadership ended, a drain ran out): see [`OnInterrupt`](crate::OnInterrupt). The
+    /// context's attempt number says which attempt of the slot this is.
+    Retry,
 }
 
 impl Trigger {
-    /// `timer`, `catch-up` or `manual`.
+    /// `timer`, `catch-up`, `manual` or `retry`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Timer => "timer",
             Self::CatchUp => "catch-up",
             Self::Manual => "manual",
+            Self::Retry => "retry",
         }
     }
 }
@@ -434,6 +439,15 @@ impl Task {
     /// ```
     pub fn jitter(mut self, jitter: Duration) -> Self {
         self.run_policy = self.run_policy.jitter(Some(jitter));
+        self
+    }
+
+    /// What becomes of a run of this task that was cut off (its instance killed mid-run, its
+    /// lease or leadership lost, shutdown's grace period run out): by default the next instance
+    /// to hold the task runs its slot again, with [`Trigger::Retry`] and the next attempt
+    /// number ([`OnInterrupt`](crate::OnInterrupt)).
+    pub fn on_interrupt(mut self, on_interrupt: crate::OnInterrupt) -> Self {
+        self.run_policy = self.run_policy.on_interrupt(on_interrupt);
         self
     }
 

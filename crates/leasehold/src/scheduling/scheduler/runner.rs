@@ -21,6 +21,7 @@ use crate::scheduling::history::{
     HistoryWriter, MissReason, Outcome, RecordTrigger, RecordedSchedule, RetryNote, RunOutcome,
     RunRecord, RunRequest,
 };
+use crate::scheduling::interrupted::{OnInterrupt, Rerun};
 use crate::scheduling::lifecycle::{
     Fired, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
 };
@@ -238,6 +239,8 @@ struct Held {
     leader: Option<CancellationToken>,
     /// For a run asked for through the catalog: who asked, and the request's id.
     request: Option<RunRequest>,
+    /// For a slot run again because its run was cut off: which attempt, and what started it.
+    rerun: Option<Rerun>,
 }
 
 impl Held {
@@ -251,7 +254,14 @@ impl Held {
                 id: r.id.clone(),
                 by: r.by.clone(),
             }),
+            rerun: None,
         }
+    }
+
+    /// Whether what the run holds started ending (a lease or leadership lost).
+    fn ending(&self) -> bool {
+        let lost = |token: Option<&CancellationToken>| token.is_some_and(|t| t.is_cancelled());
+        lost(self.lease.as_ref().map(|(cancel, _)| cancel)) || lost(self.leader.as_ref())
     }
 }
 
@@ -437,6 +447,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 let start = self.ticks.run_starts(slot);
                 let slot_run = (trigger != Trigger::Manual).then_some(slot);
                 self.run(trigger, slot_run, Held::of(&ticket)).await;
+                self.run_cut_off(&ticket).await;
                 if let Err(e) = ticket.into_guard().release().await {
                     tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
                 }
@@ -462,6 +473,34 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             }
             Fired::StoreDown { slot, runs, error } => self.store_down(slot, runs, &error).await,
             Fired::Refused { slot, error } => self.refused(slot, &error).await,
+        }
+    }
+
+    /// Runs again, under `ticket`'s task lease once its own run ended, the slots whose run was
+    /// cut off ([`TaskTicks::cut_off_runs`]), while the lease holds and the task is not retired.
+    async fn run_cut_off(&self, ticket: &Ticket) {
+        if Held::of(ticket).ending() {
+            self.ticks.run_cut_off().await;
+            return;
+        }
+        for rerun in self
+            .ticks
+            .cut_off_runs(&self.gate, &self.plan, ticket)
+            .await
+        {
+            let held = Held::of(ticket);
+            if self.retired.is_cancelled() || held.ending() {
+                self.ticks.run_cut_off().await;
+                return;
+            }
+            let held = Held {
+                rerun: Some(rerun),
+                ..held
+            };
+            self.run(Trigger::Retry, Some(rerun.slot), held).await;
+        }
+        if Held::of(ticket).ending() {
+            self.ticks.run_cut_off().await;
         }
     }
 
@@ -606,7 +645,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     /// down: the waits end early on any of these, and the retry is not run. Returns the last
     /// attempt's result.
     async fn run(&self, trigger: Trigger, slot: Option<u64>, held: Held) -> RunResult {
-        let mut attempt = 1;
+        let mut attempt = held.rerun.map_or(1, |rerun| rerun.attempt);
         loop {
             let (result, next) = self.attempt(trigger, slot, &held, attempt).await;
             let NextAttempt::After {
@@ -664,6 +703,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             Trigger::Manual => Some(RecordTrigger::Manual),
             Trigger::CatchUp => Some(RecordTrigger::CatchUp),
             Trigger::Timer if held.token.is_some() => Some(RecordTrigger::Timer),
+            Trigger::Retry => held.rerun.map(|rerun| rerun.trigger),
             _ => None,
         };
         // Every run is counted in the task's run series; gated and manual ones are also kept
@@ -678,10 +718,20 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         );
         record.request = held.request.clone();
         // Numbered only for a task that retries: other records keep their shape.
-        record.attempt = (self.plan.run_policy.retries > 0).then_some(attempt);
+        record.attempt = (self.plan.run_policy.retries > 0 || attempt > 1).then_some(attempt);
         let history = recorded_trigger.map(|_| &self.common.history);
         if let Some(history) = history {
             history.record(&self.task.name, record.clone());
+            // A gated run's start is in the store before its job starts, so that if this
+            // instance is killed mid-run the next holder finds the run cut off.
+            if held.token.is_some()
+                && slot.is_some()
+                && self.plan.run_policy.on_interrupt == OnInterrupt::Rerun
+            {
+                history
+                    .flush(self.gate.lease().config().renew_interval)
+                    .await;
+            }
         }
         let _active = Active::new(&self.stats.active);
         // Aborted if this future is dropped, so a job never outlives its run.
@@ -801,8 +851,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         let held = Held {
             token: Some(guard.token()),
             lease: Some((guard.cancellation_token(), guard.probe())),
-            leader: None,
-            request: None,
+            ..Held::default()
         };
         let result = self.run(Trigger::Manual, None, held).await;
         if let Err(e) = guard.release().await {
