@@ -49,6 +49,12 @@ pub struct CheckReport {
     pub duplicate_slots: usize,
     /// Such duplicates inside a store write-loss window.
     pub duplicate_slots_excused: usize,
+    /// Runs of a slot again after its run was cut off (trigger `retry`, under a newer token
+    /// than every earlier run of the slot): not duplicates (issue 38).
+    pub reruns: usize,
+    /// Of those, runs again of a slot whose earlier write had been accepted: the run was cut
+    /// off after its work and before its end was recorded (at least once, information).
+    pub reruns_after_accepted: usize,
     /// Accepted writes whose token was below one accepted before them. Must be 0.
     pub stale_accepted: usize,
     /// Writes refused by the fence.
@@ -190,7 +196,8 @@ pub fn check(entries: &[LedgerEntry], loss: &[LossWindow], every: Duration) -> C
     }
 
     // Duplicate slots: every execution of a slot after its first, whatever its write's fate
-    // (a slot runs at most once; a second run the fence refused still ran).
+    // (a slot runs at most once; a second run the fence refused still ran), except a run
+    // again of a cut-off run: trigger `retry` under a newer token than every earlier run.
     let mut slots: BTreeMap<u64, Vec<&LedgerEntry>> = BTreeMap::new();
     for e in entries {
         if let Some(slot) = e.slot {
@@ -199,8 +206,15 @@ pub fn check(entries: &[LedgerEntry], loss: &[LossWindow], every: Duration) -> C
     }
     for runs in slots.values_mut() {
         runs.sort_by_key(|e| (e.start_ms, e.end_ms));
-        for dup in &runs[1..] {
-            if excused(dup.start_ms) {
+        for (i, dup) in runs.iter().enumerate().skip(1) {
+            let earlier = &runs[..i];
+            let newer = |e: &&LedgerEntry| e.token.is_some() && e.token < dup.token;
+            if dup.trigger == "retry" && earlier.iter().all(newer) {
+                r.reruns += 1;
+                if earlier.iter().any(|e| e.fenced == Fenced::Accepted) {
+                    r.reruns_after_accepted += 1;
+                }
+            } else if excused(dup.start_ms) {
                 r.duplicate_slots_excused += 1;
             } else {
                 r.duplicate_slots += 1;
@@ -328,6 +342,26 @@ mod tests {
         assert_eq!(r.raw_overlaps, 1);
         assert_eq!(r.overlapping_accepted, 0);
         assert_eq!(r.duplicate_slots, 0);
+    }
+
+    #[test]
+    fn a_cut_off_run_run_again_under_a_newer_token_is_no_duplicate() {
+        let mut l = clean();
+        let mut again = run(14, 5, 7200, 7300, Fenced::Accepted);
+        again.trigger = "retry".into();
+        l.push(again.clone());
+        let r = check(&l, &[], EVERY);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(
+            (r.reruns, r.reruns_after_accepted, r.duplicate_slots),
+            (1, 1, 0)
+        );
+        // Under the token of the run it repeats, or an older one: a duplicate.
+        let mut l = clean();
+        again.token = Some(4);
+        l.push(again);
+        let r = check(&l, &[], EVERY);
+        assert_eq!((r.reruns, r.duplicate_slots), (0, 1));
     }
 
     #[test]
@@ -499,6 +533,8 @@ mod tests {
                 "overlapping_accepted",
                 "overlapping_accepted_excused",
                 "raw_overlaps",
+                "reruns",
+                "reruns_after_accepted",
                 "stale_accepted",
                 "stale_rejected",
                 "unfenced_accepted",

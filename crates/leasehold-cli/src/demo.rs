@@ -53,6 +53,8 @@ struct Observed {
     last_token: Option<u64>,
     /// The token of the run the SIGKILL cut short, until a later run's token is shown.
     killed_token: Option<u64>,
+    /// Slots run again because their run was cut off.
+    run_again: Vec<u64>,
 }
 
 struct Demo {
@@ -122,8 +124,14 @@ impl Demo {
             } else {
                 ""
             };
+            let again = if entry.trigger == "retry" {
+                self.seen.run_again.push(slot);
+                "   (run again: its run was cut off)"
+            } else {
+                ""
+            };
             outln!(
-                "{} tick {slot}: ran on {holder} (fencing token {token}){dup}{stale}",
+                "{} tick {slot}: ran on {holder} (fencing token {token}){again}{dup}{stale}",
                 stamp(self.started)
             )?;
             self.explain_skipped_token(token)?;
@@ -311,7 +319,12 @@ async fn run_demo(args: &DemoArgs, dir: &Path, kept: bool) -> anyhow::Result<u8>
     outln!("  executions           {executions}")?;
     outln!("  duplicate ticks      {duplicates}   (must be 0)")?;
     outln!(
-        "  missed ticks         {missed}   (the killed run's, and those that fell while its lease ran out)"
+        "  run again            {}   (cut off by the SIGKILL, run by the next leader: {:?})",
+        demo.seen.run_again.len(),
+        demo.seen.run_again
+    )?;
+    outln!(
+        "  missed ticks         {missed}   (those that fell while the killed leader's lease ran out)"
     )?;
     for (who, n) in per_instance {
         outln!("  runs on {who:<12} {n}")?;

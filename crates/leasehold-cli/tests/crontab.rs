@@ -137,17 +137,31 @@ fn read_marks(path: &Path) -> BTreeMap<String, Vec<Mark>> {
     lines
 }
 
-/// Each slot once, and no two runs of the line at the same time (a run without an end was
-/// killed with its replica, at `killed_at` at the latest).
+/// Each slot finished once, and no two runs of the line at the same time (a run without an end
+/// was killed with its replica, at `killed_at` at the latest). A slot starts again only after
+/// its run was cut off (run again, issue 38).
 fn assert_once_and_alone(line: &str, runs: &[Mark], killed_at: u128) {
     let mut slots = BTreeSet::new();
-    for r in runs {
+    for (i, r) in runs.iter().enumerate() {
+        let cut_off_before = runs[..i]
+            .iter()
+            .any(|p| p.slot == r.slot && p.end.is_none());
         assert!(
-            slots.insert(r.slot),
+            slots.insert(r.slot) || cut_off_before,
             "{line}: slot {} ran twice: {runs:?}",
             r.slot
         );
     }
+    let finished: Vec<u64> = runs
+        .iter()
+        .filter(|r| r.end.is_some())
+        .map(|r| r.slot)
+        .collect();
+    assert_eq!(
+        finished.len(),
+        finished.iter().collect::<BTreeSet<_>>().len(),
+        "{line}: a slot finished twice: {runs:?}"
+    );
     let mut spans: Vec<(u128, u128)> = runs
         .iter()
         .map(|r| (r.start, r.end.unwrap_or(killed_at.max(r.start))))

@@ -233,6 +233,15 @@ impl Harness {
                 Some(checked.duplicate_slots == 0),
             ),
             line(
+                "slots run again after a cut-off run (retry, newer token)",
+                format!(
+                    "{} ({} after an accepted write)",
+                    checked.reruns, checked.reruns_after_accepted
+                ),
+                "",
+                None,
+            ),
+            line(
                 "stale fenced writes accepted",
                 checked.stale_accepted,
                 "= 0",
