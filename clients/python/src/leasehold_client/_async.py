@@ -8,13 +8,22 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any, Literal, Unpack, cast
+from typing import Any, Literal, Self, Unpack, cast
 
 import httpx
 
 from . import _protocol as protocol
 from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDown
-from ._held import GateResult, HeldState, Skipped, TickOptions, early_wait, tick_call
+from ._held import (
+    GateResult,
+    HeldState,
+    Skipped,
+    TakeOptions,
+    TickOptions,
+    early_wait,
+    take_call,
+    tick_call,
+)
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
     GroupState,
@@ -123,6 +132,25 @@ class _AsyncKept(HeldState):
         self._cancels_before = task.cancelling()
         self.check()
 
+    async def __aenter__(self) -> Self:
+        self._enter_block()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self._leave_block(exc)
+        await self._finish(lost or exc)
+        if lost is not None:
+            raise lost from exc
+
+    async def _finish(self, failure: BaseException | None) -> None:
+        """Ends the lease at the block's end; `failure`: what ended the block, if anything."""
+        raise NotImplementedError
+
     def _leave_block(self, exc: BaseException | None) -> LeaseLost | None:
         """The error the block's end raises: `LeaseLost` when the lease was lost while it ran
         (in place of the cancellation this caused, unless someone else cancelled too)."""
@@ -151,23 +179,11 @@ class AsyncLease(_AsyncKept):
         body = await self._client._send(protocol.release(self.name, self.token))
         return body.get("released") is True
 
-    async def __aenter__(self) -> AsyncLease:
-        self._enter_block()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._leave_block(exc)
+    async def _finish(self, failure: BaseException | None) -> None:
         try:
             await self.release()
         except LeaseholdError as e:
             log.warning("lease %s not released: %s", self.name, e)
-        if lost is not None:
-            raise lost from exc
 
 
 class AsyncRun(_AsyncKept):
@@ -212,18 +228,7 @@ class AsyncRun(_AsyncKept):
             return False
         return body.get("released") is True
 
-    async def __aenter__(self) -> AsyncRun:
-        self._enter_block()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._leave_block(exc)
-        failure = lost or exc
+    async def _finish(self, failure: BaseException | None) -> None:
         try:
             if failure is None:
                 await self.done("ok")
@@ -231,8 +236,6 @@ class AsyncRun(_AsyncKept):
                 await self.done("failed", protocol.failure_text(failure))
         except LeaseholdError as e:
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
-        if lost is not None:
-            raise lost from exc
 
 
 class AsyncUngatedRun:
@@ -285,14 +288,9 @@ class _Taking:
         self._lease = await self._get()
         return await self._lease.__aenter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         if self._lease is not None:
-            await self._lease.__aexit__(exc_type, exc, tb)
+            await self._lease.__aexit__(*exc_info)
 
 
 class AsyncClient:
@@ -326,91 +324,48 @@ class AsyncClient:
 
     async def _send(self, call: protocol.Call, limit: float | None = None) -> dict[str, Any]:
         """One request; `limit` caps its timeout (seconds)."""
-        timeout = self.timeout + call.wait
-        if limit is not None:
-            timeout = min(timeout, limit)
+        timeout = protocol.timeout(call, self.timeout, limit)
         try:
             response = await self._http.request(
                 call.method, call.path, json=call.body, timeout=timeout
             )
-        except httpx.TimeoutException:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: no answer within {timeout:.3g} s",
-                code="sidecar-down",
-            ) from None
         except httpx.HTTPError as e:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: {e}", code="sidecar-down"
-            ) from None
+            raise protocol.unreachable(self.base_url, timeout, e) from None
         return protocol.answer(response.status_code, response.text)
 
     async def health(self) -> Health:
         return cast(Health, await self._send(protocol.get("/healthz")))
 
     async def _take(
-        self,
-        kind: Literal["leases", "groups"],
-        name: str,
-        ttl: Seconds,
-        wait: Seconds,
-        keepalive: Seconds | None,
-        holder: str | None,
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> AsyncLease | LeaseBusy:
         sent_at = time.monotonic()
-        body = await self._send(protocol.take(kind, name, ttl, wait, keepalive, holder))
+        body = await self._send(take_call(kind, name, options))
         grant = protocol.granted(name, body)
         return protocol.busy(name, body) if grant is None else AsyncLease(self, grant, sent_at)
 
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
+    async def _take_or_none(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> AsyncLease | None:
+        taken = await self._take(kind, name, options)
+        return None if isinstance(taken, LeaseBusy) else taken
+
+    async def acquire(self, name: str, **options: Unpack[TakeOptions]) -> AsyncLease | None:
         """See `Client.acquire`."""
-        taken = await self._take("leases", name, ttl, wait, keepalive, holder)
-        return None if isinstance(taken, LeaseBusy) else taken
+        return await self._take_or_none("leases", name, options)
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> _Taking:
+    def lease(self, name: str, **options: Unpack[TakeOptions]) -> _Taking:
         """`async with client.lease(name, ttl=...) as lease:`; raises `LeaseBusy` when busy."""
-        return _Taking(lambda: self._take("leases", name, ttl, wait, keepalive, holder))
+        return _Taking(lambda: self._take("leases", name, options))
 
-    async def campaign(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> AsyncLease | None:
+    async def campaign(self, group: str, **options: Unpack[TakeOptions]) -> AsyncLease | None:
         """See `Client.campaign`."""
-        taken = await self._take("groups", group, ttl, wait, keepalive, holder)
-        return None if isinstance(taken, LeaseBusy) else taken
+        return await self._take_or_none("groups", group, options)
 
-    def leadership(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> _Taking:
+    def leadership(self, group: str, **options: Unpack[TakeOptions]) -> _Taking:
         """`async with client.leadership(group, ttl=...) as term:`; raises `LeaseBusy` when
         another leads."""
-        return _Taking(lambda: self._take("groups", group, ttl, wait, keepalive, holder))
+        return _Taking(lambda: self._take("groups", group, options))
 
     async def leader(self, group: str) -> GroupState:
         path = f"/v1/groups/{protocol.segment(group)}"

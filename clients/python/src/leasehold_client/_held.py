@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 from . import _protocol as protocol
 from ._errors import LeaseLost
@@ -31,6 +31,36 @@ class TickOptions(TypedDict, total=False):
     keepalive: Seconds
     on_store_down: StoreDownPolicy
     catch_up_window: Seconds
+
+
+class TakeOptions(TypedDict, total=False):
+    """A lease's (or a group leadership's) terms.
+
+    `ttl`: the lease's time to live in the store (the sidecar renews it while the client keeps
+    calling, at least once per `keepalive`, default the ttl). `wait`: how long to wait for a
+    busy one (default 0). `holder`: a label for status, e.g. the pod name.
+    """
+
+    ttl: Required[Seconds]
+    wait: Seconds
+    keepalive: Seconds | None
+    holder: str | None
+
+
+def take_call(kind: Literal["leases", "groups"], name: str, options: TakeOptions) -> protocol.Call:
+    # Keyword arguments: refused as a signature would refuse them.
+    if unknown := options.keys() - TakeOptions.__optional_keys__ - TakeOptions.__required_keys__:
+        raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
+    if "ttl" not in options:
+        raise TypeError("missing required keyword argument 'ttl'")
+    return protocol.take(
+        kind,
+        name,
+        options["ttl"],
+        options.get("wait", 0),
+        options.get("keepalive"),
+        options.get("holder"),
+    )
 
 
 #: The longest wait for a slot about to start that a tick answered with `starts_in`.

@@ -7,13 +7,22 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal, Unpack, cast
+from typing import Any, Literal, Self, Unpack, cast
 
 import httpx
 
 from . import _protocol as protocol
 from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDown
-from ._held import GateResult, HeldState, Skipped, TickOptions, early_wait, tick_call
+from ._held import (
+    GateResult,
+    HeldState,
+    Skipped,
+    TakeOptions,
+    TickOptions,
+    early_wait,
+    take_call,
+    tick_call,
+)
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
     GroupState,
@@ -115,6 +124,24 @@ class _Kept(HeldState):
                 return
             self._renewed(sent_at, body)
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self._lost_in_block()
+        self._finish(exc)
+        if lost and exc is None:
+            raise self._lost_error()
+
+    def _finish(self, failure: BaseException | None) -> None:
+        """Ends the lease at the block's end; `failure`: what ended the block, if anything."""
+        raise NotImplementedError
+
     def _lost_in_block(self) -> bool:
         """Whether the lease was lost while the guarded block ran (checked at its end)."""
         if self.valid_for <= 0 and not self._ended:
@@ -135,22 +162,11 @@ class Lease(_Kept):
         body = self._client._send(protocol.release(self.name, self.token))
         return body.get("released") is True
 
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._lost_in_block()
+    def _finish(self, failure: BaseException | None) -> None:
         try:
             self.release()
         except LeaseholdError as e:
             log.warning("lease %s not released: %s", self.name, e)
-        if lost and exc is None:
-            raise self._lost_error()
 
 
 class Run(_Kept):
@@ -191,25 +207,14 @@ class Run(_Kept):
             return False
         return body.get("released") is True
 
-    def __enter__(self) -> Run:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._lost_in_block()
+    def _finish(self, failure: BaseException | None) -> None:
         try:
-            if exc is None:
+            if failure is None:
                 self.done("ok")
             else:
-                self.done("failed", protocol.failure_text(exc))
+                self.done("failed", protocol.failure_text(failure))
         except LeaseholdError as e:
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
-        if lost and exc is None:
-            raise self._lost_error()
 
 
 class UngatedRun:
@@ -278,99 +283,58 @@ class Client:
 
     def _send(self, call: protocol.Call, limit: float | None = None) -> dict[str, Any]:
         """One request; `limit` caps its timeout (seconds)."""
-        timeout = self.timeout + call.wait
-        if limit is not None:
-            timeout = min(timeout, limit)
+        timeout = protocol.timeout(call, self.timeout, limit)
         try:
             response = self._http.request(call.method, call.path, json=call.body, timeout=timeout)
-        except httpx.TimeoutException:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: no answer within {timeout:.3g} s",
-                code="sidecar-down",
-            ) from None
         except httpx.HTTPError as e:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: {e}", code="sidecar-down"
-            ) from None
+            raise protocol.unreachable(self.base_url, timeout, e) from None
         return protocol.answer(response.status_code, response.text)
 
     def health(self) -> Health:
         """The sidecar's liveness, and whether its store answered lately."""
         return cast(Health, self._send(protocol.get("/healthz")))
 
-    def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> Lease | None:
+    def acquire(self, name: str, **options: Unpack[TakeOptions]) -> Lease | None:
         """Takes the lease `name`, waiting up to `wait` for a busy one; None when it stays
         busy. `ttl`: the lease's time to live in the store (the sidecar renews it while this
         client keeps calling, at least once per `keepalive`, default the ttl). `holder`: a label
         for status, e.g. the pod name."""
-        taken = self._take("leases", name, ttl, wait, keepalive, holder)
-        return None if isinstance(taken, LeaseBusy) else taken
+        return self._take_or_none("leases", name, options)
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> Lease:
+    def lease(self, name: str, **options: Unpack[TakeOptions]) -> Lease:
         """As `acquire`, but raises `LeaseBusy` when busy: `with client.lease(...) as lease:`."""
-        taken = self._take("leases", name, ttl, wait, keepalive, holder)
-        if isinstance(taken, LeaseBusy):
-            raise taken
-        return taken
+        return self._take_or_raise("leases", name, options)
 
-    def campaign(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> Lease | None:
+    def campaign(self, group: str, **options: Unpack[TakeOptions]) -> Lease | None:
         """Becomes the leader of `group` (a lease named after it), waiting up to `wait`; None
         when another leads. Release the lease to step down."""
-        taken = self._take("groups", group, ttl, wait, keepalive, holder)
+        return self._take_or_none("groups", group, options)
+
+    def leadership(self, group: str, **options: Unpack[TakeOptions]) -> Lease:
+        """As `campaign`, but raises `LeaseBusy` when another leads."""
+        return self._take_or_raise("groups", group, options)
+
+    def _take(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
+    ) -> Lease | LeaseBusy:
+        sent_at = time.monotonic()
+        body = self._send(take_call(kind, name, options))
+        grant = protocol.granted(name, body)
+        return protocol.busy(name, body) if grant is None else Lease(self, grant, sent_at)
+
+    def _take_or_none(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
+    ) -> Lease | None:
+        taken = self._take(kind, name, options)
         return None if isinstance(taken, LeaseBusy) else taken
 
-    def leadership(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
+    def _take_or_raise(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> Lease:
-        """As `campaign`, but raises `LeaseBusy` when another leads."""
-        taken = self._take("groups", group, ttl, wait, keepalive, holder)
+        taken = self._take(kind, name, options)
         if isinstance(taken, LeaseBusy):
             raise taken
         return taken
-
-    def _take(
-        self,
-        kind: Literal["leases", "groups"],
-        name: str,
-        ttl: Seconds,
-        wait: Seconds,
-        keepalive: Seconds | None,
-        holder: str | None,
-    ) -> Lease | LeaseBusy:
-        sent_at = time.monotonic()
-        body = self._send(protocol.take(kind, name, ttl, wait, keepalive, holder))
-        grant = protocol.granted(name, body)
-        return protocol.busy(name, body) if grant is None else Lease(self, grant, sent_at)
 
     def leader(self, group: str) -> GroupState:
         """The group's current leader and term token."""
