@@ -17,12 +17,15 @@ from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDow
 from ._held import (
     GateResult,
     HeldState,
+    RunInfo,
     Skipped,
     TakeOptions,
     TickOptions,
+    UngatedInfo,
     early_wait,
     take_call,
     tick_call,
+    unreached,
 )
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
@@ -55,22 +58,11 @@ class _AsyncKept(HeldState):
         self._cancelled_guarded = False
         self._keeper = asyncio.create_task(self._keep(), name=f"leasehold-keep:{grant.name}")
 
-    def check(self) -> None:
-        """Raises `LeaseLost` if the lease is lost or ended (for code that does not await, or
-        that shields itself from cancellation)."""
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
-        if self._ended:
-            raise self._lost_error()
-
     async def keepalive(self) -> float:
         """See `Lease.keepalive`."""
         sent_at = time.monotonic()
-        try:
+        with self._lost_ends_it():
             body = await self._client._send(protocol.keepalive(self.name, self.token))
-        except LeaseLost as e:
-            self._lose(e.reason or "unknown")
-            raise
         self._renewed(sent_at, body)
         return self.valid_for
 
@@ -92,10 +84,8 @@ class _AsyncKept(HeldState):
     def _end(self, how: str) -> bool:
         """Stops keeping the lease, here (`how`: released, done); False if it had ended
         already (by a loss)."""
-        if self._ended:
+        if not self._mark_ended(how):
             return False
-        self._ended = True
-        self._ended_as = how
         self._keeper.cancel()
         return True
 
@@ -103,9 +93,7 @@ class _AsyncKept(HeldState):
         wait = self._watch_wait()
         while not self._ended:
             sent_at = time.monotonic()
-            left = self._valid_until - sent_at
-            if left <= 0:
-                self._lose("expired")
+            if (left := self._left_or_lose(sent_at)) is None:
                 return
             try:
                 body = await self._client._send(
@@ -155,8 +143,7 @@ class _AsyncKept(HeldState):
         """The error the block's end raises: `LeaseLost` when the lease was lost while it ran
         (in place of the cancellation this caused, unless someone else cancelled too)."""
         task, self._guarded = self._guarded, None
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
+        self._expire_if_due()
         if self._cancelled_guarded and task is not None:
             if task.uncancel() > self._cancels_before:
                 return None
@@ -186,7 +173,7 @@ class AsyncLease(_AsyncKept):
             log.warning("lease %s not released: %s", self.name, e)
 
 
-class AsyncRun(_AsyncKept):
+class AsyncRun(_AsyncKept, RunInfo):
     """A run granted by a tick (see `Run`); `async with run:` ends it with the block's outcome."""
 
     gated: Literal[True] = True
@@ -201,24 +188,14 @@ class AsyncRun(_AsyncKept):
         sent_at: float,
     ) -> None:
         super().__init__(client, grant, sent_at)
-        self.task = task
-        #: The slot: ms since the epoch of the firing this run is for (a manual run: when it
-        #: was asked for).
-        self.slot = slot
-        #: `timer` for the schedule's slot, `manual` for a run asked for with `trigger`.
-        self.trigger: Literal["timer", "manual"] = "manual" if manual else "timer"
-        self._reported = False
+        self._run_of(task, slot, manual)
 
     async def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
     ) -> bool:
-        """Ends the run: records its outcome in the task's history and frees the task lease.
-        `output`: what the run printed, kept in its record (its last 64 KiB; shown by
-        `leasehold history --output` and the page). False when the run had been lost (the
-        history then says so) or was reported already."""
-        if self._reported:
+        """See `Run.done`."""
+        if not self._first_report():
             return False
-        self._reported = True
         self._end("done")
         try:
             body = await self._client._send(
@@ -238,21 +215,10 @@ class AsyncRun(_AsyncKept):
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
 
 
-class AsyncUngatedRun:
-    """A run the store-down policy (or `on_sidecar_down="fail-open"`) allowed without
-    coordination: no token, never lost, and every instance that ticks may run it."""
-
-    gated: Literal[False] = False
-    token: None = None
-
+class AsyncUngatedRun(UngatedInfo):
     def __init__(self, task: str, slot: int | None) -> None:
-        self.task = task
-        self.slot = slot
-        self.trigger: Literal["timer"] = "timer"
+        super().__init__(task, slot)
         self.lost = asyncio.Event()
-
-    def check(self) -> None:
-        """Never raises: nothing coordinated this run."""
 
     async def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -408,11 +374,9 @@ class AsyncClient:
                     break
                 await asyncio.sleep(protocol.BUSY_RETRY_SECONDS)
                 run = await self.tick(task, **options)
-        except StoreDown:
-            return "store-down"
-        except SidecarDown:
-            if self.on_sidecar_down != "fail-open":
-                return "sidecar-down"
+        except (StoreDown, SidecarDown) as e:
+            if (result := unreached(e, self.on_sidecar_down)) is not None:
+                return result
             run = AsyncUngatedRun(task, protocol.local_slot(options.get("every")))
         if isinstance(run, Skipped):
             return run.reason

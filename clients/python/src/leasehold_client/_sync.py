@@ -16,12 +16,15 @@ from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDow
 from ._held import (
     GateResult,
     HeldState,
+    RunInfo,
     Skipped,
     TakeOptions,
     TickOptions,
+    UngatedInfo,
     early_wait,
     take_call,
     tick_call,
+    unreached,
 )
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
@@ -55,25 +58,12 @@ class _Kept(HeldState):
         )
         self._keeper.start()
 
-    def check(self) -> None:
-        """Raises `LeaseLost` if the lease is lost or ended: call it before each step of the
-        guarded work (and send `token` with each write, since a check cannot stop a write
-        already on the wire). A paused process that wakes past the validity fails here at once,
-        before any thread has run."""
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
-        if self._ended:
-            raise self._lost_error()
-
     def keepalive(self) -> float:
         """Tells the sidecar now that this process is alive (the keeper thread does so on its
         own) and answers the seconds it may still act. Raises `LeaseLost` if it is not held."""
         sent_at = time.monotonic()
-        try:
+        with self._lost_ends_it():
             body = self._client._send(protocol.keepalive(self.name, self.token))
-        except LeaseLost as e:
-            self._lose(e.reason or "unknown")
-            raise
         self._renewed(sent_at, body)
         return self.valid_for
 
@@ -92,10 +82,8 @@ class _Kept(HeldState):
         """Stops keeping the lease, here (`how`: released, done); False if it had ended
         already (by a loss)."""
         with self._lock:
-            if self._ended:
+            if not self._mark_ended(how):
                 return False
-            self._ended = True
-            self._ended_as = how
         self._stop.set()
         return True
 
@@ -103,9 +91,7 @@ class _Kept(HeldState):
         wait = self._watch_wait()
         while not self._stop.is_set():
             sent_at = time.monotonic()
-            left = self._valid_until - sent_at
-            if left <= 0:
-                self._lose("expired")
+            if (left := self._left_or_lose(sent_at)) is None:
                 return
             try:
                 body = self._client._send(protocol.watch(self.name, self.token, wait), limit=left)
@@ -144,8 +130,7 @@ class _Kept(HeldState):
 
     def _lost_in_block(self) -> bool:
         """Whether the lease was lost while the guarded block ran (checked at its end)."""
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
+        self._expire_if_due()
         return self.lost.is_set()
 
 
@@ -169,7 +154,7 @@ class Lease(_Kept):
             log.warning("lease %s not released: %s", self.name, e)
 
 
-class Run(_Kept):
+class Run(_Kept, RunInfo):
     """A run granted by a tick: the one run of `slot` across every sidecar on the store. It holds
     the task's lease until `done`. As a context manager, the block's end calls `done` with `ok`,
     or `failed` and the exception's text, and raises `LeaseLost` if the run was lost meanwhile."""
@@ -180,13 +165,7 @@ class Run(_Kept):
         self, client: Client, task: str, slot: int, manual: bool, grant: Grant, sent_at: float
     ) -> None:
         super().__init__(client, grant, sent_at)
-        self.task = task
-        #: The slot: ms since the epoch of the firing this run is for (a manual run: when it
-        #: was asked for).
-        self.slot = slot
-        #: `timer` for the schedule's slot, `manual` for a run asked for with `trigger`.
-        self.trigger: Literal["timer", "manual"] = "manual" if manual else "timer"
-        self._reported = False
+        self._run_of(task, slot, manual)
 
     def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -195,9 +174,8 @@ class Run(_Kept):
         `output`: what the run printed, kept in its record (its last 64 KiB; shown by
         `leasehold history --output` and the page). False when the run had been lost (the
         history then says so) or was reported already."""
-        if self._reported:
+        if not self._first_report():
             return False
-        self._reported = True
         self._end("done")
         try:
             body = self._client._send(
@@ -217,21 +195,10 @@ class Run(_Kept):
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
 
 
-class UngatedRun:
-    """A run the store-down policy (or `on_sidecar_down="fail-open"`) allowed without
-    coordination: no token, never lost, and every instance that ticks may run it."""
-
-    gated: Literal[False] = False
-    token: None = None
-
+class UngatedRun(UngatedInfo):
     def __init__(self, task: str, slot: int | None) -> None:
-        self.task = task
-        self.slot = slot
-        self.trigger: Literal["timer"] = "timer"
+        super().__init__(task, slot)
         self.lost = threading.Event()
-
-    def check(self) -> None:
-        """Never raises: nothing coordinated this run."""
 
     def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -380,11 +347,9 @@ class Client:
                     break
                 time.sleep(protocol.BUSY_RETRY_SECONDS)
                 run = self.tick(task, **options)
-        except StoreDown:
-            return "store-down"
-        except SidecarDown:
-            if self.on_sidecar_down != "fail-open":
-                return "sidecar-down"
+        except (StoreDown, SidecarDown) as e:
+            if (result := unreached(e, self.on_sidecar_down)) is not None:
+                return result
             run = UngatedRun(task, protocol.local_slot(options.get("every")))
         if isinstance(run, Skipped):
             return run.reason
