@@ -12,21 +12,10 @@ from typing import Any, Literal, Self, Unpack, cast
 
 import httpx
 
+from . import _held
 from . import _protocol as protocol
 from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDown
-from ._held import (
-    GateResult,
-    HeldState,
-    RunInfo,
-    Skipped,
-    TakeOptions,
-    TickOptions,
-    UngatedInfo,
-    early_wait,
-    take_call,
-    tick_call,
-    unreached,
-)
+from ._held import GateResult, Skipped, TakeOptions, TickOptions
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
     GroupState,
@@ -42,7 +31,7 @@ from ._types import (
 log = logging.getLogger("leasehold_client")
 
 
-class _AsyncKept(HeldState):
+class _AsyncKept(_held.HeldState):
     """A grant kept alive by a task of `watch` long-polls (the keepalives the sidecar requires).
     Inside `async with`, a loss cancels the task running the block; the block's end then
     raises `LeaseLost` instead of the `CancelledError`."""
@@ -173,7 +162,7 @@ class AsyncLease(_AsyncKept):
             log.warning("lease %s not released: %s", self.name, e)
 
 
-class AsyncRun(_AsyncKept, RunInfo):
+class AsyncRun(_AsyncKept, _held.RunInfo):
     """A run granted by a tick (see `Run`); `async with run:` ends it with the block's outcome."""
 
     gated: Literal[True] = True
@@ -215,7 +204,7 @@ class AsyncRun(_AsyncKept, RunInfo):
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
 
 
-class AsyncUngatedRun(UngatedInfo):
+class AsyncUngatedRun(_held.UngatedInfo):
     def __init__(self, task: str, slot: int | None) -> None:
         super().__init__(task, slot)
         self.lost = asyncio.Event()
@@ -306,7 +295,7 @@ class AsyncClient:
         self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> AsyncLease | LeaseBusy:
         sent_at = time.monotonic()
-        body = await self._send(take_call(kind, name, options))
+        body = await self._send(_held.take_call(kind, name, options))
         grant = protocol.granted(name, body)
         return protocol.busy(name, body) if grant is None else AsyncLease(self, grant, sent_at)
 
@@ -348,12 +337,12 @@ class AsyncClient:
     ) -> AsyncRun | AsyncUngatedRun | Skipped:
         """See `Client.tick`."""
         sent_at = time.monotonic()
-        answer = protocol.ticked(task, await self._send(tick_call(task, options)))
-        if (wait := early_wait(answer)) is not None:
+        answer = protocol.ticked(task, await self._send(_held.tick_call(task, options)))
+        if (wait := _held.early_wait(answer)) is not None:
             # Ticked a little before the slot by the store's clock: wait for it, tick again.
             await asyncio.sleep(wait)
             sent_at = time.monotonic()
-            answer = protocol.ticked(task, await self._send(tick_call(task, options)))
+            answer = protocol.ticked(task, await self._send(_held.tick_call(task, options)))
         if answer.grant is not None and answer.slot is not None:
             return AsyncRun(self, task, answer.slot, answer.manual, answer.grant, sent_at)
         if answer.ungated:
@@ -375,7 +364,7 @@ class AsyncClient:
                 await asyncio.sleep(protocol.BUSY_RETRY_SECONDS)
                 run = await self.tick(task, **options)
         except (StoreDown, SidecarDown) as e:
-            if (result := unreached(e, self.on_sidecar_down)) is not None:
+            if (result := _held.unreached(e, self.on_sidecar_down)) is not None:
                 return result
             run = AsyncUngatedRun(task, protocol.local_slot(options.get("every")))
         if isinstance(run, Skipped):

@@ -11,21 +11,10 @@ from typing import Any, Literal, Self, Unpack, cast
 
 import httpx
 
+from . import _held
 from . import _protocol as protocol
 from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDown
-from ._held import (
-    GateResult,
-    HeldState,
-    RunInfo,
-    Skipped,
-    TakeOptions,
-    TickOptions,
-    UngatedInfo,
-    early_wait,
-    take_call,
-    tick_call,
-    unreached,
-)
+from ._held import GateResult, Skipped, TakeOptions, TickOptions
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
     GroupState,
@@ -41,7 +30,7 @@ from ._types import (
 log = logging.getLogger("leasehold_client")
 
 
-class _Kept(HeldState):
+class _Kept(_held.HeldState):
     """A grant kept alive by a thread of `watch` long-polls, which are also the keepalives the
     sidecar requires: a frozen process stops calling and loses the lease within `keepalive`."""
 
@@ -154,7 +143,7 @@ class Lease(_Kept):
             log.warning("lease %s not released: %s", self.name, e)
 
 
-class Run(_Kept, RunInfo):
+class Run(_Kept, _held.RunInfo):
     """A run granted by a tick: the one run of `slot` across every sidecar on the store. It holds
     the task's lease until `done`. As a context manager, the block's end calls `done` with `ok`,
     or `failed` and the exception's text, and raises `LeaseLost` if the run was lost meanwhile."""
@@ -195,7 +184,7 @@ class Run(_Kept, RunInfo):
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
 
 
-class UngatedRun(UngatedInfo):
+class UngatedRun(_held.UngatedInfo):
     def __init__(self, task: str, slot: int | None) -> None:
         super().__init__(task, slot)
         self.lost = threading.Event()
@@ -285,7 +274,7 @@ class Client:
         self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> Lease | LeaseBusy:
         sent_at = time.monotonic()
-        body = self._send(take_call(kind, name, options))
+        body = self._send(_held.take_call(kind, name, options))
         grant = protocol.granted(name, body)
         return protocol.busy(name, body) if grant is None else Lease(self, grant, sent_at)
 
@@ -317,12 +306,12 @@ class Client:
         of the task, across every sidecar on the store; otherwise `Skipped` with the reason
         (or an `UngatedRun` when the store is down and its policy runs anyway)."""
         sent_at = time.monotonic()
-        answer = protocol.ticked(task, self._send(tick_call(task, options)))
-        if (wait := early_wait(answer)) is not None:
+        answer = protocol.ticked(task, self._send(_held.tick_call(task, options)))
+        if (wait := _held.early_wait(answer)) is not None:
             # Ticked a little before the slot by the store's clock: wait for it, tick again.
             time.sleep(wait)
             sent_at = time.monotonic()
-            answer = protocol.ticked(task, self._send(tick_call(task, options)))
+            answer = protocol.ticked(task, self._send(_held.tick_call(task, options)))
         if answer.grant is not None and answer.slot is not None:
             return Run(self, task, answer.slot, answer.manual, answer.grant, sent_at)
         if answer.ungated:
@@ -348,7 +337,7 @@ class Client:
                 time.sleep(protocol.BUSY_RETRY_SECONDS)
                 run = self.tick(task, **options)
         except (StoreDown, SidecarDown) as e:
-            if (result := unreached(e, self.on_sidecar_down)) is not None:
+            if (result := _held.unreached(e, self.on_sidecar_down)) is not None:
                 return result
             run = UngatedRun(task, protocol.local_slot(options.get("every")))
         if isinstance(run, Skipped):
