@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::StoreError;
@@ -21,7 +21,6 @@ use mysql_async::{
     TxOpts, Value,
 };
 use tokio::sync::watch;
-use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{MySqlConfig, ServerUrl, SslMode};
 use crate::error::{Error, MySqlSetupError, Result};
@@ -59,8 +58,6 @@ pub struct MySql {
     /// Whether the tables are known to be usable; until they are, operations answer as
     /// [`Readiness`] says (a store from [`MySqlConfig::connect_lazy`]).
     ready: watch::Receiver<Readiness>,
-    /// The background connect of a lazy store.
-    connecting: OnceLock<AbortOnDropHandle<()>>,
 }
 
 impl Drop for MySql {
@@ -271,7 +268,6 @@ impl MySql {
             releases,
             local,
             ready,
-            connecting: OnceLock::new(),
         }
     }
 
@@ -299,20 +295,20 @@ impl MySql {
         let parts = Parts::new(&config)?;
         let (ready_tx, ready) = lazy::channel().map_err(MySqlSetupError::Config)?;
         let dialect = Arc::new(Self::new(&config, parts, ready));
-        let url = dialect.url.clone();
-        let max_delay = config.max_reconnect_delay;
+        let (url, max_delay) = (dialect.url.clone(), config.max_reconnect_delay);
         let config = Arc::new(config);
+        let attempt = move |dialect: &Self| {
+            let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
+            let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
+            async move { set_up(&pool, &config, &url, &sql).await }
+        };
         let task = lazy::spawn(
             Arc::downgrade(&dialect),
             ready_tx,
             "mysql",
             url.clone(),
             max_delay,
-            move |dialect: &Self| {
-                let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
-                let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
-                async move { set_up(&pool, &config, &url, &sql).await }
-            },
+            attempt,
             move |e| match e {
                 Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
                 Error::MissingDatabase { source, .. } => Failure::Refused(source),
@@ -324,8 +320,7 @@ impl MySql {
                 e => Failure::Unreachable(Causes(&e).to_string()),
             },
         );
-        let _ = dialect.connecting.set(AbortOnDropHandle::new(task));
-        Ok(SqlStore::new(dialect))
+        Ok(SqlStore::connecting(dialect, task))
     }
 
     /// The SQL statements this store runs.
@@ -629,11 +624,7 @@ impl Dialect for MySql {
         // since reads as lost: the safe side.)
         let params = Params::from((json.as_str(), holder.as_str()));
         let rows = self.read(op, &self.sql.held_of_many, params).await?;
-        let mut held = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            held.insert((col::<String>(row, 0)?, col::<i64>(row, 1)?));
-        }
-        Ok(Renewed::Only(held))
+        Renewed::read(rows.into_iter().map(MySqlRow))
     }
 
     async fn release(

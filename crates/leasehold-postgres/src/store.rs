@@ -1,6 +1,5 @@
 //! [`PgStore`]: the [`SqlStore`] on PostgreSQL, and its [`Postgres`] dialect.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +19,6 @@ use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
-use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{PgConfig, Tls};
 use crate::error::{Error, PgSetupError, Result};
@@ -56,8 +54,6 @@ pub struct Postgres {
     /// Whether the tables are known to exist (the migration ran, or was off); until they are,
     /// operations answer as [`Readiness`] says (a store from [`PgConfig::connect_lazy`]).
     ready: watch::Receiver<Readiness>,
-    /// The background connect of a lazy store.
-    migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
 }
 
 /// What connecting needs, parsed and built before any network traffic.
@@ -129,7 +125,6 @@ impl Postgres {
             lease_table: config.lease_table.clone(),
             releases,
             ready,
-            migration: std::sync::OnceLock::new(),
         }
     }
 
@@ -166,20 +161,20 @@ impl Postgres {
         let (ready_tx, ready) = lazy::channel().map_err(PgSetupError::Config)?;
         let releases = Self::listen(&config, &parts);
         let dialect = Arc::new(Self::new(&config, parts, releases, ready));
-        let url = dialect.url.clone();
-        let max_delay = config.max_reconnect_delay;
+        let (url, max_delay) = (dialect.url.clone(), config.max_reconnect_delay);
         let config = Arc::new(config);
+        let attempt = move |dialect: &Self| {
+            let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
+            let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
+            async move { migrate_on(&pool, &config, &url, &sql).await }
+        };
         let task = lazy::spawn(
             Arc::downgrade(&dialect),
             ready_tx,
             "postgres",
             url.clone(),
             max_delay,
-            move |dialect: &Self| {
-                let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
-                let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
-                async move { migrate_on(&pool, &config, &url, &sql).await }
-            },
+            attempt,
             move |e| match e {
                 Error::TooOld { source, .. } => {
                     tracing::error!(url = %url, error = %source, "every operation will be refused");
@@ -194,8 +189,7 @@ impl Postgres {
                 e => Failure::Unreachable(Causes(&e).to_string()),
             },
         );
-        let _ = dialect.migration.set(AbortOnDropHandle::new(task));
-        Ok(SqlStore::new(dialect))
+        Ok(SqlStore::connecting(dialect, task))
     }
 
     /// The SQL statements this store runs.
@@ -410,11 +404,7 @@ impl Dialect for Postgres {
         let (names, tokens): (Vec<&str>, Vec<i64>) = batch.iter().copied().unzip();
         let params: [&(dyn ToSql + Sync); 4] = [&names, &holder.as_str(), &tokens, &ttl_ms(ttl)];
         let rows = self.query(op, &self.sql.renew_many, &params).await?;
-        let mut renewed = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            renewed.insert((get::<String>(row, 0)?, get::<i64>(row, 1)?));
-        }
-        Ok(Renewed::Only(renewed))
+        Renewed::read(rows.into_iter().map(PgRow))
     }
 
     /// `pg_notify` in the same statement.

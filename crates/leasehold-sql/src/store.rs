@@ -5,7 +5,9 @@
 //! statement wrote and what it read, the refusal of values no column can hold, the decoding of
 //! column values into the core's records (see [`column`](mod@column)). A dialect runs one statement (or one
 //! short transaction) per method and answers the columns as its driver decoded them; a new
-//! dialect adds statements, not control flow.
+//! dialect adds statements, not control flow. The statements every dialect binds and reads
+//! alike ([`Statement`]) it only runs ([`Dialect::run`]): their rows are read here, through
+//! [`Columns`].
 
 use std::collections::HashSet;
 use std::collections::btree_map::{BTreeMap, Entry};
@@ -22,6 +24,8 @@ use leasehold::{
     Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
     Store, StoreError,
 };
+use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::column;
 
@@ -292,6 +296,14 @@ pub enum Renewed {
     Only(HashSet<(String, i64)>),
 }
 
+impl Renewed {
+    /// The `(name, token)` pairs of `rows`, the leases a renewal reports renewed.
+    pub fn read<R: Columns>(rows: impl IntoIterator<Item = R>) -> StoreResult<Self> {
+        let pairs = rows.into_iter().map(|row| Ok((row.text(0)?, row.int(1)?)));
+        Ok(Self::Only(pairs.collect::<StoreResult<_>>()?))
+    }
+}
+
 /// What [`Dialect::claim_slot`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotRow {
@@ -373,12 +385,27 @@ pub fn control_columns(row: &impl Columns, first: usize) -> StoreResult<ControlC
 /// Dereferences to the dialect, for its own methods (its pool, its statements).
 pub struct SqlStore<D> {
     dialect: Arc<D>,
+    /// A lazy store's background connect, stopped once the last clone is dropped (after the
+    /// dialect: declared after it).
+    connecting: Option<Arc<AbortOnDropHandle<()>>>,
 }
 
 impl<D> SqlStore<D> {
     /// The store on `dialect`.
     pub fn new(dialect: Arc<D>) -> Self {
-        Self { dialect }
+        Self {
+            dialect,
+            connecting: None,
+        }
+    }
+
+    /// The store on `dialect` that connects in the background as `task` (from
+    /// [`lazy::spawn`](crate::lazy::spawn)), which stops once the store's last clone is dropped.
+    pub fn connecting(dialect: Arc<D>, task: JoinHandle<()>) -> Self {
+        Self {
+            dialect,
+            connecting: Some(Arc::new(AbortOnDropHandle::new(task))),
+        }
     }
 }
 
@@ -400,6 +427,7 @@ impl<D> Clone for SqlStore<D> {
     fn clone(&self) -> Self {
         Self {
             dialect: Arc::clone(&self.dialect),
+            connecting: self.connecting.clone(),
         }
     }
 }
