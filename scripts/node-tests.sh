@@ -8,11 +8,8 @@
 # scripts/stores.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}"
-if [ ! -x "$bin" ]; then
-  echo "node-tests: no leasehold binary at $bin (cargo build -p leasehold-cli --bin leasehold)" >&2
-  exit 1
-fi
+. scripts/binary.sh
+leasehold_binary node-tests "$@"
 for tool in node npm redis-server redis-cli faketime; do
   command -v "$tool" >/dev/null || { echo "node-tests: $tool is not on PATH (scripts/stores.sh installs it)" >&2; exit 1; }
 done

@@ -8,11 +8,8 @@
 # target/debug/leasehold. About a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}"
-if [ ! -x "$bin" ]; then
-  echo "page-test: no leasehold binary at $bin (cargo build -p leasehold-cli --bin leasehold)" >&2
-  exit 1
-fi
+. scripts/binary.sh
+leasehold_binary page-test "$@"
 chromium="${CHROMIUM:-$(command -v chromium || true)}"
 if [ -z "$chromium" ]; then
   echo "page-test: installing Debian's chromium"

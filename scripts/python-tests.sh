@@ -9,11 +9,8 @@
 # $LEASEHOLD_BIN, else target/debug/leasehold. Exits non-zero if anything fails. About 2 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="${1:-${LEASEHOLD_BIN:-target/debug/leasehold}}"
-if [ ! -x "$bin" ]; then
-  echo "python-tests: no leasehold binary at $bin (cargo build -p leasehold-cli --bin leasehold)" >&2
-  exit 1
-fi
+. scripts/binary.sh
+leasehold_binary python-tests "$@"
 python="${PYTHON:-python3}"
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
   echo "python-tests: $python is not Python 3.11 or later" >&2

@@ -243,18 +243,7 @@ async fn unit(conn: &mut Connection, load: &Load, u: usize, share: usize) -> Res
     while sent + 1 < share {
         let answer = ok_json("tick", &conn.call("POST", &tick, Some(&body)).await?)?;
         sent += 1;
-        if answer.get("run") == Some(&serde_json::Value::Bool(true)) {
-            let slot = field("tick", &answer, "slot")?;
-            let done = format!(
-                r#"{{"token":{},"outcome":"ok"}}"#,
-                field("tick", &answer, "token")?
-            );
-            ok_json(
-                "done",
-                &conn
-                    .call("POST", &format!("{tick}/{slot}/done"), Some(&done))
-                    .await?,
-            )?;
+        if conn.done_if_granted(&tick, &answer).await? {
             sent += 1;
         }
         if sent + 1 < share {

@@ -35,6 +35,11 @@ impl Target {
         }
     }
 
+    /// [`cell`](Self::cell) of a target if there is one, else empty.
+    fn cell_of(target: &Option<Self>) -> String {
+        target.as_ref().map_or_else(String::new, Self::cell)
+    }
+
     fn cell(&self) -> String {
         format!("{} {}", if self.pass { "PASS" } else { "MISS" }, self.text)
     }
@@ -269,10 +274,21 @@ impl Report {
             self.run_id, self.rounds, self.ops
         );
         if !self.operations.is_empty() {
-            let rows = self
-                .operations
-                .iter()
-                .map(|r| {
+            section(
+                &mut out,
+                "\n",
+                &[
+                    "store",
+                    "operation",
+                    "ops/s",
+                    "p50",
+                    "p99",
+                    "p50 vs floor",
+                    "server",
+                    "target",
+                ],
+                &self.operations,
+                |r| {
                     vec![
                         r.store.clone(),
                         match r.kind {
@@ -287,24 +303,10 @@ impl Report {
                             .as_ref()
                             .map_or_else(String::new, |x| format!("{:.2}× {}", x.p50, x.floor)),
                         fmt_server(r.server_us),
-                        r.target.as_ref().map_or_else(String::new, Target::cell),
+                        Target::cell_of(&r.target),
                     ]
-                })
-                .collect();
-            out.push('\n');
-            out.push_str(&table(
-                &[
-                    "store",
-                    "operation",
-                    "ops/s",
-                    "p50",
-                    "p99",
-                    "p50 vs floor",
-                    "server",
-                    "target",
-                ],
-                rows,
-            ));
+                },
+            );
             if self.operations.iter().any(|r| r.server_us.is_some()) {
                 out.push_str(
                     "  server: the store server's own time per call (Redis: INFO commandstats \
@@ -313,28 +315,10 @@ impl Report {
             }
         }
         if !self.sidecar.is_empty() {
-            let rows = self
-                .sidecar
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.op.clone(),
-                        r.clients.to_string(),
-                        fmt_rate_spread(&r.figure.ops_per_sec),
-                        fmt_us_spread(&r.figure.p50_us),
-                        fmt_us_spread(&r.figure.p99_us),
-                        r.vs_floor_us
-                            .map_or_else(String::new, |us| format!("{us:+.0}µs")),
-                        fmt_server(r.server_us),
-                        r.target.as_ref().map_or_else(String::new, Target::cell),
-                    ]
-                })
-                .collect();
-            out.push_str(
+            section(
+                &mut out,
                 "\nthe sidecar: leasehold serve on loopback over the redis store, keep-alive \
                  HTTP/1.1 connections sending one request at a time each\n",
-            );
-            out.push_str(&table(
                 &[
                     "request",
                     "connections",
@@ -345,8 +329,21 @@ impl Report {
                     "server",
                     "target",
                 ],
-                rows,
-            ));
+                &self.sidecar,
+                |r| {
+                    vec![
+                        r.op.clone(),
+                        r.clients.to_string(),
+                        fmt_rate_spread(&r.figure.ops_per_sec),
+                        fmt_us_spread(&r.figure.p50_us),
+                        fmt_us_spread(&r.figure.p99_us),
+                        r.vs_floor_us
+                            .map_or_else(String::new, |us| format!("{us:+.0}µs")),
+                        fmt_server(r.server_us),
+                        Target::cell_of(&r.target),
+                    ]
+                },
+            );
         }
         if let Some(m) = &self.sidecar_memory {
             let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
@@ -361,27 +358,11 @@ impl Report {
             ));
         }
         if !self.held_renewal.is_empty() {
-            let rows = self
-                .held_renewal
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.store.clone(),
-                        fmt_count(r.held as f64),
-                        format!("{} ms", r.interval.as_millis()),
-                        format!("{:.2}", r.calls_per_interval),
-                        fmt_count(r.leases_per_call),
-                        format!("{:.0} ms", r.cpu_ms_per_interval),
-                        r.target.cell(),
-                    ]
-                })
-                .collect();
-            out.push_str(
+            section(
+                &mut out,
                 "
 leases held by one process in a LeaseSession (renewed together)
 ",
-            );
-            out.push_str(&table(
                 &[
                     "store",
                     "held",
@@ -391,12 +372,27 @@ leases held by one process in a LeaseSession (renewed together)
                     "CPU/interval",
                     "target",
                 ],
-                rows,
-            ));
-            let rows = self
-                .held_renewal
-                .iter()
-                .map(|r| {
+                &self.held_renewal,
+                |r| {
+                    vec![
+                        r.store.clone(),
+                        fmt_count(r.held as f64),
+                        format!("{} ms", r.interval.as_millis()),
+                        format!("{:.2}", r.calls_per_interval),
+                        fmt_count(r.leases_per_call),
+                        format!("{:.0} ms", r.cpu_ms_per_interval),
+                        r.target.cell(),
+                    ]
+                },
+            );
+            section(
+                &mut out,
+                "
+renewals/s: one renew call per lease vs one renew_many call
+",
+                &["store", "one by one", "renew_many", "one call", "speedup"],
+                &self.held_renewal,
+                |r| {
                     vec![
                         r.store.clone(),
                         format!(
@@ -412,17 +408,8 @@ leases held by one process in a LeaseSession (renewed together)
                         ),
                         format!("{:.1}×", r.speedup),
                     ]
-                })
-                .collect();
-            out.push_str(
-                "
-renewals/s: one renew call per lease vs one renew_many call
-",
+                },
             );
-            out.push_str(&table(
-                &["store", "one by one", "renew_many", "one call", "speedup"],
-                rows,
-            ));
             out.push_str(
                 "  calls/interval: renew_many calls the session made per renewal interval while \
                  watched (counted by a pass-through store wrapper); CPU/interval: user + system \
@@ -430,25 +417,22 @@ renewals/s: one renew call per lease vs one renew_many call
             );
         }
         if !self.takeover.is_empty() {
-            let rows = self
-                .takeover
-                .iter()
-                .map(|r| {
+            section(
+                &mut out,
+                "\ntakeover\n",
+                &["store", "after", "trials", "p50", "max", "target"],
+                &self.takeover,
+                |r| {
                     vec![
                         r.store.clone(),
                         r.path.to_owned(),
                         r.trials.to_string(),
                         format!("{:.2}ms", r.p50_ms),
                         format!("{:.2}ms", r.max_ms),
-                        r.target.as_ref().map_or_else(String::new, Target::cell),
+                        Target::cell_of(&r.target),
                     ]
-                })
-                .collect();
-            out.push_str("\ntakeover\n");
-            out.push_str(&table(
-                &["store", "after", "trials", "p50", "max", "target"],
-                rows,
-            ));
+                },
+            );
             let mut seen = Vec::new();
             for r in &self.takeover {
                 if !seen.contains(&r.path) {
@@ -458,10 +442,20 @@ renewals/s: one renew call per lease vs one renew_many call
             }
         }
         if !self.memory.is_empty() {
-            let rows = self
-                .memory
-                .iter()
-                .map(|m| {
+            let store = &self.memory[0].store;
+            section(
+                &mut out,
+                format!("\nmemory per held lease (guards on the {store} store)\n"),
+                &[
+                    "held by",
+                    "leases",
+                    "RSS",
+                    "per lease",
+                    "without the store's record",
+                    "target",
+                ],
+                &self.memory,
+                |m| {
                     vec![
                         m.how.to_owned(),
                         fmt_count(m.leases as f64),
@@ -473,23 +467,10 @@ renewals/s: one renew call per lease vs one renew_many call
                         format!("{:.0} B", m.bytes_per_lease),
                         m.without_store
                             .map_or_else(String::new, |b| format!("{b:.0} B")),
-                        m.target.as_ref().map_or_else(String::new, Target::cell),
+                        Target::cell_of(&m.target),
                     ]
-                })
-                .collect();
-            let store = &self.memory[0].store;
-            let _ = writeln!(out, "\nmemory per held lease (guards on the {store} store)");
-            out.push_str(&table(
-                &[
-                    "held by",
-                    "leases",
-                    "RSS",
-                    "per lease",
-                    "without the store's record",
-                    "target",
-                ],
-                rows,
-            ));
+                },
+            );
         }
         if let Some(p) = &self.placement {
             let _ = writeln!(
@@ -549,6 +530,18 @@ struct NamedTarget<'a> {
 /// A duration as whole milliseconds.
 fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `title`, then a table of `items` under `headers`, a row each.
+fn section<T>(
+    out: &mut String,
+    title: impl AsRef<str>,
+    headers: &[&str],
+    items: &[T],
+    row: impl Fn(&T) -> Vec<String>,
+) {
+    out.push_str(title.as_ref());
+    out.push_str(&table(headers, items.iter().map(row).collect()));
 }
 
 /// Left-aligned columns, two spaces apart, a rule under the header.

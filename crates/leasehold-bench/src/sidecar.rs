@@ -189,6 +189,24 @@ impl Connection {
         })
     }
 
+    /// Reports the run a tick's `answer` granted as done (`ok`) on the tick's path `tick`:
+    /// whether it granted one (and so a `done` request was sent).
+    pub(crate) async fn done_if_granted(
+        &mut self,
+        tick: &str,
+        answer: &serde_json::Value,
+    ) -> Result<bool> {
+        if answer.get("run") != Some(&serde_json::Value::Bool(true)) {
+            return Ok(false);
+        }
+        let slot = field("tick", answer, "slot")?;
+        let token = field("tick", answer, "token")?;
+        let done = format!(r#"{{"token":{token},"outcome":"ok"}}"#);
+        let path = format!("{tick}/{slot}/done");
+        ok_json("done", &self.call("POST", &path, Some(&done)).await?)?;
+        Ok(true)
+    }
+
     async fn read_more(&mut self) -> std::io::Result<()> {
         let mut chunk = [0u8; 4096];
         let n = self.stream.read(&mut chunk).await?;
@@ -623,18 +641,7 @@ async fn memory(addr: SocketAddr, prefix: &str, requests: usize) -> Result<Growt
                         .await?,
                 )?;
                 let mut n = 4;
-                if answer.get("run") == Some(&serde_json::Value::Bool(true)) {
-                    let slot = field("tick", &answer, "slot")?;
-                    let done = format!(
-                        r#"{{"token":{},"outcome":"ok"}}"#,
-                        field("tick", &answer, "token")?
-                    );
-                    ok_json(
-                        "done",
-                        &conn
-                            .call("POST", &format!("{tick}/{slot}/done"), Some(&done))
-                            .await?,
-                    )?;
+                if conn.done_if_granted(&tick, &answer).await? {
                     n += 1;
                 }
                 let total = sent.fetch_add(n, Ordering::Relaxed) + n;

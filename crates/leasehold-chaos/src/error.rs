@@ -68,17 +68,11 @@ pub enum ChaosError {
         /// The replicas' logs.
         logs: PathBuf,
     },
-    /// A program (a replica, a server, a tool, the watchdog shell) could not be started.
-    #[error("cannot start {}{note}", program.display())]
-    Spawn {
-        /// The program.
-        program: PathBuf,
-        /// A hint at what is missing, or where its log is (empty if none).
-        note: String,
-        /// Why it could not be started.
-        #[source]
-        source: io::Error,
-    },
+    /// A program (a replica, a server, a tool, the watchdog shell) could not be started: a
+    /// [`leasehold_servers::Error::Spawn`], whose note is a hint at what is missing or where
+    /// the program's log is.
+    #[error(transparent)]
+    Spawn(leasehold_servers::Error),
     /// A file, directory, port or system lookup the run needs failed.
     #[error("{what}")]
     Io {
@@ -163,11 +157,7 @@ impl ChaosError {
         note: impl Into<String>,
         source: io::Error,
     ) -> Self {
-        Self::Spawn {
-            program: program.into(),
-            note: note.into(),
-            source,
-        }
+        Self::Spawn(leasehold_servers::Error::spawn(program, note, source))
     }
 
     /// An I/O failure; `what` says what was done (`cannot create DIR`).

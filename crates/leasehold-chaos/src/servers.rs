@@ -37,15 +37,7 @@ impl From<leasehold_servers::Error> for ChaosError {
     fn from(e: leasehold_servers::Error) -> Self {
         use leasehold_servers::Error as E;
         match e {
-            E::Spawn {
-                program,
-                note,
-                source,
-            } => Self::Spawn {
-                program,
-                note,
-                source,
-            },
+            spawn @ E::Spawn { .. } => Self::Spawn(spawn),
             E::Server { server, problem } => Self::server(server, problem),
             E::Timeout { what, waited, log } => Self::ServerTimeout { what, waited, log },
             E::Io { what, source } => Self::Io { what, source },

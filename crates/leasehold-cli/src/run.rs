@@ -12,6 +12,8 @@ use leasehold::{
 };
 
 use leasehold_serve::Listen;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::service::{serve_metrics, termination};
 
@@ -413,29 +415,38 @@ fn stop_with_timeout(
 
 /// Runs the command with no lease (the store is down and the policy allows it).
 async fn unleased(args: RunArgs, s: Settings, holder: &str) -> Result<u8, Failure> {
+    let env = base_env(&s.name, holder);
+    let (ended, timed_out) = run_command(args.command, env, &s, None).await;
+    Ok(exit_status(ended?, timed_out))
+}
+
+/// Runs `argv` with `env` once, stopped when this process is asked to stop, at the --timeout,
+/// or (with `lease`: a guard's deadline updates and its expiring signal) as the lease ends:
+/// how it ended, and whether the timeout stopped it.
+async fn run_command(
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    s: &Settings,
+    lease: Option<(watch::Receiver<Instant>, CancellationToken)>,
+) -> (anyhow::Result<Ended>, bool) {
     let spec = ChildSpec {
-        argv: args.command,
-        env: base_env(&s.name, holder),
+        argv,
+        env,
         output: None,
     };
     let (shutdown, signals) = shutdown_token();
     let (stop, timed_out) = stop_with_timeout(&shutdown, s.run_policy.timeout);
-    let ended = child::run(
-        &spec,
-        Stops {
-            grace: s.config.stop_margin,
-            deadline: None,
-            expiring: None,
-            requested: Some(stop.clone()),
-        },
-    )
-    .await;
+    let (deadline, expiring) = lease.unzip();
+    let stops = Stops {
+        grace: s.config.stop_margin,
+        deadline,
+        expiring,
+        requested: Some(stop.clone()),
+    };
+    let ended = child::run(&spec, stops).await;
     stop.cancel();
     signals.abort();
-    Ok(exit_status(
-        ended?,
-        timed_out.load(std::sync::atomic::Ordering::SeqCst),
-    ))
+    (ended, timed_out.load(std::sync::atomic::Ordering::SeqCst))
 }
 
 /// A refusal (wrong key type, no permission) ends the run with exit 78; other errors with 69.
@@ -479,25 +490,8 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
     };
     let mut env = base_env(&s.name, guard.holder().as_str());
     env.push(("LEASEHOLD_TOKEN".into(), guard.token().to_string()));
-    let spec = ChildSpec {
-        argv: args.command,
-        env,
-        output: None,
-    };
-    let (shutdown, signals) = shutdown_token();
-    let (stop, timed_out) = stop_with_timeout(&shutdown, s.run_policy.timeout);
-    let ended = child::run(
-        &spec,
-        Stops {
-            grace: s.config.stop_margin,
-            deadline: Some(guard.deadline_updates()),
-            expiring: Some(guard.cancellation_token()),
-            requested: Some(stop.clone()),
-        },
-    )
-    .await;
-    stop.cancel();
-    signals.abort();
+    let lease = (guard.deadline_updates(), guard.cancellation_token());
+    let (ended, timed_out) = run_command(args.command, env, &s, Some(lease)).await;
     let reason = guard
         .loss_reason()
         .unwrap_or(leasehold::LossReason::Expired);
@@ -512,10 +506,7 @@ async fn once(args: RunArgs, s: Settings, store: Option<BoxStore>) -> Result<u8,
             s.name
         )));
     }
-    Ok(exit_status(
-        ended,
-        timed_out.load(std::sync::atomic::Ordering::SeqCst),
-    ))
+    Ok(exit_status(ended, timed_out))
 }
 
 /// A scheduled command: what it runs and how it is stopped.

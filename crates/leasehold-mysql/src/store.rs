@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::StoreError;
@@ -10,15 +10,17 @@ use leasehold::catalog::Registration;
 use leasehold::store::{Operation as Op, ReleaseSubscription, StoreResult, within};
 use leasehold::{HolderId, LeaseName};
 use leasehold_sql::lazy::{self, Failure, Readiness};
-use leasehold_sql::store::{Attempt, ControlColumns, LeaseRow, Renewed, SlotRow, TaskRow};
+use leasehold_sql::store::{
+    Arg, Attempt, ControlColumns, LeaseRow, Renewed, Rows, SlotRow, Statement, TaskRow,
+    control_columns,
+};
 use leasehold_sql::{Causes, Dialect, SqlStore};
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{
     Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, Row, SslOpts, Transaction,
-    TxOpts,
+    TxOpts, Value,
 };
 use tokio::sync::watch;
-use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{MySqlConfig, ServerUrl, SslMode};
 use crate::error::{Error, MySqlSetupError, Result};
@@ -56,8 +58,6 @@ pub struct MySql {
     /// Whether the tables are known to be usable; until they are, operations answer as
     /// [`Readiness`] says (a store from [`MySqlConfig::connect_lazy`]).
     ready: watch::Receiver<Readiness>,
-    /// The background connect of a lazy store.
-    connecting: OnceLock<AbortOnDropHandle<()>>,
 }
 
 impl Drop for MySql {
@@ -268,7 +268,6 @@ impl MySql {
             releases,
             local,
             ready,
-            connecting: OnceLock::new(),
         }
     }
 
@@ -296,20 +295,20 @@ impl MySql {
         let parts = Parts::new(&config)?;
         let (ready_tx, ready) = lazy::channel().map_err(MySqlSetupError::Config)?;
         let dialect = Arc::new(Self::new(&config, parts, ready));
-        let url = dialect.url.clone();
-        let max_delay = config.max_reconnect_delay;
+        let (url, max_delay) = (dialect.url.clone(), config.max_reconnect_delay);
         let config = Arc::new(config);
+        let attempt = move |dialect: &Self| {
+            let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
+            let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
+            async move { set_up(&pool, &config, &url, &sql).await }
+        };
         let task = lazy::spawn(
             Arc::downgrade(&dialect),
             ready_tx,
             "mysql",
             url.clone(),
             max_delay,
-            move |dialect: &Self| {
-                let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
-                let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
-                async move { set_up(&pool, &config, &url, &sql).await }
-            },
+            attempt,
             move |e| match e {
                 Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
                 Error::MissingDatabase { source, .. } => Failure::Refused(source),
@@ -321,8 +320,7 @@ impl MySql {
                 e => Failure::Unreachable(Causes(&e).to_string()),
             },
         );
-        let _ = dialect.connecting.set(AbortOnDropHandle::new(task));
-        Ok(SqlStore::new(dialect))
+        Ok(SqlStore::connecting(dialect, task))
     }
 
     /// The SQL statements this store runs.
@@ -422,9 +420,9 @@ impl MySql {
     /// The current holder, token and remaining time of `name` (as `inspect` answers).
     async fn state(&self, op: Op<'_>, name: &LeaseName) -> StoreResult<Option<LeaseRow>> {
         let rows = self
-            .read(op, &self.sql.inspect, Params::from((name.as_str(),)))
+            .run(op, Statement::Inspect, &[Arg::Text(name.as_str())])
             .await?;
-        rows.first().map(lease_row).transpose()
+        rows.first().map(|row| LeaseRow::read(row, 0)).transpose()
     }
 }
 
@@ -512,14 +510,10 @@ async fn warn_on_statement_binlog(conn: &mut Conn, url: &str) {
     }
 }
 
-/// A lease's columns: holder, token and microseconds left.
-fn lease_row(row: &Row) -> StoreResult<LeaseRow> {
-    Ok(LeaseRow {
-        holder: col(row, 0)?,
-        token: col(row, 1)?,
-        remaining_us: col(row, 2)?,
-    })
-}
+/// A row as the driver answers it, read through [`col`].
+pub struct MySqlRow(Row);
+
+leasehold_sql::columns!(MySqlRow, col);
 
 impl fmt::Debug for MySql {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -541,6 +535,24 @@ impl Dialect for MySql {
 
     /// A refused claim answers `last + 1`, so the highest slot must stay below i64::MAX.
     const MAX_SLOT: i64 = i64::MAX - 1;
+
+    type Row = MySqlRow;
+
+    /// The writes among them run again when picked as a deadlock victim.
+    async fn run(&self, op: Op<'_>, sql: Statement, args: &[Arg<'_>]) -> StoreResult<Rows<Self>> {
+        let values = args.iter().map(|arg| match *arg {
+            Arg::Text(text) => Value::from(text),
+            Arg::Int(int) => Value::from(int),
+        });
+        let params = Params::Positional(values.collect());
+        let text = leasehold_sql::shared_statement!(self.sql, sql);
+        if matches!(sql, Statement::Unregister | Statement::Leave) {
+            self.write(op, text, params).await?;
+            return Ok(Vec::new());
+        }
+        let rows = self.read(op, text, params).await?;
+        Ok(rows.into_iter().map(MySqlRow).collect())
+    }
 
     fn describe(&self) -> String {
         format!("mysql {} (table {}leases)", self.url, self.prefix)
@@ -612,11 +624,7 @@ impl Dialect for MySql {
         // since reads as lost: the safe side.)
         let params = Params::from((json.as_str(), holder.as_str()));
         let rows = self.read(op, &self.sql.held_of_many, params).await?;
-        let mut held = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            held.insert((col::<String>(row, 0)?, col::<i64>(row, 1)?));
-        }
-        Ok(Renewed::Only(held))
+        Renewed::read(rows.into_iter().map(MySqlRow))
     }
 
     async fn release(
@@ -639,15 +647,6 @@ impl Dialect for MySql {
         Ok(true)
     }
 
-    async fn inspect(&self, op: Op<'_>, name: &LeaseName) -> StoreResult<Option<LeaseRow>> {
-        self.state(op, name).await
-    }
-
-    async fn now_millis(&self, op: Op<'_>) -> StoreResult<Option<i64>> {
-        let rows = self.read(op, &self.sql.now_millis, Params::Empty).await?;
-        rows.first().map(|row| col(row, 0)).transpose()
-    }
-
     async fn claim_slot(
         &self,
         op: Op<'_>,
@@ -665,12 +664,6 @@ impl Dialect for MySql {
         }))
     }
 
-    async fn last_slot(&self, op: Op<'_>, task: &LeaseName) -> StoreResult<Option<i64>> {
-        let params = Params::from((task.as_str(),));
-        let rows = self.read(op, &self.sql.last_slot, params).await?;
-        rows.first().map(|row| col(row, 0)).transpose()
-    }
-
     /// Two statements: the entry, then the trim to the `keep` newest (which also removes the
     /// entry again when its key is older than those).
     async fn record_history(
@@ -686,12 +679,6 @@ impl Dialect for MySql {
         let trim = Params::from((task.as_str(), task.as_str(), keep - 1));
         self.write(op, &self.sql.trim_history, trim).await?;
         Ok(())
-    }
-
-    async fn history(&self, op: Op<'_>, task: &LeaseName, limit: i64) -> StoreResult<Vec<String>> {
-        let params = Params::from((task.as_str(), limit));
-        let rows = self.read(op, &self.sql.history, params).await?;
-        rows.iter().map(|row| col(row, 0)).collect()
     }
 
     async fn purge(&self, op: Op<'_>, retention: Duration) -> StoreResult<u64> {
@@ -730,12 +717,6 @@ impl Dialect for MySql {
         Ok(members)
     }
 
-    async fn leave(&self, op: Op<'_>, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        let params = Params::from((group.as_str(), member.as_str()));
-        self.write(op, &self.sql.leave, params).await?;
-        Ok(())
-    }
-
     async fn register(
         &self,
         op: Op<'_>,
@@ -772,20 +753,9 @@ impl Dialect for MySql {
             )));
         }
         match control {
-            Some(row) => Ok(Some((col(&row, 0)?, col(&row, 1)?))),
+            Some(row) => Ok(Some(control_columns(&MySqlRow(row), 0)?)),
             None => Err(StoreError::Corrupt(format!("{op}: the task row is gone"))),
         }
-    }
-
-    async fn unregister(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-        instance: &HolderId,
-    ) -> StoreResult<()> {
-        let params = Params::from((task.as_str(), instance.as_str()));
-        self.write(op, &self.sql.unregister, params).await?;
-        Ok(())
     }
 
     /// Forgets what is due, then lists what is left, in one transaction. In no order: an
@@ -803,34 +773,9 @@ impl Dialect for MySql {
                 Ok(rows)
             })
             .await?;
-        rows.iter()
-            .map(|row| {
-                let instance = match col::<Option<String>>(row, 4)? {
-                    Some(instance) => Some((instance, col(row, 5)?, col(row, 6)?)),
-                    None => None,
-                };
-                Ok(TaskRow {
-                    task: col(row, 0)?,
-                    definition: col(row, 1)?,
-                    control_version: col(row, 2)?,
-                    control: col(row, 3)?,
-                    instance,
-                })
-            })
+        rows.into_iter()
+            .map(|row| TaskRow::read(&MySqlRow(row)))
             .collect()
-    }
-
-    async fn control(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-    ) -> StoreResult<Option<(i64, ControlColumns)>> {
-        let rows = self
-            .read(op, &self.sql.control, Params::from((task.as_str(),)))
-            .await?;
-        rows.first()
-            .map(|row| Ok((col(row, 0)?, (col(row, 1)?, col(row, 2)?))))
-            .transpose()
     }
 
     async fn create_control(
@@ -855,22 +800,6 @@ impl Dialect for MySql {
         let written = self.write(op, &self.sql.update_control, params).await?;
         // Written means the server raised the version within a BIGINT: no overflow.
         Ok((written.rows == 1).then(|| expected.saturating_add(1)))
-    }
-
-    async fn leases(&self, op: Op<'_>, limit: i64) -> StoreResult<Vec<(String, LeaseRow)>> {
-        let rows = self
-            .read(op, &self.sql.leases, Params::from((limit,)))
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let lease = LeaseRow {
-                    holder: col(row, 1)?,
-                    token: col(row, 2)?,
-                    remaining_us: col(row, 3)?,
-                };
-                Ok((col(row, 0)?, lease))
-            })
-            .collect()
     }
 }
 

@@ -1,6 +1,5 @@
 //! [`PgStore`]: the [`SqlStore`] on PostgreSQL, and its [`Postgres`] dialect.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,13 +10,15 @@ pub(crate) use leasehold::store::Operation as Op;
 use leasehold::store::{ReleaseFeed, ReleaseSubscription, StoreResult, within};
 use leasehold::{HolderId, LeaseName, StoreError};
 use leasehold_sql::lazy::{self, Failure, Readiness};
-use leasehold_sql::store::{Attempt, ControlColumns, LeaseRow, Renewed, SlotRow, TaskRow};
+use leasehold_sql::store::{
+    Arg, Attempt, ControlColumns, LeaseRow, Renewed, Rows, SlotRow, Statement, TaskRow,
+    control_columns,
+};
 use leasehold_sql::{Causes, Dialect, SqlStore};
 use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
-use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{PgConfig, Tls};
 use crate::error::{Error, PgSetupError, Result};
@@ -53,8 +54,6 @@ pub struct Postgres {
     /// Whether the tables are known to exist (the migration ran, or was off); until they are,
     /// operations answer as [`Readiness`] says (a store from [`PgConfig::connect_lazy`]).
     ready: watch::Receiver<Readiness>,
-    /// The background connect of a lazy store.
-    migration: std::sync::OnceLock<AbortOnDropHandle<()>>,
 }
 
 /// What connecting needs, parsed and built before any network traffic.
@@ -110,25 +109,6 @@ impl Postgres {
         ))
     }
 
-    /// A lease's columns: holder, token, and microseconds left (`None` for an infinite
-    /// `expires_at`, which is corrupt).
-    fn lease_row(
-        &self,
-        name: &str,
-        holder: Option<String>,
-        token: i64,
-        remaining_us: Option<i64>,
-    ) -> StoreResult<LeaseRow> {
-        if remaining_us.is_none() {
-            return Err(self.infinite_expiry(name));
-        }
-        Ok(LeaseRow {
-            holder,
-            token,
-            remaining_us,
-        })
-    }
-
     fn new(
         config: &PgConfig,
         parts: Parts,
@@ -145,7 +125,6 @@ impl Postgres {
             lease_table: config.lease_table.clone(),
             releases,
             ready,
-            migration: std::sync::OnceLock::new(),
         }
     }
 
@@ -182,20 +161,20 @@ impl Postgres {
         let (ready_tx, ready) = lazy::channel().map_err(PgSetupError::Config)?;
         let releases = Self::listen(&config, &parts);
         let dialect = Arc::new(Self::new(&config, parts, releases, ready));
-        let url = dialect.url.clone();
-        let max_delay = config.max_reconnect_delay;
+        let (url, max_delay) = (dialect.url.clone(), config.max_reconnect_delay);
         let config = Arc::new(config);
+        let attempt = move |dialect: &Self| {
+            let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
+            let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
+            async move { migrate_on(&pool, &config, &url, &sql).await }
+        };
         let task = lazy::spawn(
             Arc::downgrade(&dialect),
             ready_tx,
             "postgres",
             url.clone(),
             max_delay,
-            move |dialect: &Self| {
-                let (pool, url) = (dialect.pool.clone(), dialect.url.clone());
-                let (sql, config) = (dialect.sql.clone(), Arc::clone(&config));
-                async move { migrate_on(&pool, &config, &url, &sql).await }
-            },
+            attempt,
             move |e| match e {
                 Error::TooOld { source, .. } => {
                     tracing::error!(url = %url, error = %source, "every operation will be refused");
@@ -210,8 +189,7 @@ impl Postgres {
                 e => Failure::Unreachable(Causes(&e).to_string()),
             },
         );
-        let _ = dialect.migration.set(AbortOnDropHandle::new(task));
-        Ok(SqlStore::new(dialect))
+        Ok(SqlStore::connecting(dialect, task))
     }
 
     /// The SQL statements this store runs.
@@ -316,6 +294,11 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Sto
         .map_err(|e| StoreError::Corrupt(format!("unexpected column {i}: {e}")))
 }
 
+/// A row as the driver answers it, read through [`get`].
+pub struct PgRow(Row);
+
+leasehold_sql::columns!(PgRow, get);
+
 impl fmt::Debug for Postgres {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgStore")
@@ -330,6 +313,29 @@ impl fmt::Debug for Postgres {
 /// Each operation one statement, timed by `clock_timestamp()`.
 impl Dialect for Postgres {
     const BIGINT: &'static str = "bigint";
+
+    type Row = PgRow;
+
+    async fn run(&self, op: Op<'_>, sql: Statement, args: &[Arg<'_>]) -> StoreResult<Rows<Self>> {
+        let params: Vec<&(dyn ToSql + Sync)> = args
+            .iter()
+            .map(|arg| match arg {
+                Arg::Text(text) => text as &(dyn ToSql + Sync),
+                Arg::Int(int) => int,
+            })
+            .collect();
+        let sql = leasehold_sql::shared_statement!(self.sql, sql);
+        let rows = self.query(op, sql, &params).await?;
+        Ok(rows.into_iter().map(PgRow).collect())
+    }
+
+    /// An infinite `expires_at` (its `remaining_us` `NULL`) is corrupt.
+    fn checked(&self, name: &str, row: LeaseRow) -> StoreResult<LeaseRow> {
+        match row.remaining_us {
+            Some(_) => Ok(row),
+            None => Err(self.infinite_expiry(name)),
+        }
+    }
 
     fn describe(&self) -> String {
         format!(
@@ -398,11 +404,7 @@ impl Dialect for Postgres {
         let (names, tokens): (Vec<&str>, Vec<i64>) = batch.iter().copied().unzip();
         let params: [&(dyn ToSql + Sync); 4] = [&names, &holder.as_str(), &tokens, &ttl_ms(ttl)];
         let rows = self.query(op, &self.sql.renew_many, &params).await?;
-        let mut renewed = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            renewed.insert((get::<String>(row, 0)?, get::<i64>(row, 1)?));
-        }
-        Ok(Renewed::Only(renewed))
+        Renewed::read(rows.into_iter().map(PgRow))
     }
 
     /// `pg_notify` in the same statement.
@@ -421,18 +423,6 @@ impl Dialect for Postgres {
         ];
         let rows = self.query(op, &self.sql.release, &params).await?;
         Ok(!rows.is_empty())
-    }
-
-    async fn inspect(&self, op: Op<'_>, name: &LeaseName) -> StoreResult<Option<LeaseRow>> {
-        let rows = self.query(op, &self.sql.inspect, &[&name.as_str()]).await?;
-        rows.first()
-            .map(|row| self.lease_row(name.as_str(), get(row, 0)?, get(row, 1)?, get(row, 2)?))
-            .transpose()
-    }
-
-    async fn now_millis(&self, op: Op<'_>) -> StoreResult<Option<i64>> {
-        let rows = self.query(op, &self.sql.now_millis, &[]).await?;
-        rows.first().map(|row| get(row, 0)).transpose()
     }
 
     async fn claim_slot(
@@ -457,13 +447,6 @@ impl Dialect for Postgres {
             .transpose()
     }
 
-    async fn last_slot(&self, op: Op<'_>, task: &LeaseName) -> StoreResult<Option<i64>> {
-        let rows = self
-            .query(op, &self.sql.last_slot, &[&task.as_str()])
-            .await?;
-        rows.first().map(|row| get(row, 0)).transpose()
-    }
-
     async fn record_history(
         &self,
         op: Op<'_>,
@@ -475,13 +458,6 @@ impl Dialect for Postgres {
         let params: [&(dyn ToSql + Sync); 4] = [&task.as_str(), &key, &entry, &keep];
         self.query(op, &self.sql.record_history, &params).await?;
         Ok(())
-    }
-
-    async fn history(&self, op: Op<'_>, task: &LeaseName, limit: i64) -> StoreResult<Vec<String>> {
-        let rows = self
-            .query(op, &self.sql.history, &[&task.as_str(), &limit])
-            .await?;
-        rows.iter().map(|row| get(row, 0)).collect()
     }
 
     async fn purge(&self, op: Op<'_>, retention: Duration) -> StoreResult<u64> {
@@ -507,12 +483,6 @@ impl Dialect for Postgres {
         rows.iter().map(|row| get(row, 0)).collect()
     }
 
-    async fn leave(&self, op: Op<'_>, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
-        self.query(op, &self.sql.leave, &[&group.as_str(), &member.as_str()])
-            .await?;
-        Ok(())
-    }
-
     async fn register(
         &self,
         op: Op<'_>,
@@ -527,52 +497,17 @@ impl Dialect for Postgres {
             &millis(r.forget_after),
         ];
         let rows = self.query(op, &self.sql.register, &params).await?;
-        rows.first()
-            .map(|row| Ok((get(row, 0)?, get(row, 1)?)))
-            .transpose()
-    }
-
-    async fn unregister(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-        instance: &HolderId,
-    ) -> StoreResult<()> {
-        let params: [&(dyn ToSql + Sync); 2] = [&task.as_str(), &instance.as_str()];
-        self.query(op, &self.sql.unregister, &params).await?;
-        Ok(())
+        let row = rows.into_iter().next().map(PgRow);
+        row.map(|row| control_columns(&row, 0)).transpose()
     }
 
     async fn tasks(&self, op: Op<'_>, forget_after: Duration) -> StoreResult<Vec<TaskRow>> {
         let rows = self
             .query(op, &self.sql.tasks, &[&millis(forget_after)])
             .await?;
-        rows.iter()
-            .map(|row| {
-                let instance = match get::<Option<String>>(row, 4)? {
-                    Some(instance) => Some((instance, get(row, 5)?, get(row, 6)?)),
-                    None => None,
-                };
-                Ok(TaskRow {
-                    task: get(row, 0)?,
-                    definition: get(row, 1)?,
-                    control_version: get(row, 2)?,
-                    control: get(row, 3)?,
-                    instance,
-                })
-            })
+        rows.into_iter()
+            .map(|row| TaskRow::read(&PgRow(row)))
             .collect()
-    }
-
-    async fn control(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-    ) -> StoreResult<Option<(i64, ControlColumns)>> {
-        let rows = self.query(op, &self.sql.control, &[&task.as_str()]).await?;
-        rows.first()
-            .map(|row| Ok((get(row, 0)?, (get(row, 1)?, get(row, 2)?))))
-            .transpose()
     }
 
     async fn create_control(
@@ -597,17 +532,6 @@ impl Dialect for Postgres {
         let params: [&(dyn ToSql + Sync); 3] = [&task.as_str(), &expected, &value];
         let rows = self.query(op, &self.sql.update_control, &params).await?;
         rows.first().map(|row| get(row, 0)).transpose()
-    }
-
-    async fn leases(&self, op: Op<'_>, limit: i64) -> StoreResult<Vec<(String, LeaseRow)>> {
-        let rows = self.query(op, &self.sql.leases, &[&limit]).await?;
-        rows.iter()
-            .map(|row| {
-                let name: String = get(row, 0)?;
-                let lease = self.lease_row(&name, get(row, 1)?, get(row, 2)?, get(row, 3)?)?;
-                Ok((name, lease))
-            })
-            .collect()
     }
 }
 

@@ -208,35 +208,27 @@ impl Series {
             }
             write_type_line(out, name, None, None, kind);
         };
-        for (name, series) in by_name(&self.counters, |c| c.load(Ordering::Relaxed)) {
-            header(&mut out, &name, "counter");
-            for (key, value) in series {
-                write_metric_line::<&str, u64>(
-                    &mut out,
-                    &name,
-                    None,
-                    &labels(&key),
-                    None,
-                    value,
-                    None,
-                );
+        // Values as their text (what the line writes of them): counters and gauges alike.
+        let counters = by_name(&self.counters, |c| c.load(Ordering::Relaxed).to_string());
+        let gauges = by_name(&self.gauges, |g| {
+            f64::from_bits(g.load(Ordering::Relaxed)).to_string()
+        });
+        for (kind, families) in [("counter", counters), ("gauge", gauges)] {
+            for (name, series) in families {
+                header(&mut out, &name, kind);
+                for (key, value) in series {
+                    write_metric_line::<&str, String>(
+                        &mut out,
+                        &name,
+                        None,
+                        &labels(&key),
+                        None,
+                        value,
+                        None,
+                    );
+                }
+                out.push('\n');
             }
-            out.push('\n');
-        }
-        for (name, series) in by_name(&self.gauges, |g| f64::from_bits(g.load(Ordering::Relaxed))) {
-            header(&mut out, &name, "gauge");
-            for (key, value) in series {
-                write_metric_line::<&str, f64>(
-                    &mut out,
-                    &name,
-                    None,
-                    &labels(&key),
-                    None,
-                    value,
-                    None,
-                );
-            }
-            out.push('\n');
         }
         let snapshot = |h: &Buckets| {
             let counts: Vec<u64> = h.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();

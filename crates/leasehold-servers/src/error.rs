@@ -74,10 +74,12 @@ impl Error {
         }
     }
 
-    pub(crate) fn spawn(program: impl Into<PathBuf>, note: &str, source: io::Error) -> Self {
+    /// A program that could not be started; `note` is appended to its name (` (is Redis
+    /// installed?)`, or empty). Public for harnesses that start programs of their own.
+    pub fn spawn(program: impl Into<PathBuf>, note: impl Into<String>, source: io::Error) -> Self {
         Self::Spawn {
             program: program.into(),
-            note: note.to_owned(),
+            note: note.into(),
             source,
         }
     }

@@ -5,7 +5,9 @@
 //! statement wrote and what it read, the refusal of values no column can hold, the decoding of
 //! column values into the core's records (see [`column`](mod@column)). A dialect runs one statement (or one
 //! short transaction) per method and answers the columns as its driver decoded them; a new
-//! dialect adds statements, not control flow.
+//! dialect adds statements, not control flow. The statements every dialect binds and reads
+//! alike ([`Statement`]) it only runs ([`Dialect::run`]): their rows are read here, through
+//! [`Columns`].
 
 use std::collections::HashSet;
 use std::collections::btree_map::{BTreeMap, Entry};
@@ -22,6 +24,8 @@ use leasehold::{
     Catalog, FencingToken, HolderId, LeaseName, LeaseState, Membership, Purge, Release, Slots,
     Store, StoreError,
 };
+use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::column;
 
@@ -40,6 +44,25 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// The highest slot [`claim_slot`](Self::claim_slot) can record.
     const MAX_SLOT: i64 = i64::MAX;
+
+    /// A row as the dialect's driver answers it.
+    type Row: Columns + Send;
+
+    /// Runs `sql`, one of the statements every dialect binds and reads alike (its text is
+    /// [`shared_statement!`](crate::shared_statement)), with `args` bound in the order
+    /// [`Statement`] gives: the rows it answered (none for a write).
+    fn run(
+        &self,
+        op: Op<'_>,
+        sql: Statement,
+        args: &[Arg<'_>],
+    ) -> impl Future<Output = StoreResult<Rows<Self>>> + Send;
+
+    /// A lease row as read, checked for what the dialect's columns cannot mean (a PostgreSQL
+    /// `infinity`): by default taken as it is.
+    fn checked(&self, _name: &str, row: LeaseRow) -> StoreResult<LeaseRow> {
+        Ok(row)
+    }
 
     /// [`Store::describe`].
     fn describe(&self) -> String;
@@ -86,16 +109,6 @@ pub trait Dialect: Send + Sync + 'static {
         token: i64,
     ) -> impl Future<Output = StoreResult<bool>> + Send;
 
-    /// The lease's row, `None` when the name was never acquired.
-    fn inspect(
-        &self,
-        op: Op<'_>,
-        name: &LeaseName,
-    ) -> impl Future<Output = StoreResult<Option<LeaseRow>>> + Send;
-
-    /// The server's clock in ms since the Unix epoch; `None` when the query answered no row.
-    fn now_millis(&self, op: Op<'_>) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
-
     /// Records `slot` (at most [`MAX_SLOT`](Self::MAX_SLOT)) as `task`'s last if it is above
     /// the last; `None` when the statement read nothing to compare (a concurrent claim).
     fn claim_slot(
@@ -104,13 +117,6 @@ pub trait Dialect: Send + Sync + 'static {
         task: &LeaseName,
         slot: i64,
     ) -> impl Future<Output = StoreResult<Option<SlotRow>>> + Send;
-
-    /// `task`'s last claimed slot.
-    fn last_slot(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-    ) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
 
     /// Writes `entry` under `key` and keeps `task`'s `keep` (at least 1) highest keys.
     fn record_history(
@@ -121,14 +127,6 @@ pub trait Dialect: Send + Sync + 'static {
         entry: &str,
         keep: i64,
     ) -> impl Future<Output = StoreResult<()>> + Send;
-
-    /// Up to `limit` of `task`'s history entries, highest key first.
-    fn history(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-        limit: i64,
-    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send;
 
     /// Deletes the leases free for at least `retention`: how many.
     fn purge(
@@ -147,14 +145,6 @@ pub trait Dialect: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = StoreResult<Vec<String>>> + Send;
 
-    /// Removes `member` from `group`.
-    fn leave(
-        &self,
-        op: Op<'_>,
-        group: &LeaseName,
-        member: &HolderId,
-    ) -> impl Future<Output = StoreResult<()>> + Send;
-
     /// [`Catalog::register`]: answers the task's control record; `None` when the statement
     /// answered no row.
     fn register(
@@ -163,14 +153,6 @@ pub trait Dialect: Send + Sync + 'static {
         registration: &Registration<'_>,
     ) -> impl Future<Output = StoreResult<Option<ControlColumns>>> + Send;
 
-    /// Removes `instance` from `task`'s instances.
-    fn unregister(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-        instance: &HolderId,
-    ) -> impl Future<Output = StoreResult<()>> + Send;
-
     /// Forgets what [`Catalog::tasks`] says is due, then answers a row per instance seen
     /// within `forget_after` (and one for each task without one), in any order.
     fn tasks(
@@ -178,14 +160,6 @@ pub trait Dialect: Send + Sync + 'static {
         op: Op<'_>,
         forget_after: Duration,
     ) -> impl Future<Output = StoreResult<Vec<TaskRow>>> + Send;
-
-    /// The server's clock in ms and `task`'s control record; `None` when the query answered no
-    /// row.
-    fn control(
-        &self,
-        op: Op<'_>,
-        task: &LeaseName,
-    ) -> impl Future<Output = StoreResult<Option<(i64, ControlColumns)>>> + Send;
 
     /// Writes `task`'s first control record: its version (1) if written, `None` if the task
     /// has one already.
@@ -205,13 +179,94 @@ pub trait Dialect: Send + Sync + 'static {
         expected: i64,
         value: &str,
     ) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
+}
 
-    /// Up to `limit` leases as `(name, row)`, sorted by name, byte by byte.
-    fn leases(
-        &self,
-        op: Op<'_>,
-        limit: i64,
-    ) -> impl Future<Output = StoreResult<Vec<(String, LeaseRow)>>> + Send;
+/// A statement every dialect binds to the same parameters, in this order, and reads the same
+/// columns from; each dialect has its own text of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Statement {
+    /// The server's clock: no parameters; one row `(now_ms)`, ms since the Unix epoch.
+    NowMillis,
+    /// A lease: name; `(holder, token, remaining_us)`, no row when it was never acquired.
+    Inspect,
+    /// The highest claimed slot: task; `(last_slot)`, no row if none.
+    LastSlot,
+    /// The newest history entries: task, limit; `(entry)` per entry, highest key first.
+    History,
+    /// A task's control record with the server's clock: task; one row `(now_ms,
+    /// control_version, control)`, the last two `NULL` when there is none.
+    Control,
+    /// Lease records: limit; `(name, holder, token, remaining_us)` per lease, by name (bytewise).
+    Leases,
+    /// Removes an instance from a task's instances: task, instance.
+    Unregister,
+    /// Removes a member from a spread group: group, member.
+    Leave,
+}
+
+/// The rows a [`Statement`] answered.
+pub type Rows<D> = Vec<<D as Dialect>::Row>;
+
+/// A value bound to a [`Statement`]'s parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// Text (a name, a holder).
+    Text(&'a str),
+    /// A 64-bit integer (a limit).
+    Int(i64),
+}
+
+/// The text of the shared statement `$which` (a [`Statement`]) in `$statements`, a dialect's
+/// statements, which name their fields after the variants: `now_millis`, `inspect`, ...
+#[macro_export]
+macro_rules! shared_statement {
+    ($statements:expr, $which:expr) => {
+        match $which {
+            $crate::store::Statement::NowMillis => &$statements.now_millis,
+            $crate::store::Statement::Inspect => &$statements.inspect,
+            $crate::store::Statement::LastSlot => &$statements.last_slot,
+            $crate::store::Statement::History => &$statements.history,
+            $crate::store::Statement::Control => &$statements.control,
+            $crate::store::Statement::Leases => &$statements.leases,
+            $crate::store::Statement::Unregister => &$statements.unregister,
+            $crate::store::Statement::Leave => &$statements.leave,
+        }
+    };
+}
+
+/// A row a statement answered, column by column: a value of another type than asked for, or a
+/// `NULL` where none may be, is a corrupt record ([`StoreError::Corrupt`]).
+pub trait Columns {
+    /// Column `i` as text.
+    fn text(&self, i: usize) -> StoreResult<String>;
+    /// Column `i` as text or `NULL`.
+    fn text_or_null(&self, i: usize) -> StoreResult<Option<String>>;
+    /// Column `i` as a 64-bit integer.
+    fn int(&self, i: usize) -> StoreResult<i64>;
+    /// Column `i` as a 64-bit integer or `NULL`.
+    fn int_or_null(&self, i: usize) -> StoreResult<Option<i64>>;
+}
+
+/// Implements [`Columns`] for `$row`, a newtype over a driver's row, with `$get`, a function
+/// generic over the column's type: `fn get<T>(row: &DriverRow, i: usize) -> StoreResult<T>`.
+#[macro_export]
+macro_rules! columns {
+    ($row:ty, $get:path) => {
+        impl $crate::store::Columns for $row {
+            fn text(&self, i: usize) -> leasehold::store::StoreResult<String> {
+                $get(&self.0, i)
+            }
+            fn text_or_null(&self, i: usize) -> leasehold::store::StoreResult<Option<String>> {
+                $get(&self.0, i)
+            }
+            fn int(&self, i: usize) -> leasehold::store::StoreResult<i64> {
+                $get(&self.0, i)
+            }
+            fn int_or_null(&self, i: usize) -> leasehold::store::StoreResult<Option<i64>> {
+                $get(&self.0, i)
+            }
+        }
+    };
 }
 
 /// A control record's columns, version and value, both `NULL` when the task has none.
@@ -241,6 +296,14 @@ pub enum Renewed {
     Only(HashSet<(String, i64)>),
 }
 
+impl Renewed {
+    /// The `(name, token)` pairs of `rows`, the leases a renewal reports renewed.
+    pub fn read<R: Columns>(rows: impl IntoIterator<Item = R>) -> StoreResult<Self> {
+        let pairs = rows.into_iter().map(|row| Ok((row.text(0)?, row.int(1)?)));
+        Ok(Self::Only(pairs.collect::<StoreResult<_>>()?))
+    }
+}
+
 /// What [`Dialect::claim_slot`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotRow {
@@ -262,6 +325,15 @@ pub struct LeaseRow {
 }
 
 impl LeaseRow {
+    /// The lease columns `(holder, token, remaining_us)` of `row`, from column `first` on.
+    pub fn read(row: &impl Columns, first: usize) -> StoreResult<Self> {
+        Ok(Self {
+            holder: row.text_or_null(first)?,
+            token: row.int(first + 1)?,
+            remaining_us: row.int_or_null(first + 2)?,
+        })
+    }
+
     fn state(self) -> StoreResult<LeaseState> {
         column::lease_state(self.holder, self.token, self.remaining_us)
     }
@@ -283,6 +355,29 @@ pub struct TaskRow {
     pub instance: Option<(String, String, Option<i64>)>,
 }
 
+impl TaskRow {
+    /// The columns of a catalog row: `(task, definition, control_version, control, instance,
+    /// about, remaining_us)`, the last three `NULL` for a task without an instance.
+    pub fn read(row: &impl Columns) -> StoreResult<Self> {
+        let instance = match row.text_or_null(4)? {
+            Some(instance) => Some((instance, row.text(5)?, row.int_or_null(6)?)),
+            None => None,
+        };
+        Ok(Self {
+            task: row.text(0)?,
+            definition: row.text_or_null(1)?,
+            control_version: row.int_or_null(2)?,
+            control: row.text_or_null(3)?,
+            instance,
+        })
+    }
+}
+
+/// The control record's columns `(control_version, control)` of `row`, from column `first` on.
+pub fn control_columns(row: &impl Columns, first: usize) -> StoreResult<ControlColumns> {
+    Ok((row.int_or_null(first)?, row.text_or_null(first + 1)?))
+}
+
 /// A lease store on a SQL server: [`Store`] and every capability trait, their control flow
 /// written once, run through the dialect `D`'s statements.
 ///
@@ -290,12 +385,41 @@ pub struct TaskRow {
 /// Dereferences to the dialect, for its own methods (its pool, its statements).
 pub struct SqlStore<D> {
     dialect: Arc<D>,
+    /// A lazy store's background connect, stopped once the last clone is dropped (after the
+    /// dialect: declared after it).
+    connecting: Option<Arc<AbortOnDropHandle<()>>>,
 }
 
 impl<D> SqlStore<D> {
     /// The store on `dialect`.
     pub fn new(dialect: Arc<D>) -> Self {
-        Self { dialect }
+        Self {
+            dialect,
+            connecting: None,
+        }
+    }
+
+    /// The store on `dialect` that connects in the background as `task` (from
+    /// [`lazy::spawn`](crate::lazy::spawn)), which stops once the store's last clone is dropped.
+    pub fn connecting(dialect: Arc<D>, task: JoinHandle<()>) -> Self {
+        Self {
+            dialect,
+            connecting: Some(Arc::new(AbortOnDropHandle::new(task))),
+        }
+    }
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// The first row `statement` answers about the lease or task `name`.
+    async fn first(
+        &self,
+        op: Op<'_>,
+        statement: Statement,
+        name: &LeaseName,
+    ) -> StoreResult<Option<D::Row>> {
+        let params = [Arg::Text(name.as_str())];
+        let rows = self.dialect.run(op, statement, &params).await?;
+        Ok(rows.into_iter().next())
     }
 }
 
@@ -303,6 +427,7 @@ impl<D> Clone for SqlStore<D> {
     fn clone(&self) -> Self {
         Self {
             dialect: Arc::clone(&self.dialect),
+            connecting: self.connecting.clone(),
         }
     }
 }
@@ -404,21 +529,22 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn inspect(&self, name: &LeaseName) -> StoreResult<Option<LeaseState>> {
         let op = Op::new("inspect", Some(name));
-        self.dialect
-            .inspect(op, name)
-            .await?
-            .map(LeaseRow::state)
-            .transpose()
+        let Some(row) = self.first(op, Statement::Inspect, name).await? else {
+            return Ok(None);
+        };
+        let lease = self
+            .dialect
+            .checked(name.as_str(), LeaseRow::read(&row, 0)?)?;
+        lease.state().map(Some)
     }
 
     async fn now_millis(&self) -> StoreResult<u64> {
         let op = Op::new("clock", None);
-        let ms = self
-            .dialect
-            .now_millis(op)
-            .await?
+        let rows = self.dialect.run(op, Statement::NowMillis, &[]).await?;
+        let row = rows
+            .first()
             .ok_or_else(|| StoreError::Corrupt("clock query returned no row".to_owned()))?;
-        column::clock_ms(ms)
+        column::clock_ms(row.int(0)?)
     }
 
     fn subscribe_releases(&self) -> Option<ReleaseSubscription> {
@@ -485,11 +611,10 @@ impl<D: Dialect> Slots for SqlStore<D> {
 
     async fn last_slot(&self, task: &LeaseName) -> StoreResult<Option<u64>> {
         let op = Op::new("last_slot", Some(task));
-        self.dialect
-            .last_slot(op, task)
-            .await?
-            .map(column::slot)
-            .transpose()
+        match self.first(op, Statement::LastSlot, task).await? {
+            Some(row) => Ok(Some(column::slot(row.int(0)?)?)),
+            None => Ok(None),
+        }
     }
 
     async fn record_history(
@@ -510,7 +635,9 @@ impl<D: Dialect> Slots for SqlStore<D> {
     async fn history(&self, task: &LeaseName, limit: usize) -> StoreResult<Vec<String>> {
         let op = Op::new("history", Some(task));
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.dialect.history(op, task, limit).await
+        let params = [Arg::Text(task.as_str()), Arg::Int(limit)];
+        let rows = self.dialect.run(op, Statement::History, &params).await?;
+        rows.iter().map(|row| row.text(0)).collect()
     }
 }
 
@@ -541,7 +668,9 @@ impl<D: Dialect> Membership for SqlStore<D> {
 
     async fn leave(&self, group: &LeaseName, member: &HolderId) -> StoreResult<()> {
         let op = Op::new("leave", Some(group));
-        self.dialect.leave(op, group, member).await
+        let params = [Arg::Text(group.as_str()), Arg::Text(member.as_str())];
+        self.dialect.run(op, Statement::Leave, &params).await?;
+        Ok(())
     }
 }
 
@@ -558,7 +687,9 @@ impl<D: Dialect> Catalog for SqlStore<D> {
 
     async fn unregister(&self, task: &LeaseName, instance: &HolderId) -> StoreResult<()> {
         let op = Op::new("unregister", Some(task));
-        self.dialect.unregister(op, task, instance).await
+        let params = [Arg::Text(task.as_str()), Arg::Text(instance.as_str())];
+        self.dialect.run(op, Statement::Unregister, &params).await?;
+        Ok(())
     }
 
     /// Sorted here: by task name byte by byte, each task's live instances before its expired
@@ -600,11 +731,10 @@ impl<D: Dialect> Catalog for SqlStore<D> {
 
     async fn control(&self, task: &LeaseName) -> StoreResult<ControlRead> {
         let op = Op::new("control", Some(task));
-        let (now_ms, (version, value)) = self
-            .dialect
-            .control(op, task)
-            .await?
-            .ok_or_else(|| no_row(op))?;
+        let row = self.first(op, Statement::Control, task).await?;
+        let row = row.ok_or_else(|| no_row(op))?;
+        let now_ms = row.int(0)?;
+        let (version, value) = control_columns(&row, 1)?;
         Ok(ControlRead {
             now_ms: column::clock_ms(now_ms)?,
             control: column::control(version, value)?,
@@ -634,14 +764,17 @@ impl<D: Dialect> Catalog for SqlStore<D> {
     async fn leases(&self, limit: usize) -> StoreResult<Vec<LeaseRecord>> {
         let op = Op::new("leases", None);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.dialect
-            .leases(op, limit)
-            .await?
-            .into_iter()
-            .map(|(name, row)| {
+        let rows = self
+            .dialect
+            .run(op, Statement::Leases, &[Arg::Int(limit)])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let name = row.text(0)?;
+                let lease = self.dialect.checked(&name, LeaseRow::read(row, 1)?)?;
                 Ok(LeaseRecord {
                     name: column::name(name)?,
-                    state: row.state()?,
+                    state: lease.state()?,
                 })
             })
             .collect()

@@ -20,7 +20,7 @@ from ._errors import (
     Unauthorized,
     UnknownTask,
 )
-from ._held import GateResult, Skipped, TickOptions
+from ._held import GateResult, Skipped, TakeOptions, TickOptions
 from ._protocol import Outcome, Seconds, SidecarDownPolicy, SkipReason, StoreDownPolicy
 from ._sync import Client, Lease, Run, UngatedRun
 from ._types import (
@@ -77,6 +77,7 @@ __all__ = [
     "StoreDown",
     "StoreDownPolicy",
     "StoreRefused",
+    "TakeOptions",
     "TaskDefinition",
     "TaskDetail",
     "TaskInstance",

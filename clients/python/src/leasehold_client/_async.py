@@ -8,13 +8,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any, Literal, Unpack, cast
+from typing import Any, Literal, Self, Unpack, cast
 
 import httpx
 
+from . import _held
 from . import _protocol as protocol
 from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDown
-from ._held import GateResult, HeldState, Skipped, TickOptions, early_wait, tick_call
+from ._held import GateResult, Skipped, TakeOptions, TickOptions
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
     GroupState,
@@ -30,7 +31,7 @@ from ._types import (
 log = logging.getLogger("leasehold_client")
 
 
-class _AsyncKept(HeldState):
+class _AsyncKept(_held.HeldState):
     """A grant kept alive by a task of `watch` long-polls (the keepalives the sidecar requires).
     Inside `async with`, a loss cancels the task running the block; the block's end then
     raises `LeaseLost` instead of the `CancelledError`."""
@@ -46,22 +47,11 @@ class _AsyncKept(HeldState):
         self._cancelled_guarded = False
         self._keeper = asyncio.create_task(self._keep(), name=f"leasehold-keep:{grant.name}")
 
-    def check(self) -> None:
-        """Raises `LeaseLost` if the lease is lost or ended (for code that does not await, or
-        that shields itself from cancellation)."""
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
-        if self._ended:
-            raise self._lost_error()
-
     async def keepalive(self) -> float:
         """See `Lease.keepalive`."""
         sent_at = time.monotonic()
-        try:
+        with self._lost_ends_it():
             body = await self._client._send(protocol.keepalive(self.name, self.token))
-        except LeaseLost as e:
-            self._lose(e.reason or "unknown")
-            raise
         self._renewed(sent_at, body)
         return self.valid_for
 
@@ -83,10 +73,8 @@ class _AsyncKept(HeldState):
     def _end(self, how: str) -> bool:
         """Stops keeping the lease, here (`how`: released, done); False if it had ended
         already (by a loss)."""
-        if self._ended:
+        if not self._mark_ended(how):
             return False
-        self._ended = True
-        self._ended_as = how
         self._keeper.cancel()
         return True
 
@@ -94,9 +82,7 @@ class _AsyncKept(HeldState):
         wait = self._watch_wait()
         while not self._ended:
             sent_at = time.monotonic()
-            left = self._valid_until - sent_at
-            if left <= 0:
-                self._lose("expired")
+            if (left := self._left_or_lose(sent_at)) is None:
                 return
             try:
                 body = await self._client._send(
@@ -123,12 +109,30 @@ class _AsyncKept(HeldState):
         self._cancels_before = task.cancelling()
         self.check()
 
+    async def __aenter__(self) -> Self:
+        self._enter_block()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self._leave_block(exc)
+        await self._finish(lost or exc)
+        if lost is not None:
+            raise lost from exc
+
+    async def _finish(self, failure: BaseException | None) -> None:
+        """Ends the lease at the block's end; `failure`: what ended the block, if anything."""
+        raise NotImplementedError
+
     def _leave_block(self, exc: BaseException | None) -> LeaseLost | None:
         """The error the block's end raises: `LeaseLost` when the lease was lost while it ran
         (in place of the cancellation this caused, unless someone else cancelled too)."""
         task, self._guarded = self._guarded, None
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
+        self._expire_if_due()
         if self._cancelled_guarded and task is not None:
             if task.uncancel() > self._cancels_before:
                 return None
@@ -151,26 +155,14 @@ class AsyncLease(_AsyncKept):
         body = await self._client._send(protocol.release(self.name, self.token))
         return body.get("released") is True
 
-    async def __aenter__(self) -> AsyncLease:
-        self._enter_block()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._leave_block(exc)
+    async def _finish(self, failure: BaseException | None) -> None:
         try:
             await self.release()
         except LeaseholdError as e:
             log.warning("lease %s not released: %s", self.name, e)
-        if lost is not None:
-            raise lost from exc
 
 
-class AsyncRun(_AsyncKept):
+class AsyncRun(_AsyncKept, _held.RunInfo):
     """A run granted by a tick (see `Run`); `async with run:` ends it with the block's outcome."""
 
     gated: Literal[True] = True
@@ -185,24 +177,14 @@ class AsyncRun(_AsyncKept):
         sent_at: float,
     ) -> None:
         super().__init__(client, grant, sent_at)
-        self.task = task
-        #: The slot: ms since the epoch of the firing this run is for (a manual run: when it
-        #: was asked for).
-        self.slot = slot
-        #: `timer` for the schedule's slot, `manual` for a run asked for with `trigger`.
-        self.trigger: Literal["timer", "manual"] = "manual" if manual else "timer"
-        self._reported = False
+        self._run_of(task, slot, manual)
 
     async def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
     ) -> bool:
-        """Ends the run: records its outcome in the task's history and frees the task lease.
-        `output`: what the run printed, kept in its record (its last 64 KiB; shown by
-        `leasehold history --output` and the page). False when the run had been lost (the
-        history then says so) or was reported already."""
-        if self._reported:
+        """See `Run.done`."""
+        if not self._first_report():
             return False
-        self._reported = True
         self._end("done")
         try:
             body = await self._client._send(
@@ -212,18 +194,7 @@ class AsyncRun(_AsyncKept):
             return False
         return body.get("released") is True
 
-    async def __aenter__(self) -> AsyncRun:
-        self._enter_block()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._leave_block(exc)
-        failure = lost or exc
+    async def _finish(self, failure: BaseException | None) -> None:
         try:
             if failure is None:
                 await self.done("ok")
@@ -231,25 +202,12 @@ class AsyncRun(_AsyncKept):
                 await self.done("failed", protocol.failure_text(failure))
         except LeaseholdError as e:
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
-        if lost is not None:
-            raise lost from exc
 
 
-class AsyncUngatedRun:
-    """A run the store-down policy (or `on_sidecar_down="fail-open"`) allowed without
-    coordination: no token, never lost, and every instance that ticks may run it."""
-
-    gated: Literal[False] = False
-    token: None = None
-
+class AsyncUngatedRun(_held.UngatedInfo):
     def __init__(self, task: str, slot: int | None) -> None:
-        self.task = task
-        self.slot = slot
-        self.trigger: Literal["timer"] = "timer"
+        super().__init__(task, slot)
         self.lost = asyncio.Event()
-
-    def check(self) -> None:
-        """Never raises: nothing coordinated this run."""
 
     async def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -285,14 +243,9 @@ class _Taking:
         self._lease = await self._get()
         return await self._lease.__aenter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         if self._lease is not None:
-            await self._lease.__aexit__(exc_type, exc, tb)
+            await self._lease.__aexit__(*exc_info)
 
 
 class AsyncClient:
@@ -326,91 +279,48 @@ class AsyncClient:
 
     async def _send(self, call: protocol.Call, limit: float | None = None) -> dict[str, Any]:
         """One request; `limit` caps its timeout (seconds)."""
-        timeout = self.timeout + call.wait
-        if limit is not None:
-            timeout = min(timeout, limit)
+        timeout = protocol.timeout(call, self.timeout, limit)
         try:
             response = await self._http.request(
                 call.method, call.path, json=call.body, timeout=timeout
             )
-        except httpx.TimeoutException:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: no answer within {timeout:.3g} s",
-                code="sidecar-down",
-            ) from None
         except httpx.HTTPError as e:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: {e}", code="sidecar-down"
-            ) from None
+            raise protocol.unreachable(self.base_url, timeout, e) from None
         return protocol.answer(response.status_code, response.text)
 
     async def health(self) -> Health:
         return cast(Health, await self._send(protocol.get("/healthz")))
 
     async def _take(
-        self,
-        kind: Literal["leases", "groups"],
-        name: str,
-        ttl: Seconds,
-        wait: Seconds,
-        keepalive: Seconds | None,
-        holder: str | None,
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> AsyncLease | LeaseBusy:
         sent_at = time.monotonic()
-        body = await self._send(protocol.take(kind, name, ttl, wait, keepalive, holder))
+        body = await self._send(_held.take_call(kind, name, options))
         grant = protocol.granted(name, body)
         return protocol.busy(name, body) if grant is None else AsyncLease(self, grant, sent_at)
 
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
+    async def _take_or_none(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> AsyncLease | None:
+        taken = await self._take(kind, name, options)
+        return None if isinstance(taken, LeaseBusy) else taken
+
+    async def acquire(self, name: str, **options: Unpack[TakeOptions]) -> AsyncLease | None:
         """See `Client.acquire`."""
-        taken = await self._take("leases", name, ttl, wait, keepalive, holder)
-        return None if isinstance(taken, LeaseBusy) else taken
+        return await self._take_or_none("leases", name, options)
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> _Taking:
+    def lease(self, name: str, **options: Unpack[TakeOptions]) -> _Taking:
         """`async with client.lease(name, ttl=...) as lease:`; raises `LeaseBusy` when busy."""
-        return _Taking(lambda: self._take("leases", name, ttl, wait, keepalive, holder))
+        return _Taking(lambda: self._take("leases", name, options))
 
-    async def campaign(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> AsyncLease | None:
+    async def campaign(self, group: str, **options: Unpack[TakeOptions]) -> AsyncLease | None:
         """See `Client.campaign`."""
-        taken = await self._take("groups", group, ttl, wait, keepalive, holder)
-        return None if isinstance(taken, LeaseBusy) else taken
+        return await self._take_or_none("groups", group, options)
 
-    def leadership(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> _Taking:
+    def leadership(self, group: str, **options: Unpack[TakeOptions]) -> _Taking:
         """`async with client.leadership(group, ttl=...) as term:`; raises `LeaseBusy` when
         another leads."""
-        return _Taking(lambda: self._take("groups", group, ttl, wait, keepalive, holder))
+        return _Taking(lambda: self._take("groups", group, options))
 
     async def leader(self, group: str) -> GroupState:
         path = f"/v1/groups/{protocol.segment(group)}"
@@ -427,12 +337,12 @@ class AsyncClient:
     ) -> AsyncRun | AsyncUngatedRun | Skipped:
         """See `Client.tick`."""
         sent_at = time.monotonic()
-        answer = protocol.ticked(task, await self._send(tick_call(task, options)))
-        if (wait := early_wait(answer)) is not None:
+        answer = protocol.ticked(task, await self._send(_held.tick_call(task, options)))
+        if (wait := _held.early_wait(answer)) is not None:
             # Ticked a little before the slot by the store's clock: wait for it, tick again.
             await asyncio.sleep(wait)
             sent_at = time.monotonic()
-            answer = protocol.ticked(task, await self._send(tick_call(task, options)))
+            answer = protocol.ticked(task, await self._send(_held.tick_call(task, options)))
         if answer.grant is not None and answer.slot is not None:
             return AsyncRun(self, task, answer.slot, answer.manual, answer.grant, sent_at)
         if answer.ungated:
@@ -453,11 +363,9 @@ class AsyncClient:
                     break
                 await asyncio.sleep(protocol.BUSY_RETRY_SECONDS)
                 run = await self.tick(task, **options)
-        except StoreDown:
-            return "store-down"
-        except SidecarDown:
-            if self.on_sidecar_down != "fail-open":
-                return "sidecar-down"
+        except (StoreDown, SidecarDown) as e:
+            if (result := _held.unreached(e, self.on_sidecar_down)) is not None:
+                return result
             run = AsyncUngatedRun(task, protocol.local_slot(options.get("every")))
         if isinstance(run, Skipped):
             return run.reason

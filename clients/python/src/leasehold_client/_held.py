@@ -4,12 +4,14 @@ how long it may still act by this host's monotonic clock."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 from . import _protocol as protocol
-from ._errors import LeaseLost
-from ._protocol import Grant, Seconds, SkipReason, StoreDownPolicy
+from ._errors import LeaseLost, SidecarDown, StoreDown
+from ._protocol import Grant, Seconds, SidecarDownPolicy, SkipReason, StoreDownPolicy
 
 
 class TickOptions(TypedDict, total=False):
@@ -31,6 +33,36 @@ class TickOptions(TypedDict, total=False):
     keepalive: Seconds
     on_store_down: StoreDownPolicy
     catch_up_window: Seconds
+
+
+class TakeOptions(TypedDict, total=False):
+    """A lease's (or a group leadership's) terms.
+
+    `ttl`: the lease's time to live in the store (the sidecar renews it while the client keeps
+    calling, at least once per `keepalive`, default the ttl). `wait`: how long to wait for a
+    busy one (default 0). `holder`: a label for status, e.g. the pod name.
+    """
+
+    ttl: Required[Seconds]
+    wait: Seconds
+    keepalive: Seconds | None
+    holder: str | None
+
+
+def take_call(kind: Literal["leases", "groups"], name: str, options: TakeOptions) -> protocol.Call:
+    # Keyword arguments: refused as a signature would refuse them.
+    if unknown := options.keys() - TakeOptions.__optional_keys__ - TakeOptions.__required_keys__:
+        raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
+    if "ttl" not in options:
+        raise TypeError("missing required keyword argument 'ttl'")
+    return protocol.take(
+        kind,
+        name,
+        options["ttl"],
+        options.get("wait", 0),
+        options.get("keepalive"),
+        options.get("holder"),
+    )
 
 
 #: The longest wait for a slot about to start that a tick answered with `starts_in`.
@@ -88,6 +120,49 @@ class HeldState:
             return 0.0
         return max(0.0, self._valid_until - time.monotonic())
 
+    def check(self) -> None:
+        """Raises `LeaseLost` if the lease is lost or ended: call it before each step of the
+        guarded work (and send `token` with each write, since a check cannot stop a write
+        already on the wire). A paused process that wakes past the validity fails here at once,
+        before anything else has run."""
+        self._expire_if_due()
+        if self._ended:
+            raise self._lost_error()
+
+    def _lose(self, reason: str) -> object:
+        """Ends the lease as lost (`reason`), here and for the guarded work."""
+        raise NotImplementedError
+
+    def _expire_if_due(self) -> None:
+        if self.valid_for <= 0 and not self._ended:
+            self._lose("expired")
+
+    def _left_or_lose(self, now: float) -> float | None:
+        """Seconds of validity left at `now`; None once it ran out (the lease is then lost)."""
+        left = self._valid_until - now
+        if left <= 0:
+            self._lose("expired")
+            return None
+        return left
+
+    @contextmanager
+    def _lost_ends_it(self) -> Iterator[None]:
+        """Ends the lease here when the block raises `LeaseLost`, which goes on."""
+        try:
+            yield
+        except LeaseLost as e:
+            self._lose(e.reason or "unknown")
+            raise
+
+    def _mark_ended(self, how: str) -> bool:
+        """Marks the lease ended here (`how`: released, done); False if it had ended already
+        (by a loss)."""
+        if self._ended:
+            return False
+        self._ended = True
+        self._ended_as = how
+        return True
+
     def _watch_wait(self) -> float:
         # The sidecar answers each watch within keepalive / 4: the next call reaches it long
         # before the validity granted by the previous answer runs out.
@@ -103,6 +178,47 @@ class HeldState:
         return LeaseLost(
             f"lease {self.name} is not held: {reason}", code="lost", status=410, reason=reason
         )
+
+
+class RunInfo:
+    """What a gated run knows besides its grant: its task, its slot and what triggered it."""
+
+    task: str
+    #: The slot: ms since the epoch of the firing this run is for (a manual run: when it was
+    #: asked for).
+    slot: int
+    #: `timer` for the schedule's slot, `manual` for a run asked for with `trigger`.
+    trigger: Literal["timer", "manual"]
+    _reported: bool
+
+    def _run_of(self, task: str, slot: int, manual: bool) -> None:
+        self.task = task
+        self.slot = slot
+        self.trigger = "manual" if manual else "timer"
+        self._reported = False
+
+    def _first_report(self) -> bool:
+        """Whether this is the run's first `done` (a run reports once)."""
+        if self._reported:
+            return False
+        self._reported = True
+        return True
+
+
+class UngatedInfo:
+    """A run the store-down policy (or `on_sidecar_down="fail-open"`) allowed without
+    coordination: no token, never lost, and every instance that ticks may run it."""
+
+    gated: Literal[False] = False
+    token: None = None
+
+    def __init__(self, task: str, slot: int | None) -> None:
+        self.task = task
+        self.slot = slot
+        self.trigger: Literal["timer"] = "timer"
+
+    def check(self) -> None:
+        """Never raises: nothing coordinated this run."""
 
 
 @dataclass(frozen=True)
@@ -131,3 +247,11 @@ GateResult = Literal[
     "paused",
     "sidecar-down",
 ]
+
+
+def unreached(error: StoreDown | SidecarDown, policy: SidecarDownPolicy) -> GateResult | None:
+    """What `gate` answers when its tick got no decision (`error`): None when the job runs
+    ungated here (the sidecar is down and `policy` is `fail-open`)."""
+    if isinstance(error, StoreDown):
+        return "store-down"
+    return None if policy == "fail-open" else "sidecar-down"

@@ -12,7 +12,9 @@ from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import quote
 
-from ._errors import BadAnswer, LeaseBusy, error_for
+import httpx
+
+from ._errors import BadAnswer, LeaseBusy, SidecarDown, error_for
 
 #: A duration: seconds (int or float), or a timedelta.
 Seconds = float | timedelta
@@ -63,6 +65,22 @@ class Call:
     path: str
     body: dict[str, Any] | None = None
     wait: float = 0.0
+
+
+def timeout(call: Call, client_timeout: float, limit: float | None) -> float:
+    """A request's timeout (seconds): the client's on top of the wait asked for, capped by
+    `limit`."""
+    seconds = client_timeout + call.wait
+    return seconds if limit is None else min(seconds, limit)
+
+
+def unreachable(base_url: str, timeout: float, error: httpx.HTTPError) -> SidecarDown:
+    """What a request that got no answer (`error`, within `timeout` seconds) raises."""
+    if isinstance(error, httpx.TimeoutException):
+        why = f"no answer within {timeout:.3g} s"
+    else:
+        why = str(error)
+    return SidecarDown(f"sidecar {base_url} unreachable: {why}", code="sidecar-down")
 
 
 def instance() -> str:

@@ -7,13 +7,14 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal, Unpack, cast
+from typing import Any, Literal, Self, Unpack, cast
 
 import httpx
 
+from . import _held
 from . import _protocol as protocol
 from ._errors import LeaseBusy, LeaseholdError, LeaseLost, SidecarDown, StoreDown
-from ._held import GateResult, HeldState, Skipped, TickOptions, early_wait, tick_call
+from ._held import GateResult, Skipped, TakeOptions, TickOptions
 from ._protocol import Grant, Outcome, Seconds, SidecarDownPolicy
 from ._types import (
     GroupState,
@@ -29,7 +30,7 @@ from ._types import (
 log = logging.getLogger("leasehold_client")
 
 
-class _Kept(HeldState):
+class _Kept(_held.HeldState):
     """A grant kept alive by a thread of `watch` long-polls, which are also the keepalives the
     sidecar requires: a frozen process stops calling and loses the lease within `keepalive`."""
 
@@ -46,25 +47,12 @@ class _Kept(HeldState):
         )
         self._keeper.start()
 
-    def check(self) -> None:
-        """Raises `LeaseLost` if the lease is lost or ended: call it before each step of the
-        guarded work (and send `token` with each write, since a check cannot stop a write
-        already on the wire). A paused process that wakes past the validity fails here at once,
-        before any thread has run."""
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
-        if self._ended:
-            raise self._lost_error()
-
     def keepalive(self) -> float:
         """Tells the sidecar now that this process is alive (the keeper thread does so on its
         own) and answers the seconds it may still act. Raises `LeaseLost` if it is not held."""
         sent_at = time.monotonic()
-        try:
+        with self._lost_ends_it():
             body = self._client._send(protocol.keepalive(self.name, self.token))
-        except LeaseLost as e:
-            self._lose(e.reason or "unknown")
-            raise
         self._renewed(sent_at, body)
         return self.valid_for
 
@@ -83,10 +71,8 @@ class _Kept(HeldState):
         """Stops keeping the lease, here (`how`: released, done); False if it had ended
         already (by a loss)."""
         with self._lock:
-            if self._ended:
+            if not self._mark_ended(how):
                 return False
-            self._ended = True
-            self._ended_as = how
         self._stop.set()
         return True
 
@@ -94,9 +80,7 @@ class _Kept(HeldState):
         wait = self._watch_wait()
         while not self._stop.is_set():
             sent_at = time.monotonic()
-            left = self._valid_until - sent_at
-            if left <= 0:
-                self._lose("expired")
+            if (left := self._left_or_lose(sent_at)) is None:
                 return
             try:
                 body = self._client._send(protocol.watch(self.name, self.token, wait), limit=left)
@@ -115,10 +99,27 @@ class _Kept(HeldState):
                 return
             self._renewed(sent_at, body)
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self._lost_in_block()
+        self._finish(exc)
+        if lost and exc is None:
+            raise self._lost_error()
+
+    def _finish(self, failure: BaseException | None) -> None:
+        """Ends the lease at the block's end; `failure`: what ended the block, if anything."""
+        raise NotImplementedError
+
     def _lost_in_block(self) -> bool:
         """Whether the lease was lost while the guarded block ran (checked at its end)."""
-        if self.valid_for <= 0 and not self._ended:
-            self._lose("expired")
+        self._expire_if_due()
         return self.lost.is_set()
 
 
@@ -135,25 +136,14 @@ class Lease(_Kept):
         body = self._client._send(protocol.release(self.name, self.token))
         return body.get("released") is True
 
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._lost_in_block()
+    def _finish(self, failure: BaseException | None) -> None:
         try:
             self.release()
         except LeaseholdError as e:
             log.warning("lease %s not released: %s", self.name, e)
-        if lost and exc is None:
-            raise self._lost_error()
 
 
-class Run(_Kept):
+class Run(_Kept, _held.RunInfo):
     """A run granted by a tick: the one run of `slot` across every sidecar on the store. It holds
     the task's lease until `done`. As a context manager, the block's end calls `done` with `ok`,
     or `failed` and the exception's text, and raises `LeaseLost` if the run was lost meanwhile."""
@@ -164,13 +154,7 @@ class Run(_Kept):
         self, client: Client, task: str, slot: int, manual: bool, grant: Grant, sent_at: float
     ) -> None:
         super().__init__(client, grant, sent_at)
-        self.task = task
-        #: The slot: ms since the epoch of the firing this run is for (a manual run: when it
-        #: was asked for).
-        self.slot = slot
-        #: `timer` for the schedule's slot, `manual` for a run asked for with `trigger`.
-        self.trigger: Literal["timer", "manual"] = "manual" if manual else "timer"
-        self._reported = False
+        self._run_of(task, slot, manual)
 
     def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -179,9 +163,8 @@ class Run(_Kept):
         `output`: what the run printed, kept in its record (its last 64 KiB; shown by
         `leasehold history --output` and the page). False when the run had been lost (the
         history then says so) or was reported already."""
-        if self._reported:
+        if not self._first_report():
             return False
-        self._reported = True
         self._end("done")
         try:
             body = self._client._send(
@@ -191,42 +174,20 @@ class Run(_Kept):
             return False
         return body.get("released") is True
 
-    def __enter__(self) -> Run:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lost = self._lost_in_block()
+    def _finish(self, failure: BaseException | None) -> None:
         try:
-            if exc is None:
+            if failure is None:
                 self.done("ok")
             else:
-                self.done("failed", protocol.failure_text(exc))
+                self.done("failed", protocol.failure_text(failure))
         except LeaseholdError as e:
             log.warning("run %s of %s not reported: %s", self.slot, self.task, e)
-        if lost and exc is None:
-            raise self._lost_error()
 
 
-class UngatedRun:
-    """A run the store-down policy (or `on_sidecar_down="fail-open"`) allowed without
-    coordination: no token, never lost, and every instance that ticks may run it."""
-
-    gated: Literal[False] = False
-    token: None = None
-
+class UngatedRun(_held.UngatedInfo):
     def __init__(self, task: str, slot: int | None) -> None:
-        self.task = task
-        self.slot = slot
-        self.trigger: Literal["timer"] = "timer"
+        super().__init__(task, slot)
         self.lost = threading.Event()
-
-    def check(self) -> None:
-        """Never raises: nothing coordinated this run."""
 
     def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -278,99 +239,58 @@ class Client:
 
     def _send(self, call: protocol.Call, limit: float | None = None) -> dict[str, Any]:
         """One request; `limit` caps its timeout (seconds)."""
-        timeout = self.timeout + call.wait
-        if limit is not None:
-            timeout = min(timeout, limit)
+        timeout = protocol.timeout(call, self.timeout, limit)
         try:
             response = self._http.request(call.method, call.path, json=call.body, timeout=timeout)
-        except httpx.TimeoutException:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: no answer within {timeout:.3g} s",
-                code="sidecar-down",
-            ) from None
         except httpx.HTTPError as e:
-            raise SidecarDown(
-                f"sidecar {self.base_url} unreachable: {e}", code="sidecar-down"
-            ) from None
+            raise protocol.unreachable(self.base_url, timeout, e) from None
         return protocol.answer(response.status_code, response.text)
 
     def health(self) -> Health:
         """The sidecar's liveness, and whether its store answered lately."""
         return cast(Health, self._send(protocol.get("/healthz")))
 
-    def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> Lease | None:
+    def acquire(self, name: str, **options: Unpack[TakeOptions]) -> Lease | None:
         """Takes the lease `name`, waiting up to `wait` for a busy one; None when it stays
         busy. `ttl`: the lease's time to live in the store (the sidecar renews it while this
         client keeps calling, at least once per `keepalive`, default the ttl). `holder`: a label
         for status, e.g. the pod name."""
-        taken = self._take("leases", name, ttl, wait, keepalive, holder)
-        return None if isinstance(taken, LeaseBusy) else taken
+        return self._take_or_none("leases", name, options)
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> Lease:
+    def lease(self, name: str, **options: Unpack[TakeOptions]) -> Lease:
         """As `acquire`, but raises `LeaseBusy` when busy: `with client.lease(...) as lease:`."""
-        taken = self._take("leases", name, ttl, wait, keepalive, holder)
-        if isinstance(taken, LeaseBusy):
-            raise taken
-        return taken
+        return self._take_or_raise("leases", name, options)
 
-    def campaign(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
-    ) -> Lease | None:
+    def campaign(self, group: str, **options: Unpack[TakeOptions]) -> Lease | None:
         """Becomes the leader of `group` (a lease named after it), waiting up to `wait`; None
         when another leads. Release the lease to step down."""
-        taken = self._take("groups", group, ttl, wait, keepalive, holder)
+        return self._take_or_none("groups", group, options)
+
+    def leadership(self, group: str, **options: Unpack[TakeOptions]) -> Lease:
+        """As `campaign`, but raises `LeaseBusy` when another leads."""
+        return self._take_or_raise("groups", group, options)
+
+    def _take(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
+    ) -> Lease | LeaseBusy:
+        sent_at = time.monotonic()
+        body = self._send(_held.take_call(kind, name, options))
+        grant = protocol.granted(name, body)
+        return protocol.busy(name, body) if grant is None else Lease(self, grant, sent_at)
+
+    def _take_or_none(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
+    ) -> Lease | None:
+        taken = self._take(kind, name, options)
         return None if isinstance(taken, LeaseBusy) else taken
 
-    def leadership(
-        self,
-        group: str,
-        *,
-        ttl: Seconds,
-        wait: Seconds = 0,
-        keepalive: Seconds | None = None,
-        holder: str | None = None,
+    def _take_or_raise(
+        self, kind: Literal["leases", "groups"], name: str, options: TakeOptions
     ) -> Lease:
-        """As `campaign`, but raises `LeaseBusy` when another leads."""
-        taken = self._take("groups", group, ttl, wait, keepalive, holder)
+        taken = self._take(kind, name, options)
         if isinstance(taken, LeaseBusy):
             raise taken
         return taken
-
-    def _take(
-        self,
-        kind: Literal["leases", "groups"],
-        name: str,
-        ttl: Seconds,
-        wait: Seconds,
-        keepalive: Seconds | None,
-        holder: str | None,
-    ) -> Lease | LeaseBusy:
-        sent_at = time.monotonic()
-        body = self._send(protocol.take(kind, name, ttl, wait, keepalive, holder))
-        grant = protocol.granted(name, body)
-        return protocol.busy(name, body) if grant is None else Lease(self, grant, sent_at)
 
     def leader(self, group: str) -> GroupState:
         """The group's current leader and term token."""
@@ -386,12 +306,12 @@ class Client:
         of the task, across every sidecar on the store; otherwise `Skipped` with the reason
         (or an `UngatedRun` when the store is down and its policy runs anyway)."""
         sent_at = time.monotonic()
-        answer = protocol.ticked(task, self._send(tick_call(task, options)))
-        if (wait := early_wait(answer)) is not None:
+        answer = protocol.ticked(task, self._send(_held.tick_call(task, options)))
+        if (wait := _held.early_wait(answer)) is not None:
             # Ticked a little before the slot by the store's clock: wait for it, tick again.
             time.sleep(wait)
             sent_at = time.monotonic()
-            answer = protocol.ticked(task, self._send(tick_call(task, options)))
+            answer = protocol.ticked(task, self._send(_held.tick_call(task, options)))
         if answer.grant is not None and answer.slot is not None:
             return Run(self, task, answer.slot, answer.manual, answer.grant, sent_at)
         if answer.ungated:
@@ -416,11 +336,9 @@ class Client:
                     break
                 time.sleep(protocol.BUSY_RETRY_SECONDS)
                 run = self.tick(task, **options)
-        except StoreDown:
-            return "store-down"
-        except SidecarDown:
-            if self.on_sidecar_down != "fail-open":
-                return "sidecar-down"
+        except (StoreDown, SidecarDown) as e:
+            if (result := _held.unreached(e, self.on_sidecar_down)) is not None:
+                return result
             run = UngatedRun(task, protocol.local_slot(options.get("every")))
         if isinstance(run, Skipped):
             return run.reason
