@@ -260,9 +260,16 @@ mod tests {
             timed_out,
         ] {
             assert!(
-                cut_off(&[record.clone()], NOW, FencingToken(8), NOW, 0, gone)
-                    .reruns
-                    .is_empty(),
+                cut_off(
+                    std::slice::from_ref(&record),
+                    NOW,
+                    FencingToken(8),
+                    NOW,
+                    0,
+                    gone
+                )
+                .reruns
+                .is_empty(),
                 "{record:?}"
             );
         }

@@ -623,7 +623,7 @@ impl TaskTicks {
                 Lease::held_as(
                     lease.store().clone(),
                     name,
-                    lease.config().clone(),
+                    *lease.config(),
                     lease.holder().clone(),
                 )
                 .ok()
