@@ -144,6 +144,14 @@ export interface TaskDefinition {
   gated: boolean;
   leader_group: string | null;
   spread_group: string | null;
+  /** Each run's time limit, where the task has one. */
+  timeout_ms?: number | null;
+  /** How many times a failed or timed-out run is tried again, where it is. */
+  retries?: number | null;
+  /** At most how long each slot's start is put off, where it is. */
+  jitter_ms?: number | null;
+  /** `buffer-one`, `buffer-all`, `replace` or `allow`; null or absent: `skip`. */
+  overlap?: string | null;
 }
 
 export interface TaskInstance {

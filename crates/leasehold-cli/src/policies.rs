@@ -1,5 +1,5 @@
 //! The run policy flags of `leasehold run` and the `# leasehold:` keys of `leasehold crontab`:
-//! `--timeout`, `--retries`, `--retry-backoff D[,MAX]`, `--jitter`, each read by one parser with a typed
+//! `--timeout`, `--retries`, `--retry-backoff D[,MAX]`, `--jitter`, `--on-interrupt`, `--overlap`, each read by one parser with a typed
 //! error, so both doors accept and refuse the same text.
 
 use std::fmt;
@@ -130,6 +130,11 @@ pub fn jitter_arg(text: &str) -> Result<Duration, PolicyArgError> {
 
 /// `--on-interrupt rerun|skip`, `on-interrupt=rerun|skip`.
 pub fn on_interrupt_arg(text: &str) -> Result<leasehold::OnInterrupt, String> {
+    text.trim().parse()
+}
+
+/// `--overlap skip|buffer-one|buffer-all|replace|allow`, `overlap=…`.
+pub fn overlap_arg(text: &str) -> Result<leasehold::Overlap, leasehold::policy::OverlapError> {
     text.trim().parse()
 }
 

@@ -130,6 +130,15 @@ pub struct RunArgs {
     /// `skip` leaves it.
     #[arg(long, value_name = "rerun|skip", default_value = "rerun", value_parser = crate::policies::on_interrupt_arg)]
     on_interrupt: leasehold::OnInterrupt,
+    /// With a schedule: what a slot that falls while a run of the task is going does (the
+    /// instance running it decides; each slot still runs once fleet-wide). `skip` (the
+    /// default): recorded missed, reason overlap. `buffer-one`: runs once the run ends; further
+    /// slots meanwhile are skipped. `buffer-all`: every such slot runs after it, in order, at
+    /// most 16 waiting (beyond, skipped). `replace`: the run going gets SIGTERM (SIGKILL after
+    /// --grace), is recorded cancelled, and the new slot runs. `allow`: the slot runs at once
+    /// beside the run going, under a lease of its own (NAME/slot/SLOT) and fencing token.
+    #[arg(long, value_name = "POLICY", default_value = "skip", value_parser = crate::policies::overlap_arg)]
+    overlap: leasehold::Overlap,
     /// Without a schedule: wait for the lease instead of exiting 75 when it is busy.
     #[arg(long, conflicts_with_all = ["every", "cron"])]
     wait: bool,
@@ -270,9 +279,16 @@ fn settings(args: &RunArgs) -> Result<Settings, Failure> {
             "--jitter needs a schedule (--every or --cron): it spreads the starts of slots"
         )));
     }
+    if schedule.is_none() && args.overlap != leasehold::Overlap::Skip {
+        return Err(Failure::usage(anyhow!(
+            "--overlap needs a schedule (--every or --cron): it decides slots that fall while a \
+             run is going"
+        )));
+    }
     let run_policy =
         crate::policies::run_policy(args.timeout, args.retries, args.retry_backoff, args.jitter)
-            .on_interrupt(args.on_interrupt);
+            .on_interrupt(args.on_interrupt)
+            .overlap(args.overlap);
     let holder = holder_arg(args.holder.as_deref())?;
     Ok(Settings {
         name,

@@ -145,22 +145,6 @@ async fn times_out(url: &str) {
     );
 }
 
-/// A test of `check` on a fresh SQLite file and one on the test Redis.
-macro_rules! on_sqlite_and_redis {
-    ($check:ident: $sqlite:ident, $redis:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $sqlite() {
-            let dir = temp_dir();
-            $check(&format!("sqlite:{}", path_str(&dir.path().join("r.db")))).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $redis() {
-            $check(&redis_url()).await;
-        }
-    };
-}
-
 on_sqlite_and_redis!(fails_twice_then_succeeds:
     sqlite_a_command_failing_twice_succeeds_on_its_third_attempt,
     redis_a_command_failing_twice_succeeds_on_its_third_attempt);

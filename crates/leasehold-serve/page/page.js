@@ -628,6 +628,7 @@ function renderTask(main, task, leases) {
         ["Timeout", d && d.timeout_ms ? span(d.timeout_ms) : null],
         ["Retries", d && d.retries ? String(d.retries) : null],
         ["Jitter", d && d.jitter_ms ? `up to ${span(d.jitter_ms)}` : null],
+        ["Overlap", d && d.overlap ? d.overlap : null],
         ["Last run", task.last_run ? lastRun(task.last_run, now) : "none yet"],
         ["Failed in a row", task.consecutive_failures ? String(task.consecutive_failures) : null],
         ["Last success", task.last_success_ms ? when(task.last_success_ms, now) : task.last_run ? "none recorded" : null],

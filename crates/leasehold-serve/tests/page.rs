@@ -73,6 +73,7 @@ async fn register(store: &BoxStore, task: &str) {
         timeout_ms: None,
         retries: None,
         jitter_ms: None,
+        overlap: None,
     };
     let task = LeaseName::new(task).unwrap();
     let instance = HolderId::new("page-test:1:0123456789abcdef").unwrap();

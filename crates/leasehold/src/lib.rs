@@ -27,7 +27,7 @@ pub use metrics_help::describe_metrics;
 #[cfg(feature = "cron")]
 pub use scheduling::cron::CronSchedule;
 pub use scheduling::interrupted::OnInterrupt;
-pub use scheduling::policy::{Backoff, RunPolicy};
+pub use scheduling::policy::{Backoff, Overlap, RunPolicy};
 pub use scheduling::schedule::Schedule;
 pub use scheduling::schedule_error::ScheduleError;
 #[cfg(feature = "cron")]

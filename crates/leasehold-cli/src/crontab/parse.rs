@@ -51,10 +51,7 @@ pub const DEFAULT_SHELL: &str = "/bin/sh";
 
 /// The keys of a `# leasehold:` comment.
 pub const OPTION_KEYS: &str = "name, catch-up, catch-up-window, on-store-down, timeout, retries, retry-backoff, jitter, \
-     on-interrupt";
-
-/// Keys the issue asks for that the library does not offer yet: refused with their own message.
-const LATER_KEYS: [&str; 1] = ["overlap"];
+     on-interrupt, overlap";
 
 /// At most this many missed slots run in one catch-up with `catch-up=all` (as `leasehold run`).
 pub const CATCH_UP_MAX: usize = 100;
@@ -394,15 +391,6 @@ fn options_of<'a>(at: usize, text: &'a str) -> Result<Options<'a>, Located> {
             ));
         };
         let key = key.to_ascii_lowercase();
-        if LATER_KEYS.contains(&key.as_str()) {
-            return Err((
-                word.at,
-                format!(
-                    "{key}= is not supported yet (it comes with a later release); the keys \
-                     are: {OPTION_KEYS}"
-                ),
-            ));
-        }
         if !OPTION_KEYS.split(", ").any(|k| k == key) {
             return Err((
                 word.at,
@@ -434,6 +422,9 @@ fn options_of<'a>(at: usize, text: &'a str) -> Result<Options<'a>, Located> {
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             "on-interrupt" => policies::on_interrupt_arg(value).map(|_| ()),
+            "overlap" => policies::overlap_arg(value)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             _ => crate::durations::interval_arg(value).map(|_| ()),
         };
         if let Err(e) = checked {
@@ -635,6 +626,11 @@ fn job_line(
     .on_interrupt(
         option("on-interrupt")
             .and_then(|(_, _, v)| policies::on_interrupt_arg(v).ok())
+            .unwrap_or_default(),
+    )
+    .overlap(
+        option("overlap")
+            .and_then(|(_, _, v)| policies::overlap_arg(v).ok())
             .unwrap_or_default(),
     );
     Ok(Job {
@@ -845,11 +841,19 @@ mod tests {
     }
 
     #[test]
-    fn unknown_and_later_option_keys_are_refused_naming_the_supported_ones() {
-        let e = refused("# leasehold: name=a overlap=allow\n* * * * * x\n");
+    fn unknown_option_keys_and_values_are_refused_naming_the_supported_ones() {
+        let e = refused("# leasehold: name=a overlap=sometimes\n* * * * * x\n");
         assert_eq!(e.column, 21);
-        assert!(e.message.contains("not supported yet"), "{}", e.message);
-        assert!(e.message.contains(OPTION_KEYS), "{}", e.message);
+        assert!(
+            e.message
+                .contains("overlap=sometimes: `sometimes` is not an overlap policy"),
+            "{}",
+            e.message
+        );
+        let j = jobs("# leasehold: overlap=buffer-one\n* * * * * x\n");
+        assert_eq!(j[0].run_policy.overlap, leasehold::Overlap::BufferOne);
+        let j = jobs("* * * * * x\n");
+        assert_eq!(j[0].run_policy.overlap, leasehold::Overlap::Skip);
         let e = refused("# leasehold: colour=red\n* * * * * x\n");
         assert!(e.message.contains("unknown key"), "{}", e.message);
         assert!(e.message.contains(OPTION_KEYS), "{}", e.message);

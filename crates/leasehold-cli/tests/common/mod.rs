@@ -262,3 +262,27 @@ pub fn unique(tag: &str) -> String {
 pub fn redis_url() -> String {
     std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into())
 }
+
+/// A test of `check` on a fresh SQLite file and one on the test Redis.
+#[allow(unused_macros)] // (each test binary compiles this module; few use it)
+macro_rules! on_sqlite_and_redis {
+    ($check:ident: $sqlite:ident, $redis:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            let dir = temp_dir();
+            $check(&format!(
+                "sqlite:{}",
+                path_str(&dir.path().join("store.db"))
+            ))
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            $check(&redis_url()).await;
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub(crate) use on_sqlite_and_redis;

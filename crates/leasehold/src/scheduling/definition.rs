@@ -55,6 +55,10 @@ pub struct TaskDefinition {
     /// At most how long each slot's start is put off, ms, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter_ms: Option<u64>,
+    /// What a slot falling while a run is going does (`buffer-one`, `buffer-all`, `replace`,
+    /// `allow`); absent: `skip`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
 }
 
 /// What an instance says about itself when it registers.

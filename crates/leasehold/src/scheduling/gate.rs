@@ -664,7 +664,7 @@ impl<S: Slots + Catalog> Gate<S> {
 
     /// A paused slot: claimed, so that no instance runs it or catches it up after the resume,
     /// and recorded once (by whoever claims it).
-    async fn paused(&self, slot: u64, pause: &Pause) {
+    pub(crate) async fn paused(&self, slot: u64, pause: &Pause) {
         let claim = crate::store::within(
             self.limit(),
             self.lease.store().claim_slot(self.task(), slot),

@@ -320,6 +320,10 @@ pub struct RunRecord {
     /// [`text::visible`]. Releases before it ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// For a run cancelled because a newer slot replaced it (overlap policy `replace`): that
+    /// slot. Such a run is not run again as a cut-off one. Releases before it ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced_by: Option<u64>,
 }
 
 /// What became of the retry a failed or timed-out attempt was due ([`RunRecord::retry`]).
@@ -372,6 +376,7 @@ impl RunRecord {
             attempt: None,
             retry: None,
             output: None,
+            replaced_by: None,
         }
     }
 
@@ -401,6 +406,7 @@ impl RunRecord {
             attempt: None,
             retry: None,
             output: None,
+            replaced_by: None,
         }
     }
 
@@ -778,6 +784,7 @@ mod tests {
             result: Some(Outcome::Failed),
             attempt: Some(2),
             retry: Some(RetryNote::AtMs(1_767_225_915_000)),
+            replaced_by: Some(1_767_225_960_000),
             output: Some("line one\n\u{1b}[31mred\u{1b}[0m \"quoted\" ünïcode\n".into()),
         };
         let json = run.to_json();
@@ -821,6 +828,7 @@ mod tests {
             attempt: None,
             retry: None,
             output: None,
+            replaced_by: None,
         };
         assert_eq!(RunRecord::from_json(&missed.to_json()).unwrap(), missed);
         assert!(matches!(

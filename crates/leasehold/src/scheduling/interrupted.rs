@@ -157,14 +157,18 @@ pub(crate) fn running_elsewhere(records: &[RunRecord], held: FencingToken, me: &
 }
 
 /// Whether `record`'s run was cut off, seen by the holder of the task's lease with `held`: still
-/// `running` under an earlier tenure, or told to stop for anything but its timeout.
+/// `running` under an earlier tenure, or told to stop for anything but its timeout or a newer
+/// slot replacing it (overlap policy `replace`).
 fn was_cut_off(record: &RunRecord, held: FencingToken) -> bool {
     match record.outcome {
         RunOutcome::Running => record.token.is_some_and(|token| token < held),
-        _ => matches!(
-            record.result(),
-            Some(Outcome::Cancelled | Outcome::Interrupted)
-        ),
+        _ => {
+            record.replaced_by.is_none()
+                && matches!(
+                    record.result(),
+                    Some(Outcome::Cancelled | Outcome::Interrupted)
+                )
+        }
     }
 }
 
@@ -240,7 +244,16 @@ mod tests {
         let slot = NOW - MIN;
         let mut timed_out = run(slot, 1, 7, cancelled("timeout reached (1s)"));
         timed_out.result = Some(Outcome::TimedOut);
+        // Cancelled because a newer slot replaced it (overlap replace): ended on purpose.
+        let mut replaced = run(
+            slot,
+            1,
+            7,
+            cancelled("replaced by the slot at 1 (overlap replace)"),
+        );
+        replaced.replaced_by = Some(slot + MIN);
         for record in [
+            replaced,
             run(slot, 1, 7, RunOutcome::Ok),
             run(slot, 1, 7, RunOutcome::Failed { error: "x".into() }),
             run(slot, 1, 7, RunOutcome::Panicked),

@@ -13,7 +13,10 @@
 //!   not claimed; those the task's [`CatchUp`] policy allows are run, labelled catch-up — and
 //!   so is the slot due now when it is older than a firing on time could be (a task's first
 //!   firing, a clock that jumped): a slot runs as `timer` only when it is fired on time;
-//! - applies the task's store-down policy when the store does not answer.
+//! - applies the task's store-down policy when the store does not answer;
+//! - decides what a slot that falls while a run here is going comes to, under the task's
+//!   [`Overlap`] policy ([`TaskTicks::overlapping`]): skipped, left waiting for the run's end,
+//!   replacing the run, or run beside it.
 //!
 //! What a task is comes as values ([`TaskPlan`]), so a timer, an HTTP request and a
 //! paused-clock test can all drive it. The task's presence in the store's catalog (its
@@ -24,14 +27,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::lease::guard::{Lease, LeaseGuard, TryAcquire};
 use crate::metrics_help::TaskCounters;
 use crate::scheduling::definition::{TaskDefinition, TaskSource};
 use crate::scheduling::gate::{Decision, Gate, Reading, Skip, StoreClock, Ticket, TimerDecision};
 use crate::scheduling::history::{HistoryWriter, MissReason, Outcome, RecordedSchedule, RunRecord};
 use crate::scheduling::interrupted::{self, OnInterrupt, Rerun};
-use crate::scheduling::policy::{NextAttempt, RunPolicy};
+use crate::scheduling::policy::{NextAttempt, Overlap, RunPolicy};
 use crate::scheduling::schedule::Schedule;
 use crate::scheduling::task::{CatchUp, StoreDownPolicy, Trigger};
+use crate::store::answers::SlotClaim;
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
 use crate::store::timeout::within;
@@ -120,6 +125,9 @@ impl TaskPlan {
             timeout_ms: self.run_policy.timeout.map(millis),
             retries: Some(self.run_policy.retries).filter(|&n| n > 0),
             jitter_ms: self.run_policy.jitter.map(millis),
+            overlap: Some(self.run_policy.overlap)
+                .filter(|&o| o != Overlap::Skip)
+                .map(|o| o.as_str().to_owned()),
         }
     }
 }
@@ -183,6 +191,23 @@ pub enum Fired {
     },
 }
 
+/// What a slot that falls while a run of the task is going here comes to
+/// ([`TaskTicks::overlapping`]), for the driver to act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Overlapping {
+    /// Skipped, recorded missed with reason `overlap` (for [`Overlap::Skip`], by the next look
+    /// back, as a slot the run outlived).
+    Skipped,
+    /// Waits for the run going to end; [`TaskTicks::fire_queued`] then decides it.
+    Waits,
+    /// Waits, and the run going is to be cancelled now.
+    Replaces,
+    /// Runs now, beside the run going, under a run lease of its own
+    /// ([`TaskTicks::claim_beside`]).
+    Beside,
+}
+
 /// One task's firings in one process: see the module documentation. Cheap to share; firings
 /// of one task are decided one at a time.
 pub struct TaskTicks {
@@ -206,6 +231,9 @@ struct State {
     /// Slots a look back left to run (oldest first), then the slot due, for
     /// [`RunsPerFiring::All`].
     queued: Vec<(u64, Trigger)>,
+    /// Slots that fell while a run here was going and wait for its end (overlap policies
+    /// `buffer-one`, `buffer-all`, `replace`), oldest first.
+    waiting: std::collections::VecDeque<u64>,
     /// A slot a look back decided not to run (too late for the catch-up policy): firings of it
     /// are not decided again.
     passed: Option<u64>,
@@ -476,6 +504,13 @@ impl TaskTicks {
                     .await,
             );
         }
+        // A slot that waited for the run before it: run late, but as its timer's.
+        if let Some(slot) = state.waiting.pop_front() {
+            return Some(
+                self.decide_queued(gate, plan, &mut state, slot, Trigger::Timer)
+                    .await,
+            );
+        }
         if !std::mem::take(&mut state.resume) {
             return None;
         }
@@ -520,6 +555,120 @@ impl TaskTicks {
         let mut state = self.state.lock().await;
         self.look_back(gate, plan, &mut state, None, None).await?;
         Ok(!state.queued.is_empty())
+    }
+
+    /// `slot` fell due while a run of the task is going here: what it comes to under the plan's
+    /// [`Overlap`] policy, decided here for every driver. A slot skipped for the policy (one
+    /// more than `buffer-one` or `buffer-all` keep waiting, a waiting one a newer slot
+    /// replaces) is recorded missed with reason `overlap` at once; under `skip` it is left to
+    /// the next look back, as before.
+    pub async fn overlapping(&self, plan: &TaskPlan, slot: u64) -> Overlapping {
+        let overlap = plan.run_policy.overlap;
+        let mut state = self.state.lock().await;
+        match overlap {
+            Overlap::Skip => {
+                remember(&mut state.known, slot, MissReason::Overlap);
+                return Overlapping::Skipped;
+            }
+            Overlap::Allow => return Overlapping::Beside,
+            Overlap::BufferOne | Overlap::BufferAll | Overlap::Replace => {}
+        }
+        if overlap == Overlap::Replace {
+            // The run going has not stopped yet: the newest slot replaces it.
+            while let Some(older) = state.waiting.pop_front() {
+                self.skip_overlapping(&plan.schedule, &mut state, older);
+            }
+            state.waiting.push_back(slot);
+            return Overlapping::Replaces;
+        }
+        if state.waiting.len() >= overlap.waiting_cap() {
+            self.skip_overlapping(&plan.schedule, &mut state, slot);
+            return Overlapping::Skipped;
+        }
+        state.waiting.push_back(slot);
+        Overlapping::Waits
+    }
+
+    /// Claims `slot` for a run beside the one going here ([`Overlapping::Beside`]), unless the
+    /// task is paused: takes a run lease of the run's own, named after the task and the slot
+    /// (`TASK/slot/SLOT`: its own fencing token and expiry), then claims the slot (the
+    /// forward-only claim every instance makes, so the slot still runs once fleet-wide).
+    /// `None`: the slot does not run here (paused, claimed already, the store did not answer,
+    /// or a task name too long for the run lease's: recorded missed, reason overlap).
+    pub async fn claim_beside<S: Slots + Catalog>(
+        &self,
+        gate: &Gate<S>,
+        plan: &TaskPlan,
+        slot: u64,
+    ) -> Option<LeaseGuard> {
+        let lease = gate.lease();
+        let limit = lease.config().renew_interval;
+        match gate.read_clock().await {
+            Ok(reading) => {
+                self.clock.saw(&reading);
+                if let Some(pause) = reading.control.as_ref().and_then(|c| c.paused.as_ref()) {
+                    gate.paused(slot, pause).await;
+                    return None;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(task = %self.task, slot, error = %e, "slot not run beside the run going: the store did not answer");
+                self.skipped(slot, MissReason::StoreDown).await;
+                return None;
+            }
+        }
+        let run_lease = LeaseName::new(format!("{}/slot/{slot}", self.task))
+            .ok()
+            .and_then(|name| {
+                Lease::held_as(
+                    lease.store().clone(),
+                    name,
+                    *lease.config(),
+                    lease.holder().clone(),
+                )
+                .ok()
+            });
+        let Some(run_lease) = run_lease else {
+            tracing::warn!(task = %self.task, slot, "the task's name is too long for a run lease of its own: the slot is skipped");
+            self.skip_overlapping(&plan.schedule, &mut *self.state.lock().await, slot);
+            return None;
+        };
+        let guard = match run_lease.try_acquire().await {
+            Ok(TryAcquire::Acquired(guard)) => guard,
+            Ok(TryAcquire::Busy { .. }) => return None,
+            Err(e) => {
+                tracing::warn!(task = %self.task, slot, error = %e, "slot not run beside the run going: no run lease");
+                self.skipped(slot, MissReason::StoreDown).await;
+                return None;
+            }
+        };
+        let claim = within(limit, lease.store().claim_slot(&self.task, slot)).await;
+        match claim {
+            Ok(SlotClaim::Claimed) if guard.is_held() => {
+                let mut state = self.state.lock().await;
+                state.handled = state.handled.max(Some(slot));
+                return Some(guard);
+            }
+            Ok(SlotClaim::Claimed) => {
+                tracing::warn!(task = %self.task, slot, "run lease expiring before the run could start; slot not run");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(task = %self.task, slot, error = %e, "slot not run beside the run going: not claimed");
+                self.skipped(slot, MissReason::StoreDown).await;
+            }
+        }
+        if let Err(e) = guard.release().await {
+            tracing::debug!(task = %self.task, error = %e, "run lease release failed; it expires after its ttl");
+        }
+        None
+    }
+
+    /// Records `slot` missed for the overlap, as decided (no look back records it again).
+    fn skip_overlapping(&self, schedule: &Schedule, state: &mut State, slot: u64) {
+        tracing::info!(task = %self.task, slot, "slot skipped: a run is going and the overlap policy keeps no more waiting");
+        self.record_miss(schedule, slot, 1, slot, MissReason::Overlap);
+        state.handled = state.handled.max(Some(slot));
     }
 
     /// A run of `slot` here starts now: see [`run_ended`](Self::run_ended).
@@ -899,13 +1048,15 @@ impl TaskTicks {
         } else {
             Vec::new()
         };
+        // Under `allow`, this instance's runs beside the granted one may still be going.
+        let beside = plan.run_policy.overlap == Overlap::Allow;
         let found = interrupted::cut_off(
             &records,
             ticket.slot(),
             held,
             self.store_now_or_wall(),
             plan.run_policy.retries,
-            |holder| live.iter().any(|l| l == holder),
+            |holder| (beside && holder == self.holder.as_str()) || live.iter().any(|l| l == holder),
         );
         if found.deferred {
             self.state.lock().await.history_known = false;

@@ -95,6 +95,8 @@ pub struct DefinitionView {
     pub retries: Option<u32>,
     /// At most how long each slot's start is put off, ms.
     pub jitter_ms: Option<u64>,
+    /// `buffer-one`, `buffer-all`, `replace` or `allow`; `None`: `skip`.
+    pub overlap: Option<String>,
 }
 
 impl From<&TaskDefinition> for DefinitionView {
@@ -114,6 +116,7 @@ impl From<&TaskDefinition> for DefinitionView {
             timeout_ms: d.timeout_ms,
             retries: d.retries,
             jitter_ms: d.jitter_ms,
+            overlap: d.overlap.clone(),
         }
     }
 }

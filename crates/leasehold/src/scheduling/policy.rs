@@ -1,11 +1,14 @@
 //! A task's run policies: how long one attempt may take ([`RunPolicy::timeout`]), how a
-//! failed or timed-out run is tried again ([`RunPolicy::retries`], [`Backoff`]), and how far
-//! each slot's start is spread ([`RunPolicy::jitter`]). Values only:
+//! failed or timed-out run is tried again ([`RunPolicy::retries`], [`Backoff`]), how far
+//! each slot's start is spread ([`RunPolicy::jitter`]), and what a slot that falls while a run
+//! is going does ([`RunPolicy::overlap`], [`Overlap`]). Values only:
 //! the task's lifecycle decides with them ([`TaskTicks::next_attempt`]) and its driver acts,
 //! so every driver retries alike.
 //!
 //! [`TaskTicks::next_attempt`]: crate::lifecycle::TaskTicks::next_attempt
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use crate::scheduling::history::Outcome;
@@ -94,6 +97,108 @@ pub struct RunPolicy {
     /// ended, a drain ran out): run again by the next holder, or left
     /// ([`interrupted`](crate::scheduling::interrupted)).
     pub on_interrupt: OnInterrupt,
+    /// What a slot that falls while a run of the task is going does.
+    pub overlap: Overlap,
+}
+
+/// The most slots [`Overlap::BufferAll`] keeps waiting for the run going: a slot falling while
+/// this many wait is skipped (recorded missed, reason `overlap`), so a job that is always
+/// slower than its schedule does not build up an endless backlog.
+pub const BUFFER_ALL_CAP: usize = 16;
+
+/// What a slot that falls while a run of its task is going does (Kubernetes'
+/// `concurrencyPolicy`, Temporal's overlap policy). The instance running the task decides, at
+/// the slot's time; every slot is still claimed once, fleet-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Overlap {
+    /// The slot is skipped, recorded missed with reason `overlap` (the default; Kubernetes'
+    /// `Forbid`, Temporal's `SKIP`).
+    #[default]
+    Skip,
+    /// The slot runs once the run going ends; a further slot falling while one waits is
+    /// skipped (Temporal's `BUFFER_ONE`).
+    BufferOne,
+    /// Every such slot runs, in order, once the runs before it ended, at most
+    /// [`BUFFER_ALL_CAP`] waiting; beyond that they are skipped (Temporal's `BUFFER_ALL`).
+    BufferAll,
+    /// The run going is cancelled (its cancellation token; a command gets SIGTERM, then
+    /// SIGKILL after its grace), recorded `cancelled` with what replaced it, and the slot runs
+    /// once it stopped (Kubernetes' `Replace`, Temporal's `CANCEL_OTHER`).
+    Replace,
+    /// The slot runs beside the run going, holding a run lease of its own (its own fencing
+    /// token and cancellation token); each slot still runs once (Kubernetes' `Allow`,
+    /// Temporal's `ALLOW_ALL`).
+    Allow,
+}
+
+impl Overlap {
+    /// Every policy, in the order of [`as_str`](Self::as_str)'s list.
+    pub const ALL: [Overlap; 5] = [
+        Self::Skip,
+        Self::BufferOne,
+        Self::BufferAll,
+        Self::Replace,
+        Self::Allow,
+    ];
+
+    /// `skip`, `buffer-one`, `buffer-all`, `replace`, `allow`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::BufferOne => "buffer-one",
+            Self::BufferAll => "buffer-all",
+            Self::Replace => "replace",
+            Self::Allow => "allow",
+        }
+    }
+
+    /// How many slots may wait for the run going: 1 for `buffer-one` (and for `replace`, the
+    /// one replacing it), [`BUFFER_ALL_CAP`] for `buffer-all`, none otherwise.
+    pub fn waiting_cap(self) -> usize {
+        match self {
+            Self::BufferOne | Self::Replace => 1,
+            Self::BufferAll => BUFFER_ALL_CAP,
+            Self::Skip | Self::Allow => 0,
+        }
+    }
+}
+
+impl fmt::Display for Overlap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A text that names no overlap policy ([`Overlap`]'s `FromStr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlapError {
+    /// The text as given.
+    pub text: String,
+}
+
+impl fmt::Display for OverlapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The text may come from a crontab or an HTTP request: shown escaped.
+        write!(
+            f,
+            "`{}` is not an overlap policy: use skip, buffer-one, buffer-all, replace or allow",
+            crate::store::text::visible(&self.text)
+        )
+    }
+}
+
+impl std::error::Error for OverlapError {}
+
+impl FromStr for Overlap {
+    type Err = OverlapError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .ok_or_else(|| OverlapError { text: s.to_owned() })
+    }
 }
 
 /// The most a slot's start is put off, whatever the jitter asked: a slot started later would
@@ -135,6 +240,12 @@ impl RunPolicy {
     /// With a time limit per attempt (`None`, or zero: none).
     pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeout = timeout.filter(|t| !t.is_zero());
+        self
+    }
+
+    /// With `overlap` for a slot that falls while a run is going.
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
+        self.overlap = overlap;
         self
     }
 
@@ -269,6 +380,23 @@ mod tests {
         let daily = Schedule::every(Duration::from_secs(86_400)).unwrap();
         let long = RunPolicy::default().jitter(Some(Duration::from_secs(86_400)));
         assert!(long.start_delay(&task(), &daily, 86_400_000) < MAX_JITTER);
+    }
+
+    #[test]
+    fn overlap_policies_read_their_words_and_refuse_others_escaped() {
+        for overlap in Overlap::ALL {
+            assert_eq!(overlap.as_str().parse::<Overlap>(), Ok(overlap));
+        }
+        assert_eq!(Overlap::default(), Overlap::Skip);
+        let error = "Replace\u{202e}\n".parse::<Overlap>().unwrap_err();
+        let shown = error.to_string();
+        assert!(shown.contains("Replace\\u{202e}\\n"), "{shown}");
+        assert!(
+            !shown.contains('\n') && !shown.contains('\u{202e}'),
+            "{shown}"
+        );
+        assert_eq!(Overlap::BufferAll.waiting_cap(), BUFFER_ALL_CAP);
+        assert_eq!(Overlap::BufferOne.waiting_cap(), 1);
     }
 
     #[test]

@@ -451,6 +451,28 @@ impl Task {
         self
     }
 
+    /// What a slot that falls while a run of this task is going does ([`Overlap`](crate::Overlap)):
+    /// skipped and recorded missed with reason `overlap` (the default), run once the run
+    /// ends (`BufferOne`, `BufferAll`), run after cancelling it (`Replace`), or run beside it
+    /// (`Allow`). Each slot still runs once, fleet-wide.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use leasehold::{LeaseName, Overlap, Schedule, Task, TaskContext};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sync = Task::new(
+    ///     LeaseName::new("sync-accounts")?,
+    ///     Schedule::every(Duration::from_secs(60))?,
+    ///     |_ctx: TaskContext| async { Ok::<_, std::io::Error>(()) },
+    /// )
+    /// .overlap(Overlap::BufferOne); // a slow sync is followed by one more, never two at once
+    /// # Ok(()) }
+    /// ```
+    pub fn overlap(mut self, overlap: crate::Overlap) -> Self {
+        self.run_policy = self.run_policy.overlap(overlap);
+        self
+    }
+
     /// With timeout and retries as `policy` says (what [`timeout`](Self::timeout),
     /// [`retries`](Self::retries) and [`retry_backoff`](Self::retry_backoff) set, at once).
     pub fn with_run_policy(mut self, policy: RunPolicy) -> Self {

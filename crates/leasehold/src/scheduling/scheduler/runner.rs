@@ -23,10 +23,10 @@ use crate::scheduling::history::{
 };
 use crate::scheduling::interrupted::{OnInterrupt, Rerun};
 use crate::scheduling::lifecycle::{
-    Fired, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
+    Fired, Overlapping, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
 };
 use crate::scheduling::placement::{Placement, View};
-use crate::scheduling::policy::NextAttempt;
+use crate::scheduling::policy::{NextAttempt, Overlap};
 use crate::scheduling::task::{
     CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger,
 };
@@ -189,7 +189,8 @@ pub(super) struct TaskRunner<S> {
     ticks: TaskTicks,
     common: Arc<Common>,
     stats: TaskStats,
-    /// Manual runs, owned here so a caller that stops waiting does not detach them.
+    /// Manual runs, owned here so a caller that stops waiting does not detach them, and runs
+    /// beside another (overlap policy `allow`): both drained on shutdown.
     manual: TaskTracker,
     /// Refusals in a row, for giving up after [`MAX_REFUSALS`].
     refusals: AtomicU32,
@@ -200,6 +201,25 @@ pub(super) struct TaskRunner<S> {
 
 /// Why an attempt was cancelled at the task's timeout.
 const TIMED_OUT: &str = "timeout reached";
+
+/// Why an attempt was cancelled for a newer slot (overlap policy `replace`).
+const REPLACED: &str = "replaced by a newer slot";
+
+/// A run that a newer slot replaces (overlap policy `replace`): its token is cancelled, and the
+/// slot kept for its record.
+#[derive(Default)]
+struct Replacement {
+    token: CancellationToken,
+    by: OnceLock<u64>,
+}
+
+impl Replacement {
+    fn replace(&self, slot: u64) {
+        // The first slot to replace the run is the one its record names.
+        let _ = self.by.set(slot);
+        self.token.cancel();
+    }
+}
 
 async fn fired(token: Option<&CancellationToken>) {
     match token {
@@ -241,6 +261,8 @@ struct Held {
     request: Option<RunRequest>,
     /// For a slot run again because its run was cut off: which attempt, and what started it.
     rerun: Option<Rerun>,
+    /// Cancelled when a newer slot replaces the run (overlap policy `replace`).
+    replaced: Option<Arc<Replacement>>,
 }
 
 impl Held {
@@ -255,6 +277,7 @@ impl Held {
                 by: r.by.clone(),
             }),
             rerun: None,
+            replaced: None,
         }
     }
 
@@ -446,8 +469,30 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 let (slot, trigger) = (ticket.slot(), ticket.trigger());
                 let start = self.ticks.run_starts(slot);
                 let slot_run = (trigger != Trigger::Manual).then_some(slot);
-                self.run(trigger, slot_run, Held::of(&ticket)).await;
-                self.run_cut_off(&ticket).await;
+                let replaced = Arc::new(Replacement::default());
+                let held = Held {
+                    replaced: Some(replaced.clone()),
+                    ..Held::of(&ticket)
+                };
+                let work = async {
+                    self.run(trigger, slot_run, held).await;
+                    if replaced.token.is_cancelled() {
+                        // The slot replacing it runs first; cut-off runs are looked for after it.
+                        self.ticks.run_cut_off().await;
+                    } else {
+                        self.run_cut_off(&ticket).await;
+                    }
+                };
+                if self.plan.run_policy.overlap == Overlap::Skip {
+                    work.await;
+                } else {
+                    let leader = ticket.leader_signal().cloned();
+                    tokio::select! {
+                        biased;
+                        () = work => {}
+                        () = self.watch_overlaps(slot, &replaced, leader) => {}
+                    }
+                }
                 if let Err(e) = ticket.into_guard().release().await {
                     tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
                 }
@@ -474,6 +519,65 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             Fired::StoreDown { slot, runs, error } => self.store_down(slot, runs, &error).await,
             Fired::Refused { slot, error } => self.refused(slot, &error).await,
         }
+    }
+
+    /// While a run that started for `slot` goes on: fires each slot that falls meanwhile (at its
+    /// time, as the timer loop would) and acts on what the task's lifecycle decides for it
+    /// under the overlap policy ([`TaskTicks::overlapping`]): nothing more for a slot skipped or
+    /// left waiting (the lifecycle queues it), cancels the run for a slot replacing it, starts
+    /// a run beside it for `allow`. Never completes by itself.
+    async fn watch_overlaps(
+        self: &Arc<Self>,
+        slot: u64,
+        replaced: &Replacement,
+        leader: Option<CancellationToken>,
+    ) {
+        let mut timer = Timer::default();
+        timer.fired(slot);
+        while !self.retired.is_cancelled() {
+            let Some((next, at)) = timer.next(&self.ticks, &self.plan) else {
+                break;
+            };
+            tokio::select! {
+                () = self.retired.cancelled() => break,
+                () = tokio::time::sleep_until(at) => {}
+            }
+            timer.fired(next);
+            match self.ticks.overlapping(&self.plan, next).await {
+                Overlapping::Replaces => {
+                    tracing::info!(task = %self.task.name, slot = next, "overlap replace: cancelling the run going for the new slot");
+                    replaced.replace(next);
+                }
+                Overlapping::Beside => self.run_beside(next, leader.clone()),
+                _ => {}
+            }
+        }
+        std::future::pending().await
+    }
+
+    /// Runs `slot` beside the run going (overlap policy `allow`), under a run lease of its own
+    /// ([`TaskTicks::claim_beside`]), in the task's tracker so shutdown drains it.
+    fn run_beside(self: &Arc<Self>, slot: u64, leader: Option<CancellationToken>) {
+        let runner = self.clone();
+        self.manual.spawn(async move {
+            let Some(guard) = runner
+                .ticks
+                .claim_beside(&runner.gate, &runner.plan, slot)
+                .await
+            else {
+                return;
+            };
+            let held = Held {
+                token: Some(guard.token()),
+                lease: Some((guard.cancellation_token(), guard.probe())),
+                leader,
+                ..Held::default()
+            };
+            runner.run(Trigger::Timer, Some(slot), held).await;
+            if let Err(e) = guard.release().await {
+                tracing::warn!(task = %runner.task.name, error = %e, "run lease release failed");
+            }
+        });
     }
 
     /// Runs again, under `ticket`'s task lease once its own run ended, the slots whose run was
@@ -663,6 +767,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 () = self.common.stop.cancelled() => return result,
                 () = fired(lease_cancel) => return result,
                 () = fired(held.leader.as_ref()) => return result,
+                () = fired(held.replaced.as_ref().map(|r| &r.token)) => return result,
                 () = tokio::time::sleep(wait) => {}
             }
             tracing::info!(task = %self.task.name, attempt = next, "retrying the run of {}", run_of(&self.task.name, slot));
@@ -744,6 +849,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             tokio::select! {
                 () = fired(lease_cancel.as_ref()) => "task lease expiring",
                 () = fired(held.leader.as_ref()) => "leadership ending",
+                () = fired(held.replaced.as_ref().map(|r| &r.token)) => REPLACED,
                 why = self.common.drained(&self.task.name, slot, &draining) => why,
                 () = async {
                     match timeout {
@@ -775,6 +881,11 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 }
             }
         }
+        let replaced_by = held
+            .replaced
+            .as_ref()
+            .filter(|_| stopped == Some(REPLACED))
+            .and_then(|r| r.by.get().copied());
         let mut result = match joined {
             Some(Ok(Ok(()))) => RunResult::Succeeded,
             Some(Ok(Err(e))) => RunResult::Failed(e.to_string()),
@@ -786,6 +897,12 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             (RunResult::Panicked, _) => RunOutcome::Panicked,
             (_, Some(TIMED_OUT)) => RunOutcome::Cancelled {
                 why: format!("{TIMED_OUT} ({:?})", timeout.unwrap_or_default()),
+            },
+            (_, Some(REPLACED)) => RunOutcome::Cancelled {
+                why: format!(
+                    "replaced by the slot at {} (overlap replace)",
+                    replaced_by.unwrap_or_default()
+                ),
             },
             (_, Some(why)) => RunOutcome::Cancelled {
                 why: why.to_owned(),
@@ -800,6 +917,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         record.output = lock(&output).take();
         let now = self.ticks.store_now_or_wall();
         let mut ended = record.ended(now, outcome);
+        ended.replaced_by = replaced_by;
         if stopped == Some(TIMED_OUT) && result != RunResult::Panicked {
             // Kept as `cancelled` (or `aborted`) in `outcome`, which older releases read.
             ended.result = Some(Outcome::TimedOut);
