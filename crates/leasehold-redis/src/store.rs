@@ -332,10 +332,7 @@ impl RedisStore {
         let releases = config
             .notifications
             .then(|| listener::feed(setup.source, channel.clone(), &config, &url));
-        if let Some(releases) = &releases {
-            // So the first release after `connect` is heard (if the server lets us subscribe).
-            releases.first_attempt(config.connect_timeout).await;
-        }
+        // Nothing to wait for: the listener subscribes when a waiter first waits.
         tracing::debug!(url = %url, prefix = %prefix, "connected to redis");
         let server = native::Server::default();
         if !conn.is_cluster() {
