@@ -53,6 +53,7 @@ pub(crate) struct OpRounds {
 pub(crate) struct OpTargets {
     pub(crate) acquire: Option<Target>,
     pub(crate) renew: Option<Target>,
+    pub(crate) release: Option<Target>,
     pub(crate) acquire_release: Option<Target>,
 }
 
@@ -67,7 +68,7 @@ impl OpRounds {
         [
             ("acquire", &self.acquire, targets.acquire),
             ("renew", &self.renew, targets.renew),
-            ("release", &self.release, None),
+            ("release", &self.release, targets.release),
             (
                 "acquire+release",
                 &self.acquire_release,

@@ -128,7 +128,8 @@ pub(crate) async fn bench(plan: &Plan) -> Result<Report> {
         let result = match store {
             StoreKind::Memory => memory::bench(plan, &mut report).await,
             StoreKind::Sqlite => sqlite::bench(plan, &mut report).await,
-            StoreKind::Redis => redis::bench(plan, &mut report).await,
+            StoreKind::Redis => redis::bench(plan, &mut report, StoreKind::Redis).await,
+            StoreKind::Valkey => redis::bench(plan, &mut report, StoreKind::Valkey).await,
             StoreKind::Postgres => postgres::bench(plan, &mut report).await,
             StoreKind::Etcd => etcd::bench(plan, &mut report).await,
             StoreKind::Mysql => mysql::bench(plan, &mut report).await,
@@ -159,6 +160,7 @@ mod tests {
         BenchArgs {
             stores,
             redis_url: String::new(),
+            valkey_url: String::new(),
             postgres_url: String::new(),
             etcd_url: "etcd://127.0.0.1:2379".to_owned(),
             mysql_url: String::new(),

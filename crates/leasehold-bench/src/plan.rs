@@ -24,6 +24,9 @@ pub enum StoreKind {
     Etcd,
     /// The MySQL or MariaDB database at `--mysql-url`.
     Mysql,
+    /// The Redis store on the Valkey server at `--valkey-url` (`scripts/valkey.sh` starts
+    /// Valkey 9 there), where it renews and releases with native commands.
+    Valkey,
 }
 
 impl StoreKind {
@@ -35,6 +38,7 @@ impl StoreKind {
             Self::Memory => "memory",
             Self::Etcd => "etcd",
             Self::Mysql => "mysql",
+            Self::Valkey => "valkey",
         }
     }
 }
@@ -43,12 +47,17 @@ impl StoreKind {
 /// next to the store's own floor measured in the same run.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory, etcd, mysql).
+    /// Stores to measure, comma-separated (sqlite, redis, postgres, memory, etcd, mysql,
+    /// valkey).
     #[arg(long, value_delimiter = ',', default_value = "sqlite,redis,postgres")]
     pub stores: Vec<StoreKind>,
     /// The Redis server to measure (keys use a per-run prefix and are deleted afterwards).
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+    /// The Valkey server to measure the Redis store on (`bash scripts/valkey.sh` starts Valkey 9
+    /// on this default; keys as for --redis-url).
+    #[arg(long, default_value = "redis://127.0.0.1:6391")]
+    pub valkey_url: String,
     /// The PostgreSQL database to measure (the store's tables go in a per-run schema, dropped
     /// afterwards; the role must be allowed to create a schema).
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
@@ -106,6 +115,7 @@ pub struct BenchArgs {
 pub(crate) struct Plan {
     pub(crate) stores: Vec<StoreKind>,
     pub(crate) redis_url: String,
+    pub(crate) valkey_url: String,
     pub(crate) postgres_url: String,
     pub(crate) etcd_url: String,
     pub(crate) mysql_url: String,
@@ -136,6 +146,7 @@ impl Plan {
         let plan = Self {
             stores: dedup(&args.stores),
             redis_url: args.redis_url.clone(),
+            valkey_url: args.valkey_url.clone(),
             postgres_url: args.postgres_url.clone(),
             etcd_url: args.etcd_url.clone(),
             mysql_url: args.mysql_url.clone(),

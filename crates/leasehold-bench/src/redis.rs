@@ -46,12 +46,12 @@ pub(crate) const RSLOCK_SKIPPED: &str = "redis: rslock lock+unlock not measured:
      connects to plain redis:// servers only, not through Sentinel or to a Redis Cluster";
 
 /// A store handle with a connection and release listener of its own, as another process has.
-async fn connect_store(plan: &Plan, key_prefix: &str) -> Result<RedisStore> {
-    RedisConfig::new(plan.redis_url.clone())
+async fn connect_store(url: &str, key_prefix: &str) -> Result<RedisStore> {
+    RedisConfig::new(url)
         .prefix(key_prefix)
         .connect()
         .await
-        .map_err(|e| BenchError::connect(RedisConfig::new(plan.redis_url.clone()).describe(), e))
+        .map_err(|e| BenchError::connect(RedisConfig::new(url).describe(), e))
 }
 
 /// Deletes the keys under `key_prefix` of the Redis at `url`.
@@ -64,33 +64,61 @@ pub(crate) async fn delete_keys(url: &str, key_prefix: &str) -> Result<()> {
     cleanup(&store, key_prefix, Deployment::of(url)).await
 }
 
-pub(crate) async fn bench(plan: &Plan, report: &mut Report) -> Result<()> {
+/// The Redis store on the server of `kind`: [`StoreKind::Redis`] at `--redis-url`, or
+/// [`StoreKind::Valkey`] at `--valkey-url`, each next to its own floors and rslock on the same
+/// server, its rows named after `kind`.
+pub(crate) async fn bench(plan: &Plan, report: &mut Report, kind: StoreKind) -> Result<()> {
+    let url = match kind {
+        StoreKind::Valkey => plan.valkey_url.as_str(),
+        _ => plan.redis_url.as_str(),
+    };
     let key_prefix = format!("leasehold-bench-{}", plan.run_id);
-    let deployment = Deployment::of(&plan.redis_url);
-    let store = connect_store(plan, &key_prefix).await?;
+    let deployment = Deployment::of(url);
+    let store = connect_store(url, &key_prefix)
+        .await
+        .map_err(|e| match (kind, e) {
+            (StoreKind::Valkey, BenchError::Connect { target, source }) => BenchError::Connect {
+                target: format!(
+                    "{target} (`bash scripts/valkey.sh` starts Valkey 9 on the default \
+                     --valkey-url)"
+                ),
+                source,
+            },
+            (_, e) => e,
+        })?;
+    let at = Server { url, kind };
     let result = async {
         // A second store handle, as another process would have.
-        let waiter = connect_store(plan, &key_prefix).await?;
-        bench_with(plan, report, &store, &waiter, &key_prefix, deployment).await
+        let waiter = connect_store(url, &key_prefix).await?;
+        bench_with(plan, report, at, &store, &waiter, &key_prefix, deployment).await
     }
     .await;
     let cleaned = cleanup(&store, &key_prefix, deployment).await;
     result.and(cleaned)
 }
 
+/// The server a pass measures.
+#[derive(Debug, Clone, Copy)]
+struct Server<'a> {
+    url: &'a str,
+    kind: StoreKind,
+}
+
 async fn bench_with(
     plan: &Plan,
     report: &mut Report,
+    at: Server<'_>,
     store: &RedisStore,
     waiter: &RedisStore,
     key_prefix: &str,
     deployment: Deployment,
 ) -> Result<()> {
     let mut conn = store.connection();
-    let prefix = plan.prefix(StoreKind::Redis);
+    let name = at.kind.name();
+    let prefix = plan.prefix(at.kind);
     let ops = OpBench::new(store.clone(), &prefix, plan.ops)?;
     let peer = (deployment == Deployment::Single)
-        .then(|| rslock::LockManager::new(vec![plan.redis_url.clone()]));
+        .then(|| rslock::LockManager::new(vec![at.url.to_owned()]));
     let resources: Vec<String> = (0..plan.ops)
         .map(|i| format!("{key_prefix}:rslock:{i}"))
         .collect();
@@ -133,18 +161,17 @@ async fn bench_with(
     // Server time per call, from INFO commandstats around an untimed pass of each (a cluster
     // would sum every node's counters).
     let server = if deployment == Deployment::Cluster {
-        report.notes.push(
-            "redis: server time per call not measured on a Redis Cluster (INFO commandstats \
+        report.notes.push(format!(
+            "{name}: server time per call not measured on a Redis Cluster (INFO commandstats \
              would sum every node's counters)"
-                .to_owned(),
-        );
+        ));
         None
     } else {
         match server_time(store, &ops, &noop, &floor_key, &prefix).await {
             Ok(times) => Some(times),
             Err(e) => {
                 report.notes.push(format!(
-                    "redis: server time per call not measured: {}",
+                    "{name}: server time per call not measured: {}",
                     e.chain()
                 ));
                 None
@@ -159,7 +186,7 @@ async fn bench_with(
 
     let ping = (&pings[..], probe.name());
     let mut floors = common::floor_rows(
-        "redis",
+        name,
         &[
             (probe.name(), &pings),
             ("SET", &sets),
@@ -185,9 +212,10 @@ async fn bench_with(
     let targets = OpTargets {
         acquire: Some(common::p50_within(&rounds.acquire, 1.15, ping)),
         renew: Some(common::p50_within(&rounds.renew, 1.05, ping)),
+        release: Some(common::p50_within(&rounds.release, 1.05, ping)),
         acquire_release,
     };
-    let mut rows = rounds.rows("redis", Some(ping), targets);
+    let mut rows = rounds.rows(name, Some(ping), targets);
     for row in &mut rows {
         row.server_us = match row.op.as_str() {
             "acquire+release" => time_of("acquire")
@@ -199,21 +227,21 @@ async fn bench_with(
     report.operations.extend(rows);
     if let Some(us) = time_of("tick") {
         report.notes.push(format!(
-            "redis: a gated tick decision (Slots::tick: clock, control record, slot, lease and \
+            "{name}: a gated tick decision (Slots::tick: clock, control record, slot, lease and \
              claim in one script) takes {us:.1} µs of server time"
         ));
     }
-    for (what, target) in [("acquire", 6.0), ("renew", 3.0)] {
+    for (what, target) in [("acquire", 6.0), ("renew", 2.0), ("release", 2.0)] {
         if let Some(us) = time_of(what) {
             report.notes.push(format!(
-                "redis: server time per {what} {us:.1} µs ({} ≤ {target} µs)",
+                "{name}: server time per {what} {us:.1} µs ({} ≤ {target} µs)",
                 if us <= target { "PASS" } else { "MISS" }
             ));
         }
     }
     if peer.is_some() {
         report.operations.push(OpRow {
-            store: "redis".to_owned(),
+            store: name.to_owned(),
             op: "rslock lock+unlock".to_owned(),
             kind: Kind::Peer,
             figure: Figure::of(&peers),
@@ -222,29 +250,44 @@ async fn bench_with(
             target: None,
         });
     }
+    report.notes.push(format!(
+        "{name}: the server answers HELLO with {}; {}",
+        hello(&mut conn).await,
+        "renew is one SET … IFEQ … PX and release one DELIFEQ (Valkey ≥ 9) or DELEX … IFEQ \
+         (Redis ≥ 8.4) pipelined with its PUBLISH where the server has them, scripts otherwise"
+    ));
     report.notes.push(match deployment {
-        Deployment::Single => "redis: PING, SET and EVALSHA of `return 1` run on the store's own \
-             connection (redis crate); every store operation is one EVALSHA; rslock 0.10 (same \
-             redis crate) uses one server and its own multiplexed connection; acquire+release \
+        Deployment::Single => format!(
+            "{name}: PING, SET and EVALSHA of `return 1` run on the store's own connection \
+             (redis crate); acquire and tick are one EVALSHA each; rslock 0.10 (same redis \
+             crate) uses the same server and its own multiplexed connection; acquire+release \
              and lock+unlock are two round trips each"
-            .to_owned(),
-        Deployment::Sentinel => "redis: Sentinel group; PING, SET and EVALSHA of `return 1` run \
-             on the store's own connection to the primary the sentinels name; every store \
-             operation is one EVALSHA; acquire+release is two round trips"
-            .to_owned(),
-        Deployment::Cluster => "redis: Redis Cluster; EXISTS, SET and EVALSHA of `return 1` on \
-             one key run on the store's own cluster connection, so each goes to the primary \
-             owning that key's slot (PING would go to every primary); every store operation is \
-             one EVALSHA on the lease's slot owner; acquire+release is two round trips"
-            .to_owned(),
+        ),
+        Deployment::Sentinel => format!(
+            "{name}: Sentinel group; PING, SET and EVALSHA of `return 1` run on the store's own \
+             connection to the primary the sentinels name; acquire+release is two round trips"
+        ),
+        Deployment::Cluster => format!(
+            "{name}: Redis Cluster; EXISTS, SET and EVALSHA of `return 1` on one key run on the \
+             store's own cluster connection, so each goes to the primary owning that key's slot \
+             (PING would go to every primary); every store operation is one EVALSHA on the \
+             lease's slot owner; acquire+release is two round trips"
+        ),
     });
     if peer.is_none() {
         report.notes.push(RSLOCK_SKIPPED.to_owned());
     }
 
+    let held = HeldPlan::of(plan, name, &prefix, 64);
+    let graceful = Some(("1 ms".to_owned(), 1.0));
+    if at.kind == StoreKind::Valkey {
+        // The sidecar's rows name no store: they are measured over Redis alone.
+        return common::held_and_takeovers(plan, report, &held, store, waiter, graceful).await;
+    }
+
     // The sidecar over a store of its own (its own connection), as a `leasehold serve`
     // process beside the application has.
-    let sidecar_store = connect_store(plan, key_prefix).await?;
+    let sidecar_store = connect_store(at.url, key_prefix).await?;
     let sidecar_plan = SidecarPlan {
         // Names go into URL paths: no `/` in them.
         prefix: &format!("{}-sidecar", prefix.replace('/', "-")),
@@ -273,9 +316,6 @@ async fn bench_with(
         });
     }
     report.notes.extend(notes);
-
-    let held = HeldPlan::of(plan, "redis", &prefix, 64);
-    let graceful = Some(("1 ms".to_owned(), 1.0));
     common::held_and_takeovers(plan, report, &held, store, waiter, graceful).await
 }
 
@@ -373,11 +413,10 @@ async fn server_time(
         "release",
         "tick",
     ] {
-        // Scripts, and TIME for a tick composed of separate calls.
         let commands: &[&str] = if what == "PING" {
             &["ping"]
         } else {
-            &["evalsha", "eval", "time"]
+            STORE_COMMANDS
         };
         let usec0 = server_usec(&mut conn, commands).await?;
         match what {
@@ -414,6 +453,28 @@ async fn server_time(
     Ok(per_call)
 }
 
+/// What the store sends for its operations: scripts, TIME for a tick composed of separate
+/// calls, and the native renew and release with its PUBLISH.
+const STORE_COMMANDS: &[&str] = &[
+    "evalsha", "eval", "time", "set", "delifeq", "delex", "publish",
+];
+
+/// `server version` from HELLO, for the notes.
+async fn hello(conn: &mut RedisConnection) -> String {
+    let reply: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
+        redis::cmd("HELLO").query_async(conn).await;
+    let Ok(fields) = reply else {
+        return "an error (Redis < 6)".to_owned();
+    };
+    let field = |name: &str| {
+        fields
+            .get(name)
+            .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+            .unwrap_or_default()
+    };
+    format!("{} {}", field("server"), field("version"))
+}
+
 /// Microseconds the server spent in `commands` so far (`INFO commandstats`).
 async fn server_usec(conn: &mut RedisConnection, commands: &[&str]) -> Result<u64> {
     let mut total = 0;
@@ -423,8 +484,8 @@ async fn server_usec(conn: &mut RedisConnection, commands: &[&str]) -> Result<u6
     Ok(total)
 }
 
-/// The Redis server's time so far in what the store sends (`INFO commandstats`: EVALSHA,
-/// EVAL and TIME), for the sidecar rows.
+/// The Redis server's time so far in what the store sends (`INFO commandstats`:
+/// [`STORE_COMMANDS`]), for the sidecar rows.
 struct Commandstats {
     store: RedisStore,
     /// On a cluster the counters are every node's: not read.
@@ -437,9 +498,7 @@ impl ServerClock for Commandstats {
             return None;
         }
         let mut conn = self.store.connection();
-        server_usec(&mut conn, &["evalsha", "eval", "time"])
-            .await
-            .ok()
+        server_usec(&mut conn, STORE_COMMANDS).await.ok()
     }
 }
 

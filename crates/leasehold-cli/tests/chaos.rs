@@ -16,9 +16,15 @@ fn short_run(store: &str) -> serde_json::Value {
 
 /// Runs `leasehold chaos` for `duration` with `faults` faults and returns its report.json.
 fn run_for(store: &str, duration: &str, faults: usize) -> serde_json::Value {
+    run_with(store, duration, faults, &[])
+}
+
+/// [`run_for`] with more arguments for `leasehold chaos`.
+fn run_with(store: &str, duration: &str, faults: usize, more: &[&str]) -> serde_json::Value {
     let out_dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
         .args(["chaos", "--store", store, "--duration", duration])
+        .args(more)
         .args(["--faults", &faults.to_string()])
         .arg("--out")
         .arg(out_dir.path())
@@ -63,6 +69,22 @@ fn chaos_sqlite() {
 #[test]
 fn chaos_redis() {
     let report = short_run("redis");
+    assert_store_restarted(&report);
+}
+
+/// The short run on the harness's own Valkey 9 (`LEASEHOLD_TEST_VALKEY_SERVER`, the
+/// valkey-server the test command fetches; see `scripts/valkey.sh`), where leases are renewed
+/// and released with the native compare-and-set commands.
+#[test]
+fn chaos_valkey() {
+    let Some(server) = std::env::var("LEASEHOLD_TEST_VALKEY_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+    else {
+        eprintln!("LEASEHOLD_TEST_VALKEY_SERVER is not set: skipped (scripts/test.sh sets it)");
+        return;
+    };
+    let report = run_with("redis", "90s", 10, &["--redis-server", &server]);
     assert_store_restarted(&report);
 }
 

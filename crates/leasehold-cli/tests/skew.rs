@@ -195,6 +195,20 @@ async fn redis_previous_and_this_release_side_by_side() {
     side_by_side(&redis_url()).await;
 }
 
+/// The same on Valkey 9 (`LEASEHOLD_TEST_VALKEY_URL`, which the test command sets), where this
+/// release renews and releases with native commands and the previous one with scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_previous_and_this_release_side_by_side() {
+    let Some(url) = std::env::var("LEASEHOLD_TEST_VALKEY_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!("LEASEHOLD_TEST_VALKEY_URL is not set: skipped (scripts/test.sh sets it)");
+        return;
+    };
+    side_by_side(&url).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_previous_and_this_release_side_by_side() {
     side_by_side(&postgres_url()).await;

@@ -98,6 +98,13 @@ impl ToRedisArgs for Arg<'_> {
     }
 }
 
+/// The command `args` (the command's name first), allocated once at its final size.
+pub(crate) fn plain_cmd(args: &[Arg]) -> Cmd {
+    let mut cmd = Cmd::with_capacity(args.len(), args.iter().map(Arg::len).sum());
+    cmd.arg(args);
+    cmd
+}
+
 /// `EVALSHA <hash> <numkeys> <keys…> <args…>`, or `EVAL <code> …` when `by_hash` is false, in a
 /// command allocated once at its final size.
 pub(crate) fn script_cmd(script: &LuaScript, by_hash: bool, keys: &[Arg], args: &[Arg]) -> Cmd {

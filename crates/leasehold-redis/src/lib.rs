@@ -11,6 +11,7 @@ mod config;
 mod conn;
 mod error;
 mod listener;
+mod native;
 mod scripts;
 mod store;
 mod url;

@@ -1,6 +1,8 @@
-//! The release listener: one pub/sub connection per store, run by a core
-//! [`ReleaseFeed`](leasehold::store::ReleaseFeed) that comes back (with backoff) whenever the
-//! connection drops or stops answering PINGs.
+//! The release listener: one pub/sub connection per store while a waiter waits, run by a core
+//! [`ReleaseFeed`](leasehold::store::ReleaseFeed) on demand that comes back (with backoff)
+//! whenever the connection drops or stops answering PINGs, and closes it [`LINGER`] to twice that
+//! after the last waiter stopped waiting. A process that holds its leases or does nothing is then
+//! not subscribed, and a release wakes only the processes that wait.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +13,10 @@ use redis::aio::PubSub;
 
 use crate::config::RedisConfig;
 use crate::conn::SentinelLink;
+
+/// How long the listener stays subscribed after the last waiter stopped waiting (at most twice
+/// this): long enough that a scheduler waiting slot after slot keeps one connection.
+pub(crate) const LINGER: Duration = Duration::from_secs(5);
 
 /// Where the listener subscribes.
 #[derive(Clone)]
@@ -31,7 +37,8 @@ struct Listener {
     keepalive: Duration,
 }
 
-/// Starts listening on `channel` in the background, reconnecting until the feed is dropped.
+/// Listens on `channel` in the background while someone subscribes, reconnecting until the
+/// feed is dropped.
 pub(crate) fn feed(
     source: Source,
     channel: String,
@@ -45,7 +52,7 @@ pub(crate) fn feed(
         connect_timeout: config.connect_timeout,
         keepalive: config.keepalive,
     };
-    ReleaseFeed::spawn(listener, config.max_reconnect_delay, url.to_owned())
+    ReleaseFeed::spawn_on_demand(listener, config.max_reconnect_delay, url.to_owned(), LINGER)
 }
 
 impl ReleaseSource for Listener {

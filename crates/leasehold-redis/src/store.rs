@@ -20,12 +20,13 @@ use tokio::sync::watch;
 
 use crate::call::{
     Arg, CATALOG, FENCE, HISTORY as HISTORY_KIND, INSTANCES, LEASE, MEMBERS as MEMBERS_KIND, SLOT,
-    TASK as TASK_KIND, TASKS, key_parts, script_cmd,
+    TASK as TASK_KIND, TASKS, key_parts, plain_cmd, script_cmd,
 };
 use crate::config::{DEFAULT_PREFIX, RedisConfig, Target};
 use crate::conn::{Conn, RedisConnection, SentinelLink};
 use crate::error::{Error, RedisSetupError, Result};
 use crate::listener::{self, Source};
+use crate::native::{self, Features, NativeRelease};
 use crate::scripts::{ACQUIRE, INSPECT, LuaScript, RELEASE, RENEW};
 
 mod catalog;
@@ -72,6 +73,8 @@ struct Inner {
     releases: Option<ReleaseFeed>,
     /// What connecting has learnt (always [`Access::Known`] for a store from `connect`).
     access: watch::Receiver<Access>,
+    /// Which native compare-and-set commands the server has (see [`native`]).
+    server: native::Server,
 }
 
 /// What a lazily connecting store's background connection attempts have learnt. Operations
@@ -290,6 +293,7 @@ impl RedisStore {
                 url: setup.url.clone(),
                 releases,
                 access,
+                server: native::Server::default(),
             }),
         };
         tokio::spawn(warm_up(
@@ -328,11 +332,12 @@ impl RedisStore {
         let releases = config
             .notifications
             .then(|| listener::feed(setup.source, channel.clone(), &config, &url));
-        if let Some(releases) = &releases {
-            // So the first release after `connect` is heard (if the server lets us subscribe).
-            releases.first_attempt(config.connect_timeout).await;
-        }
+        // Nothing to wait for: the listener subscribes when a waiter first waits.
         tracing::debug!(url = %url, prefix = %prefix, "connected to redis");
+        let server = native::Server::default();
+        if !conn.is_cluster() {
+            server.detect(&mut RedisConnection(conn.clone())).await;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 conn: RwLock::new(conn),
@@ -344,6 +349,7 @@ impl RedisStore {
                 url,
                 releases,
                 access: watch::channel(Access::Known).1,
+                server,
             }),
         })
     }
@@ -390,6 +396,26 @@ impl RedisStore {
             name: name.as_str(),
             kind,
         }
+    }
+
+    /// `SET lease tenure IFEQ tenure PX ttl`: the native renewal (see [`native`]).
+    fn renew_cmd(
+        &self,
+        name: &LeaseName,
+        holder_id: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> redis::Cmd {
+        let tenure = Arg::Tenure(token, holder_id);
+        plain_cmd(&[
+            Arg::Str("SET"),
+            self.key(name, LEASE),
+            tenure,
+            Arg::Str("IFEQ"),
+            tenure,
+            Arg::Str("PX"),
+            ttl_millis(ttl),
+        ])
     }
 
     /// The pub/sub channel on which releases are announced (the payload is the lease name).
@@ -521,7 +547,64 @@ impl RedisStore {
         self.inner.conn().0.is_cluster()
     }
 
+    /// What the server offers, asking it first if this connection has not been asked. A Redis
+    /// Cluster's nodes are not asked (they may differ): it keeps the scripts.
+    async fn features(&self) -> Features {
+        let known = self.inner.server.features();
+        if known.known() || self.is_cluster() {
+            return known;
+        }
+        let mut conn = self.inner.ready_conn().await;
+        self.inner.server.detect(&mut conn).await
+    }
+
+    /// Sends the native commands `build` makes for what the server offers (see [`native`];
+    /// `None`: it has none for this operation) within the time limit of an operation on
+    /// a lease of `ttl`, retrying an `idempotent` one as [`eval`](Self::eval) does. `Ok(None)`:
+    /// no native commands, or the server refused them before changing anything: the caller
+    /// runs the script instead
+    /// (which reports a key of another type as it always has); a server that lacks the command
+    /// gets the scripts from here on.
+    async fn native(
+        &self,
+        build: impl FnOnce(Features) -> Option<redis::Pipeline>,
+        op: Op<'_>,
+        idempotent: bool,
+        ttl: Option<Duration>,
+    ) -> StoreResult<Option<Vec<Value>>> {
+        let attempt = async {
+            self.inner.ready(op).await?;
+            let Some(pipe) = build(self.features().await) else {
+                return Ok(None);
+            };
+            let mut retried = false;
+            loop {
+                let mut conn = self.inner.ready_conn().await;
+                match pipe.query_async::<Vec<Value>>(&mut conn).await {
+                    Ok(replies) => return Ok(Some(replies)),
+                    Err(e) if idempotent && !retried && e.is_unrecoverable_error() => {
+                        tracing::debug!(error = %e, "{op}: connection broke, retrying once");
+                        retried = true;
+                    }
+                    Err(e) if native::is_refusal(&e) => {
+                        if native::is_unsupported(&e) {
+                            tracing::debug!(error = %e, "{op}: native command refused; scripts from here on");
+                            self.inner.server.scripts_only();
+                        }
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(self.classify(e, op)),
+                }
+            }
+        };
+        within(self.limit(ttl), attempt).await
+    }
+
     fn classify(&self, e: RedisError, op: Op<'_>) -> StoreError {
+        if e.is_io_error() || e.is_unrecoverable_error() || e.is_connection_dropped() {
+            // The connection comes back, perhaps to another server: ask it again.
+            self.inner.server.forget();
+        }
         let error = if e.is_timeout() {
             // The driver's response timeout, which is op_timeout.
             StoreError::Timeout(self.inner.op_timeout)
@@ -929,6 +1012,16 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> StoreResult<Renewal> {
         let op = Op::new("renew", Some(name));
+        let native = |features: Features| {
+            features.set_ifeq().then(|| {
+                let mut pipe = redis::Pipeline::with_capacity(1);
+                pipe.add_command(self.renew_cmd(name, holder_id, token, ttl));
+                pipe
+            })
+        };
+        if let Some(replies) = self.native(native, op, true, Some(ttl)).await? {
+            return renewal(op, replies.first());
+        }
         let reply = self
             .eval(
                 &RENEW,
@@ -952,6 +1045,30 @@ impl Store for RedisStore {
         token: FencingToken,
     ) -> StoreResult<Release> {
         let op = Op::new("release", Some(name));
+        let native = |features: Features| {
+            let how = features.release()?;
+            let (key, tenure) = (self.key(name, LEASE), Arg::Tenure(token, holder_id));
+            let delete = match how {
+                NativeRelease::DelIfEq => plain_cmd(&[Arg::Str("DELIFEQ"), key, tenure]),
+                NativeRelease::DelEx => {
+                    plain_cmd(&[Arg::Str("DELEX"), key, Arg::Str("IFEQ"), tenure])
+                }
+            };
+            let mut pipe = redis::Pipeline::with_capacity(2);
+            pipe.add_command(delete);
+            pipe.add_command(plain_cmd(&[
+                Arg::Str("PUBLISH"),
+                Arg::Str(&self.inner.channel),
+                Arg::Str(name.as_str()),
+            ]));
+            Some(pipe)
+        };
+        if let Some(replies) = self.native(native, op, false, None).await? {
+            return Ok(match int(op, replies.first())? {
+                1 => Release::Released,
+                _ => Release::NotHeld,
+            });
+        }
         let reply = self
             .eval(
                 &RELEASE,
@@ -1013,14 +1130,35 @@ impl Store for RedisStore {
         }
     }
 
-    /// One pipeline of renew scripts: one round trip for the batch (on a Redis Cluster, one
-    /// renewal per lease, all at once).
+    /// One pipeline of renewals (native `SET … IFEQ`, or scripts): one round trip for the
+    /// batch (on a Redis Cluster, one renew script per lease, all at once).
     async fn renew_many(
         &self,
         holder_id: &HolderId,
         leases: &[(LeaseName, FencingToken)],
         ttl: Duration,
     ) -> StoreResult<Vec<Renewal>> {
+        let op = Op::new("renew_many", None);
+        if !leases.is_empty() {
+            let native = |features: Features| {
+                features.set_ifeq().then(|| {
+                    let mut pipe = redis::Pipeline::with_capacity(leases.len());
+                    for (name, token) in leases {
+                        pipe.add_command(self.renew_cmd(name, holder_id, *token, ttl));
+                    }
+                    pipe
+                })
+            };
+            if let Some(replies) = self.native(native, op, true, Some(ttl)).await? {
+                if replies.len() != leases.len() {
+                    return Err(corrupt(
+                        op,
+                        format_args!("{} replies for {} renewals", replies.len(), leases.len()),
+                    ));
+                }
+                return replies.iter().map(|r| renewal(op, Some(r))).collect();
+            }
+        }
         let ttl_arg = ttl_millis(ttl);
         let calls: Vec<ScriptCall<'_>> = leases
             .iter()
@@ -1030,7 +1168,6 @@ impl Store for RedisStore {
                 op: Op::new("renew", Some(name)),
             })
             .collect();
-        let op = Op::new("renew_many", None);
         self.eval_each(&RENEW, &calls, op, Some(ttl))
             .await?
             .iter()

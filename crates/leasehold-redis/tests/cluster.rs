@@ -108,6 +108,9 @@ async fn renewals_and_releases_span_nodes(cluster: &Cluster, store: &RedisStore)
         .collect();
     assert_eq!(renewals, expected);
     let mut released = store.subscribe_releases().expect("notifications on");
+    tokio::time::timeout(Duration::from_secs(5), released.live())
+        .await
+        .expect("release listener live");
     for (name, token) in &leases {
         assert_eq!(
             store.release(name, &who, *token).await.unwrap(),
@@ -171,6 +174,9 @@ async fn a_killed_primary_is_replaced_and_the_guard_renews_on_its_replica() {
     cluster.wait_for_replicas();
     let connect = || RedisConfig::new(cluster.url()).prefix("failover").connect();
     let (store_a, store_b) = (connect().await.unwrap(), connect().await.unwrap());
+    // Each store's listener subscribes while someone waits: both wait for a release throughout.
+    let _waiting_a = store_a.subscribe_releases().unwrap();
+    let mut released = store_b.subscribe_releases().unwrap();
     let ttl = Duration::from_secs(5);
     let name = LeaseName::new("cluster/guarded").unwrap();
     let lease = Lease::new(store_a.clone(), name.clone(), LeaseConfig::new(ttl)).unwrap();
@@ -237,7 +243,6 @@ async fn a_killed_primary_is_replaced_and_the_guard_renews_on_its_replica() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut released = store_b.subscribe_releases().unwrap();
     assert_eq!(guard.release().await.unwrap(), Release::Released);
     tokio::time::timeout(Duration::from_secs(2), released.released(&name))
         .await

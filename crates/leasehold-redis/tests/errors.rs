@@ -304,6 +304,9 @@ async fn the_documented_least_privilege_acl_user_works() {
     let url = format!("redis://leasehold:PASSWORD@127.0.0.1:{}", server.port);
     let store = leasehold_redis::connect(&url).await.unwrap();
     let mut sub = store.subscribe_releases().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), sub.live())
+        .await
+        .expect("release listener live");
     let (lease, who) = (name("acl-ok"), holder());
     let leasehold::store::Acquisition::Acquired { token } = store
         .acquire(&lease, &who, Duration::from_secs(5))

@@ -132,6 +132,13 @@ async fn notifications_come_back_after_the_pubsub_connection_drops() {
     let server = OwnRedis::start(&[]);
     let store = connect(&server).await;
     let channel = store.release_channel().to_owned();
+    // The listener subscribes while a waiter waits.
+    let mut sub = store.subscribe_releases().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.cli(&["PUBSUB", "NUMSUB", &channel]).ends_with("1\n") {
+        assert!(Instant::now() < deadline, "listener did not subscribe");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let killed = server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
     assert_eq!(killed.trim(), "1", "killed the listener's connection");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -139,11 +146,65 @@ async fn notifications_come_back_after_the_pubsub_connection_drops() {
         assert!(Instant::now() < deadline, "listener did not resubscribe");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut sub = store.subscribe_releases().unwrap();
     let (lease, who) = (name("resub"), holder("a"));
     let token = acquire_retrying(&store, &lease, &who).await;
     store.release(&lease, &who, token).await.unwrap();
     tokio::time::timeout(Duration::from_secs(1), sub.released(&lease))
         .await
         .expect("notification after the listener reconnected");
+}
+
+/// Waits up to `within` until `channel` has `count` subscribers on `server`.
+async fn subscribers_become(server: &OwnRedis, channel: &str, count: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    let want = format!("{count}\n");
+    while !server.cli(&["PUBSUB", "NUMSUB", channel]).ends_with(&want) {
+        assert!(
+            Instant::now() < deadline,
+            "{channel} did not get {count} subscribers within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A store subscribes to releases only while one of its waiters waits: not after connecting,
+/// while a lease is held and renewed, or once the last waiter has stopped waiting (after the
+/// listener's linger of 5 to 10 s); a waiter then hears the release that ends its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_subscribes_only_while_someone_waits() {
+    let server = OwnRedis::start(&[]);
+    let (holder_store, waiter_store) = (connect(&server).await, connect(&server).await);
+    let channel = holder_store.release_channel().to_owned();
+    let (lease, a, b) = (name("on-demand"), holder("a"), holder("b"));
+    let token = acquire_retrying(&holder_store, &lease, &a).await;
+    holder_store
+        .renew(&lease, &a, token, Duration::from_secs(30))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        server.cli(&["PUBSUB", "NUMSUB", &channel]).ends_with("0\n"),
+        "nobody waits, nobody subscribes"
+    );
+
+    let waiter = Lease::new(
+        waiter_store.clone(),
+        lease.clone(),
+        LeaseConfig::new(Duration::from_secs(30)),
+    )
+    .unwrap()
+    .with_holder(b);
+    let waiting = tokio::spawn(async move { waiter.acquire().await.map(|g| g.token()) });
+    subscribers_become(&server, &channel, 1, Duration::from_secs(5)).await;
+    assert_eq!(
+        holder_store.release(&lease, &a, token).await.unwrap(),
+        Release::Released
+    );
+    let taken = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter heard the release, long before the 30 s lease expired")
+        .unwrap()
+        .unwrap();
+    assert!(taken > token);
+    subscribers_become(&server, &channel, 0, Duration::from_secs(15)).await;
 }

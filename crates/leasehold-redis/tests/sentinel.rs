@@ -70,6 +70,9 @@ async fn group_with_two_stores(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_killed_failover_keeps_the_guard_exclusive() {
     let (mut group, store_a, store_b, lease) = group_with_two_stores("failover/guarded").await;
+    // Each store's listener subscribes while someone waits: both wait for a release throughout.
+    let _waiting_a = store_a.subscribe_releases().unwrap();
+    let mut released = store_b.subscribe_releases().unwrap();
     let (name, ttl) = (lease.name().clone(), lease.config().ttl);
     let TryAcquire::Acquired(guard) = lease.try_acquire().await.unwrap() else {
         panic!("free lease not acquired");
@@ -188,7 +191,6 @@ async fn primary_killed_failover_keeps_the_guard_exclusive() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut released = store_b.subscribe_releases().unwrap();
     assert_eq!(guard.release().await.unwrap(), Release::Released);
     tokio::time::timeout(Duration::from_secs(2), released.released(&name))
         .await

@@ -40,6 +40,9 @@ async fn rediss_urls_connect_over_tls() {
     let token = leasehold_testkit::acquire_free(&store, &name, &who).await;
     // Release notifications travel over TLS too.
     let mut sub = store.subscribe_releases().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), sub.live())
+        .await
+        .expect("release listener live");
     store.release(&name, &who, token).await.unwrap();
     tokio::time::timeout(Duration::from_secs(2), sub.released(&name))
         .await

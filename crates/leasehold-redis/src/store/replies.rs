@@ -8,6 +8,18 @@ pub(super) fn ttl_millis(ttl: Duration) -> Arg<'static> {
     Arg::Int(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
 }
 
+/// A native renewal's answer: `OK` (renewed) or nil (the lease is not held by that tenure).
+pub(super) fn renewal(op: Op<'_>, v: Option<&Value>) -> StoreResult<Renewal> {
+    match v {
+        Some(Value::Okay) => Ok(Renewal::Renewed),
+        Some(Value::Nil) => Ok(Renewal::Lost),
+        other => Err(corrupt(
+            op,
+            format_args!("unexpected reply {other:?} to SET IFEQ"),
+        )),
+    }
+}
+
 pub(super) fn corrupt(op: Op<'_>, what: impl fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{op}: {what}"))
 }

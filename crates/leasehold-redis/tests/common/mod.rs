@@ -25,6 +25,30 @@ pub async fn make_store() -> RedisStore {
         .expect("connect to the local redis (set LEASEHOLD_TEST_REDIS_URL)")
 }
 
+/// The local Valkey (`LEASEHOLD_TEST_VALKEY_URL`, set by the test command; see
+/// `scripts/valkey.sh`), or `None` with a note when it is not set.
+pub fn valkey_url() -> Option<String> {
+    let url = std::env::var("LEASEHOLD_TEST_VALKEY_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    if url.is_none() {
+        eprintln!("LEASEHOLD_TEST_VALKEY_URL is not set: skipped (scripts/test.sh sets it)");
+    }
+    url
+}
+
+/// A store on the local Valkey with a prefix of its own, if one is configured.
+pub async fn make_valkey_store() -> Option<RedisStore> {
+    let url = valkey_url()?;
+    Some(
+        RedisConfig::new(url)
+            .prefix(test_prefix())
+            .connect()
+            .await
+            .expect("connect to the local valkey (LEASEHOLD_TEST_VALKEY_URL)"),
+    )
+}
+
 /// A store from `connect_lazy` on `url` answers once it has connected in the background: the
 /// first acquisition of a fresh name succeeds within 10 s (transient errors until then).
 pub async fn lazy_store_connects(url: &str) {

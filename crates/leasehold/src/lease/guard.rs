@@ -15,6 +15,7 @@ use crate::lease::tenure::{LossReason, Tenure, lock};
 use crate::store::answers::{Acquisition, Release};
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
+use crate::store::notify::ReleaseSubscription;
 use crate::store::token::FencingToken;
 use crate::store::traits::Store;
 
@@ -202,6 +203,7 @@ impl<S: Store> Lease<S> {
         // One warning per outage, not one per retry.
         let mut failing = false;
         loop {
+            let live = releases.as_ref().is_some_and(ReleaseSubscription::is_live);
             let wait = match self.try_acquire().await {
                 Ok(TryAcquire::Acquired(guard)) => return Ok(guard),
                 Ok(TryAcquire::Busy { remaining, .. }) => {
@@ -221,6 +223,12 @@ impl<S: Store> Lease<S> {
                 Err(e) => return Err(e),
             };
             match releases.as_mut() {
+                // A release since the busy answer may not have been heard: once the listener
+                // is live (it connects when a waiter first waits, and after each drop), ask
+                // again, then wait on it.
+                Some(sub) if !live => {
+                    let _ = tokio::time::timeout(wait, sub.live()).await;
+                }
                 Some(sub) => {
                     tokio::select! {
                         () = sub.released(&self.name) => {}

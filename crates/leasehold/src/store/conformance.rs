@@ -466,8 +466,10 @@ pub async fn release_notifies_waiters<S: Slots + Purge + Membership + Catalog>(s
     };
     let (name, a) = (unique_name("notify"), holder("a"));
     let token = acquired(&store, &name, &a, LONG_TTL).await;
-    // Give a pub/sub subscription time to be registered on the server.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A listener that connects on demand hears releases once it is live.
+    tokio::time::timeout(Duration::from_secs(5), sub.live())
+        .await
+        .expect("release listener live within 5s");
     assert_eq!(
         store.release(&name, &a, token).await.unwrap(),
         Release::Released

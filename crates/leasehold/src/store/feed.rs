@@ -5,6 +5,12 @@
 //!
 //! Releases announced while the feed is reconnecting are missed unless the source catches up on
 //! them; waiters then fall back to retrying at the lease's expiry.
+//!
+//! A feed [on demand](ReleaseFeed::spawn_on_demand) connects only while someone holds a
+//! subscription (a waiter waits), and closes its connection once nobody has for a while, so
+//! a fleet whose processes mostly hold or do nothing does not wake every process on every
+//! release. Its first subscriber is in the same gap as after a reconnect until the connection
+//! listens.
 
 use std::fmt;
 use std::future::Future;
@@ -32,6 +38,7 @@ pub trait ReleaseSource: Send + 'static {
 /// What a [`ReleaseSource`] session reports to its feed.
 pub struct FeedLink<'a> {
     hub: &'a ReleaseHub,
+    live: &'a watch::Sender<bool>,
     settled: &'a watch::Sender<bool>,
     listening: AtomicBool,
     /// Whether the feed had been failing before this session (then regaining it is logged).
@@ -44,6 +51,7 @@ impl FeedLink<'_> {
     /// and ends a [`ReleaseFeed::first_attempt`] wait.
     pub fn listening(&self) {
         let already = self.listening.swap(true, Ordering::Relaxed);
+        self.live.send_replace(true);
         if self.after_failure && !already {
             tracing::info!(store = %self.describe, "release notifications restored");
         }
@@ -83,9 +91,41 @@ impl ReleaseFeed {
     /// grows up to `max_delay`. `describe` names the store in log lines (no password). Must be
     /// called within a Tokio runtime.
     pub fn spawn(source: impl ReleaseSource, max_delay: Duration, describe: String) -> Self {
-        let hub = ReleaseHub::new();
+        Self::start(source, max_delay, describe, None)
+    }
+
+    /// Like [`spawn`](Self::spawn), but a session runs only while someone holds a
+    /// subscription: the first subscription starts one, and it is ended (its connection
+    /// closed) once nobody has held one for `linger`, checked every `linger`.
+    /// [`first_attempt`](Self::first_attempt) does not wait for a feed that nobody wants.
+    pub fn spawn_on_demand(
+        source: impl ReleaseSource,
+        max_delay: Duration,
+        describe: String,
+        linger: Duration,
+    ) -> Self {
+        Self::start(source, max_delay, describe, Some(linger))
+    }
+
+    fn start(
+        source: impl ReleaseSource,
+        max_delay: Duration,
+        describe: String,
+        linger: Option<Duration>,
+    ) -> Self {
+        let (live, live_rx) = watch::channel(false);
+        let hub = ReleaseHub::with_live(live_rx);
         let (settled_tx, settled) = watch::channel(false);
-        let task = tokio::spawn(run(source, hub.clone(), settled_tx, max_delay, describe));
+        let run = run(
+            source,
+            hub.clone(),
+            live,
+            settled_tx,
+            max_delay,
+            describe,
+            linger,
+        );
+        let task = tokio::spawn(run);
         Self {
             hub,
             settled,
@@ -110,22 +150,43 @@ impl ReleaseFeed {
 async fn run(
     mut source: impl ReleaseSource,
     hub: ReleaseHub,
+    live: watch::Sender<bool>,
     settled: watch::Sender<bool>,
     max_delay: Duration,
     describe: String,
+    linger: Option<Duration>,
 ) {
     let mut delay = MIN_DELAY;
     // Whether the feed is down and has said so (then only its return is logged, once).
     let mut failing = false;
     loop {
+        if linger.is_some() && !hub.has_subscribers() {
+            // Nobody waits: nothing for a first attempt to wait for either.
+            settled.send_replace(true);
+            hub.wanted().await;
+        }
         let link = FeedLink {
             hub: &hub,
+            live: &live,
             settled: &settled,
             listening: AtomicBool::new(false),
             after_failure: failing,
             describe: &describe,
         };
-        let reason = source.session(&link).await;
+        let reason = match linger {
+            None => source.session(&link).await,
+            Some(linger) => tokio::select! {
+                reason = source.session(&link) => reason,
+                () = unwanted(&hub, linger) => {
+                    live.send_replace(false);
+                    // Dropping the session closed its connection.
+                    tracing::debug!(store = %describe, "nobody waits for a release: listener closed");
+                    delay = MIN_DELAY;
+                    continue;
+                }
+            },
+        };
+        live.send_replace(false);
         let listened = link.is_listening();
         settled.send_replace(true);
         if listened {
@@ -141,6 +202,22 @@ async fn run(
         let jitter = fastrand::u64(..=delay.as_millis() as u64 / 2);
         tokio::time::sleep(delay + Duration::from_millis(jitter)).await;
         delay = (delay * 2).min(max_delay);
+    }
+}
+
+/// Returns once nobody has held a subscription at two checks `linger` apart.
+async fn unwanted(hub: &ReleaseHub, linger: Duration) {
+    let mut idle_checks = 0;
+    loop {
+        tokio::time::sleep(linger).await;
+        idle_checks = if hub.has_subscribers() {
+            0
+        } else {
+            idle_checks + 1
+        };
+        if idle_checks == 2 {
+            return;
+        }
     }
 }
 
@@ -226,6 +303,67 @@ mod tests {
             1,
             "dropping the feed ended its task"
         );
+    }
+
+    /// Counts sessions begun, and a running session holds a clone of `running` (besides the
+    /// source's own and the test's).
+    struct Counted {
+        begun: Arc<Mutex<usize>>,
+        running: Arc<()>,
+    }
+
+    impl ReleaseSource for Counted {
+        async fn session(&mut self, link: &FeedLink<'_>) -> String {
+            *self.begun.lock().unwrap() += 1;
+            let _running = self.running.clone();
+            link.listening();
+            std::future::pending().await
+        }
+    }
+
+    /// On demand: no session until someone subscribes, one while anyone does, none again
+    /// between one and two lingers after the last subscription is dropped, and another for
+    /// the next subscriber.
+    #[tokio::test(start_paused = true)]
+    async fn on_demand_listens_only_while_someone_subscribes() {
+        let (begun, running) = (Arc::new(Mutex::new(0)), Arc::new(()));
+        let source = Counted {
+            begun: begun.clone(),
+            running: running.clone(),
+        };
+        let linger = Duration::from_secs(5);
+        let feed =
+            ReleaseFeed::spawn_on_demand(source, Duration::from_secs(5), "test".into(), linger);
+        let started = Instant::now();
+        feed.first_attempt(Duration::from_secs(10)).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "nobody wants the feed");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(*begun.lock().unwrap(), 0, "no session without a subscriber");
+
+        let sub = feed.subscribe();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(*begun.lock().unwrap(), 1);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            Arc::strong_count(&running),
+            3,
+            "one session while subscribed"
+        );
+
+        drop(sub);
+        tokio::time::sleep(linger).await;
+        assert_eq!(
+            Arc::strong_count(&running),
+            3,
+            "lingers after the last waiter"
+        );
+        tokio::time::sleep(linger * 2).await;
+        assert_eq!(Arc::strong_count(&running), 2, "closed once nobody waits");
+        assert_eq!(*begun.lock().unwrap(), 1, "and not started again");
+
+        let _sub = feed.subscribe();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(*begun.lock().unwrap(), 2, "the next waiter starts another");
     }
 
     /// A first session that fails ends the wait at once rather than at its bound.
