@@ -191,16 +191,11 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
 
 pub async fn forget(args: ForgetArgs) -> Result<u8, Failure> {
     let (fleet, name) = open(args.store, &args.name).await?;
-    let task = match fleet.task(&name).await {
-        Ok(view) => view.name,
-        Err(FleetError::UnknownTask(_)) => name,
-        Err(e) => return Err(failure(e)),
-    };
-    fleet.forget(&task, args.history).await.map_err(failure)?;
+    fleet.forget(&name, args.history).await.map_err(failure)?;
     let history = match args.history {
         true => "its history removed",
         false => "its history kept (`leasehold history` reads it; --history removes it)",
     };
-    outln!("{task} forgotten: out of the catalog with its control record; {history}")?;
+    outln!("{name} forgotten: out of the catalog with its control record; {history}")?;
     Ok(0)
 }

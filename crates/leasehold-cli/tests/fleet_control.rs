@@ -196,7 +196,7 @@ fn run_task(url: &str) {
         "{stdout} {}",
         String::from_utf8_lossy(&forgot.stderr)
     );
-    assert!(stdout.contains(&format!("{task} forgotten")), "{stdout}");
+    assert!(stdout.contains(&format!("{lease} forgotten")), "{stdout}");
     let status = json_of(&["status", "--store", url, "--json"]);
     let listed = status["tasks"].as_array().unwrap();
     assert!(

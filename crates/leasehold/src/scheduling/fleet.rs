@@ -308,16 +308,30 @@ impl<S: Catalog + Slots> Fleet<S> {
     /// catalog no longer lists (forgotten, or unseen for 24 h) answers
     /// [`FleetError::UnknownTask`], its history removed all the same when asked.
     pub async fn forget(&self, task: &LeaseName, history: bool) -> Result<(), FleetError> {
-        let task = match self.task(task).await {
-            Ok(view) => view.name,
-            Err(FleetError::UnknownTask(_)) => task.clone(),
+        self.check()?;
+        // A task whose instances all stopped is no longer listed, so `NAME:run` (see
+        // [`task`](Self::task)) is tried in the store itself.
+        let names = match self.task(task).await {
+            Ok(view) => vec![view.name],
+            Err(FleetError::UnknownTask(_)) => {
+                let run = LeaseName::new(format!("{task}:run")).ok();
+                std::iter::once(task.clone()).chain(run).collect()
+            }
             Err(e) => return Err(e),
         };
-        match self.store.forget(&task, history).await? {
-            Forgetting::Forgotten => Ok(()),
-            Forgetting::Unknown => Err(FleetError::UnknownTask(task)),
-            Forgetting::Live { instances } => Err(FleetError::Live { task, instances }),
+        for name in names {
+            match self.store.forget(&name, history).await? {
+                Forgetting::Forgotten => return Ok(()),
+                Forgetting::Unknown => {}
+                Forgetting::Live { instances } => {
+                    return Err(FleetError::Live {
+                        task: name,
+                        instances,
+                    });
+                }
+            }
         }
+        Err(FleetError::UnknownTask(task.clone()))
     }
 
     /// Waits (polling the history once a second) until the run `request` asked for has ended,
