@@ -124,6 +124,12 @@ export interface Pause {
 }
 
 /** A manual run asked for: its history record carries `id` (`request.id`). */
+/** What `forget` answers. */
+export interface Forgotten {
+  task: string;
+  history_removed: boolean;
+}
+
 export interface TriggerRequest {
   id: string;
   by: string;
@@ -598,6 +604,16 @@ export class LeaseholdClient {
   async trigger(name: string, options: { by?: string } = {}): Promise<TriggerRequest> {
     const body: Json = options.by === undefined ? {} : { by: options.by };
     return (await this.post(`/v1/tasks/${enc(name)}/trigger`, body)) as unknown as TriggerRequest;
+  }
+
+  /**
+   * Removes `name`, which no instance runs any more, from the catalog with its pause and pending
+   * trigger (its history too with `history: true`). Rejects with `task-live` (409), nothing
+   * removed, while an instance runs it, `unknown-task` (404).
+   */
+  async forget(name: string, options: { history?: boolean } = {}): Promise<Forgotten> {
+    const body: Json = options.history === undefined ? {} : { history: options.history };
+    return (await this.post(`/v1/tasks/${enc(name)}/forget`, body)) as unknown as Forgotten;
   }
 
   /**

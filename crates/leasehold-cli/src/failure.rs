@@ -20,6 +20,9 @@ pub const EXIT_UNKNOWN_TASK: u8 = 66;
 pub const EXIT_NO_STORE: u8 = 66;
 /// Exit status of `trigger` when no instance runs the task: nobody would take it (EX_NOHOST).
 pub const EXIT_NO_INSTANCE: u8 = 68;
+/// Exit status of `forget` while an instance still runs the task: nothing was removed
+/// (sysexits' EX_NOPERM: not while it runs).
+pub const EXIT_TASK_LIVE: u8 = 77;
 /// Exit status of `trigger --wait` when the run did not end in time (as `timeout`'s).
 pub const EXIT_NOT_ENDED: u8 = 124;
 /// Exit status for bad input.

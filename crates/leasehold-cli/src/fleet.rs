@@ -1,4 +1,4 @@
-//! `leasehold pause`, `resume` and `trigger`: fleet-wide control of a task through the store
+//! `leasehold pause`, `resume`, `trigger` and `forget`: fleet-wide control of a task through the store
 //! (`leasehold::fleet::Fleet`), the same records the sidecar's HTTP API and the library act on.
 
 use std::time::Duration;
@@ -10,8 +10,8 @@ use leasehold::{BoxStore, LeaseName, text};
 
 use crate::durations::duration_arg;
 use crate::failure::{
-    EXIT_BUSY, EXIT_NO_INSTANCE, EXIT_NOT_ENDED, EXIT_REFUSED, EXIT_UNKNOWN_TASK, EXIT_USAGE,
-    Failure,
+    EXIT_BUSY, EXIT_NO_INSTANCE, EXIT_NOT_ENDED, EXIT_REFUSED, EXIT_TASK_LIVE, EXIT_UNKNOWN_TASK,
+    EXIT_USAGE, Failure,
 };
 use crate::history;
 use crate::output::outln;
@@ -59,6 +59,18 @@ pub struct TriggerArgs {
     wait: Option<Duration>,
 }
 
+#[derive(Args)]
+pub struct ForgetArgs {
+    /// Store URL [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
+    #[arg(long)]
+    store: Option<String>,
+    /// The task (as for pause).
+    name: String,
+    /// Remove its run history too (kept by default: `leasehold history` still reads it).
+    #[arg(long)]
+    history: bool,
+}
+
 /// The exit status and message of a fleet operation that failed.
 pub fn failure(error: FleetError) -> Failure {
     let code = match &error {
@@ -67,6 +79,7 @@ pub fn failure(error: FleetError) -> Failure {
         FleetError::NoCatalog(_) => EXIT_REFUSED,
         FleetError::NotEnded { .. } => EXIT_NOT_ENDED,
         FleetError::Contended(_) => EXIT_BUSY,
+        FleetError::Live { .. } => EXIT_TASK_LIVE,
         // A --by or --reason the text rule refuses (leasehold::text): bad input.
         FleetError::Text(_) => EXIT_USAGE,
         FleetError::Store(e) => {
@@ -174,4 +187,15 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
         RunOutcome::Ok => 0,
         _ => 1,
     })
+}
+
+pub async fn forget(args: ForgetArgs) -> Result<u8, Failure> {
+    let (fleet, name) = open(args.store, &args.name).await?;
+    fleet.forget(&name, args.history).await.map_err(failure)?;
+    let history = match args.history {
+        true => "its history removed",
+        false => "its history kept (`leasehold history` reads it; --history removes it)",
+    };
+    outln!("{name} forgotten: out of the catalog with its control record; {history}")?;
+    Ok(0)
 }

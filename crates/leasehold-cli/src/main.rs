@@ -90,6 +90,15 @@ enum Command {
     /// and demo create one, so a mistyped path fails instead of answering from a new, empty
     /// store. Exits 78 for a file that is not a leasehold store, left as it was.
     Trigger(fleet::TriggerArgs),
+    /// Remove a task no instance runs from the store's catalog, with its control record (a
+    /// pause, a pending trigger); its history is kept unless --history. Exits 77, removing
+    /// nothing, while an instance still runs it (stop it first: a task whose instances stopped
+    /// without unregistering, killed say, is refused until their heartbeat expires, at most a
+    /// ttl later); 66 for a task the catalog does not have.
+    ///
+    /// Exits 66 when the store does not exist (a SQLite path with no file). Exits 78 for a
+    /// file that is not a leasehold store, left as it was.
+    Forget(fleet::ForgetArgs),
     /// Run a whole crontab (Vixie cron's or supercronic's format) in one process: every line
     /// a task that runs on exactly one of the replicas running the same file against the same
     /// store. Reloads on SIGHUP and when a file changes; `--test` checks the files and prints
@@ -263,6 +272,7 @@ fn main() -> ExitCode {
             Command::Pause(args) => fleet::pause(args).await,
             Command::Resume(args) => fleet::resume(args).await,
             Command::Trigger(args) => fleet::trigger(args).await,
+            Command::Forget(args) => fleet::forget(args).await,
             Command::History(args) => history::history(args).await,
             Command::Next(args) => next::next(args),
             Command::Completions(args) => generate::completions(args, Cli::command()),

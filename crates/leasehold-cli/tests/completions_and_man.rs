@@ -11,12 +11,13 @@ use std::process::{Command, Output};
 use common::{BIN, path_str, temp_dir};
 
 /// The commands every build has; `chaos` and `bench` come with their features.
-const ALWAYS: [&str; 11] = [
+const ALWAYS: [&str; 12] = [
     "run",
     "status",
     "pause",
     "resume",
     "trigger",
+    "forget",
     "serve",
     "history",
     "next",

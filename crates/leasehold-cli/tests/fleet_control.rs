@@ -2,7 +2,8 @@
 //! (etcd: one of the test's own): a `leasehold run --every` task on two instances, and a task
 //! an application ticks through a real `leasehold serve` sidecar. A pause stops runs and
 //! records the paused slots, a resume lets them run again, a trigger runs once on one
-//! instance; unknown tasks and tasks nobody runs exit with their documented statuses.
+//! instance; forget is refused while the instances run the task and removes it once they
+//! stopped; unknown tasks and tasks nobody runs exit with their documented statuses.
 
 mod common;
 
@@ -133,6 +134,12 @@ fn run_task(url: &str) {
     );
     assert!(stdout.contains("ended ok"), "{stdout}");
     std::thread::sleep(Duration::from_millis(2000));
+    // Forget is refused while the instances run it, and removes nothing.
+    let refused = leasehold(&["forget", "--store", url, &lease]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(code(&refused), 77, "{stderr}");
+    assert!(stderr.contains("2 live instance(s)"), "{stderr}");
+    task_when(url, &task, "still listed", two_live);
     for i in instances {
         assert_eq!(i.stop(Duration::from_secs(10)), 0);
     }
@@ -178,6 +185,31 @@ fn run_task(url: &str) {
         code(&leasehold(&["trigger", "--store", url, "no-such-task"])),
         66
     );
+
+    // Stopped: forget takes it out of the catalog with its pause record, the history stays
+    // until --history.
+    let forgot = leasehold(&["forget", "--store", url, &lease]);
+    let stdout = String::from_utf8_lossy(&forgot.stdout);
+    assert_eq!(
+        code(&forgot),
+        0,
+        "{stdout} {}",
+        String::from_utf8_lossy(&forgot.stderr)
+    );
+    assert!(stdout.contains(&format!("{lease} forgotten")), "{stdout}");
+    let status = json_of(&["status", "--store", url, "--json"]);
+    let listed = status["tasks"].as_array().unwrap();
+    assert!(
+        listed.iter().all(|t| t["name"] != task.as_str()),
+        "{status}"
+    );
+    assert!(!history(url, &task).is_empty(), "the history is kept");
+    assert_eq!(
+        code(&leasehold(&["forget", "--store", url, &task, "--history"])),
+        66,
+        "no longer in the catalog"
+    );
+    assert!(history(url, &task).is_empty(), "--history removed it");
 }
 
 fn tick(sidecar: &Sidecar, task: &str) -> Value {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::catalog::{
-    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+    ControlRead, Forgetting, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
 };
 use leasehold::skew;
 use leasehold::store::Operation as Op;
@@ -742,6 +742,9 @@ fn versioned(op: Op<'_>, kv: &KeyValue) -> StoreResult<Versioned> {
     })
 }
 
+/// How many times `forget` reads a task's records again after they changed under it.
+const FORGET_ATTEMPTS: usize = 5;
+
 /// An instance entry's value: the heartbeat's expiry (20 digits, wall-clock ms) and the
 /// instance's about.
 fn instance_value(expiry_ms: u64, about: &str) -> Vec<u8> {
@@ -957,6 +960,70 @@ impl EtcdStore {
         Ok(ControlRead {
             now_ms: wall_ms(),
             control: answer.kvs.first().map(|kv| versioned(op, kv)).transpose()?,
+        })
+    }
+
+    /// One transaction reads the task's definition, control record and instances; with none
+    /// live, a second deletes them (and the history when asked) under a compare on the
+    /// revisions read. Every registration rewrites the definition in the transaction that
+    /// writes its heartbeat, so one that lands in between fails the compare, and the reading
+    /// starts again: it is seen live.
+    async fn forget_once(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        history: bool,
+    ) -> StoreResult<Forgetting> {
+        let (task_key, control_key) = (self.task_key(task), self.control_key(task));
+        let instances = self.instances_prefix(task);
+        for _ in 0..FORGET_ATTEMPTS {
+            let read = vec![get(&task_key), get(&control_key), get_prefixed(&instances)];
+            let answer = self.txn(op, txn(vec![], read, vec![])).await?;
+            let range = |i: usize| {
+                answer
+                    .range(i)
+                    .ok_or_else(|| StoreError::Corrupt(format!("{op}: no range answer")))
+            };
+            let now = wall_ms();
+            let mut live = 0;
+            for kv in &range(2)?.kvs {
+                if parse_instance(op, kv)?.0 > now {
+                    live += 1;
+                }
+            }
+            if live > 0 {
+                return Ok(Forgetting::Live { instances: live });
+            }
+            let unchanged = |key: &[u8], i: usize| -> StoreResult<_> {
+                Ok(match range(i)?.kvs.first() {
+                    Some(kv) => modified_at(key, kv.mod_revision),
+                    None => absent(key),
+                })
+            };
+            let compare = vec![unchanged(&task_key, 0)?, unchanged(&control_key, 1)?];
+            let mut deletes = vec![
+                delete(&task_key),
+                delete(&control_key),
+                delete_range(&instances, &prefix_end(&instances)),
+            ];
+            if history {
+                let prefix = self.history_prefix(task);
+                deletes.push(delete_range(&prefix, &prefix_end(&prefix)));
+            }
+            if self.txn(op, txn(compare, deletes, vec![])).await?.succeeded {
+                let found = (0..3).any(|i| range(i).is_ok_and(|r| !r.kvs.is_empty()));
+                return Ok(if found {
+                    Forgetting::Forgotten
+                } else {
+                    Forgetting::Unknown
+                });
+            }
+        }
+        Err(StoreError::Unavailable {
+            message: format!(
+                "{op}: the task's records changed at each of {FORGET_ATTEMPTS} attempts"
+            ),
+            source: None,
         })
     }
 
@@ -1350,6 +1417,16 @@ impl Catalog for EtcdStore {
         let op = Op::new("set_control", Some(task));
         // One attempt: after a lost answer a second would find the version moved.
         self.run(self.set_control_once(op, task, expected, value))
+    }
+
+    fn forget(
+        &self,
+        task: &LeaseName,
+        history: bool,
+    ) -> impl Future<Output = StoreResult<Forgetting>> + Send {
+        let op = Op::new("forget", Some(task));
+        // Deleting again after a lost answer deletes nothing more: repeatable.
+        self.run_repeatable(move || self.forget_once(op, task, history))
     }
 
     fn leases(&self, limit: usize) -> impl Future<Output = StoreResult<Vec<LeaseRecord>>> + Send {

@@ -187,6 +187,18 @@ pub struct Statements {
     pub task_control: String,
     /// Unregister: task, instance.
     pub unregister: String,
+    /// Forget, first statement of its transaction: task. `(1)` if the task has a row, which it
+    /// locks (as a registration's first statement does), so registrations wait for the
+    /// transaction and the next statements see every one that committed before it.
+    pub lock_task: String,
+    /// Forget, second: task. `(count)` of its live instances.
+    pub live_instances: String,
+    /// Forget's deletes, each of a task: its instances, its row, its history.
+    pub delete_instances: String,
+    /// See [`delete_instances`](Self::delete_instances).
+    pub delete_task: String,
+    /// See [`delete_instances`](Self::delete_instances).
+    pub delete_history: String,
     /// The catalog, first statement of its transaction: forget-after in microseconds. Deletes
     /// the tasks without a control record none of whose instances was seen within it (their
     /// `seen_until` is that old): decided on the task's row alone, read as it is once locked, so
@@ -328,6 +340,13 @@ ON DUPLICATE KEY UPDATE about = VALUES(about), expires_at = VALUES(expires_at)"
             ),
             task_control: format!("SELECT control_version, control FROM {tasks} WHERE task = ?"),
             unregister: format!("DELETE FROM {instances} WHERE task = ? AND instance = ?"),
+            lock_task: format!("SELECT 1 FROM {tasks} WHERE task = ? FOR UPDATE"),
+            live_instances: format!(
+                "SELECT count(*) FROM {instances} WHERE task = ? AND expires_at > {NOW}"
+            ),
+            delete_instances: format!("DELETE FROM {instances} WHERE task = ?"),
+            delete_task: format!("DELETE FROM {tasks} WHERE task = ?"),
+            delete_history: format!("DELETE FROM {history} WHERE task = ?"),
             forget_tasks: format!(
                 "DELETE FROM {tasks} WHERE control_version IS NULL
    AND (seen_until IS NULL OR seen_until <= {NOW} - INTERVAL ? MICROSECOND)"

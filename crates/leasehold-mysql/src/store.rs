@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::StoreError;
-use leasehold::catalog::Registration;
+use leasehold::catalog::{Forgetting, Registration};
 use leasehold::store::{Operation as Op, ReleaseSubscription, StoreResult, within};
 use leasehold::{HolderId, LeaseName};
 use leasehold_sql::lazy::{self, Failure, Readiness};
 use leasehold_sql::store::{
     Arg, Attempt, ControlColumns, LeaseRow, Renewed, Rows, SlotRow, Statement, TaskRow,
-    control_columns,
+    control_columns, forgetting,
 };
 use leasehold_sql::{Causes, Dialect, SqlStore};
 use mysql_async::prelude::{FromValue, Queryable};
@@ -800,6 +800,43 @@ impl Dialect for MySql {
         let written = self.write(op, &self.sql.update_control, params).await?;
         // Written means the server raised the version within a BIGINT: no overflow.
         Ok((written.rows == 1).then(|| expected.saturating_add(1)))
+    }
+
+    /// One transaction that first locks the task's row, as a registration's first statement
+    /// does: a registration either committed before (its heartbeat is seen live) or waits and
+    /// then writes the task afresh. Instances exist only beside their task's row (a heartbeat
+    /// is inserted from it), so a task without one has none to remove.
+    async fn forget(&self, op: Op<'_>, task: &LeaseName, history: bool) -> StoreResult<Forgetting> {
+        let sql = &self.sql;
+        let task = task.as_str();
+        let (live, had_task, removed) = self
+            .transaction(op, |mut tx| async move {
+                let had_task = tx.exec_first::<i64, _, _>(&sql.lock_task, (task,)).await?;
+                let live: i64 = match had_task {
+                    Some(_) => tx
+                        .exec_first(&sql.live_instances, (task,))
+                        .await?
+                        .unwrap_or(0),
+                    None => 0,
+                };
+                if live > 0 {
+                    tx.rollback().await?;
+                    return Ok((live, true, false));
+                }
+                let mut removed = false;
+                if had_task.is_some() {
+                    tx.exec_drop(&sql.delete_instances, (task,)).await?;
+                    tx.exec_drop(&sql.delete_task, (task,)).await?;
+                    removed = tx.affected_rows() > 0;
+                }
+                if history {
+                    tx.exec_drop(&sql.delete_history, (task,)).await?;
+                }
+                tx.commit().await?;
+                Ok((live, had_task.is_some(), removed))
+            })
+            .await?;
+        Ok(forgetting(live, had_task, removed, removed))
     }
 }
 

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
-use leasehold::catalog::Registration;
+use leasehold::catalog::{Forgetting, Registration};
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::store::{ReleaseFeed, ReleaseSubscription, StoreResult, within};
 use leasehold::{HolderId, LeaseName, StoreError};
 use leasehold_sql::lazy::{self, Failure, Readiness};
 use leasehold_sql::store::{
     Arg, Attempt, ControlColumns, LeaseRow, Renewed, Rows, SlotRow, Statement, TaskRow,
-    control_columns,
+    control_columns, forgetting, no_row,
 };
 use leasehold_sql::{Causes, Dialect, SqlStore};
 use tokio::sync::watch;
@@ -532,6 +532,15 @@ impl Dialect for Postgres {
         let params: [&(dyn ToSql + Sync); 3] = [&task.as_str(), &expected, &value];
         let rows = self.query(op, &self.sql.update_control, &params).await?;
         rows.first().map(|row| get(row, 0)).transpose()
+    }
+
+    async fn forget(&self, op: Op<'_>, task: &LeaseName, history: bool) -> StoreResult<Forgetting> {
+        let params: [&(dyn ToSql + Sync); 2] = [&task.as_str(), &history];
+        let rows = self.query(op, &self.sql.forget, &params).await?;
+        let row = rows.first().ok_or_else(|| no_row(op))?;
+        let (live, had_task): (i64, bool) = (get(row, 0)?, get(row, 1)?);
+        let (task_gone, instances_gone): (bool, i64) = (get(row, 2)?, get(row, 3)?);
+        Ok(forgetting(live, had_task, task_gone, instances_gone > 0))
     }
 }
 

@@ -434,6 +434,46 @@ return {now, task, instances}
     ))
 });
 
+/// KEYS: task, instances, history, and on a single server the index. ARGV: `1` to delete the
+/// history too, task name. Counts the instances whose heartbeat is live; with none, deletes the
+/// task's hash and instances (the history when asked) and its index entry. Returns
+/// `{live, keys deleted}`. One script: a registration runs wholly before it (and is seen live)
+/// or after it (and writes the task afresh).
+pub(crate) static FORGET: LazyLock<LuaScript> = LazyLock::new(|| {
+    catalog_script(
+        r#"
+local all = redis.pcall('HGETALL', KEYS[2])
+if all.err then return fail(KEYS[2]) end
+local live = 0
+for i = 1, #all, 2 do
+  local expiry = string.match(all[i + 1], '^%d+')
+  if not expiry then return fail(KEYS[2], 'holds an entry that is not "<expiry> <about>"') end
+  if tonumber(expiry) > now then live = live + 1 end
+end
+if live > 0 then return {live, 0} end
+local gone = redis.call('DEL', KEYS[1], KEYS[2])
+if ARGV[1] == '1' then redis.call('DEL', KEYS[3]) end
+if KEYS[4] then
+  local removed = redis.pcall('ZREM', KEYS[4], ARGV[2])
+  if type(removed) == 'table' then return fail(KEYS[4]) end
+end
+return {0, gone}
+"#,
+    )
+});
+
+/// KEYS: index. ARGV: task name. Removes the task's entry (the index half of `forget` on a
+/// Redis Cluster). Returns 1.
+pub(crate) static UNINDEX_TASK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"
+local removed = redis.pcall('ZREM', KEYS[1], ARGV[1])
+if type(removed) == 'table' then return fail(KEYS[1]) end
+return 1
+"#,
+    )
+});
+
 /// KEYS: task. Returns `{now ms, version, control}` (nil for both without a control record).
 pub(crate) static CONTROL: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(&format!(

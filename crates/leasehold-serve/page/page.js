@@ -269,7 +269,7 @@ function live(ok, text) {
   el.classList.toggle("down", !ok);
 }
 
-// ---- pause, resume, trigger ----------------------------------------------------------------
+// ---- pause, resume, trigger, forget --------------------------------------------------------
 
 const ACTIONS = {
   pause: {
@@ -290,6 +290,12 @@ const ACTIONS = {
     body: (_, by) => ({ by: by || null }),
     done: (n, r) => `Trigger of ${n} requested (id ${r.id}); it expires ${utc(r.expires_ms)} unless an instance takes it.`,
   },
+  forget: {
+    label: "Forget",
+    text: (n) => `Remove ${n} from the catalog, with its pause and pending trigger? No instance runs it now; its run history is kept. An instance started with it later registers it afresh.`,
+    body: () => undefined,
+    done: (n) => `Forgot ${n}.`,
+  },
 };
 
 let confirming = null;
@@ -303,7 +309,7 @@ function ask(action, task) {
   $("confirm-reason-row").hidden = action !== "pause";
   $("confirm-reason").value = "";
   // Who asked: kept for this tab, so it is typed once.
-  $("confirm-by-row").hidden = action === "resume";
+  $("confirm-by-row").hidden = action === "resume" || action === "forget";
   $("confirm-by").value = sessionStorage.getItem(BY_KEY) || "";
   $("confirm-ok").textContent = a.label;
   $("confirm").showModal();
@@ -354,7 +360,10 @@ function buttons(task) {
       onclick: () => ask("resume", task) }, "Resume"),
     h("button", { type: "button", disabled: !live, "aria-label": `Trigger ${name}`,
       title: live ? null : "no instance runs it now: nobody would take the trigger",
-      onclick: () => ask("trigger", task) }, "Trigger"));
+      onclick: () => ask("trigger", task) }, "Trigger"),
+    h("button", { type: "button", disabled: live, "aria-label": `Forget ${name}`,
+      title: live ? "an instance runs it: stop it first" : null,
+      onclick: () => ask("forget", task) }, "Forget"));
 }
 
 // ---- the fleet view ------------------------------------------------------------------------

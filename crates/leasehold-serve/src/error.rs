@@ -141,6 +141,7 @@ impl ApiError {
             FleetError::UnknownTask(_) => (StatusCode::NOT_FOUND, "unknown-task"),
             FleetError::NoInstance(_) => (StatusCode::CONFLICT, "no-instance"),
             FleetError::Contended(_) => (StatusCode::CONFLICT, "contended"),
+            FleetError::Live { .. } => (StatusCode::CONFLICT, "task-live"),
             FleetError::NoCatalog(_) => (StatusCode::NOT_IMPLEMENTED, "no-catalog"),
             FleetError::Store(e) if e.is_transient() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "store-down")

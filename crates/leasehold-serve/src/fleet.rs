@@ -9,7 +9,7 @@ use axum::extract::{Path, RawQuery, State};
 use leasehold::catalog::TriggerRequest;
 use leasehold::overview::{self, LeaseList, TaskDetail, TaskList, TaskSummary};
 use leasehold::{LeaseName, text};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, in_range, parse};
 use crate::leases::lease_name;
@@ -143,6 +143,36 @@ pub(crate) async fn trigger(
     let by = by(&sidecar, request.by);
     let asked = sidecar.0.fleet.trigger(&task, &by).await;
     Ok(Json(sidecar.answered(asked)?))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ForgetBody {
+    #[serde(default)]
+    history: bool,
+}
+
+/// What `forget` answers.
+#[derive(Serialize)]
+pub(crate) struct Forgotten {
+    task: String,
+    history_removed: bool,
+}
+
+/// Removes a task no instance runs from the catalog (409 `task-live` while one does).
+pub(crate) async fn forget(
+    State(sidecar): State<Sidecar>,
+    Path(task): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Forgotten>, ApiError> {
+    let task = lease_name("task", &task)?;
+    let request: ForgetBody = optional(body)?;
+    let forgot = sidecar.0.fleet.forget(&task, request.history).await;
+    sidecar.answered(forgot)?;
+    Ok(Json(Forgotten {
+        task: task.to_string(),
+        history_removed: request.history,
+    }))
 }
 
 /// The task as it is after a control write.

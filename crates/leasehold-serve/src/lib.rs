@@ -191,6 +191,7 @@ impl Sidecar {
             .route("/v1/tasks/{task}/pause", post(fleet::pause))
             .route("/v1/tasks/{task}/resume", post(fleet::resume))
             .route("/v1/tasks/{task}/trigger", post(fleet::trigger))
+            .route("/v1/tasks/{task}/forget", post(fleet::forget))
             .route("/v1/leases", get(fleet::leases))
             .route("/v1/leases/{name}", get(leases::state))
             .route("/v1/leases/{name}/acquire", post(leases::acquire))

@@ -175,6 +175,11 @@ async fn the_catalog_is_listed_and_pause_resume_trigger_reach_the_instance() {
             .is_ok()
     );
 
+    // Forget is refused while the instance runs the task.
+    let (status, error) = call(&api, "POST", "/v1/tasks/sweep/forget", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error["error"], "task-live");
+
     // Once the instance stopped (the task stays listed: it has a control record), nobody
     // would take a trigger.
     app.shutdown().await;
@@ -184,6 +189,15 @@ async fn the_catalog_is_listed_and_pause_resume_trigger_reach_the_instance() {
     let (_, list) = call(&api, "GET", "/v1/tasks", None).await;
     assert_eq!(list["tasks"][0]["state"], "no_instance", "{list}");
     assert_eq!(list["tasks"][0]["next_slot_ms"], Value::Null);
+
+    // Now forget takes it out of the catalog, its history kept.
+    let (status, forgot) = call(&api, "POST", "/v1/tasks/sweep/forget", None).await;
+    assert_eq!(status, StatusCode::OK, "{forgot}");
+    assert_eq!(forgot, json!({"task": "sweep", "history_removed": false}));
+    let (status, _) = call(&api, "GET", "/v1/tasks/sweep", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, list) = call(&api, "GET", "/v1/tasks", None).await;
+    assert_eq!(list["tasks"], json!([]), "{list}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -196,6 +210,7 @@ async fn unknown_tasks_bad_input_auth_and_a_store_without_catalog_are_typed_erro
         ("POST", "/v1/tasks/nope/pause"),
         ("POST", "/v1/tasks/nope/resume"),
         ("POST", "/v1/tasks/nope/trigger"),
+        ("POST", "/v1/tasks/nope/forget"),
     ] {
         let (status, error) = call(&api, method, path, None).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {error}");

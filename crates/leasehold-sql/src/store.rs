@@ -16,7 +16,9 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord, Versioned};
+use leasehold::catalog::{
+    ControlRead, Forgetting, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 use leasehold::store::{
     Acquisition, Operation as Op, ReleaseSubscription, Renewal, SlotClaim, StoreResult,
 };
@@ -179,6 +181,15 @@ pub trait Dialect: Send + Sync + 'static {
         expected: i64,
         value: &str,
     ) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
+
+    /// [`Catalog::forget`], the check and the deletes as one atomic step against a
+    /// registration (each dialect says how).
+    fn forget(
+        &self,
+        op: Op<'_>,
+        task: &LeaseName,
+        history: bool,
+    ) -> impl Future<Output = StoreResult<Forgetting>> + Send;
 }
 
 /// A statement every dialect binds to the same parameters, in this order, and reads the same
@@ -457,7 +468,20 @@ fn fits<D: Dialect>(op: Op<'_>, what: &str, value: u64, max: i64) -> StoreResult
         })
 }
 
-fn no_row(op: Op<'_>) -> StoreError {
+/// What a dialect's forget did, from what it saw: `live` instances (nothing removed); a task
+/// row read but not removed, because a registration rewrote it in between (that instance is
+/// live); else forgotten when it removed anything.
+pub fn forgetting(live: i64, had_task: bool, task_gone: bool, removed: bool) -> Forgetting {
+    match u64::try_from(live) {
+        Ok(instances @ 1..) => Forgetting::Live { instances },
+        _ if had_task && !task_gone => Forgetting::Live { instances: 1 },
+        _ if task_gone || removed => Forgetting::Forgotten,
+        _ => Forgetting::Unknown,
+    }
+}
+
+/// The error of a statement that answered no row where it always answers one.
+pub fn no_row(op: Op<'_>) -> StoreError {
     StoreError::Corrupt(format!("{op} returned no row"))
 }
 
@@ -759,6 +783,11 @@ impl<D: Dialect> Catalog for SqlStore<D> {
             Some(Err(_)) => return Ok(None),
         };
         written.map(column::version).transpose()
+    }
+
+    async fn forget(&self, task: &LeaseName, history: bool) -> StoreResult<Forgetting> {
+        let op = Op::new("forget", Some(task));
+        self.dialect.forget(op, task, history).await
     }
 
     async fn leases(&self, limit: usize) -> StoreResult<Vec<LeaseRecord>> {

@@ -232,6 +232,15 @@ pub(crate) const FORGET_TASKS: &str = "DELETE FROM tasks WHERE control_version I
 /// `(control_version, control)` of `?1`, no row when the task is unknown.
 pub(crate) const TASK_CONTROL: &str = "SELECT control_version, control FROM tasks WHERE task = ?1";
 
+/// How many of `?1`'s instances are live at host time `?2`.
+pub(crate) const LIVE_INSTANCES: &str =
+    "SELECT count(*) FROM task_instances WHERE task = ?1 AND expires_at_ms > ?2";
+
+/// `forget`'s deletes, each of `?1`.
+pub(crate) const DELETE_INSTANCES: &str = "DELETE FROM task_instances WHERE task = ?1";
+pub(crate) const DELETE_TASK: &str = "DELETE FROM tasks WHERE task = ?1";
+pub(crate) const DELETE_HISTORY: &str = "DELETE FROM history WHERE task = ?1";
+
 pub(crate) const UNREGISTER: &str = "DELETE FROM task_instances WHERE task = ?1 AND instance = ?2";
 
 /// Every task and its instances, one row per instance (instance columns NULL for a task with

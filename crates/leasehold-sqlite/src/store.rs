@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use leasehold::catalog::{
-    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+    ControlRead, Forgetting, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
 };
 use leasehold::skew;
 use leasehold::store::{
@@ -1066,6 +1066,42 @@ impl Catalog for SqliteStore {
                 Some(Err(_)) => None,
             };
             Ok(written.map(column::version).transpose()?)
+        })
+    }
+
+    /// One immediate transaction (the database's write lock from its start): no registration
+    /// lands between the check and the deletes.
+    fn forget(
+        &self,
+        task: &LeaseName,
+        history: bool,
+    ) -> impl Future<Output = StoreResult<Forgetting>> + Send {
+        let task = task.as_str().to_owned();
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = host_clock::now_ms()?;
+            let live: i64 = tx
+                .prepare_cached(schema::LIVE_INSTANCES)?
+                .query_row(rusqlite::params![task, now], |r| r.get(0))?;
+            if live > 0 {
+                return Ok(Forgetting::Live {
+                    instances: live as u64,
+                });
+            }
+            let instances = tx
+                .prepare_cached(schema::DELETE_INSTANCES)?
+                .execute([&task])?;
+            let tasks = tx.prepare_cached(schema::DELETE_TASK)?.execute([&task])?;
+            if history {
+                tx.prepare_cached(schema::DELETE_HISTORY)?
+                    .execute([&task])?;
+            }
+            tx.commit()?;
+            Ok(if instances + tasks > 0 {
+                Forgetting::Forgotten
+            } else {
+                Forgetting::Unknown
+            })
         })
     }
 

@@ -72,6 +72,11 @@ pub struct Statements {
     /// Replace a task's control record by compare-and-set: `$1` task, `$2` expected version,
     /// `$3` value. `(control_version bigint)` when written, no row when the version differed.
     pub update_control: String,
+    /// Forget a task: `$1` task, `$2` whether to delete its history too. One row `(live bigint,
+    /// had_task bool, task_gone bool, instances_gone bigint)`: `live` instances seen (nothing
+    /// deleted when above 0); else the task row (when its version is the one read), its
+    /// instances (skipping rows a registration holds) and the history when asked.
+    pub forget: String,
     /// Lease records: `$1` limit. `(name text, holder text, token bigint, remaining_us bigint)`
     /// per lease, sorted by name (bytewise).
     pub leases: String,
@@ -299,6 +304,36 @@ RETURNING t.control_version"
                 "UPDATE {tasks} SET control_version = control_version + 1, control = $3::text
  WHERE task = $1::text AND control_version = $2::bigint
 RETURNING control_version"
+            ),
+            // A registration committed before the statement's snapshot is seen live. One that
+            // commits later rewrites the task row, so the task row is deleted only in the
+            // version read (`xmin`, re-checked when the row is locked): a registration that
+            // wrote it first keeps the task and everything with it. One that writes it after
+            // finds it deleted and inserts it afresh; an instance row it holds is skipped, not
+            // waited for (it would wait for the task row: a deadlock).
+            forget: format!(
+                "WITH live AS (
+  SELECT count(*) AS n FROM {instances}
+   WHERE task = $1::text AND expires_at > clock_timestamp()
+), seen AS (
+  SELECT xmin::text AS version FROM {tasks} WHERE task = $1::text
+), gone_task AS (
+  DELETE FROM {tasks} WHERE task = $1::text AND xmin::text = (SELECT version FROM seen)
+     AND (SELECT n FROM live) = 0
+  RETURNING 1
+), clear AS (
+  SELECT (SELECT n FROM live) = 0
+     AND (NOT EXISTS (SELECT 1 FROM seen) OR EXISTS (SELECT 1 FROM gone_task)) AS ok
+), gone_instances AS (
+  DELETE FROM {instances} WHERE (task, instance) IN (
+    SELECT task, instance FROM {instances} WHERE task = $1::text AND (SELECT ok FROM clear)
+       FOR UPDATE SKIP LOCKED)
+  RETURNING 1
+), gone_history AS (
+  DELETE FROM {history} WHERE task = $1::text AND $2::boolean AND (SELECT ok FROM clear)
+)
+SELECT (SELECT n FROM live), EXISTS (SELECT 1 FROM seen), EXISTS (SELECT 1 FROM gone_task),
+       (SELECT count(*) FROM gone_instances)"
             ),
             leases: format!(
                 "WITH n AS (SELECT clock_timestamp() AS at)

@@ -1,11 +1,14 @@
 //! The catalog: task definitions, instances, control records and the lease listing.
 
 use leasehold::Catalog;
-use leasehold::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord, Versioned};
+use leasehold::catalog::{
+    CATALOG_RETENTION, ControlRead, Forgetting, LeaseRecord, Registration, TaskRecord, Versioned,
+};
 
 use super::*;
 use crate::scripts::{
-    CONTROL, INDEX_TASK, LIST_TASKS, READ_TASK, REGISTER, SET_CONTROL, UNREGISTER,
+    CONTROL, FORGET, INDEX_TASK, LIST_TASKS, READ_TASK, REGISTER, SET_CONTROL, UNINDEX_TASK,
+    UNREGISTER,
 };
 
 /// Caps a catalog ttl or retention (about 31 years): the scripts add them to the server's clock
@@ -318,6 +321,59 @@ impl Catalog for RedisStore {
                     .map_err(|_| corrupt(op, "a negative control version"))?,
             )),
         }
+    }
+
+    /// One script on a single server. On a Redis Cluster the index is on another node: the
+    /// task's keys go in one script, then its index entry; a registration or control record
+    /// written between the two is read back and listed again.
+    async fn forget(&self, task: &LeaseName, history: bool) -> StoreResult<Forgetting> {
+        let op = Op::new("forget", Some(task));
+        let mut keys = vec![
+            self.key(task, TASK_KIND),
+            self.key(task, INSTANCES),
+            self.key(task, HISTORY_KIND),
+        ];
+        let cluster = self.is_cluster();
+        if !cluster {
+            keys.push(self.index_key());
+        }
+        let args = [
+            Arg::Str(if history { "1" } else { "" }),
+            Arg::Str(task.as_str()),
+        ];
+        // Deleting again after a lost reply deletes nothing more.
+        let reply = items(op, self.eval(&FORGET, &keys, &args, op, true, None).await?)?;
+        let live = u64::try_from(int(op, reply.first())?).unwrap_or(0);
+        if live > 0 {
+            return Ok(Forgetting::Live { instances: live });
+        }
+        let gone = int(op, reply.get(1))? > 0;
+        if cluster {
+            let index = [self.index_key()];
+            let name = [Arg::Str(task.as_str())];
+            self.eval(&UNINDEX_TASK, &index, &name, op, true, None)
+                .await?;
+            let read = [self.key(task, TASK_KIND), self.key(task, INSTANCES)];
+            let reply = self.eval(&READ_TASK, &read, &[], op, true, None).await?;
+            let retention = catalog_millis(CATALOG_RETENTION);
+            if let Some(record) = task_record(op, task, reply, retention)? {
+                let keep = match record.control {
+                    Some(_) => "inf".to_owned(),
+                    None => {
+                        let left = record.instances.iter().map(|i| i.remaining).max();
+                        (catalog_millis(left.unwrap_or_default()) + retention).to_string()
+                    }
+                };
+                let args = [Arg::Str(task.as_str()), Arg::Str(&keep)];
+                self.eval(&INDEX_TASK, &index, &args, op, true, None)
+                    .await?;
+            }
+        }
+        Ok(if gone {
+            Forgetting::Forgotten
+        } else {
+            Forgetting::Unknown
+        })
     }
 
     /// `SCAN`s the database (every primary of a cluster) for lease and fencing counter keys

@@ -1,5 +1,5 @@
 //! The operator's view and hand on every instance sharing a store: what runs where, and
-//! fleet-wide pause, resume and trigger. The CLI (`leasehold status`, `pause`, `resume`,
+//! fleet-wide pause, resume, trigger and forget. The CLI (`leasehold status`, `pause`, `resume`,
 //! `trigger`), the sidecar's HTTP API and applications all act through [`Fleet`]; the instances
 //! honour what it writes at their next tick ([`Gate`](crate::gate::Gate)) or catalog heartbeat.
 //!
@@ -13,6 +13,8 @@
 //! let request = fleet.trigger(&nightly, "ops@host").await?;
 //! let run = fleet.wait_for_run(&nightly, &request, std::time::Duration::from_secs(600)).await?;
 //! println!("{:?}", run.outcome);
+//! // Once no instance runs it any more: out of the catalog, its history kept.
+//! fleet.forget(&nightly, false).await?;
 //! # Ok(()) }
 //! ```
 
@@ -22,7 +24,7 @@ use crate::scheduling::definition::{InstanceInfo, TaskDefinition, TaskSource};
 use crate::scheduling::history::{RunOutcome, RunRecord};
 use crate::store::capabilities::Capabilities;
 use crate::store::catalog::{
-    CATALOG_RETENTION, Control, LeaseRecord, Pause, TaskRecord, TriggerRequest,
+    CATALOG_RETENTION, Control, Forgetting, LeaseRecord, Pause, TaskRecord, TriggerRequest,
 };
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
@@ -60,6 +62,16 @@ pub enum FleetError {
         waited: Duration,
         /// What was seen of it last.
         state: String,
+    },
+    /// `forget` of a task an instance still runs: nothing was removed.
+    #[error(
+        "task {task} is run by {instances} live instance(s): stop them first (forget removes only a task no instance runs)"
+    )]
+    Live {
+        /// The task.
+        task: LeaseName,
+        /// How many instances' heartbeats are live.
+        instances: u64,
     },
     /// The control record kept changing under this write.
     #[error("task {0}'s control record kept changing; try again")]
@@ -287,6 +299,39 @@ impl<S: Catalog + Slots> Fleet<S> {
         })
         .await?;
         Ok(answer)
+    }
+
+    /// Removes `task` from the catalog with its control record (a pause, a pending trigger),
+    /// and with `history` its run history too; refused with [`FleetError::Live`], nothing
+    /// removed, while an instance's heartbeat is live (stop it first). Its slot claims stay, so
+    /// a task of the same name started later does not run a slot that already ran. A task the
+    /// catalog no longer lists (forgotten, or unseen for 24 h) answers
+    /// [`FleetError::UnknownTask`], its history removed all the same when asked.
+    pub async fn forget(&self, task: &LeaseName, history: bool) -> Result<(), FleetError> {
+        self.check()?;
+        // A task whose instances all stopped is no longer listed, so `NAME:run` (see
+        // [`task`](Self::task)) is tried in the store itself.
+        let names = match self.task(task).await {
+            Ok(view) => vec![view.name],
+            Err(FleetError::UnknownTask(_)) => {
+                let run = LeaseName::new(format!("{task}:run")).ok();
+                std::iter::once(task.clone()).chain(run).collect()
+            }
+            Err(e) => return Err(e),
+        };
+        for name in names {
+            match self.store.forget(&name, history).await? {
+                Forgetting::Forgotten => return Ok(()),
+                Forgetting::Unknown => {}
+                Forgetting::Live { instances } => {
+                    return Err(FleetError::Live {
+                        task: name,
+                        instances,
+                    });
+                }
+            }
+        }
+        Err(FleetError::UnknownTask(task.clone()))
     }
 
     /// Waits (polling the history once a second) until the run `request` asked for has ended,

@@ -11,7 +11,7 @@ use crate::store::answers::{
     Acquisition, LeaseState, Release, Renewal, SlotClaim, TickAnswer, TickRequest, Versioned,
 };
 use crate::store::capabilities::{Capabilities, DeclaredCapabilities};
-use crate::store::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord};
+use crate::store::catalog::{ControlRead, Forgetting, LeaseRecord, Registration, TaskRecord};
 use crate::store::error::StoreResult;
 use crate::store::name::{HolderId, LeaseName};
 use crate::store::notify::ReleaseSubscription;

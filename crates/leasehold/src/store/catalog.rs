@@ -63,6 +63,31 @@ pub struct ControlRead {
     pub control: Option<Versioned>,
 }
 
+/// What [`Catalog::forget`](crate::Catalog::forget) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forgetting {
+    /// The task's definition, instances and control record are gone (and its history, if
+    /// asked).
+    Forgotten,
+    /// The catalog held nothing for the task (its history is removed all the same, if asked).
+    Unknown,
+    /// Nothing was removed: this many instances' heartbeats are live on the store's clock.
+    Live {
+        /// How many.
+        instances: u64,
+    },
+}
+
+impl Answer for Forgetting {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Forgotten => "forgotten",
+            Self::Unknown => "unknown",
+            Self::Live { .. } => "live",
+        }
+    }
+}
+
 impl Answer for Vec<TaskRecord> {}
 impl Answer for Vec<LeaseRecord> {}
 impl Answer for ControlRead {}

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::store::answers::{Acquisition, Release, Renewal, SlotClaim, TickClaim, TickRequest};
 use crate::store::capabilities::Capabilities;
-use crate::store::catalog::{CATALOG_RETENTION, Registration, TaskRecord, Versioned};
+use crate::store::catalog::{CATALOG_RETENTION, Forgetting, Registration, TaskRecord, Versioned};
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
 use crate::store::token::FencingToken;
@@ -779,6 +779,82 @@ pub async fn control_records_are_compare_and_set<S: Slots + Purge + Membership +
     store.unregister(&task, &who).await.unwrap();
 }
 
+/// `forget` removes nothing while an instance's heartbeat is live; once none is, it removes the
+/// task's definition, instances and control record (its history only when asked), and a task of
+/// the same name registered afterwards starts afresh.
+pub async fn forget_refuses_live_tasks<S: Slots + Purge + Membership + Catalog>(store: S) {
+    if !store.capabilities().contains(Capabilities::CATALOG) {
+        return; // checked by capabilities_are_declared_truly
+    }
+    let (task, a) = (unique_name("cat-forget"), holder("a"));
+    let register = || {
+        let (store, task, a) = (store.clone(), task.clone(), a.clone());
+        async move {
+            let r = Registration {
+                task: &task,
+                definition: "{}",
+                instance: &a,
+                about: "{}",
+                ttl: SHORT_TTL,
+                forget_after: CATALOG_RETENTION,
+            };
+            store.register(&r).await.expect("register")
+        }
+    };
+    assert_eq!(register().await, None);
+    assert_eq!(store.set_control(&task, None, "{}").await.unwrap(), Some(1));
+    let slots = store.capabilities().contains(Capabilities::SLOTS);
+    if slots {
+        store.record_history(&task, 1, "one", 10).await.unwrap();
+    }
+    assert_eq!(
+        store.forget(&task, true).await.expect("forget"),
+        Forgetting::Live { instances: 1 }
+    );
+    let listed = tasks_named(&store, &[&task], CATALOG_RETENTION).await;
+    assert_eq!(listed.len(), 1, "a refused forget removes nothing");
+    assert!(listed[0].control.is_some() && listed[0].definition.is_some());
+    if slots {
+        assert_eq!(store.history(&task, 10).await.unwrap(), ["one"]);
+    }
+
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+    assert_eq!(
+        store.forget(&task, false).await.unwrap(),
+        Forgetting::Forgotten
+    );
+    let listed = tasks_named(&store, &[&task], CATALOG_RETENTION).await;
+    assert!(listed.is_empty(), "forgotten: {listed:?}");
+    assert_eq!(store.control(&task).await.unwrap().control, None);
+    if slots {
+        assert_eq!(store.history(&task, 10).await.unwrap(), ["one"], "kept");
+    }
+    assert_eq!(
+        store.forget(&task, true).await.unwrap(),
+        Forgetting::Unknown
+    );
+    if slots {
+        assert!(
+            store.history(&task, 10).await.unwrap().is_empty(),
+            "removed"
+        );
+    }
+
+    assert_eq!(
+        register().await,
+        None,
+        "registered afresh, with no control record"
+    );
+    let listed = tasks_named(&store, &[&task], CATALOG_RETENTION).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].instances.len(), 1);
+    store.unregister(&task, &a).await.unwrap();
+    assert_eq!(
+        store.forget(&task, true).await.unwrap(),
+        Forgetting::Forgotten
+    );
+}
+
 /// Every lease record is listed, held or free, with what `inspect` would say.
 pub async fn leases_lists_every_record<S: Slots + Purge + Membership + Catalog>(store: S) {
     if !store.capabilities().contains(Capabilities::CATALOG) {
@@ -935,7 +1011,7 @@ pub async fn capabilities_are_declared_truly<S: Slots + Purge + Membership + Cat
         ttl: LONG_TTL,
         forget_after: LONG_TTL,
     };
-    let answers: [(Capabilities, &str, Result<(), StoreError>); 15] = [
+    let answers: [(Capabilities, &str, Result<(), StoreError>); 16] = [
         (
             Capabilities::SLOTS,
             "claim_slot",
@@ -1006,6 +1082,11 @@ pub async fn capabilities_are_declared_truly<S: Slots + Purge + Membership + Cat
             "leases",
             store.leases(1).await.map(drop),
         ),
+        (
+            Capabilities::CATALOG,
+            "forget",
+            store.forget(&task, false).await.map(drop),
+        ),
         // Last: the lease a declared tick may not have taken, and nothing an undeclared
         // capability's operation may have left.
         (
@@ -1053,7 +1134,8 @@ macro_rules! for_each_conformance_check {
             last_slot_reads_the_highest_claim, history_is_bounded_keyed_and_exact,
             history_keep_zero_keeps_one, members_expire_refresh_and_leave,
             catalog_registers_tasks_with_heartbeats,
-            control_records_are_compare_and_set, leases_lists_every_record,
+            control_records_are_compare_and_set, forget_refuses_live_tasks,
+            leases_lists_every_record,
             tick_claims_within_its_slot, capabilities_are_declared_truly}
     };
 }

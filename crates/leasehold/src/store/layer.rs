@@ -9,7 +9,7 @@ use crate::store::answers::{
     Versioned,
 };
 use crate::store::capabilities::{Capabilities, DeclaredCapabilities};
-use crate::store::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord};
+use crate::store::catalog::{ControlRead, Forgetting, LeaseRecord, Registration, TaskRecord};
 use crate::store::error::{StoreError, StoreResult};
 use crate::store::name::{HolderId, LeaseName};
 use crate::store::notify::ReleaseSubscription;

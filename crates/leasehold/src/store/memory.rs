@@ -11,7 +11,7 @@ use crate::store::answers::{
     Acquisition, LeaseState, Release, Renewal, SlotClaim, TickAnswer, TickRequest,
 };
 use crate::store::catalog::{
-    ControlRead, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
+    ControlRead, Forgetting, InstanceRecord, LeaseRecord, Registration, TaskRecord, Versioned,
 };
 use crate::store::compose::compose_tick;
 use crate::store::error::StoreResult;
@@ -417,6 +417,37 @@ impl Catalog for MemoryStore {
             });
             version
         });
+        std::future::ready(Ok(answer))
+    }
+
+    /// Under the state's lock: nothing registers in between.
+    fn forget(
+        &self,
+        task: &LeaseName,
+        history: bool,
+    ) -> impl Future<Output = StoreResult<Forgetting>> + Send {
+        let now = Instant::now();
+        let mut state = self.state();
+        let live = state.catalog.get(task).map_or(0, |entry| {
+            entry
+                .instances
+                .values()
+                .filter(|(_, expires)| *expires > now)
+                .count()
+        });
+        let answer = if live > 0 {
+            Forgetting::Live {
+                instances: live as u64,
+            }
+        } else {
+            if history {
+                state.history.remove(task);
+            }
+            match state.catalog.remove(task) {
+                Some(_) => Forgetting::Forgotten,
+                None => Forgetting::Unknown,
+            }
+        };
         std::future::ready(Ok(answer))
     }
 

@@ -17,7 +17,7 @@ use crate::store::answers::{
     Acquisition, LeaseState, Release, Renewal, SlotClaim, TickAnswer, TickRequest, Versioned,
 };
 use crate::store::capabilities::{Capabilities, DeclaredCapabilities};
-use crate::store::catalog::{ControlRead, LeaseRecord, Registration, TaskRecord};
+use crate::store::catalog::{ControlRead, Forgetting, LeaseRecord, Registration, TaskRecord};
 use crate::store::compose::{TickCalls, compose_tick};
 use crate::store::error::{StoreResult, unsupported};
 use crate::store::name::{HolderId, LeaseName};
@@ -276,6 +276,22 @@ macro_rules! store_operations {
                 ) -> Option<u64> {
                     let _ = (task, expected, value);
                     unsupported("set_control")
+                }
+
+                /// Removes a task no instance runs: its definition, its instances (all expired)
+                /// and its control record, and with `history` its run history; answers
+                /// [`Forgetting::Live`] (nothing removed) while any instance's heartbeat is live
+                /// on the store's clock. Its slot claims and its lease record are kept, so a task
+                /// of the same name registered later neither runs a claimed slot again nor hands
+                /// out a lower fencing token.
+                ///
+                /// The check and the removal are one atomic step against `register`: a
+                /// registration either lands before it (and is seen live, so nothing is
+                /// removed) or after it (and registers the task afresh, with no control
+                /// record); never half a task. Each store says how it does this.
+                fn forget(&self, task: &'a LeaseName, history: bool) -> Forgetting {
+                    let _ = (task, history);
+                    unsupported("forget")
                 }
 
                 /// Up to `limit` lease records (held, or free with their last token), sorted by
