@@ -319,9 +319,8 @@ async fn run_demo(args: &DemoArgs, dir: &Path, kept: bool) -> anyhow::Result<u8>
     outln!("  executions           {executions}")?;
     outln!("  duplicate ticks      {duplicates}   (must be 0)")?;
     outln!(
-        "  run again            {}   (cut off by the SIGKILL, run by the next leader: {:?})",
-        demo.seen.run_again.len(),
-        demo.seen.run_again
+        "  run again            {}   (slots cut off by the SIGKILL, run again by the next leader)",
+        demo.seen.run_again.len()
     )?;
     outln!(
         "  missed ticks         {missed}   (those that fell while the killed leader's lease ran out)"
