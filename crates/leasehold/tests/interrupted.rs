@@ -2,7 +2,8 @@
 //! from the store mid-run (as if killed: its run stays `running` in the store) has its slot run
 //! once more by the next holder, as attempt 2 with the `retry` trigger, once; a run cancelled
 //! because its own lease was lost is run again by the same instance; `OnInterrupt::Skip` leaves
-//! both; a run that ended while the store was down is recorded when it is back, not re-run.
+//! both; a run that ended while the store was down is recorded when it is back, not re-run; a
+//! run again that races the next timer slot keeps the overlap policy.
 
 mod support;
 
@@ -168,5 +169,57 @@ async fn a_run_that_ended_while_the_store_was_down_is_recorded_later_not_run_aga
     assert!(all.iter().all(|r| !r.cancelled), "{all:?}");
     assert!(all.iter().all(|r| r.trigger != Trigger::Retry), "{all:?}");
     a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// The run again races the next timer slot: `b`'s granted slot runs 8 s of a 10 s period, the
+/// cut-off slot's run again follows it and is still going when the next slot falls. That slot is
+/// skipped for the overlap (the default policy, recorded), never run beside the retry; the one
+/// after runs on time; the cut-off slot runs again once.
+#[tokio::test(start_paused = true)]
+async fn a_run_again_racing_the_next_timer_slot_keeps_the_overlap_policy() {
+    let store = MemoryStore::new();
+    let ledger = Ledger::default();
+    let work = 8 * SEC;
+    let a_store = FaultyStore::wrap(store.clone());
+    let a = instance(&a_store, "a", &ledger, work, OnInterrupt::Rerun);
+    let cut = into_next_slot(&store, SEC).await;
+    let b_store = FaultyStore::wrap(store.clone());
+    let b = instance(&b_store, "b", &ledger, work, OnInterrupt::Rerun);
+    a_store.set(|f| &f.down, true);
+    std::mem::forget(a);
+    tokio::time::sleep(EVERY * 5).await;
+    let all = runs(&ledger);
+    let every = EVERY.as_millis() as u64;
+    let again: Vec<&Run> = all.iter().filter(|r| r.trigger == Trigger::Retry).collect();
+    assert_eq!(again.len(), 1, "run again once: {all:?}");
+    assert_eq!((again[0].slot, again[0].holder.as_str()), (Some(cut), "b"));
+    assert_no_overlap(&all);
+    // The granted slot ran first, the run again right after it, across the next slot.
+    let granted = all
+        .iter()
+        .find(|r| r.holder == "b" && r.trigger == Trigger::Timer)
+        .expect("b ran a slot");
+    assert!(again[0].start >= granted.end, "{all:?}");
+    let raced = granted.slot.unwrap() + every;
+    assert!(
+        all.iter().all(|r| r.slot != Some(raced)),
+        "the slot that fell during the run again did not run beside it: {all:?}"
+    );
+    assert!(
+        all.iter().any(|r| r.slot == Some(raced + every)),
+        "the slot after ran on time: {all:?}"
+    );
+    let history = b.history("job", 20).await.unwrap();
+    assert!(
+        history.iter().any(|r| matches!(
+            r.outcome,
+            leasehold::history::RunOutcome::Missed {
+                reason: leasehold::history::MissReason::Overlap,
+                ..
+            }
+        ) && r.slot == Some(raced)),
+        "the raced slot is recorded skipped for the overlap: {history:?}"
+    );
     b.shutdown().await;
 }

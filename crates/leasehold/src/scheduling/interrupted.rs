@@ -8,7 +8,7 @@
 //!
 //! The records are the run history's (each gated run's start is written before the job starts,
 //! so a run killed at once is still found). Only the history the store kept is looked at, and
-//! only runs that started within [`RERUN_WINDOW`]; a slot is tried at most
+//! only runs that started within the task's catch-up window ([`rerun_window`]); a slot is tried at most
 //! [`EXTRA_ATTEMPTS`] times beyond the task's retries, so a job that kills its instance each
 //! time does not go round the fleet for ever.
 
@@ -18,6 +18,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::scheduling::history::{Outcome, RecordTrigger, RunOutcome, RunRecord};
+use crate::scheduling::task::CatchUp;
 use crate::store::token::FencingToken;
 
 /// What becomes of a run that was cut off: see the module documentation.
@@ -62,8 +63,19 @@ impl FromStr for OnInterrupt {
     }
 }
 
-/// How long after it started a cut-off run is still run again.
-pub const RERUN_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
+/// How long after it started a cut-off run is still run again when the task's catch-up policy
+/// gives no window (`skip`): a cut-off slot is not a missed one, so it is run again all the same.
+pub const RERUN_WINDOW: Duration = Duration::from_secs(60 * 60);
+
+/// How long after it started a cut-off run of a task with catch-up policy `catch_up` is still
+/// run again: the catch-up window (a slot too old to catch up is too old to run again), or
+/// [`RERUN_WINDOW`] for `skip`.
+pub fn rerun_window(catch_up: CatchUp) -> Duration {
+    match catch_up {
+        CatchUp::Skip => RERUN_WINDOW,
+        CatchUp::Latest { window } | CatchUp::All { window, .. } => window,
+    }
+}
 
 /// How many attempts beyond its retries a slot gets for interruptions.
 pub const EXTRA_ATTEMPTS: u32 = 2;
@@ -97,7 +109,7 @@ pub(crate) struct Found {
 
 /// The slots among `records` (a task's newest history entries) whose newest attempt was cut off
 /// and which may be run again now: slots before `granted` (the slot the caller holds the task's
-/// lease for, with `held`), started within [`RERUN_WINDOW`] of `now_ms`, with attempts left. A
+/// lease for, with `held`), started within `window` of `now_ms`, with attempts left. A
 /// run still recorded `running` counts as cut off once its instance is gone: not `is_live`
 /// (the caller itself, holding the lease now, is not running it).
 pub(crate) fn cut_off(
@@ -105,10 +117,11 @@ pub(crate) fn cut_off(
     granted: u64,
     held: FencingToken,
     now_ms: u64,
+    window: Duration,
     retries: u32,
     is_live: impl Fn(&str) -> bool,
 ) -> Found {
-    let oldest = now_ms.saturating_sub(u64::try_from(RERUN_WINDOW.as_millis()).unwrap_or(u64::MAX));
+    let oldest = now_ms.saturating_sub(u64::try_from(window.as_millis()).unwrap_or(u64::MAX));
     let most = 1 + retries.saturating_add(EXTRA_ATTEMPTS);
     // Each slot's newest attempt.
     let mut newest: BTreeMap<u64, &RunRecord> = BTreeMap::new();
@@ -209,7 +222,7 @@ mod tests {
             run(NOW - MIN, 1, 7, RunOutcome::Running),
             run(NOW - 2 * MIN, 1, 6, RunOutcome::Ok),
         ];
-        let again = cut_off(&records, NOW, FencingToken(8), NOW, 0, gone).reruns;
+        let again = cut_off(&records, NOW, FencingToken(8), NOW, RERUN_WINDOW, 0, gone).reruns;
         assert_eq!(
             again,
             [Rerun {
@@ -228,13 +241,13 @@ mod tests {
             run(slot, 2, 8, RunOutcome::Ok),
         ];
         assert!(
-            cut_off(&records, NOW, FencingToken(9), NOW, 0, gone)
+            cut_off(&records, NOW, FencingToken(9), NOW, RERUN_WINDOW, 0, gone)
                 .reruns
                 .is_empty()
         );
         records[1] = run(slot, 2, 8, cancelled("task lease expiring"));
         assert_eq!(
-            cut_off(&records, NOW, FencingToken(9), NOW, 0, gone).reruns[0].attempt,
+            cut_off(&records, NOW, FencingToken(9), NOW, RERUN_WINDOW, 0, gone).reruns[0].attempt,
             3
         );
     }
@@ -265,6 +278,7 @@ mod tests {
                     NOW,
                     FencingToken(8),
                     NOW,
+                    RERUN_WINDOW,
                     0,
                     gone
                 )
@@ -280,6 +294,7 @@ mod tests {
                 NOW,
                 FencingToken(8),
                 NOW,
+                RERUN_WINDOW,
                 0,
                 gone
             )
@@ -297,7 +312,7 @@ mod tests {
         ] {
             let records = [run(NOW - MIN, 1, 7, outcome.clone())];
             assert_eq!(
-                cut_off(&records, NOW, FencingToken(8), NOW, 0, gone)
+                cut_off(&records, NOW, FencingToken(8), NOW, RERUN_WINDOW, 0, gone)
                     .reruns
                     .len(),
                 1,
@@ -316,15 +331,33 @@ mod tests {
         let spent = run(NOW - 2 * MIN, 1 + EXTRA_ATTEMPTS, 5, RunOutcome::Running);
         let records = [old, later, manual, spent.clone()];
         assert!(
-            cut_off(&records, NOW, FencingToken(8), NOW, 0, gone)
+            cut_off(&records, NOW, FencingToken(8), NOW, RERUN_WINDOW, 0, gone)
                 .reruns
                 .is_empty()
         );
         // Retries leave room for as many more.
         assert_eq!(
-            cut_off(&[spent], NOW, FencingToken(8), NOW, 1, gone).reruns[0].attempt,
+            cut_off(&[spent], NOW, FencingToken(8), NOW, RERUN_WINDOW, 1, gone).reruns[0].attempt,
             4
         );
+    }
+
+    #[test]
+    fn the_window_is_the_catch_up_window_or_an_hour_without_one() {
+        let window = rerun_window(CatchUp::All {
+            window: Duration::from_secs(600),
+            max: 5,
+        });
+        assert_eq!(window, Duration::from_secs(600));
+        assert_eq!(rerun_window(CatchUp::Skip), RERUN_WINDOW);
+        let inside = [run(NOW - 9 * MIN, 1, 7, RunOutcome::Running)];
+        let outside = [run(NOW - 11 * MIN, 1, 7, RunOutcome::Running)];
+        let found = |records: &[RunRecord]| {
+            cut_off(records, NOW, FencingToken(8), NOW, window, 0, gone)
+                .reruns
+                .len()
+        };
+        assert_eq!((found(&inside), found(&outside)), (1, 0));
     }
 
     #[test]
@@ -332,7 +365,7 @@ mod tests {
         let records: Vec<_> = (1..=5)
             .map(|i| run(NOW - i * MIN, 1, 7, RunOutcome::Running))
             .collect();
-        let again = cut_off(&records, NOW, FencingToken(8), NOW, 0, gone).reruns;
+        let again = cut_off(&records, NOW, FencingToken(8), NOW, RERUN_WINDOW, 0, gone).reruns;
         let slots: Vec<u64> = again.iter().map(|r| r.slot).collect();
         assert_eq!(slots, [NOW - 5 * MIN, NOW - 4 * MIN, NOW - 3 * MIN]);
     }
@@ -341,7 +374,7 @@ mod tests {
     fn a_run_recorded_running_by_an_instance_still_live_waits_for_its_end() {
         let records = [run(NOW - MIN, 1, 7, RunOutcome::Running)];
         let live = |holder: &str| holder == "host:1:a";
-        let found = cut_off(&records, NOW, FencingToken(8), NOW, 0, live);
+        let found = cut_off(&records, NOW, FencingToken(8), NOW, RERUN_WINDOW, 0, live);
         assert_eq!(
             found,
             Found {
@@ -353,7 +386,7 @@ mod tests {
         assert!(!running_elsewhere(&records, FencingToken(8), "host:1:a"));
         // What it recorded once it was cancelled is not waited for.
         let records = [run(NOW - MIN, 1, 7, cancelled("task lease expiring"))];
-        let found = cut_off(&records, NOW, FencingToken(8), NOW, 0, live);
+        let found = cut_off(&records, NOW, FencingToken(8), NOW, RERUN_WINDOW, 0, live);
         assert_eq!((found.reruns.len(), found.deferred), (1, false));
     }
 

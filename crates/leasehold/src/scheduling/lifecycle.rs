@@ -1055,6 +1055,7 @@ impl TaskTicks {
             ticket.slot(),
             held,
             self.store_now_or_wall(),
+            interrupted::rerun_window(plan.catch_up),
             plan.run_policy.retries,
             |holder| (beside && holder == self.holder.as_str()) || live.iter().any(|l| l == holder),
         );
