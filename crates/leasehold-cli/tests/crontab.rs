@@ -294,15 +294,6 @@ async fn fleet(url: &str) {
     assert!(marks.get("slow").is_some_and(|r| r.len() >= 3), "{marks:?}");
 }
 
-fn redis_url() -> String {
-    std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-fn postgres_url() -> String {
-    std::env::var("LEASEHOLD_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn fleet_sqlite() {
     let dir = temp_dir();

@@ -1,8 +1,11 @@
-//! `leasehold run --overlap` with two instances on SQLite and Redis, each run (2.5 s) outliving
-//! the next two slots (every 1 s): under `buffer-one` every slot runs at most once and never
-//! beside another, a slot that waited runs late and the rest are recorded missed for the
-//! overlap; under `replace` each run is stopped (SIGTERM) at the next slot, which then runs,
-//! never beside it, and the history names what replaced it.
+//! `leasehold run --overlap`, each policy with two instances on SQLite, Redis and PostgreSQL,
+//! each run (2.5 s) outliving the next two slots (every 1 s). Under `skip` the slots that fall
+//! during a run are recorded missed for the overlap and none runs late; under `buffer-one` every
+//! slot runs at most once and never beside another, a slot that waited runs late and the rest
+//! are recorded missed; under `buffer-all` the waiting slots run late, in order, none missed;
+//! under `replace` each run is stopped (SIGTERM) at the next slot, which then runs, never beside
+//! it, and the history names what replaced it; under `allow` runs go on side by side, each slot
+//! still once.
 
 mod common;
 
@@ -55,6 +58,62 @@ fn missed_for_overlap(records: &[serde_json::Value]) -> u64 {
         .sum()
 }
 
+/// Whether a run started a slot period (1 s) or more after its slot: it waited for a run.
+fn started_late(run: &Run) -> bool {
+    run.start_ms >= run.slot.unwrap() + 1000
+}
+
+async fn skip(url: &str) {
+    let (runs, records) = two_instances(url, "skip").await;
+    assert!(runs.len() >= 2, "{runs:#?}");
+    assert_exactly_once(&runs);
+    assert!(missed_for_overlap(&records) >= 2, "{records:#?}");
+    // No slot waited for the run going: each started near its own time (well under a period:
+    // a slot is granted or skipped when it falls).
+    assert!(runs.iter().all(|r| !started_late(r)), "{runs:#?}");
+}
+
+async fn buffer_all(url: &str) {
+    let (runs, records) = two_instances(url, "buffer-all").await;
+    let done = read_ledger_entries(&runs);
+    assert!(done.len() >= 3, "{runs:#?}");
+    assert_exactly_once(&runs);
+    // Slots waited and ran late, in slot order; ten seconds of slots stay under the cap.
+    assert!(
+        done.iter().filter(|r| started_late(r)).count() >= 2,
+        "{done:#?}"
+    );
+    let mut by_start = runs.clone();
+    by_start.sort_by_key(|r| r.start_ms);
+    assert!(
+        by_start.windows(2).all(|w| w[0].slot < w[1].slot),
+        "{by_start:#?}"
+    );
+    assert_eq!(missed_for_overlap(&records), 0, "{records:#?}");
+}
+
+async fn allow(url: &str) {
+    let (runs, _) = two_instances(url, "allow").await;
+    // Each slot once (a cut-off run again aside), and runs side by side: every slot of the
+    // ten seconds runs, though each run takes two and a half.
+    let mut slots: Vec<u64> = runs
+        .iter()
+        .filter(|r| r.trigger != "retry")
+        .map(|r| r.slot.unwrap())
+        .collect();
+    let n = slots.len();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), n, "a slot ran twice: {runs:#?}");
+    assert!(n >= 6, "most slots ran: {runs:#?}");
+    let mut by_start = runs.clone();
+    by_start.sort_by_key(|r| r.start_ms);
+    assert!(
+        by_start.windows(2).any(|w| w[1].start_ms < w[0].end_ms),
+        "runs went on side by side: {by_start:#?}"
+    );
+}
+
 async fn buffer_one(url: &str) {
     let (runs, records) = two_instances(url, "buffer-one").await;
     let done = read_ledger_entries(&runs);
@@ -62,10 +121,7 @@ async fn buffer_one(url: &str) {
     // Every entry, a run stopped by the instances' shutdown too.
     assert_exactly_once(&runs);
     // A slot that fell during a run ran once it ended, late.
-    assert!(
-        done.iter().any(|r| r.start_ms >= r.slot.unwrap() + 1000),
-        "{done:#?}"
-    );
+    assert!(done.iter().any(started_late), "{done:#?}");
     assert!(missed_for_overlap(&records) >= 1, "{records:#?}");
 }
 
@@ -110,12 +166,26 @@ fn read_ledger_entries(runs: &[Run]) -> Vec<Run> {
         .collect()
 }
 
-on_sqlite_and_redis!(buffer_one:
+on_sqlite_redis_and_postgres!(skip:
+    sqlite_skip_records_the_slots_that_fell_during_a_run,
+    redis_skip_records_the_slots_that_fell_during_a_run,
+    postgres_skip_records_the_slots_that_fell_during_a_run);
+on_sqlite_redis_and_postgres!(buffer_one:
     sqlite_buffer_one_runs_a_waiting_slot_late_never_beside_another,
-    redis_buffer_one_runs_a_waiting_slot_late_never_beside_another);
-on_sqlite_and_redis!(replace:
+    redis_buffer_one_runs_a_waiting_slot_late_never_beside_another,
+    postgres_buffer_one_runs_a_waiting_slot_late_never_beside_another);
+on_sqlite_redis_and_postgres!(buffer_all:
+    sqlite_buffer_all_runs_every_waiting_slot_in_order,
+    redis_buffer_all_runs_every_waiting_slot_in_order,
+    postgres_buffer_all_runs_every_waiting_slot_in_order);
+on_sqlite_redis_and_postgres!(replace:
     sqlite_replace_stops_the_run_going_for_the_next_slot,
-    redis_replace_stops_the_run_going_for_the_next_slot);
+    redis_replace_stops_the_run_going_for_the_next_slot,
+    postgres_replace_stops_the_run_going_for_the_next_slot);
+on_sqlite_redis_and_postgres!(allow:
+    sqlite_allow_runs_slots_side_by_side_each_once,
+    redis_allow_runs_slots_side_by_side_each_once,
+    postgres_allow_runs_slots_side_by_side_each_once);
 
 /// A word that is no policy is a usage error naming the five, the word escaped; `--overlap`
 /// needs a schedule.

@@ -269,6 +269,29 @@ pub fn redis_url() -> String {
     std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into())
 }
 
+/// The test PostgreSQL: `LEASEHOLD_TEST_POSTGRES_URL`, else the local default.
+pub fn postgres_url() -> String {
+    std::env::var("LEASEHOLD_TEST_POSTGRES_URL")
+        .unwrap_or("postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A test of `check` on a fresh SQLite file, one on the test Redis and one on the test
+/// PostgreSQL.
+#[allow(unused_macros)] // (each test binary compiles this module; few use it)
+macro_rules! on_sqlite_redis_and_postgres {
+    ($check:ident: $sqlite:ident, $redis:ident, $postgres:ident) => {
+        on_sqlite_and_redis!($check: $sqlite, $redis);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            $check(&postgres_url()).await;
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub(crate) use on_sqlite_redis_and_postgres;
+
 /// A test of `check` on a fresh SQLite file and one on the test Redis.
 #[allow(unused_macros)] // (each test binary compiles this module; few use it)
 macro_rules! on_sqlite_and_redis {
