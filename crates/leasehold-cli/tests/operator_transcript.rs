@@ -99,7 +99,7 @@ fn holds(output: &str, expected: &[&str]) -> bool {
 }
 
 #[test]
-fn the_readme_operator_transcript_runs_as_written() {
+fn the_operator_transcript_runs_as_written() {
     let dir = temp_dir();
     let sweep = dir.path().join("sweep.sh");
     std::fs::write(&sweep, "#!/bin/sh\nexit 0\n").unwrap();
