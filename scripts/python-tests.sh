@@ -3,7 +3,7 @@
 # (pytest) against real `leasehold serve` processes: both clients, the schedule translations
 # against `leasehold next`, three APScheduler replicas and three Celery beats (+ a worker, Redis
 # on 127.0.0.1:6379 as the broker, database 12), and the wheel installed into a fresh virtualenv
-# running the README's snippets. Packages come from PyPI at the exact versions of
+# running the snippets of its README and docs/clients.md. Packages come from PyPI at the exact versions of
 # clients/python/requirements-test.txt, into a virtualenv under target/ (made again when that
 # file changes). Usage: scripts/python-tests.sh [LEASEHOLD_BIN]; the binary defaults to
 # $LEASEHOLD_BIN, else target/debug/leasehold. Exits non-zero if anything fails. About 2 minutes.

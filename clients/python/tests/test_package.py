@@ -1,6 +1,6 @@
 """The client as a package, used the way the READMEs say: the wheel built from the sources and
 installed (with its extras) into a fresh virtualenv outside the repository; its types seen by
-mypy --strict through `py.typed`; the client README's example and the main README's APScheduler
+mypy --strict through `py.typed`; the client README's example and docs/clients.md's APScheduler
 and Celery beat snippets run there as written, against real sidecars (time sped up: the
 snippets' intervals become 1 s, as the TypeScript client's test speeds up setInterval)."""
 
@@ -197,7 +197,7 @@ def runs_in(text: str) -> list[int]:
 def test_the_apscheduler_snippet_runs_as_written(
     app: App, sidecars: Callable[..., Sidecar], tmp_path: Path
 ) -> None:
-    snippet = python_block(ROOT / "README.md", "### Python: APScheduler")
+    snippet = python_block(ROOT / "docs" / "clients.md", "## Python: APScheduler")
     (app.dir / "sweeps.py").write_text(APSCHEDULER_FAST + snippet)
     store = f"sqlite:{tmp_path / 'leases.db'}"
     replicas = []
@@ -221,7 +221,7 @@ def test_the_apscheduler_snippet_runs_as_written(
 def test_the_celery_snippet_runs_as_written(
     app: App, sidecars: Callable[..., Sidecar], tmp_path: Path
 ) -> None:
-    snippet = python_block(ROOT / "README.md", "### Python: Celery beat")
+    snippet = python_block(ROOT / "docs" / "clients.md", "## Python: Celery beat")
     (app.dir / "tasks.py").write_text(CELERY_FAST + snippet)
     base = os.environ.get("LEASEHOLD_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
     # Celery takes the broker from the environment first: the test's own database.

@@ -1,4 +1,4 @@
-// The README's node-cron and NestJS snippets as written (every second instead of every 5, a 3 s
+// docs/clients.md's node-cron and NestJS snippets as written (every second instead of every 5, a 3 s
 // ttl), run from the packed tarball installed in a fresh project: three replicas, each beside
 // its own sidecar on one SQLite file, the first with its clock 200 ms ahead (faketime):
 // - every slot runs once, on one replica, never before it starts on the store's clock and
@@ -25,11 +25,11 @@ const SKEW = "+0.2s";
 const npm = (args, cwd) =>
   execFileSync("npm", [...args, "--no-audit", "--no-fund", "--loglevel=error"], { cwd, stdio: "pipe" }).toString();
 
-/** The first `lang` block of the top README's section `heading`, sped up as the header says. */
+/** The first `lang` block of docs/clients.md's section `heading`, sped up as the header says. */
 function snippet(heading, lang) {
-  const readme = readFileSync(join(here, "..", "..", "README.md"), "utf8");
-  const section = readme.split(`\n### ${heading}\n`)[1];
-  assert.ok(section, `README section ${heading}`);
+  const page = readFileSync(join(here, "..", "..", "docs", "clients.md"), "utf8");
+  const section = page.split(`\n## ${heading}\n`)[1];
+  assert.ok(section, `docs/clients.md section ${heading}`);
   const block = section.match(new RegExp("```" + lang + "\\n([\\s\\S]*?)```\\n"))?.[1];
   assert.ok(block, `a ${lang} block in ${heading}`);
   assert.ok(block.includes('"*/5 * * * * *"') && block.includes("10_000"), block);

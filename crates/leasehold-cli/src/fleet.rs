@@ -21,7 +21,8 @@ pub struct PauseArgs {
     /// Store URL [default: $LEASEHOLD_STORE, else sqlite:leasehold.db]
     #[arg(long)]
     store: Option<String>,
-    /// The task: a library task's name, the sidecar's {task}, or the --lease of `leasehold run`.
+    /// The task: a library task's name, the sidecar's {task}, or the --lease of `leasehold run`
+    /// (also known by its catalog name, `NAME:run`).
     name: String,
     /// Why (shown by `leasehold status` and `history`, and recorded with each paused slot):
     /// one line of at most 2,000 bytes, no control or bidi characters.
@@ -120,9 +121,10 @@ pub async fn pause(args: PauseArgs) -> Result<u8, Failure> {
     let by = operator(args.by);
     check_text(&by, args.reason.as_deref())?;
     let (fleet, name) = open(args.store, &args.name).await?;
-    let task = fleet.task(&name).await.map_err(failure)?.name;
+    let view = fleet.task(&name).await.map_err(failure)?;
+    let (task, shown) = (&view.name, view.shown_name());
     let pause = fleet
-        .pause(&task, &by, args.reason.as_deref())
+        .pause(task, &by, args.reason.as_deref())
         .await
         .map_err(failure)?;
     let reason = pause
@@ -132,20 +134,20 @@ pub async fn pause(args: PauseArgs) -> Result<u8, Failure> {
         .unwrap_or_default();
     let already = if pause.by == by { "" } else { "already " };
     outln!(
-        "{task} is {already}paused (by {} at {}{reason}); its slots are recorded as paused until `leasehold resume {}`",
+        "{shown} is {already}paused (by {} at {}{reason}); its slots are recorded as paused until `leasehold resume {shown}`",
         pause.by,
         history::time(pause.at_ms),
-        args.name,
     )?;
     Ok(0)
 }
 
 pub async fn resume(args: ResumeArgs) -> Result<u8, Failure> {
     let (fleet, name) = open(args.store, &args.name).await?;
-    let task = fleet.task(&name).await.map_err(failure)?.name;
-    match fleet.resume(&task).await.map_err(failure)? {
-        true => outln!("{task} resumed: its next slot runs")?,
-        false => outln!("{task} was not paused")?,
+    let view = fleet.task(&name).await.map_err(failure)?;
+    let shown = view.shown_name();
+    match fleet.resume(&view.name).await.map_err(failure)? {
+        true => outln!("{shown} resumed: its next slot runs")?,
+        false => outln!("{shown} was not paused")?,
     }
     Ok(0)
 }
@@ -154,10 +156,11 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
     let by = operator(args.by);
     check_text(&by, None)?;
     let (fleet, name) = open(args.store, &args.name).await?;
-    let task = fleet.task(&name).await.map_err(failure)?.name;
-    let request = fleet.trigger(&task, &by).await.map_err(failure)?;
+    let view = fleet.task(&name).await.map_err(failure)?;
+    let (task, shown) = (&view.name, view.shown_name());
+    let request = fleet.trigger(task, &by).await.map_err(failure)?;
     outln!(
-        "{task}: run {} asked for by {} (an instance takes it within a third of its ttl; it lapses at {})",
+        "{shown}: run {} asked for by {} (an instance takes it within a third of its ttl; it lapses at {})",
         request.id,
         request.by,
         history::time(request.expires_ms),
@@ -166,7 +169,7 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
         return Ok(0);
     };
     let run = fleet
-        .wait_for_run(&task, &request, limit)
+        .wait_for_run(task, &request, limit)
         .await
         .map_err(failure)?;
     let took = run
@@ -178,7 +181,7 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
         .map(|t| format!(", token {t}"))
         .unwrap_or_default();
     outln!(
-        "{task}: run {} ended {}{took} (holder {}{token})",
+        "{shown}: run {} ended {}{took} (holder {}{token})",
         request.id,
         history::outcome(&run),
         run.holder
@@ -191,11 +194,16 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
 
 pub async fn forget(args: ForgetArgs) -> Result<u8, Failure> {
     let (fleet, name) = open(args.store, &args.name).await?;
+    // Named as shown while the catalog still lists it; one no longer listed, as given.
+    let shown = match fleet.task(&name).await {
+        Ok(view) => view.shown_name().to_owned(),
+        Err(_) => name.to_string(),
+    };
     fleet.forget(&name, args.history).await.map_err(failure)?;
     let history = match args.history {
         true => "its history removed",
         false => "its history kept (`leasehold history` reads it; --history removes it)",
     };
-    outln!("{name} forgotten: out of the catalog with its control record; {history}")?;
+    outln!("{shown} forgotten: out of the catalog with its control record; {history}")?;
     Ok(0)
 }

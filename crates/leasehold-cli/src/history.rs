@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
 use clap::Args;
+use leasehold::fleet::Fleet;
 use leasehold::history::{RetryNote, RunOutcome, RunRecord};
 use leasehold::{BoxStore, LeaseName, Store};
 
@@ -17,7 +18,7 @@ pub struct HistoryArgs {
     #[arg(long)]
     store: Option<String>,
     /// The task: a library task's name, or the `--lease` of a `leasehold run --every/--cron`
-    /// job (whose runs are filed under `NAME:run`).
+    /// job (whose runs are filed under `NAME:run`, which is accepted too).
     task: String,
     /// How many entries to show, newest first [default: 20; with --svg, all the store keeps]
     #[arg(long)]
@@ -79,6 +80,15 @@ pub async fn records(
     }
 }
 
+/// The name the task `given` (whose records are filed under `task`) is shown by
+/// ([`leasehold::fleet::shown_name`]): as the catalog says, else as given.
+pub async fn shown(store: &BoxStore, given: &LeaseName, task: &LeaseName) -> String {
+    match Fleet::new(store.clone()).task(task).await {
+        Ok(view) if &view.name == task => view.shown_name().to_owned(),
+        _ => given.to_string(),
+    }
+}
+
 pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
     let name = LeaseName::new(&args.task).map_err(Failure::usage)?;
     let limit = match (args.limit, &args.svg) {
@@ -94,13 +104,14 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
             store.describe()
         )));
     };
+    let shown = shown(&store, &name, &task).await;
     if let Some(path) = &args.svg {
         let now = store.now_millis().await.unwrap_or_else(|_| local_now_ms());
-        let picture = leasehold_timeline::history_svg(task.as_str(), &records, now);
+        let picture = leasehold_timeline::history_svg(&shown, &records, now);
         std::fs::write(path, picture)
             .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
         outln!(
-            "wrote {}: {} entries of {task}",
+            "wrote {}: {} entries of {shown}",
             path.display(),
             records.len()
         )?;
@@ -109,6 +120,7 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
     if args.json {
         // `slot_ms` and `duration_ms` as `status --json` and the API name them, beside the
         // record's own fields (`slot` stays for scripts written against earlier releases).
+        // `task` is the name the records are filed under, exact, as everywhere in JSON.
         let runs: Vec<serde_json::Value> = records
             .iter()
             .map(|r| {
@@ -128,7 +140,7 @@ pub async fn history(args: HistoryArgs) -> Result<u8, Failure> {
         crate::output::json(&doc)?;
         return Ok(0);
     }
-    outln!("task: {task}   store: {}", store.describe())?;
+    outln!("task: {shown}   store: {}", store.describe())?;
     if records.is_empty() {
         outln!("no runs recorded")?;
         return Ok(0);

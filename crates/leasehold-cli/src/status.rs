@@ -56,7 +56,8 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             && !records.is_empty()
             && !tasks.iter().any(|t: &TaskSummary| t.task == task)
         {
-            tasks.push(TaskSummary::of(task, &records, now_ms));
+            // As given until the catalog below says how it is shown.
+            tasks.push(TaskSummary::of(task, name.to_string(), &records, now_ms));
         }
     }
     // The catalog says what the history cannot: a task paused (or not yet due) before it ever
@@ -70,7 +71,10 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             continue;
         };
         match tasks.iter_mut().find(|t| t.task == task) {
-            Some(t) => t.paused = found.task.paused,
+            Some(t) => {
+                t.shown = found.task.shown_name().to_owned();
+                t.paused = found.task.paused;
+            }
             None => tasks.push(TaskSummary::of_catalog(task, &found.task)),
         }
     }
@@ -140,7 +144,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     if !tasks.is_empty() {
         let width = tasks
             .iter()
-            .map(|t| t.task.as_str().len())
+            .map(|t| t.shown.len())
             .max()
             .unwrap_or(4)
             .max(4);
@@ -167,7 +171,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             };
             outln!(
                 "{:<width$}  {:<24}  {:<24}  {local}{}",
-                t.task.as_str(),
+                t.shown,
                 t.last_run
                     .as_ref()
                     .and_then(|r| r.started_ms)
@@ -195,7 +199,10 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
 
 /// A task's last run and next due slot, from its history.
 struct TaskSummary {
+    /// The name its records are filed under.
     task: LeaseName,
+    /// The name it is shown by ([`leasehold::fleet::shown_name`]).
+    shown: String,
     last_run: Option<RunRecord>,
     /// The newest runs that failed in a row.
     consecutive_failures: u64,
@@ -207,7 +214,7 @@ struct TaskSummary {
 }
 
 impl TaskSummary {
-    fn of(task: LeaseName, records: &[RunRecord], now_ms: u64) -> Self {
+    fn of(task: LeaseName, shown: String, records: &[RunRecord], now_ms: u64) -> Self {
         let last_run = records
             .iter()
             .filter(|r| !matches!(r.outcome, RunOutcome::Missed { .. }))
@@ -216,6 +223,7 @@ impl TaskSummary {
         let schedule = overview::recorded_schedule(records);
         Self {
             task,
+            shown,
             last_run,
             consecutive_failures: overview::consecutive_failures(records),
             last_success_ms: overview::last_success_ms(records),
@@ -229,6 +237,7 @@ impl TaskSummary {
     fn of_catalog(task: LeaseName, found: &FleetTask) -> Self {
         Self {
             task,
+            shown: found.shown_name().to_owned(),
             last_run: None,
             consecutive_failures: 0,
             last_success_ms: None,
@@ -305,15 +314,25 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
         crate::output::json(&doc)?;
         return Ok(0);
     }
+    // Each task by the name people know it by, unless another task has that name.
+    let shown = |name: &str| -> String {
+        let Some(t) = list.tasks.iter().find(|t| t.name == name) else {
+            return name.to_owned();
+        };
+        match t.shown_name() {
+            s if s != t.name && list.tasks.iter().any(|o| o.name == s) => t.name.clone(),
+            s => s.to_owned(),
+        }
+    };
     outln!("store: {}", fleet.store().describe())?;
     if list.tasks.is_empty() {
         outln!("no tasks in the catalog")?;
     } else {
-        let width = column(list.tasks.iter().map(|t| t.name.as_str()), "TASK");
+        let width = column(list.tasks.iter().map(|t| shown(&t.name).len()), "TASK");
         let sched = column(
             list.tasks
                 .iter()
-                .map(|t| t.definition.as_ref().map_or("-", |d| d.schedule.as_str())),
+                .map(|t| t.definition.as_ref().map_or(1, |d| d.schedule.len())),
             "SCHEDULE",
         );
         outln!(
@@ -335,7 +354,7 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
             };
             outln!(
                 "{:<width$}  {:<13}  {:<sched$}  {:<9}  {:<24}  {:<11}  {:<24}  {}",
-                t.name,
+                shown(&t.name),
                 state,
                 t.definition.as_ref().map_or("-", |d| d.schedule.as_str()),
                 format!("{live}/{}", t.instances.len()),
@@ -399,7 +418,7 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
         }
     }
     if !leases.is_empty() {
-        let width = column(leases.iter().map(|l| l.name.as_str()), "LEASE");
+        let width = column(leases.iter().map(|l| l.name.len()), "LEASE");
         outln!("")?;
         outln!(
             "{:<width$}  {:<5}  {:>20}  {:>10}  HOLDER",
@@ -423,7 +442,7 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
         }
     }
     if !groups.is_empty() {
-        let width = column(groups.iter().map(|g| g.name.as_str()), "GROUP");
+        let width = column(groups.iter().map(|g| g.name.len()), "GROUP");
         outln!("")?;
         outln!("{:<width$}  {:<40}  TASKS", "GROUP", "LEADER")?;
         for g in &groups {
@@ -431,7 +450,11 @@ async fn fleet_status(store: BoxStore, json: bool) -> Result<u8, Failure> {
                 "{:<width$}  {:<40}  {}",
                 g.name,
                 g.leader.as_deref().unwrap_or("-"),
-                g.tasks.join(", ")
+                g.tasks
+                    .iter()
+                    .map(|t| shown(t))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )?;
         }
     }
@@ -480,6 +503,7 @@ fn groups(tasks: &[FleetTask], leases: &[LeaseSummary]) -> Vec<Group> {
     groups
 }
 
-fn column<'a>(names: impl Iterator<Item = &'a str>, head: &str) -> usize {
-    names.map(str::len).max().unwrap_or(0).max(head.len())
+/// A column's width: its widest entry (given as lengths) or its head.
+fn column(lengths: impl Iterator<Item = usize>, head: &str) -> usize {
+    lengths.max().unwrap_or(0).max(head.len())
 }

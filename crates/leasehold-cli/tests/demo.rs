@@ -1,5 +1,5 @@
 //! The README's first command, `leasehold demo`, as a newcomer runs it: it must finish, say
-//! that no tick ran twice, and print what the README's transcript shows.
+//! that no tick ran twice, and print what docs/demo.md's transcript shows.
 
 mod common;
 
@@ -36,7 +36,7 @@ fn the_demo_runs_and_no_tick_runs_twice() {
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
         .expect("a missed ticks line");
     assert!(missed <= 5, "{stdout}");
-    the_readme_transcript_is_in(&stdout);
+    the_documented_transcript_is_in(&stdout);
 }
 
 /// With `--dir`, the demo says its files are kept, and they are: the store, the ledger and each
@@ -109,16 +109,16 @@ fn shape(line: &str) -> String {
     out
 }
 
-/// Every line of the README's demo transcript (but `…` and blank ones) has the shape of a line
+/// Every line of docs/demo.md's transcript (but `…` and blank ones) has the shape of a line
 /// of `output`, in the same order.
-fn the_readme_transcript_is_in(output: &str) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let transcript = readme
-        .split_once("## What the demo shows")
+fn the_documented_transcript_is_in(output: &str) {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/demo.md"))
+        .unwrap();
+    let transcript = page
+        .split_once("# What the demo shows\n")
         .and_then(|(_, rest)| rest.split_once("```text\n"))
         .and_then(|(_, rest)| rest.split_once("```"))
-        .expect("the README's demo transcript")
+        .expect("docs/demo.md's transcript")
         .0;
     let mut lines = output.lines().map(shape);
     for want in transcript.lines().map(str::trim) {
@@ -128,7 +128,7 @@ fn the_readme_transcript_is_in(output: &str) {
         let want_shape = shape(want);
         assert!(
             lines.any(|line| matches(&line, &want_shape)),
-            "the README's demo line {want:?} (shape {want_shape:?}) is not in this run's output \
+            "docs/demo.md's line {want:?} (shape {want_shape:?}) is not in this run's output \
              (in order):\n{output}"
         );
     }

@@ -436,8 +436,13 @@ fn status_of_a_task_paused_before_it_ever_ran() {
     );
     let table = leasehold(&["status", "--store", &url, &lease]);
     let table = String::from_utf8_lossy(&table.stdout);
+    // The task row names it as `run` was given it (its catalog name, `NAME:run`, is in JSON).
+    let task_row = table
+        .split_once("\nTASK")
+        .and_then(|(_, rows)| rows.lines().nth(1))
+        .unwrap_or_default();
     assert!(
-        table.lines().any(|l| l.starts_with(&task)) && table.contains("paused by ops at "),
+        task_row.starts_with(&format!("{lease} ")) && table.contains("paused by ops at "),
         "{table}"
     );
     assert!(table.contains(": not yet"), "{table}");

@@ -88,11 +88,7 @@ async fn a_run_history_with_misses_and_a_pause_is_drawn_bar_by_bar() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         said.trim(),
-        format!(
-            "wrote {}: {} entries of pic:run",
-            file.display(),
-            records.len()
-        )
+        format!("wrote {}: {} entries of pic", file.display(), records.len())
     );
     let svg = std::fs::read_to_string(&file).unwrap();
     let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");

@@ -1,8 +1,8 @@
-//! The README's operator transcript ("Operating the fleet") is run as written: its background
+//! The operator transcript of docs/operating.md is run as written: its background
 //! `leasehold run` lines are started, `sleep` lines wait, and every other command's output must
 //! hold the transcript's lines below it in order (ids, times, durations and other numbers
 //! aside; `…` stands for lines left out). Set LEASEHOLD_PRINT_TRANSCRIPT=1 to print this run's
-//! transcript, to paste into the README when the output changes.
+//! transcript, to paste into docs/operating.md when the output changes.
 
 mod common;
 
@@ -11,15 +11,17 @@ use std::time::Duration;
 
 use common::{BIN, temp_dir};
 
-/// The README's transcript block of the operators' section.
+/// The transcript block of docs/operating.md (its first `console` block).
 fn transcript() -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    readme
-        .split_once("## Operating the fleet")
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/operating.md"
+    ))
+    .unwrap();
+    page.split_once("# Operating the fleet\n")
         .and_then(|(_, rest)| rest.split_once("```console\n"))
         .and_then(|(_, rest)| rest.split_once("```"))
-        .expect("the README's operator transcript")
+        .expect("docs/operating.md's operator transcript")
         .0
         .to_owned()
 }
@@ -97,7 +99,7 @@ fn holds(output: &str, expected: &[&str]) -> bool {
 }
 
 #[test]
-fn the_readme_operator_transcript_runs_as_written() {
+fn the_operator_transcript_runs_as_written() {
     let dir = temp_dir();
     let sweep = dir.path().join("sweep.sh");
     std::fs::write(&sweep, "#!/bin/sh\nexit 0\n").unwrap();
@@ -162,8 +164,8 @@ fn the_readme_operator_transcript_runs_as_written() {
             }
             assert!(
                 attempt + 1 < tries || print,
-                "the README's output of `{command}` is not this run's (in order, numbers \
-                 aside):\n--- README\n{}\n--- this run\n{output}",
+                "docs/operating.md's output of `{command}` is not this run's (in order, \
+                 numbers aside):\n--- docs/operating.md\n{}\n--- this run\n{output}",
                 expected.join("\n")
             );
             std::thread::sleep(Duration::from_millis(300));

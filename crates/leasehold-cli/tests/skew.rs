@@ -1,4 +1,4 @@
-//! Versions side by side (the README's version-skew policy): the previous release, built from
+//! Versions side by side (docs/version-skew.md): the previous release, built from
 //! the commit CHANGELOG.md names (scripts/previous-release.sh), and this one run one task on one
 //! store, replaced one by one in both directions of upgrade. Every slot runs at most once, runs
 //! never overlap, tokens only go up, and `status` and `history` work from both releases. A

@@ -573,6 +573,9 @@ mod tls {
             )
             .into());
         }
+        // ring, as for PostgreSQL: its provider, deprecated since rustls 0.23.48 for lacking
+        // post-quantum key exchange, is allowed on purpose.
+        #[allow(deprecated)]
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

@@ -194,6 +194,9 @@ impl Setup {
         if config.url.starts_with("rediss") {
             // Pick ring explicitly, in case another crate in the program enabled a second
             // provider (then rustls cannot choose one by itself). Fails only if one is set.
+            // rustls 0.23.48 deprecates ring's provider for lacking post-quantum key exchange;
+            // ring (no C toolchain, unlike aws-lc-rs) is kept on purpose, so it is allowed.
+            #[allow(deprecated)]
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         // The driver's own response timeout (500 ms by default) would fail every operation

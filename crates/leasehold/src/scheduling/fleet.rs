@@ -117,7 +117,36 @@ impl TaskView {
     pub fn has_live_instance(&self) -> bool {
         self.instances.iter().any(|i| i.live)
     }
+
+    /// The name people know the task by ([`shown_name`]).
+    pub fn shown_name(&self) -> &str {
+        let from_run = self
+            .definition
+            .as_ref()
+            .is_some_and(|d| d.source == TaskSource::Run);
+        shown_name(self.name.as_str(), from_run)
+    }
+
+    /// [`shown_name`](Self::shown_name) as a name, for errors.
+    fn shown(&self) -> LeaseName {
+        LeaseName::new(self.shown_name()).unwrap_or_else(|_| self.name.clone())
+    }
 }
+
+/// The name a task is shown by, in the CLI's tables and messages and on the page.
+/// `leasehold run --lease NAME` files its task in the catalog and the history as `NAME:run`
+/// (the lease `NAME` is its leader group), and people know it as `NAME`: that is the name
+/// shown. Both are accepted wherever a task is named ([`Fleet::task`]); JSON carries the
+/// catalog's own name, exact.
+pub fn shown_name(name: &str, from_run: bool) -> &str {
+    match from_run {
+        true => name.strip_suffix(RUN_SUFFIX).unwrap_or(name),
+        false => name,
+    }
+}
+
+/// What `leasehold run --lease NAME` appends to `NAME` for its task's catalog name.
+const RUN_SUFFIX: &str = ":run";
 
 /// One instance of a task.
 #[derive(Debug, Clone)]
@@ -200,7 +229,7 @@ impl<S: Catalog + Slots> Fleet<S> {
     /// as `NAME:run` (the lease `NAME` is its leader group): `NAME` finds it too, so the name
     /// given to `run` is the name to pause, resume and trigger.
     pub async fn task(&self, name: &LeaseName) -> Result<TaskView, FleetError> {
-        let run_task = format!("{name}:run");
+        let run_task = format!("{name}{RUN_SUFFIX}");
         let tasks = self.tasks().await?;
         let exact = tasks.iter().position(|t| &t.name == name);
         let of_run = tasks.iter().position(|t| {
@@ -277,7 +306,7 @@ impl<S: Catalog + Slots> Fleet<S> {
         let view = self.task(task).await?;
         let task = &view.name;
         if !view.has_live_instance() {
-            return Err(FleetError::NoInstance(task.clone()));
+            return Err(FleetError::NoInstance(view.shown()));
         }
         let now_ms = self.store.now_millis().await?;
         let request = TriggerRequest {
@@ -311,11 +340,17 @@ impl<S: Catalog + Slots> Fleet<S> {
         self.check()?;
         // A task whose instances all stopped is no longer listed, so `NAME:run` (see
         // [`task`](Self::task)) is tried in the store itself.
-        let names = match self.task(task).await {
-            Ok(view) => vec![view.name],
+        let (names, shown) = match self.task(task).await {
+            Ok(view) => {
+                let shown = view.shown();
+                (vec![view.name], shown)
+            }
             Err(FleetError::UnknownTask(_)) => {
-                let run = LeaseName::new(format!("{task}:run")).ok();
-                std::iter::once(task.clone()).chain(run).collect()
+                let run = LeaseName::new(format!("{task}{RUN_SUFFIX}")).ok();
+                (
+                    std::iter::once(task.clone()).chain(run).collect(),
+                    task.clone(),
+                )
             }
             Err(e) => return Err(e),
         };
@@ -325,7 +360,7 @@ impl<S: Catalog + Slots> Fleet<S> {
                 Forgetting::Unknown => {}
                 Forgetting::Live { instances } => {
                     return Err(FleetError::Live {
-                        task: name,
+                        task: shown,
                         instances,
                     });
                 }
@@ -342,7 +377,8 @@ impl<S: Catalog + Slots> Fleet<S> {
         request: &TriggerRequest,
         limit: Duration,
     ) -> Result<RunRecord, FleetError> {
-        let task = &self.task(task).await?.name;
+        let view = self.task(task).await?;
+        let task = &view.name;
         let started = tokio::time::Instant::now();
         let mut state = "not taken by an instance yet".to_owned();
         loop {
@@ -367,7 +403,7 @@ impl<S: Catalog + Slots> Fleet<S> {
             tokio::time::sleep(Duration::from_secs(1).min(limit)).await;
         }
         Err(FleetError::NotEnded {
-            task: task.clone(),
+            task: view.shown(),
             id: request.id.clone(),
             waited: started.elapsed(),
             state,

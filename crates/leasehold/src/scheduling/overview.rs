@@ -294,6 +294,14 @@ pub struct TaskSummary {
     pub last_success_ms: Option<u64>,
 }
 
+impl TaskSummary {
+    /// The name people know the task by ([`shown_name`](crate::fleet::shown_name)).
+    pub fn shown_name(&self) -> &str {
+        let from_run = self.definition.as_ref().is_some_and(|d| d.source == "run");
+        crate::scheduling::fleet::shown_name(&self.name, from_run)
+    }
+}
+
 /// Every task, at the store's clock.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]

@@ -1,4 +1,4 @@
-//! Versions side by side on one store (the README's version-skew policy).
+//! Versions side by side on one store (the version-skew policy, docs/version-skew.md).
 //!
 //! Any release works beside the previous one on one store, in both orders of upgrade. Store
 //! schemas change by expand and contract: a release adds tables, columns, keys and record fields
