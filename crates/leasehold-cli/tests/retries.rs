@@ -1,7 +1,8 @@
 //! `leasehold run --retries/--retry-backoff/--timeout` on SQLite and Redis: a command that fails
 //! twice and then succeeds is run three times for one slot, each attempt in the history with
 //! its number and told it in LEASEHOLD_ATTEMPT; a command past its timeout is stopped and
-//! recorded `timed-out`.
+//! recorded `timed-out`; an instance SIGKILLed during a retry: the next holder goes on with the
+//! next attempt, not from 1.
 
 mod common;
 
@@ -145,6 +146,74 @@ async fn times_out(url: &str) {
     );
 }
 
+/// The lines `attempts` holds: `HOLDER ATTEMPT SLOT TRIGGER` per run, once `done` says so
+/// (waiting up to a minute).
+async fn attempt_lines(
+    path: &std::path::Path,
+    done: impl Fn(&[Vec<String>]) -> bool,
+) -> Vec<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let lines: Vec<Vec<String>> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect();
+        if done(&lines) {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "attempts never complete: {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn killed_during_a_retry(url: &str) {
+    let dir = temp_dir();
+    let lease = unique("killed-retry");
+    // Attempt 1 fails; `a`'s attempt 2 hangs until it is killed; any other attempt succeeds.
+    let script = r#"echo "$LEASEHOLD_HOLDER $LEASEHOLD_ATTEMPT $LEASEHOLD_SLOT $LEASEHOLD_TRIGGER" >> attempts
+case "$LEASEHOLD_ATTEMPT" in 1) exit 1 ;; 2) [ "$LEASEHOLD_HOLDER" = a ] && exec sleep 60; exit 1 ;; esac"#;
+    let retries = ["--retries", "3", "--retry-backoff", "100ms"];
+    let a = start(
+        url,
+        &lease,
+        &[&retries[..], &["--holder", "a"]].concat(),
+        script,
+        dir.path(),
+    );
+    let attempts = dir.path().join("attempts");
+    let lines = attempt_lines(&attempts, |l| l.iter().any(|f| f[0] == "a" && f[1] == "2")).await;
+    let cut = lines.iter().find(|f| f[1] == "2").unwrap()[2].clone();
+    let b = start(
+        url,
+        &lease,
+        &[&retries[..], &["--holder", "b"]].concat(),
+        script,
+        dir.path(),
+    );
+    let mut a = a;
+    a.0.kill().unwrap();
+    let _ = a.0.wait();
+    let lines = attempt_lines(&attempts, |l| l.iter().any(|f| f[0] == "b" && f[2] == cut)).await;
+    drop(b);
+    let again: Vec<&Vec<String>> = lines
+        .iter()
+        .filter(|f| f[0] == "b" && f[2] == cut)
+        .collect();
+    assert_eq!(again.len(), 1, "the cut-off slot ran once more: {lines:?}");
+    assert_eq!(
+        (again[0][1].as_str(), again[0][3].as_str()),
+        ("3", "retry"),
+        "as the next attempt, not from 1: {lines:?}"
+    );
+}
+
+on_sqlite_and_redis!(killed_during_a_retry:
+    sqlite_an_instance_killed_during_a_retry_is_followed_by_the_next_attempt,
+    redis_an_instance_killed_during_a_retry_is_followed_by_the_next_attempt);
 on_sqlite_and_redis!(fails_twice_then_succeeds:
     sqlite_a_command_failing_twice_succeeds_on_its_third_attempt,
     redis_a_command_failing_twice_succeeds_on_its_third_attempt);
