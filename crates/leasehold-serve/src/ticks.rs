@@ -8,6 +8,7 @@
 //! `leasehold run` on the same task see the same runs.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -17,11 +18,13 @@ use axum::extract::{Path, State};
 use leasehold::catalog::TaskSource;
 use leasehold::gate::{Gate, Skip, Ticket};
 use leasehold::history::{RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
-use leasehold::lifecycle::{Fired, TaskPlan};
+use leasehold::interrupted::RERUN_WINDOW;
+use leasehold::lifecycle::{Fired, TaskPlan, TaskTicks};
+use leasehold::policy::{MAX_JITTER, MAX_RETRIES};
 use leasehold::presence::idle_expiry;
 use leasehold::{
-    CatchUp, HolderId, Lease, LeaseConfig, LeaseName, Schedule, ScheduleError, StoreDownPolicy,
-    Trigger,
+    Backoff, BoxStore, CatchUp, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, OnInterrupt,
+    Overlap, RunPolicy, Schedule, ScheduleError, StoreDownPolicy, Trigger, TryAcquire,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -29,6 +32,7 @@ use tokio::time::Instant;
 use crate::error::{ApiError, EndReason, in_range, not_null, parse};
 use crate::held::{Found, Grant, RunInfo, ms};
 use crate::leases::{instance_field, keepalive, lease_config, lease_name, name_field, token};
+use crate::owed::{Owed, OwedRun};
 use crate::sidecar::Sidecar;
 
 /// The task lease's ttl when a tick does not say.
@@ -57,6 +61,83 @@ struct TickRequest {
     catch_up_window_ms: Option<u64>,
     #[serde(default, deserialize_with = "not_null")]
     instance: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
+    retries: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
+    retry_backoff_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
+    retry_backoff_max_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
+    overlap: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    jitter_ms: Option<u64>,
+    #[serde(default, deserialize_with = "not_null")]
+    on_interrupt: Option<String>,
+}
+
+/// The longest retry backoff: a day.
+const MAX_BACKOFF_MS: u64 = 86_400_000;
+
+/// The task's run policies as a tick gives them: timeout, retries, overlap, jitter, what
+/// becomes of a cut-off run. Each value is checked here, naming its field.
+fn run_policy(request: &TickRequest) -> Result<RunPolicy, ApiError> {
+    let mut policy = RunPolicy::default();
+    if let Some(timeout) = request.timeout_ms {
+        let timeout = in_range("timeout_ms", timeout, 1..=MAX_EVERY_MS)?;
+        policy = policy.timeout(Some(Duration::from_millis(timeout)));
+    }
+    if let Some(retries) = request.retries {
+        let retries = in_range("retries", retries, 0..=u64::from(MAX_RETRIES))?;
+        policy = policy.retries(u32::try_from(retries).unwrap_or(MAX_RETRIES));
+    }
+    let base = request
+        .retry_backoff_ms
+        .map(|b| in_range("retry_backoff_ms", b, 1..=MAX_BACKOFF_MS))
+        .transpose()?;
+    let max = request
+        .retry_backoff_max_ms
+        .map(|m| {
+            in_range(
+                "retry_backoff_max_ms",
+                m,
+                base.unwrap_or(1)..=MAX_BACKOFF_MS,
+            )
+        })
+        .transpose()?;
+    if base.is_some() || max.is_some() {
+        let base = base.map_or(Backoff::default().base, Duration::from_millis);
+        policy = policy.backoff(Backoff::new(base, max.map(Duration::from_millis)));
+    }
+    if let Some(jitter) = request.jitter_ms {
+        let most = ms(MAX_JITTER);
+        let jitter = in_range("jitter_ms", jitter, 0..=most)?;
+        policy = policy.jitter(Some(Duration::from_millis(jitter)));
+    }
+    if let Some(overlap) = &request.overlap {
+        let overlap =
+            Overlap::from_str(overlap).map_err(|e| ApiError::field("overlap", e.to_string()))?;
+        if overlap != Overlap::Skip {
+            // The application runs the job, not the sidecar: it cannot hold a slot back for
+            // the run's end, nor stop the run for a newer slot, nor (yet) run one beside it.
+            return Err(ApiError::field(
+                "overlap",
+                format!(
+                    "overlap {overlap} cannot be honoured for a tick: the application, not the \
+                     sidecar, runs the job; a tick while a run is held answers busy (skip), and \
+                     the slot runs at a later tick once that run ended"
+                ),
+            ));
+        }
+        policy = policy.overlap(overlap);
+    }
+    if let Some(on_interrupt) = &request.on_interrupt {
+        let on_interrupt =
+            OnInterrupt::from_str(on_interrupt).map_err(|e| ApiError::field("on_interrupt", e))?;
+        policy = policy.on_interrupt(on_interrupt);
+    }
+    Ok(policy)
 }
 
 #[derive(Serialize, Default)]
@@ -68,6 +149,8 @@ pub(crate) struct TickResponse {
     gated: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trigger: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -155,7 +238,10 @@ pub(crate) async fn tick(
             .map_err(|e| ApiError::field("on_store_down", e.to_string()))?,
         None => shared.on_store_down,
     };
-    let mut plan = TaskPlan::new(schedule.clone()).on_store_down(policy);
+    let run_policy = run_policy(&request)?;
+    let mut plan = TaskPlan::new(schedule.clone())
+        .on_store_down(policy)
+        .run_policy(run_policy);
     if let Some(window) = request.catch_up_window_ms {
         let window = in_range("catch_up_window_ms", window, 0..=MAX_EVERY_MS)?;
         plan = plan.catch_up(match window {
@@ -200,23 +286,58 @@ pub(crate) async fn tick(
             .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
         gate = gate.led_by(campaign);
     }
-    let fired = ticks.fired(&task, idle).fire(&gate, &plan, None).await;
+    let task_ticks = ticks.fired(&task, idle);
+    // Each slot's start put off by the task's jitter, alike on every instance.
+    let estimate = task_ticks.store_now_or_wall();
+    if let Some(due) = schedule.latest_at_or_before(estimate) {
+        let starts = due.saturating_add(ms(run_policy.start_delay(&task, &schedule, due)));
+        if estimate < starts {
+            return Ok(Json(TickResponse {
+                starts_in_ms: Some(starts - estimate),
+                ..answer(false, Some(due), Some("not-due"))
+            }));
+        }
+    }
+    let plan = Arc::new(plan);
+    let fired = task_ticks.fire(&gate, &plan, None).await;
     shared.saw_store(matches!(fired, Fired::StoreDown { .. }));
     let now = ticks.store_now_or_wall();
     let starts_in = |next: Option<u64>| next.map(|next| next.saturating_sub(now));
+    let grant = Granting {
+        sidecar: &sidecar,
+        task: &task,
+        arrival,
+        keepalive,
+        config,
+        started_ms: now,
+        schedule: &recorded,
+        ticks: &task_ticks,
+        plan: &plan,
+    };
     Ok(Json(match fired {
         Fired::Run(ticket) => {
-            let grant = Granting {
-                sidecar: &sidecar,
-                task: &task,
-                arrival,
-                keepalive,
-                config,
-                started_ms: now,
-                schedule: &recorded,
-            };
+            // Slots whose run was cut off are found under the task lease just granted, and
+            // owed to the ticks after this one (the slot due runs first, as the runner's).
+            let reruns = task_ticks.cut_off_runs(&gate, &plan, &ticket).await;
+            for rerun in reruns {
+                let owed = OwedRun {
+                    slot: rerun.slot,
+                    attempt: rerun.attempt,
+                    trigger: rerun.trigger,
+                    from_ms: now,
+                    until_ms: now.saturating_add(ms(RERUN_WINDOW)),
+                };
+                shared.registry.owed.owe(&task, owed, now);
+            }
             grant.run(ticket).await
         }
+        Fired::Skipped {
+            slot,
+            skip: Skip::AlreadyRun { last },
+        } => match grant.owed(&gate, last).await {
+            Some(answer) => answer,
+            None => answer(false, Some(slot), Some("already-run")),
+        },
         Fired::Skipped { slot, skip } => {
             let reason = match skip {
                 // The claim took so long that the lease is expiring: the slot stays claimed
@@ -261,6 +382,8 @@ struct Granting<'a> {
     config: LeaseConfig,
     started_ms: u64,
     schedule: &'a RecordedSchedule,
+    ticks: &'a Arc<TaskTicks>,
+    plan: &'a Arc<TaskPlan>,
 }
 
 impl Granting<'_> {
@@ -279,7 +402,94 @@ impl Granting<'_> {
         if let Some(request) = &request {
             tracing::info!(task = %self.task, id = %request.id, by = %request.by, "manual run asked for through the catalog");
         }
-        let guard = ticket.into_guard();
+        self.hold(ticket.into_guard(), slot, trigger, request, 1)
+            .await
+    }
+
+    /// A tick whose slot already ran (`last` the newest claimed): the run owed to the task
+    /// (a retry, or a slot whose run was cut off), if one is due and the task lease is free.
+    /// Cut-off runs are looked for (under the task lease) only when the core says the history
+    /// may hold one. `None`: the tick answers `already-run`.
+    async fn owed(&self, gate: &Gate<BoxStore>, last: u64) -> Option<TickResponse> {
+        let owed = &self.sidecar.0.registry.owed;
+        let run = match owed.take(self.task, self.started_ms) {
+            Owed::Due(run) => Some(run),
+            Owed::Waits(run, wait) => {
+                return Some(TickResponse {
+                    starts_in_ms: Some(wait),
+                    ..self.answer(false, run.slot, Some("not-due"))
+                });
+            }
+            Owed::Nothing if self.ticks.may_have_cut_off().await => None,
+            Owed::Nothing => return None,
+        };
+        let guard = match gate.lease().try_acquire().await {
+            Ok(TryAcquire::Acquired(guard)) => guard,
+            Ok(TryAcquire::Busy { .. }) | Err(_) => {
+                if let Some(run) = run {
+                    owed.owe(self.task, run, self.started_ms);
+                }
+                return None;
+            }
+        };
+        let run = match run {
+            Some(run) => run,
+            None => {
+                let found = self
+                    .ticks
+                    .cut_off_before(gate, self.plan, last.saturating_add(1), guard.token())
+                    .await;
+                let mut found = found.into_iter();
+                let Some(first) = found.next() else {
+                    release(guard).await;
+                    return None;
+                };
+                for rerun in found {
+                    let later = OwedRun {
+                        slot: rerun.slot,
+                        attempt: rerun.attempt,
+                        trigger: rerun.trigger,
+                        from_ms: self.started_ms,
+                        until_ms: self.started_ms.saturating_add(ms(RERUN_WINDOW)),
+                    };
+                    owed.owe(self.task, later, self.started_ms);
+                }
+                OwedRun {
+                    slot: first.slot,
+                    attempt: first.attempt,
+                    trigger: first.trigger,
+                    from_ms: self.started_ms,
+                    until_ms: u64::MAX,
+                }
+            }
+        };
+        tracing::info!(task = %self.task, slot = run.slot, attempt = run.attempt, "running a slot again");
+        Some(
+            self.hold(guard, run.slot, run.trigger, None, run.attempt)
+                .await,
+        )
+    }
+
+    fn answer(&self, run: bool, slot: u64, reason: Option<&'static str>) -> TickResponse {
+        TickResponse {
+            run,
+            task: self.task.to_string(),
+            slot: Some(slot),
+            reason,
+            ..TickResponse::default()
+        }
+    }
+
+    /// Holds `guard` (the task lease) for the application's run of `slot`, attempt `attempt`,
+    /// and answers the grant.
+    async fn hold(
+        &self,
+        guard: LeaseGuard,
+        slot: u64,
+        trigger: RecordTrigger,
+        request: Option<RunRequest>,
+        attempt: u32,
+    ) -> TickResponse {
         let token = guard.token();
         let entry = self.sidecar.0.registry.insert(Grant {
             guard,
@@ -293,7 +503,11 @@ impl Granting<'_> {
                 started_ms: self.started_ms,
                 started_at: self.arrival,
                 schedule: self.schedule.clone(),
+                attempt,
+                ticks: self.ticks.clone(),
+                plan: self.plan.clone(),
             }),
+            timeout: self.plan.run_policy.timeout,
         });
         let answer = TickResponse {
             run: true,
@@ -311,11 +525,14 @@ impl Granting<'_> {
         };
         TickResponse {
             gated: Some(true),
+            // What the runner's command sees in LEASEHOLD_TRIGGER and LEASEHOLD_ATTEMPT.
             trigger: Some(match trigger {
+                _ if attempt > 1 => "retry",
                 RecordTrigger::Manual => "manual",
                 RecordTrigger::CatchUp => "catch-up",
                 _ => "timer",
             }),
+            attempt: Some(attempt),
             token: Some(token.to_string()),
             valid_for_ms: Some(valid_for_ms),
             keepalive_ms: Some(ms(self.keepalive)),
@@ -388,10 +605,17 @@ pub(crate) async fn done(
             error: request.error.unwrap_or_default(),
         },
     };
-    if let Some(mut record) = entry.run_record(outcome) {
-        // As written, its end kept (`leasehold::text::OUTPUT`) when recorded; shown escaped.
-        record.output = request.output;
-        shared.registry.run_ended(&task, record);
-    }
+    // The output as written, its end kept (`leasehold::text::OUTPUT`) when recorded; shown
+    // escaped. A failed attempt with retries left is owed to the task's next ticks.
+    shared
+        .registry
+        .end_run(&entry, outcome, None, request.output)
+        .await;
     Ok(crate::leases::released(released))
+}
+
+async fn release(guard: LeaseGuard) {
+    if let Err(e) = guard.release().await {
+        tracing::debug!(error = %e, "task lease not released after a look for cut-off runs; it expires after its ttl");
+    }
 }
