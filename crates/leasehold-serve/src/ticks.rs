@@ -24,7 +24,7 @@ use leasehold::policy::{MAX_JITTER, MAX_RETRIES};
 use leasehold::presence::idle_expiry;
 use leasehold::{
     Backoff, BoxStore, CatchUp, HolderId, Lease, LeaseConfig, LeaseGuard, LeaseName, OnInterrupt,
-    Overlap, RunPolicy, Schedule, ScheduleError, StoreDownPolicy, Trigger, TryAcquire,
+    Overlap, RunPolicy, Schedule, ScheduleError, Store, StoreDownPolicy, Trigger, TryAcquire,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -287,9 +287,17 @@ pub(crate) async fn tick(
         gate = gate.led_by(campaign);
     }
     let task_ticks = ticks.fired(&task, idle);
-    // Each slot's start put off by the task's jitter, alike on every instance.
-    let estimate = task_ticks.store_now_or_wall();
-    if let Some(due) = schedule.latest_at_or_before(estimate) {
+    // Each slot's start put off by the task's jitter, alike on every instance: on the store's
+    // clock (read once if this sidecar has no estimate of it yet; an unreachable store is the
+    // gate's to answer).
+    let estimate = match task_ticks.store_now() {
+        Some(now) => Some(now),
+        None if run_policy.jitter.is_some() => shared.store.now_millis().await.ok(),
+        None => None,
+    };
+    if let Some(estimate) = estimate
+        && let Some(due) = schedule.latest_at_or_before(estimate)
+    {
         let starts = due.saturating_add(ms(run_policy.start_delay(&task, &schedule, due)));
         if estimate < starts {
             return Ok(Json(TickResponse {
@@ -318,6 +326,7 @@ pub(crate) async fn tick(
         Fired::Run(ticket) => {
             // Slots whose run was cut off are found under the task lease just granted, and
             // owed to the ticks after this one (the slot due runs first, as the runner's).
+            shared.history.flush(config.renew_interval).await;
             let reruns = task_ticks.cut_off_runs(&gate, &plan, &ticket).await;
             for rerun in reruns {
                 let owed = OwedRun {
@@ -435,6 +444,9 @@ impl Granting<'_> {
         let run = match run {
             Some(run) => run,
             None => {
+                // The ends of runs this sidecar heard of are in the store before it looks.
+                let limit = self.config.renew_interval;
+                self.sidecar.0.history.flush(limit).await;
                 let found = self
                     .ticks
                     .cut_off_before(gate, self.plan, last.saturating_add(1), guard.token())
