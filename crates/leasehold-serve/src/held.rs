@@ -36,6 +36,8 @@ const MAX_TOMBSTONES: usize = 10_000;
 /// A run of a task's slot, or a manual run asked for through the catalog, granted by a tick.
 #[derive(Clone)]
 pub(crate) struct RunInfo {
+    /// The task (the entry's lease is another for a run beside another, overlap `allow`).
+    pub(crate) task: LeaseName,
     /// The slot (for a manual run: when it was asked for, which `done` names).
     pub(crate) slot: u64,
     pub(crate) trigger: RecordTrigger,
@@ -328,8 +330,8 @@ impl Registry {
         self.live.fetch_add(1, Ordering::Relaxed);
         let kind = if entry.run.is_some() { "run" } else { "lease" };
         metrics::counter!("leasehold_sidecar_grants_total", "kind" => kind).increment(1);
-        if let Some(record) = entry.run_record(RunOutcome::Running) {
-            self.record(&entry.name, record);
+        if let (Some(run), Some(record)) = (&entry.run, entry.run_record(RunOutcome::Running)) {
+            self.record(&run.task, record);
         }
         let registry = self.clone();
         let supervised = entry.clone();
@@ -461,7 +463,7 @@ impl Registry {
                     from_ms,
                     until_ms,
                 };
-                self.owed.owe(&entry.name, owed, now);
+                self.owed.owe(&run.task, owed, now);
                 Some(RetryNote::AtMs(from_ms))
             }
             (NextAttempt::Dropped { next, .. }, _) => Some(RetryNote::DroppedBeforeSlot(next)),
@@ -473,7 +475,7 @@ impl Registry {
         ) {
             run.ticks.run_cut_off().await;
         }
-        leasehold::lifecycle::record_run_end(Some(&self.history), &entry.name, record);
+        leasehold::lifecycle::record_run_end(Some(&self.history), &run.task, record);
     }
 
     /// Ends every entry (releasing its lease) and waits for the releases, at most `limit`.

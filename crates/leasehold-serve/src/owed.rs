@@ -16,6 +16,7 @@ use std::sync::Mutex;
 
 use leasehold::LeaseName;
 use leasehold::history::RecordTrigger;
+use leasehold::interrupted::{RERUN_WINDOW, Rerun};
 
 /// The most tasks with runs owed: beyond it a new one is dropped (and logged), so a sidecar
 /// ticked for ever more task names does not grow without bound.
@@ -35,6 +36,20 @@ pub(crate) struct OwedRun {
     /// Given up at this: the slot after, for a retry (never run past it); the rerun window,
     /// for a cut-off run.
     pub(crate) until_ms: u64,
+}
+
+impl OwedRun {
+    /// The re-run of a slot whose run was cut off, due from `now_ms` for the rerun window.
+    pub(crate) fn rerun(rerun: Rerun, now_ms: u64) -> Self {
+        let window = u64::try_from(RERUN_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        Self {
+            slot: rerun.slot,
+            attempt: rerun.attempt,
+            trigger: rerun.trigger,
+            from_ms: now_ms,
+            until_ms: now_ms.saturating_add(window),
+        }
+    }
 }
 
 /// What a tick finds owed to its task.

@@ -18,8 +18,7 @@ use axum::extract::{Path, State};
 use leasehold::catalog::TaskSource;
 use leasehold::gate::{Gate, Skip, Ticket};
 use leasehold::history::{RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
-use leasehold::interrupted::RERUN_WINDOW;
-use leasehold::lifecycle::{Fired, TaskPlan, TaskTicks};
+use leasehold::lifecycle::{Fired, Overlapping, TaskPlan, TaskTicks};
 use leasehold::policy::{MAX_JITTER, MAX_RETRIES};
 use leasehold::presence::idle_expiry;
 use leasehold::{
@@ -118,15 +117,16 @@ fn run_policy(request: &TickRequest) -> Result<RunPolicy, ApiError> {
     if let Some(overlap) = &request.overlap {
         let overlap =
             Overlap::from_str(overlap).map_err(|e| ApiError::field("overlap", e.to_string()))?;
-        if overlap != Overlap::Skip {
-            // The application runs the job, not the sidecar: it cannot hold a slot back for
-            // the run's end, nor stop the run for a newer slot, nor (yet) run one beside it.
+        if !matches!(overlap, Overlap::Skip | Overlap::Allow) {
+            // The application runs the job, not the sidecar: it can neither hold a slot back
+            // for the run's end (nor answer a tick later) nor stop the run for a newer slot.
             return Err(ApiError::field(
                 "overlap",
                 format!(
                     "overlap {overlap} cannot be honoured for a tick: the application, not the \
-                     sidecar, runs the job; a tick while a run is held answers busy (skip), and \
-                     the slot runs at a later tick once that run ended"
+                     sidecar, runs the job; use skip (a tick while a run is held answers busy, \
+                     and a later tick of the slot runs it once that run ended) or allow (the \
+                     slot runs beside it, under a run lease of its own)"
                 ),
             ));
         }
@@ -151,6 +151,9 @@ pub(crate) struct TickResponse {
     trigger: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempt: Option<u32>,
+    /// The lease to keep alive, when not the task's: a run beside another (overlap allow).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -329,13 +332,7 @@ pub(crate) async fn tick(
             shared.history.flush(config.renew_interval).await;
             let reruns = task_ticks.cut_off_runs(&gate, &plan, &ticket).await;
             for rerun in reruns {
-                let owed = OwedRun {
-                    slot: rerun.slot,
-                    attempt: rerun.attempt,
-                    trigger: rerun.trigger,
-                    from_ms: now,
-                    until_ms: now.saturating_add(ms(RERUN_WINDOW)),
-                };
+                let owed = OwedRun::rerun(rerun, now);
                 shared.registry.owed.owe(&task, owed, now);
             }
             grant.run(ticket).await
@@ -347,6 +344,20 @@ pub(crate) async fn tick(
             Some(answer) => answer,
             None => answer(false, Some(slot), Some("already-run")),
         },
+        Fired::Skipped {
+            slot,
+            skip: Skip::Busy { .. } | Skip::Overlap,
+        } if plan.run_policy.overlap == Overlap::Allow => {
+            // Beside the run going, under a run lease of its own; the slot still claimed once.
+            let beside = match task_ticks.overlapping(&plan, slot).await {
+                Overlapping::Beside => task_ticks.claim_beside(&gate, &plan, slot).await,
+                _ => None,
+            };
+            match beside {
+                Some(guard) => grant.hold(guard, slot, RecordTrigger::Timer, None, 1).await,
+                None => answer(false, Some(slot), Some("busy")),
+            }
+        }
         Fired::Skipped { slot, skip } => {
             let reason = match skip {
                 // The claim took so long that the lease is expiring: the slot stays claimed
@@ -457,22 +468,10 @@ impl Granting<'_> {
                     return None;
                 };
                 for rerun in found {
-                    let later = OwedRun {
-                        slot: rerun.slot,
-                        attempt: rerun.attempt,
-                        trigger: rerun.trigger,
-                        from_ms: self.started_ms,
-                        until_ms: self.started_ms.saturating_add(ms(RERUN_WINDOW)),
-                    };
+                    let later = OwedRun::rerun(rerun, self.started_ms);
                     owed.owe(self.task, later, self.started_ms);
                 }
-                OwedRun {
-                    slot: first.slot,
-                    attempt: first.attempt,
-                    trigger: first.trigger,
-                    from_ms: self.started_ms,
-                    until_ms: u64::MAX,
-                }
+                OwedRun::rerun(first, self.started_ms)
             }
         };
         tracing::info!(task = %self.task, slot = run.slot, attempt = run.attempt, "running a slot again");
@@ -503,12 +502,14 @@ impl Granting<'_> {
         attempt: u32,
     ) -> TickResponse {
         let token = guard.token();
+        let lease = (guard.name() != self.task).then(|| guard.name().to_string());
         let entry = self.sidecar.0.registry.insert(Grant {
             guard,
             keepalive: self.keepalive,
             stop_margin: self.config.stop_margin,
             granted: Instant::now(),
             run: Some(RunInfo {
+                task: self.task.clone(),
                 slot,
                 trigger,
                 request,
@@ -545,6 +546,7 @@ impl Granting<'_> {
                 _ => "timer",
             }),
             attempt: Some(attempt),
+            lease,
             token: Some(token.to_string()),
             valid_for_ms: Some(valid_for_ms),
             keepalive_ms: Some(ms(self.keepalive)),
@@ -586,7 +588,16 @@ pub(crate) async fn done(
     let request: DoneRequest = parse(body)?;
     let token = token(&request.token)?;
     let shared = &sidecar.0;
-    let entry = match shared.registry.get(&task, token) {
+    // A run beside another (overlap allow) holds its own run lease, named after its slot.
+    let beside = LeaseName::new(format!("{task}/slot/{slot}")).ok();
+    let found = match shared.registry.get(&task, token) {
+        Found::Unknown => match &beside {
+            Some(lease) => shared.registry.get(lease, token),
+            None => Found::Unknown,
+        },
+        found => found,
+    };
+    let entry = match found {
         Found::Live(entry) => entry,
         Found::Ended(reason) => return Err(ApiError::lost(reason)),
         Found::Unknown => return Ok(crate::leases::released(false)),

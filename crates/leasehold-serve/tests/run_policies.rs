@@ -396,3 +396,51 @@ async fn retries_and_reruns_on_redis() {
     let store = leasehold_redis::connect(&url).await.unwrap();
     on_real_store(BoxStore::new(store)).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_overlap_allow_a_slot_runs_beside_a_long_run_under_its_own_lease() {
+    let store = BoxStore::new(MemoryStore::new());
+    let (a, b) = (
+        Api::on(store.clone(), "a", "etl"),
+        Api::on(store, "b", "etl"),
+    );
+    let policies = json!({"overlap": "allow", "keepalive_ms": 700_000, "ttl_ms": 10_000});
+    a.away_from_slot_end(20_000).await;
+    let long = a.tick(&policies).await;
+    assert_run(&long, "timer", 1);
+    assert!(long.get("lease").is_none(), "{long}");
+    tokio::time::sleep(Duration::from_millis(EVERY_MS)).await;
+    assert_eq!(a.keepalive(&long).await.0, StatusCode::OK);
+    // The next slot while the first run holds the task lease: run beside it, once.
+    let beside = b.tick(&policies).await;
+    assert_run(&beside, "timer", 1);
+    let slot = beside["slot"].as_u64().unwrap();
+    assert_eq!(slot, long["slot"].as_u64().unwrap() + EVERY_MS);
+    assert_eq!(beside["lease"], format!("etl/slot/{slot}"), "{beside}");
+    assert_ne!(beside["token"], long["token"]);
+    assert_no_run(&a.tick(&policies).await, "already-run");
+    // Kept alive under its own lease (the name's `/` sent encoded), ended by `done`.
+    let path = format!("/v1/leases/etl%2Fslot%2F{slot}/keepalive");
+    let (status, kept) = b.post(&path, json!({"token": beside["token"]})).await;
+    assert_eq!(status, StatusCode::OK, "{kept}");
+    assert_eq!(b.done(&beside, "ok").await.0, StatusCode::OK);
+    assert_eq!(a.done(&long, "ok").await.0, StatusCode::OK);
+    let history = a.history().await;
+    assert_eq!(attempts(&history, slot), [(1, "ok".to_owned())]);
+    assert_eq!(attempts(&history, slot - EVERY_MS), [(1, "ok".to_owned())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_overlap_skip_a_slot_falling_during_a_run_is_busy() {
+    let api = memory_api("etl");
+    let policies = json!({"overlap": "skip", "keepalive_ms": 700_000, "ttl_ms": 10_000});
+    api.away_from_slot_end(20_000).await;
+    let long = api.tick(&policies).await;
+    assert_run(&long, "timer", 1);
+    tokio::time::sleep(Duration::from_millis(EVERY_MS)).await;
+    assert_eq!(api.keepalive(&long).await.0, StatusCode::OK);
+    assert_no_run(&api.tick(&policies).await, "busy");
+    // Once that run ended, a later tick of the slot runs it.
+    assert_eq!(api.done(&long, "ok").await.0, StatusCode::OK);
+    assert_run(&api.tick(&policies).await, "timer", 1);
+}
