@@ -117,6 +117,12 @@ fn attempts(history: &[RunRecord], slot: u64) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// Two sidecars on one memory store, ticking `task`.
+fn two_sidecars(task: &str) -> (Api, Api) {
+    let store = BoxStore::new(MemoryStore::new());
+    (Api::on(store.clone(), "a", task), Api::on(store, "b", task))
+}
+
 fn memory_api(task: &str) -> Api {
     Api::on(BoxStore::new(MemoryStore::new()), "a", task)
 }
@@ -342,11 +348,7 @@ async fn bad_policies_get_a_field_error() {
 
 #[tokio::test(start_paused = true)]
 async fn jitter_puts_a_slot_s_start_off_alike_on_every_sidecar() {
-    let store = BoxStore::new(MemoryStore::new());
-    let (a, b) = (
-        Api::on(store.clone(), "a", "fleet"),
-        Api::on(store, "b", "fleet"),
-    );
+    let (a, b) = two_sidecars("fleet");
     let policies = json!({"jitter_ms": 60_000});
     a.away_from_slot_end(100_000).await;
     let now = a.store.now_millis().await.unwrap();
@@ -399,11 +401,7 @@ async fn retries_and_reruns_on_redis() {
 
 #[tokio::test(start_paused = true)]
 async fn with_overlap_allow_a_slot_runs_beside_a_long_run_under_its_own_lease() {
-    let store = BoxStore::new(MemoryStore::new());
-    let (a, b) = (
-        Api::on(store.clone(), "a", "etl"),
-        Api::on(store, "b", "etl"),
-    );
+    let (a, b) = two_sidecars("etl");
     let policies = json!({"overlap": "allow", "keepalive_ms": 700_000, "ttl_ms": 10_000});
     a.away_from_slot_end(20_000).await;
     let long = a.tick(&policies).await;
