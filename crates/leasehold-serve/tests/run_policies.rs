@@ -36,10 +36,14 @@ impl Api {
     }
 
     async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call("POST", path, Body::from(body.to_string())).await
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Body) -> (StatusCode, Value) {
         let request = Request::builder()
-            .method("POST")
+            .method(method)
             .uri(path)
-            .body(Body::from(body.to_string()))
+            .body(body)
             .unwrap();
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();
@@ -154,6 +158,22 @@ async fn failed_runs_are_retried_then_the_next_slot_runs(api: &Api) {
     assert_eq!(
         attempts(&history, slot),
         [1, 2, 3].map(|n| (n, "failed".to_owned()))
+    );
+    // The task's page and API show each attempt with the words `leasehold history` uses.
+    let path = format!("/v1/tasks/{}", api.task);
+    let (status, detail) = api.call("GET", &path, Body::empty()).await;
+    assert_eq!(status, StatusCode::OK, "{detail}");
+    let shown: Vec<(Value, Value)> = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["slot_ms"] == slot)
+        .map(|r| (r["attempt"].clone(), r["outcome"].clone()))
+        .collect();
+    assert_eq!(
+        shown,
+        [3, 2, 1].map(|n| (json!(n), json!("failed"))),
+        "{detail}"
     );
 }
 
