@@ -474,11 +474,33 @@ impl Granting<'_> {
                 OwedRun::rerun(first, self.started_ms)
             }
         };
+        if self.beside_still_going(gate, run.slot).await {
+            release(guard).await;
+            return None;
+        }
         tracing::info!(task = %self.task, slot = run.slot, attempt = run.attempt, "running a slot again");
         Some(
             self.hold(guard, run.slot, run.trigger, None, run.attempt)
                 .await,
         )
+    }
+
+    /// Under overlap `allow`, whether `slot`'s run beside another still holds its run lease:
+    /// its `running` record is under that lease's token, which the task lease's tenure does not
+    /// order, so the history alone would take it for cut off. A store that does not answer is
+    /// taken for yes (the slot is looked at again by a later tick).
+    async fn beside_still_going(&self, gate: &Gate<BoxStore>, slot: u64) -> bool {
+        if self.plan.run_policy.overlap != Overlap::Allow {
+            return false;
+        }
+        let Ok(lease) = LeaseName::new(format!("{}/slot/{slot}", self.task)) else {
+            return false;
+        };
+        let limit = self.config.renew_interval;
+        match tokio::time::timeout(limit, gate.lease().store().inspect(&lease)).await {
+            Ok(Ok(state)) => state.is_some_and(|s| s.holder.is_some()),
+            _ => true,
+        }
     }
 
     fn answer(&self, run: bool, slot: u64, reason: Option<&'static str>) -> TickResponse {

@@ -437,12 +437,16 @@ async fn with_overlap_allow_a_slot_runs_beside_a_long_run_under_its_own_lease() 
     assert_eq!(beside["lease"], format!("etl/slot/{slot}"), "{beside}");
     assert_ne!(beside["token"], long["token"]);
     assert_no_run(&a.tick(&policies).await, "already-run");
+    // The long run ends: the task lease is free, but the run beside it still goes (recorded
+    // `running` under its own lease's token): it is not taken for a cut-off run.
+    assert_eq!(a.done(&long, "ok").await.0, StatusCode::OK);
+    assert_no_run(&a.tick(&policies).await, "already-run");
     // Kept alive under its own lease (the name's `/` sent encoded), ended by `done`.
     let path = format!("/v1/leases/etl%2Fslot%2F{slot}/keepalive");
     let (status, kept) = b.post(&path, json!({"token": beside["token"]})).await;
     assert_eq!(status, StatusCode::OK, "{kept}");
     assert_eq!(b.done(&beside, "ok").await.0, StatusCode::OK);
-    assert_eq!(a.done(&long, "ok").await.0, StatusCode::OK);
+    assert_no_run(&a.tick(&policies).await, "already-run");
     let history = a.history().await;
     assert_eq!(attempts(&history, slot), [(1, "ok".to_owned())]);
     assert_eq!(attempts(&history, slot - EVERY_MS), [(1, "ok".to_owned())]);
