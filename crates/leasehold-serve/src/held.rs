@@ -33,6 +33,9 @@ const TOMBSTONE: Duration = Duration::from_secs(120);
 /// a sidecar granting 10,000 leases a second would otherwise keep over a million.
 const MAX_TOMBSTONES: usize = 10_000;
 
+/// The longest a run's end record is waited for before its lease is released anyway.
+const RECORD_BEFORE_RELEASE: Duration = Duration::from_secs(1);
+
 /// A run of a task's slot, or a manual run asked for through the catalog, granted by a tick.
 #[derive(Clone)]
 pub(crate) struct RunInfo {
@@ -134,6 +137,14 @@ impl Entry {
         }
     }
 
+    /// Ends the entry for `reason` (the first reason wins) without releasing its lease yet:
+    /// calls about it hear the reason from now on.
+    fn mark_ended(&self, reason: EndReason) {
+        if self.ended.set(reason).is_ok() {
+            self.ended_signal.cancel();
+        }
+    }
+
     /// Completes when the entry ends.
     pub(crate) async fn end_signal(&self) {
         self.ended_signal.cancelled().await;
@@ -143,9 +154,7 @@ impl Entry {
     /// whether the store released it (false when it was no longer ours or ended before), or
     /// why the store could not be told (the lease then expires there after its ttl).
     pub(crate) async fn end(&self, reason: EndReason) -> Result<bool, String> {
-        if self.ended.set(reason).is_ok() {
-            self.ended_signal.cancel();
-        }
+        self.mark_ended(reason);
         let guard = lock(&self.guard).take();
         let Some(guard) = guard else {
             return Ok(false);
@@ -367,7 +376,7 @@ impl Registry {
         };
         if let Some(reason) = reason {
             tracing::info!(lease = %entry.name, token = %entry.token, reason = reason.as_str(), "lease ended for the application");
-            let _ = entry.end(reason).await;
+            entry.mark_ended(reason);
             if reason == EndReason::TimedOut
                 && let Some(run) = &entry.run
             {
@@ -386,6 +395,7 @@ impl Registry {
                 self.end_run(&entry, RunOutcome::Cancelled { why }, None, None)
                     .await;
             }
+            let _ = entry.end(reason).await;
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
         // Ended by the application's call (release, done) or here (`reason`): the first wins.
@@ -476,6 +486,9 @@ impl Registry {
             run.ticks.run_cut_off().await;
         }
         leasehold::lifecycle::record_run_end(Some(&self.history), &run.task, record);
+        // In the store before the task lease is released: the next holder's look for cut-off
+        // runs, or check of a retry, sees how this run ended.
+        self.history.flush(RECORD_BEFORE_RELEASE).await;
     }
 
     /// Ends every entry (releasing its lease) and waits for the releases, at most `limit`.

@@ -1,30 +1,28 @@
-//! Runs a sidecar owes its ticked tasks: the next attempt of a failed or timed-out run (the
-//! task's `retries`, decided by the core's [`TaskTicks::next_attempt`]) and the slots whose run
-//! was cut off (found in the history by [`TaskTicks::cut_off_runs`]). A tick of the task whose
-//! own slot already ran takes the oldest one that is due, under the task lease (so never beside
-//! another run of the task), with trigger `retry` and its attempt number.
+//! Retries a sidecar owes its ticked tasks: the next attempt of a failed or timed-out run (the
+//! task's `retries`, decided by the core's [`TaskTicks::next_attempt`]). A tick of the task
+//! whose own slot already ran takes the oldest one that is due, under the task lease (so never
+//! beside another run of the task), with trigger `retry` and its attempt number.
 //!
 //! Kept in this sidecar's memory: a retry owed here is not run if this sidecar stops (its
-//! failed attempt stays in the history with the retry it was due), while a cut-off run is found
-//! again in the history by whichever instance next holds the task.
+//! failed attempt stays in the history with the retry it was due). Runs cut off are not kept
+//! here: they are looked for in the history, under the task lease, each time.
 //!
 //! [`TaskTicks::next_attempt`]: leasehold::lifecycle::TaskTicks::next_attempt
-//! [`TaskTicks::cut_off_runs`]: leasehold::lifecycle::TaskTicks::cut_off_runs
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use leasehold::LeaseName;
 use leasehold::history::RecordTrigger;
-use leasehold::interrupted::{RERUN_WINDOW, Rerun};
 
 /// The most tasks with runs owed: beyond it a new one is dropped (and logged), so a sidecar
 /// ticked for ever more task names does not grow without bound.
 const MAX_TASKS: usize = 10_000;
-/// The most runs owed to one task: a retry and the cut-off slots one look finds.
-const MAX_PER_TASK: usize = 1 + leasehold::interrupted::MAX_RERUNS;
+/// The most retries owed to one task: its slot's, and the next slot's if that one failed
+/// before the first was given up.
+const MAX_PER_TASK: usize = 2;
 
-/// A run owed to a task.
+/// A run owed to a task (or, passed on within a tick, a cut-off slot to run again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OwedRun {
     pub(crate) slot: u64,
@@ -33,23 +31,8 @@ pub(crate) struct OwedRun {
     pub(crate) trigger: RecordTrigger,
     /// Not before this (store clock, ms): the retry's backoff.
     pub(crate) from_ms: u64,
-    /// Given up at this: the slot after, for a retry (never run past it); the rerun window,
-    /// for a cut-off run.
+    /// Given up at this: the slot after (a retry never runs past it).
     pub(crate) until_ms: u64,
-}
-
-impl OwedRun {
-    /// The re-run of a slot whose run was cut off, due from `now_ms` for the rerun window.
-    pub(crate) fn rerun(rerun: Rerun, now_ms: u64) -> Self {
-        let window = u64::try_from(RERUN_WINDOW.as_millis()).unwrap_or(u64::MAX);
-        Self {
-            slot: rerun.slot,
-            attempt: rerun.attempt,
-            trigger: rerun.trigger,
-            from_ms: now_ms,
-            until_ms: now_ms.saturating_add(window),
-        }
-    }
 }
 
 /// What a tick finds owed to its task.

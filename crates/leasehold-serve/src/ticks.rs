@@ -76,6 +76,10 @@ struct TickRequest {
     on_interrupt: Option<String>,
 }
 
+/// How many of a task's newest history entries a retry is checked against: its slot's
+/// attempts, and a few slots' more.
+const RETRY_LOOK: usize = 12;
+
 /// The longest retry backoff: a day.
 const MAX_BACKOFF_MS: u64 = 86_400_000;
 
@@ -326,17 +330,9 @@ pub(crate) async fn tick(
         plan: &plan,
     };
     Ok(Json(match fired {
-        Fired::Run(ticket) => {
-            // Slots whose run was cut off are found under the task lease just granted, and
-            // owed to the ticks after this one (the slot due runs first, as the runner's).
-            shared.history.flush(config.renew_interval).await;
-            let reruns = task_ticks.cut_off_runs(&gate, &plan, &ticket).await;
-            for rerun in reruns {
-                let owed = OwedRun::rerun(rerun, now);
-                shared.registry.owed.owe(&task, owed, now);
-            }
-            grant.run(ticket).await
-        }
+        // The slot due runs first; a slot whose run was cut off is looked for by the ticks
+        // whose slot already ran (`Granting::owed`).
+        Fired::Run(ticket) => grant.run(ticket).await,
         Fired::Skipped {
             slot,
             skip: Skip::AlreadyRun { last },
@@ -428,8 +424,10 @@ impl Granting<'_> {
 
     /// A tick whose slot already ran (`last` the newest claimed): the run owed to the task
     /// (a retry, or a slot whose run was cut off), if one is due and the task lease is free.
-    /// Cut-off runs are looked for (under the task lease) only when the core says the history
-    /// may hold one. `None`: the tick answers `already-run`.
+    /// Cut-off runs are looked for in the history under the task lease, each time afresh (so
+    /// two sidecars never both run one again), when the core says the history may hold one;
+    /// a retry is checked there too (a slot run again elsewhere meanwhile is not run again
+    /// here). `None`: the tick answers `already-run`.
     async fn owed(&self, gate: &Gate<BoxStore>, last: u64) -> Option<TickResponse> {
         let owed = &self.sidecar.0.registry.owed;
         let run = match owed.take(self.task, self.started_ms) {
@@ -452,27 +450,33 @@ impl Granting<'_> {
                 return None;
             }
         };
+        // The ends of runs this sidecar heard of are in the store before it looks.
+        let limit = self.config.renew_interval;
+        self.sidecar.0.history.flush(limit).await;
         let run = match run {
-            Some(run) => run,
+            Some(run) if self.retry_still_due(gate, &run).await => Some(run),
+            Some(_) => None,
             None => {
-                // The ends of runs this sidecar heard of are in the store before it looks.
-                let limit = self.config.renew_interval;
-                self.sidecar.0.history.flush(limit).await;
                 let found = self
                     .ticks
                     .cut_off_before(gate, self.plan, last.saturating_add(1), guard.token())
                     .await;
-                let mut found = found.into_iter();
-                let Some(first) = found.next() else {
-                    release(guard).await;
-                    return None;
-                };
-                for rerun in found {
-                    let later = OwedRun::rerun(rerun, self.started_ms);
-                    owed.owe(self.task, later, self.started_ms);
+                if found.len() > 1 {
+                    // The others are found again by the next look.
+                    self.ticks.run_cut_off().await;
                 }
-                OwedRun::rerun(first, self.started_ms)
+                found.first().map(|rerun| OwedRun {
+                    slot: rerun.slot,
+                    attempt: rerun.attempt,
+                    trigger: rerun.trigger,
+                    from_ms: self.started_ms,
+                    until_ms: u64::MAX,
+                })
             }
+        };
+        let Some(run) = run else {
+            release(guard).await;
+            return None;
         };
         if self.beside_still_going(gate, run.slot).await {
             release(guard).await;
@@ -483,6 +487,20 @@ impl Granting<'_> {
             self.hold(guard, run.slot, run.trigger, None, run.attempt)
                 .await,
         )
+    }
+
+    /// Whether the history still shows `retry`'s slot at the attempt before it: not run again
+    /// meanwhile by another sidecar (as a cut-off run). A history that cannot be read is
+    /// taken for yes (the retry is this sidecar's to run).
+    async fn retry_still_due(&self, gate: &Gate<BoxStore>, retry: &OwedRun) -> bool {
+        let limit = self.config.renew_interval;
+        let history = leasehold::history::read(gate.lease().store(), self.task, RETRY_LOOK);
+        let Ok(Ok(records)) = tokio::time::timeout(limit, history).await else {
+            return true;
+        };
+        !records
+            .iter()
+            .any(|r| r.slot == Some(retry.slot) && r.attempt() >= retry.attempt)
     }
 
     /// Under overlap `allow`, whether `slot`'s run beside another still holds its run lease:
@@ -636,12 +654,6 @@ pub(crate) async fn done(
             ));
         }
     }
-    let released = entry.end(EndReason::Released).await.map_err(|e| {
-        ApiError::store_down(format!(
-            "the run is over here, but the store could not be told ({e}): its lease expires \
-             there after its ttl, and the outcome is not in the history"
-        ))
-    })?;
     // The error text is kept as the application wrote it (a command's stderr, newlines and
     // all), cut to `leasehold::text::FAILURE`'s limit when recorded, and shown escaped.
     let outcome = match request.outcome {
@@ -651,11 +663,18 @@ pub(crate) async fn done(
         },
     };
     // The output as written, its end kept (`leasehold::text::OUTPUT`) when recorded; shown
-    // escaped. A failed attempt with retries left is owed to the task's next ticks.
+    // escaped. A failed attempt with retries left is owed to the task's next ticks. Recorded
+    // while the task lease is still held, so the next holder sees it.
     shared
         .registry
         .end_run(&entry, outcome, None, request.output)
         .await;
+    let released = entry.end(EndReason::Released).await.map_err(|e| {
+        ApiError::store_down(format!(
+            "the run is over here, but the store could not be told ({e}): its lease expires \
+             there after its ttl, and its outcome is recorded once the store answers"
+        ))
+    })?;
     Ok(crate::leases::released(released))
 }
 

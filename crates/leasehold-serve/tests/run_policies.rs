@@ -466,3 +466,25 @@ async fn with_overlap_skip_a_slot_falling_during_a_run_is_busy() {
     assert_eq!(api.done(&long, "ok").await.0, StatusCode::OK);
     assert_run(&api.tick(&policies).await, "timer", 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_off_run_is_run_again_once_across_sidecars() {
+    let (a, b) = two_sidecars("report");
+    let policies = json!({"keepalive_ms": 500});
+    a.away_from_slot_end(20_000).await;
+    let first = a.tick(&policies).await;
+    let slot = first["slot"].as_u64().unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Both sidecars find it cut off; the one that takes the task lease first runs it again,
+    // and the other, looking afresh under the lease, sees that attempt.
+    let again = b.tick(&policies).await;
+    assert_run(&again, "retry", 2);
+    assert_no_run(&a.tick(&policies).await, "already-run");
+    assert_eq!(b.done(&again, "ok").await.0, StatusCode::OK);
+    assert_no_run(&a.tick(&policies).await, "already-run");
+    assert_no_run(&b.tick(&policies).await, "already-run");
+    assert_eq!(
+        attempts(&a.history().await, slot),
+        [(1, "cancelled".to_owned()), (2, "ok".to_owned())]
+    );
+}
