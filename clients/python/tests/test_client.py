@@ -245,7 +245,8 @@ def test_a_failed_run_is_retried_by_a_later_tick(store: str, sidecars: Start) ->
         for _ in range(20):
             if isinstance(retry, Run):
                 break
-            assert isinstance(retry, Skipped) and retry.reason == "not-due"
+            assert isinstance(retry, Skipped)
+            assert retry.reason == "not-due"
             time.sleep(0.1)
             retry = tick()
         assert isinstance(retry, Run)

@@ -210,7 +210,11 @@ class RunPolicies:
             "jitter_ms": self.jitter,
         }
         body: dict[str, Any] = {k: millis(v) for k, v in durations.items() if v is not None}
-        words = {"retries": self.retries, "overlap": self.overlap, "on_interrupt": self.on_interrupt}
+        words = {
+            "retries": self.retries,
+            "overlap": self.overlap,
+            "on_interrupt": self.on_interrupt,
+        }
         body.update({k: v for k, v in words.items() if v is not None})
         return body
 
