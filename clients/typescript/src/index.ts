@@ -119,6 +119,8 @@ export type TickOptions = Schedule & {
    * `trigger: "retry"`, `attempt: 2` (`rerun`, the default), or left (`skip`).
    */
   onInterrupt?: "rerun" | "skip";
+  /** How many run-history entries the store keeps for the task (1 to 1000; default 100). */
+  history?: number;
 };
 
 export interface GroupState {
@@ -675,6 +677,7 @@ export class LeaseholdClient {
     if (options.overlap !== undefined) body.overlap = options.overlap;
     if (options.jitterMs !== undefined) body.jitter_ms = options.jitterMs;
     if (options.onInterrupt !== undefined) body.on_interrupt = options.onInterrupt;
+    if (options.history !== undefined) body.history = options.history;
     body.instance = this.instance;
     const sentAt = performance.now();
     const answer = await this.post(`/v1/tasks/${enc(task)}/ticks`, body);

@@ -17,7 +17,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use leasehold::catalog::TaskSource;
 use leasehold::gate::{Gate, Skip, Ticket};
-use leasehold::history::{RecordTrigger, RecordedSchedule, RunOutcome, RunRequest};
+use leasehold::history::{
+    MAX_HISTORY_SETTING, RecordTrigger, RecordedSchedule, RunOutcome, RunRequest,
+};
 use leasehold::lifecycle::{Fired, Overlapping, TaskPlan, TaskTicks};
 use leasehold::policy::{MAX_JITTER, MAX_RETRIES};
 use leasehold::presence::idle_expiry;
@@ -74,6 +76,8 @@ struct TickRequest {
     jitter_ms: Option<u64>,
     #[serde(default, deserialize_with = "not_null")]
     on_interrupt: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    history: Option<u64>,
 }
 
 /// How many of a task's newest history entries a retry is checked against: its slot's
@@ -246,6 +250,10 @@ pub(crate) async fn tick(
         None => shared.on_store_down,
     };
     let run_policy = run_policy(&request)?;
+    let history = request
+        .history
+        .map(|n| in_range("history", n, 1..=MAX_HISTORY_SETTING as u64))
+        .transpose()?;
     let mut plan = TaskPlan::new(schedule.clone())
         .on_store_down(policy)
         .run_policy(run_policy);
@@ -292,6 +300,11 @@ pub(crate) async fn tick(
             .campaign(group, config, interval)
             .map_err(|e| ApiError::field("ttl_ms", e.to_string()))?;
         gate = gate.led_by(campaign);
+    }
+    if let Some(keep) = history {
+        shared
+            .history
+            .keep_for(&task, usize::try_from(keep).unwrap_or(MAX_HISTORY_SETTING));
     }
     let task_ticks = ticks.fired(&task, idle);
     // Each slot's start put off by the task's jitter, alike on every instance: on the store's

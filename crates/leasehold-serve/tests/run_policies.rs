@@ -356,6 +356,8 @@ async fn bad_policies_get_a_field_error() {
         (json!({"overlap": "sometimes"}), "overlap"),
         (json!({"on_interrupt": "retry"}), "on_interrupt"),
         (json!({"on_interrupt": null}), "on_interrupt"),
+        (json!({"history": 0}), "history"),
+        (json!({"history": 1_001}), "history"),
     ] {
         let (status, error) = api.tick_status(&body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
@@ -487,4 +489,17 @@ async fn a_cut_off_run_is_run_again_once_across_sidecars() {
         attempts(&a.history().await, slot),
         [(1, "cancelled".to_owned()), (2, "ok".to_owned())]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tick_s_history_length_bounds_the_task_s_history() {
+    let api = memory_api("short");
+    let policies = json!({"history": 3});
+    for _ in 0..5 {
+        let run = api.tick(&policies).await;
+        assert_run(&run, "timer", 1);
+        assert_eq!(api.done(&run, "ok").await.0, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(EVERY_MS)).await;
+    }
+    assert_eq!(api.history().await.len(), 3);
 }

@@ -38,7 +38,8 @@ class TickOptions(TypedDict, total=False):
     `overlap` (`skip`: a slot falling during a run answers busy; `allow`: it runs beside, under a
     run lease of its own); `jitter` (each slot's start put off by up to this much, the same on
     every instance); `on_interrupt` (`rerun`, the default: a run cut off, its caller silent or
-    its sidecar gone, is run again once as attempt 2; `skip`: left).
+    its sidecar gone, is run again once as attempt 2; `skip`: left). `history`: how many
+    run-history entries the store keeps for the task (1 to 1000; default the sidecar's).
     """
 
     every: Seconds
@@ -56,6 +57,7 @@ class TickOptions(TypedDict, total=False):
     overlap: Literal["skip", "allow"]
     jitter: Seconds
     on_interrupt: Literal["rerun", "skip"]
+    history: int
 
 
 class TakeOptions(TypedDict, total=False):
@@ -119,6 +121,7 @@ def tick_call(task: str, options: TickOptions) -> protocol.Call:
             overlap=options.get("overlap"),
             jitter=options.get("jitter"),
             on_interrupt=options.get("on_interrupt"),
+            history=options.get("history"),
         ),
     )
 

@@ -201,6 +201,7 @@ class RunPolicies:
     overlap: str | None = None
     jitter: Seconds | None = None
     on_interrupt: str | None = None
+    history: int | None = None
 
     def fields(self) -> dict[str, Any]:
         durations = {
@@ -214,6 +215,7 @@ class RunPolicies:
             "retries": self.retries,
             "overlap": self.overlap,
             "on_interrupt": self.on_interrupt,
+            "history": self.history,
         }
         body.update({k: v for k, v in words.items() if v is not None})
         return body
