@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -227,6 +228,33 @@ def test_tick_returns_runs_and_skips(store: str, sidecars: Start) -> None:
         # The catalog lists this process (not its sidecar) as the task's instance.
         instances = [i["instance"] for i in client.task("nightly")["instances"]]
         assert instances == [f"{socket.gethostname()}-{os.getpid()}"]
+
+
+def test_a_failed_run_is_retried_by_a_later_tick(store: str, sidecars: Start) -> None:
+    a = sidecars(store)
+    with Client(a.url) as client:
+
+        def tick() -> Run | UngatedRun | Skipped:
+            return client.tick("retried", every=600, retries=1, retry_backoff=0.2)
+
+        first = tick()
+        assert isinstance(first, Run)
+        assert (first.trigger, first.attempt) == ("timer", 1)
+        first.done("failed", "boom")
+        retry = tick()
+        for _ in range(20):
+            if isinstance(retry, Run):
+                break
+            assert isinstance(retry, Skipped)
+            assert retry.reason == "not-due"
+            time.sleep(0.1)
+            retry = tick()
+        assert isinstance(retry, Run)
+        assert (retry.trigger, retry.attempt, retry.slot) == ("retry", 2, first.slot)
+        retry.done("ok")
+        with pytest.raises(BadRequest) as bad:
+            client.tick("retried", every=600, overlap=cast(Any, "replace"))
+        assert bad.value.field == "overlap"
 
 
 def test_asyncio_gate_runs_once_per_slot(store: str, sidecars: Start) -> None:

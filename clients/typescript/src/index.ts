@@ -96,6 +96,31 @@ export type TickOptions = Schedule & {
    * the sidecar's (0 for `everyMs`, an hour for cron).
    */
   catchUpWindowMs?: number;
+  /** Each attempt's time limit: the run's signal then aborts with reason `timed-out`. */
+  timeoutMs?: number;
+  /**
+   * How many times a failed (`done("failed")`) or timed-out attempt is offered again: a later
+   * tick whose slot already ran answers a `Run` of the same slot with `trigger: "retry"` and the
+   * next `attempt`, after the backoff and never once the next slot has come. 0 to 100.
+   */
+  retries?: number;
+  /** The wait before the first retry (default 1000), doubling up to `retryBackoffMaxMs`. */
+  retryBackoffMs?: number;
+  retryBackoffMaxMs?: number;
+  /**
+   * A slot falling while a run of the task is held: `skip` (answered `busy`, the default) or
+   * `allow` (run beside it, under a run lease of its own).
+   */
+  overlap?: "skip" | "allow";
+  /** Each slot's start put off by up to this much, the same on every instance. */
+  jitterMs?: number;
+  /**
+   * A run cut off (its caller went silent, its sidecar died): run again once by a later tick as
+   * `trigger: "retry"`, `attempt: 2` (`rerun`, the default), or left (`skip`).
+   */
+  onInterrupt?: "rerun" | "skip";
+  /** How many run-history entries the store keeps for the task (1 to 1000; default 100). */
+  history?: number;
 };
 
 export interface GroupState {
@@ -283,8 +308,8 @@ export class Lease {
   /**
    * Aborts the moment the lease is lost, released or (for a run) done. `signal.reason` is a
    * `LeaseholdError` whose `reason` says why: `released`, `taken-over`, `expired` (no renewal
-   * confirmed in time: the sidecar or this process was unresponsive), `app-silent`, `unknown`,
-   * `done`.
+   * confirmed in time: the sidecar or this process was unresponsive), `app-silent`,
+   * `timed-out` (a run past its `timeoutMs`), `unknown`, `done`.
    */
   get signal(): AbortSignal {
     return this.#controller.signal;
@@ -377,11 +402,16 @@ export class Run extends Lease {
     keepaliveMs: number,
     /**
      * `timer` for the schedule's slot on time, `catch-up` for a slot run late (within
-     * `catchUpWindowMs`), `manual` for a run asked for with `trigger` (or `leasehold trigger`).
+     * `catchUpWindowMs`), `manual` for a run asked for with `trigger` (or `leasehold trigger`),
+     * `retry` for a slot run again (`retries`, or a run that was cut off).
      */
-    readonly trigger: "timer" | "catch-up" | "manual" = "timer",
+    readonly trigger: "timer" | "catch-up" | "manual" | "retry" = "timer",
+    /** Which attempt of the slot this is: 1, then 2, 3, ... for retries and re-runs. */
+    readonly attempt: number = 1,
+    /** The lease kept for the run: the task's, or a run lease of its own (overlap `allow`). */
+    lease: string = task,
   ) {
-    super(client, task, token, holder, sentAt, validForMs, keepaliveMs);
+    super(client, lease, token, holder, sentAt, validForMs, keepaliveMs);
   }
 
   /**
@@ -640,6 +670,14 @@ export class LeaseholdClient {
     if (options.keepaliveMs !== undefined) body.keepalive_ms = options.keepaliveMs;
     if (options.onStoreDown !== undefined) body.on_store_down = options.onStoreDown;
     if (options.catchUpWindowMs !== undefined) body.catch_up_window_ms = options.catchUpWindowMs;
+    if (options.timeoutMs !== undefined) body.timeout_ms = options.timeoutMs;
+    if (options.retries !== undefined) body.retries = options.retries;
+    if (options.retryBackoffMs !== undefined) body.retry_backoff_ms = options.retryBackoffMs;
+    if (options.retryBackoffMaxMs !== undefined) body.retry_backoff_max_ms = options.retryBackoffMaxMs;
+    if (options.overlap !== undefined) body.overlap = options.overlap;
+    if (options.jitterMs !== undefined) body.jitter_ms = options.jitterMs;
+    if (options.onInterrupt !== undefined) body.on_interrupt = options.onInterrupt;
+    if (options.history !== undefined) body.history = options.history;
     body.instance = this.instance;
     const sentAt = performance.now();
     const answer = await this.post(`/v1/tasks/${enc(task)}/ticks`, body);
@@ -663,7 +701,9 @@ export class LeaseholdClient {
       sentAt,
       Number(answer.valid_for_ms),
       Number(answer.keepalive_ms),
-      answer.trigger === "manual" || answer.trigger === "catch-up" ? answer.trigger : "timer",
+      answer.trigger === "manual" || answer.trigger === "catch-up" || answer.trigger === "retry" ? answer.trigger : "timer",
+      typeof answer.attempt === "number" ? answer.attempt : 1,
+      typeof answer.lease === "string" ? answer.lease : task,
     );
     return { result: run };
   }

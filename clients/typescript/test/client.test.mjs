@@ -252,7 +252,27 @@ test("with --auth-token-file: the client's bearer token is required", async () =
   }
 });
 
+test("a failed run is retried by a later tick as attempt 2, trigger retry, the same slot", async () => {
+  const options = { everyMs: 600_000, retries: 1, retryBackoffMs: 200 };
+  const first = await ca.tick("ts-retried", options);
+  assert.equal(first.run, true);
+  assert.equal(first.attempt, 1);
+  await first.done("failed", "boom");
+  let retry = await cb.tick("ts-retried", options);
+  assert.equal(retry.reason, "already-run", "a retry is kept by the sidecar that heard the failure");
+  for (let i = 0; i < 20 && retry.run !== true; i++) {
+    await sleep(100);
+    retry = await ca.tick("ts-retried", options);
+  }
+  assert.equal(retry.run, true, JSON.stringify(retry));
+  assert.deepEqual([retry.trigger, retry.attempt, retry.slot], ["retry", 2, first.slot]);
+  await retry.done("ok");
+  assert.equal((await ca.tick("ts-retried", options)).reason, "already-run");
+});
+
 test("bad input is a 400 naming the field", async () => {
+  await assert.rejects(ca.tick("t", { everyMs: 1000, retries: 101 }), (e) => e.status === 400 && e.field === "retries");
+  await assert.rejects(ca.tick("t", { everyMs: 1000, overlap: "replace" }), (e) => e.status === 400 && e.field === "overlap");
   await assert.rejects(ca.acquire("x", { ttlMs: 5 }), (e) => e.status === 400 && e.field === "ttl_ms");
   await assert.rejects(ca.tick("t", { cron: "not cron" }), (e) => e.status === 400 && e.field === "cron");
   await assert.rejects(

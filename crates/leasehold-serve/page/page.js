@@ -583,7 +583,8 @@ function outputBlock(r) {
 function runRows(history, now) {
   return history.map((r) => [
     r.slot_ms !== null && r.slot_ms !== undefined ? h("span", { title: utc(r.slot_ms) }, utc(r.slot_ms)) : "—",
-    h("span", {}, r.trigger || "—", r.request ? h("span", { class: "small" }, ` by ${r.request.by}`) : null),
+    h("span", {}, r.trigger || "—", r.request ? h("span", { class: "small" }, ` by ${r.request.by}`) : null,
+      r.attempt ? h("span", { class: "small" }, ` (attempt ${r.attempt})`) : null),
     holder(r.holder),
     r.token !== null && r.token !== undefined ? String(r.token) : "—",
     when(r.started_ms, now),

@@ -22,6 +22,8 @@ pub(crate) enum EndReason {
     Expired,
     /// The application did not call within its keepalive interval.
     AppSilent,
+    /// The run reached its `timeout_ms` (a tick's run only).
+    TimedOut,
     /// This sidecar never granted it, or forgot it long ago.
     Unknown,
 }
@@ -35,6 +37,7 @@ impl EndReason {
                 "renewal was not confirmed in time; the lease was given up before it could expire"
             }
             Self::AppSilent => "the application did not call keepalive within keepalive_ms",
+            Self::TimedOut => "the run reached its timeout_ms: it is recorded timed-out",
             Self::Unknown => "this sidecar holds no lease with that name and token",
         }
     }
@@ -45,6 +48,7 @@ impl EndReason {
             Self::TakenOver => "taken-over",
             Self::Expired => "expired",
             Self::AppSilent => "app-silent",
+            Self::TimedOut => "timed-out",
             Self::Unknown => "unknown",
         }
     }

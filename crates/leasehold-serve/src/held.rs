@@ -14,13 +14,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use leasehold::history::{
-    HistoryWriter, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord, RunRequest,
+    HistoryWriter, Outcome, RecordTrigger, RecordedSchedule, RetryNote, RunOutcome, RunRecord,
+    RunRequest,
 };
+use leasehold::lifecycle::{TaskPlan, TaskTicks};
+use leasehold::policy::NextAttempt;
 use leasehold::{CancellationToken, FencingToken, LeaseGuard, LeaseName, LossReason, Release};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::error::EndReason;
+use crate::owed::{OwedRun, OwedRuns};
 
 /// How long an ended entry is remembered, so a keepalive after the end gets its reason.
 const TOMBSTONE: Duration = Duration::from_secs(120);
@@ -29,9 +33,14 @@ const TOMBSTONE: Duration = Duration::from_secs(120);
 /// a sidecar granting 10,000 leases a second would otherwise keep over a million.
 const MAX_TOMBSTONES: usize = 10_000;
 
+/// The longest a run's end record is waited for before its lease is released anyway.
+const RECORD_BEFORE_RELEASE: Duration = Duration::from_secs(1);
+
 /// A run of a task's slot, or a manual run asked for through the catalog, granted by a tick.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct RunInfo {
+    /// The task (the entry's lease is another for a run beside another, overlap `allow`).
+    pub(crate) task: LeaseName,
     /// The slot (for a manual run: when it was asked for, which `done` names).
     pub(crate) slot: u64,
     pub(crate) trigger: RecordTrigger,
@@ -40,6 +49,11 @@ pub(crate) struct RunInfo {
     pub(crate) started_ms: u64,
     pub(crate) started_at: Instant,
     pub(crate) schedule: RecordedSchedule,
+    /// Its attempt (1, or more for a retry or the re-run of a cut-off run).
+    pub(crate) attempt: u32,
+    /// The task's ticks and plan as the tick that granted it gave them: what follows its end.
+    pub(crate) ticks: Arc<TaskTicks>,
+    pub(crate) plan: Arc<TaskPlan>,
 }
 
 /// One lease (or run) held for an application.
@@ -49,6 +63,8 @@ pub(crate) struct Entry {
     pub(crate) holder: String,
     pub(crate) keepalive: Duration,
     stop_margin: Duration,
+    /// A run's timeout: ended `timed-out` at it.
+    deadline: Option<Instant>,
     guard: Mutex<Option<LeaseGuard>>,
     /// The arrival of the application's last call.
     contact: Mutex<Instant>,
@@ -80,8 +96,15 @@ impl Entry {
             guard.deadline().checked_sub(self.stop_margin)
         };
         let app_until = *lock(&self.contact) + self.keepalive;
+        let now = Instant::now();
+        if let Some(deadline) = self.deadline
+            && deadline <= now
+        {
+            return Err(EndReason::TimedOut);
+        }
         let until = lease_until.map_or(app_until, |l| l.min(app_until));
-        if until <= Instant::now() {
+        let until = self.deadline.map_or(until, |d| d.min(until));
+        if until <= now {
             return Err(EndReason::Expired);
         }
         Ok(until)
@@ -114,6 +137,14 @@ impl Entry {
         }
     }
 
+    /// Ends the entry for `reason` (the first reason wins) without releasing its lease yet:
+    /// calls about it hear the reason from now on.
+    fn mark_ended(&self, reason: EndReason) {
+        if self.ended.set(reason).is_ok() {
+            self.ended_signal.cancel();
+        }
+    }
+
     /// Completes when the entry ends.
     pub(crate) async fn end_signal(&self) {
         self.ended_signal.cancelled().await;
@@ -123,9 +154,7 @@ impl Entry {
     /// whether the store released it (false when it was no longer ours or ended before), or
     /// why the store could not be told (the lease then expires there after its ttl).
     pub(crate) async fn end(&self, reason: EndReason) -> Result<bool, String> {
-        if self.ended.set(reason).is_ok() {
-            self.ended_signal.cancel();
-        }
+        self.mark_ended(reason);
         let guard = lock(&self.guard).take();
         let Some(guard) = guard else {
             return Ok(false);
@@ -154,6 +183,9 @@ impl Entry {
             Some(run.schedule.clone()),
         );
         record.request = run.request.clone();
+        // Numbered only for a task that retries, or past the first attempt, as the runner does.
+        record.attempt =
+            (run.plan.run_policy.retries > 0 || run.attempt > 1).then_some(run.attempt);
         Some(match outcome {
             RunOutcome::Running => record,
             outcome => record.ended(run.started_ms + ms(run.started_at.elapsed()), outcome),
@@ -228,6 +260,8 @@ impl Tombstones {
 /// The entries of one sidecar, by lease name and token.
 pub(crate) struct Registry {
     history: HistoryWriter,
+    /// Retries and re-runs of cut-off runs owed to ticked tasks.
+    pub(crate) owed: OwedRuns,
     entries: Mutex<HashMap<Key, Arc<Entry>>>,
     ended: Mutex<Tombstones>,
     live: AtomicU64,
@@ -244,12 +278,15 @@ pub(crate) struct Grant {
     /// was waiting on the answer until then (a grant after a long wait is not already silent).
     pub(crate) granted: Instant,
     pub(crate) run: Option<RunInfo>,
+    /// A run's timeout, from `granted`.
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl Registry {
     pub(crate) fn new(history: HistoryWriter, stop: CancellationToken) -> Self {
         Self {
             history,
+            owed: OwedRuns::default(),
             entries: Mutex::default(),
             ended: Mutex::default(),
             live: AtomicU64::new(0),
@@ -282,6 +319,7 @@ impl Registry {
             stop_margin,
             granted,
             run,
+            timeout,
         } = grant;
         let expiring = guard.cancellation_token();
         let entry = Arc::new(Entry {
@@ -290,6 +328,7 @@ impl Registry {
             holder: guard.holder().to_string(),
             keepalive,
             stop_margin,
+            deadline: timeout.map(|t| granted + t),
             guard: Mutex::new(Some(guard)),
             contact: Mutex::new(granted),
             ended: OnceLock::new(),
@@ -300,8 +339,8 @@ impl Registry {
         self.live.fetch_add(1, Ordering::Relaxed);
         let kind = if entry.run.is_some() { "run" } else { "lease" };
         metrics::counter!("leasehold_sidecar_grants_total", "kind" => kind).increment(1);
-        if let Some(record) = entry.run_record(RunOutcome::Running) {
-            self.record(&entry.name, record);
+        if let (Some(run), Some(record)) = (&entry.run, entry.run_record(RunOutcome::Running)) {
+            self.record(&run.task, record);
         }
         let registry = self.clone();
         let supervised = entry.clone();
@@ -313,6 +352,12 @@ impl Registry {
     async fn supervise(self: Arc<Self>, entry: Arc<Entry>, expiring: CancellationToken) {
         let reason = loop {
             let app_deadline = *lock(&entry.contact) + entry.keepalive;
+            let timed_out = async {
+                match entry.deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = entry.ended_signal.cancelled() => break None,
@@ -321,6 +366,7 @@ impl Registry {
                     let reason = lock(&entry.guard).as_ref().map(LeaseGuard::loss_reason);
                     break Some(loss(reason.flatten()));
                 }
+                () = timed_out => break Some(EndReason::TimedOut),
                 () = tokio::time::sleep_until(app_deadline) => {
                     if *lock(&entry.contact) + entry.keepalive <= Instant::now() {
                         break Some(EndReason::AppSilent);
@@ -330,14 +376,26 @@ impl Registry {
         };
         if let Some(reason) = reason {
             tracing::info!(lease = %entry.name, token = %entry.token, reason = reason.as_str(), "lease ended for the application");
-            let _ = entry.end(reason).await;
-            if reason != EndReason::Released
-                && let Some(record) = entry.run_record(RunOutcome::Cancelled {
-                    why: reason.as_str().to_owned(),
-                })
+            entry.mark_ended(reason);
+            if reason == EndReason::TimedOut
+                && let Some(run) = &entry.run
             {
-                self.run_ended(&entry.name, record);
+                // As the runner words it; kept `cancelled` in `outcome`, which older releases read.
+                let timeout = run.plan.run_policy.timeout.unwrap_or_default();
+                let why = format!("timeout reached ({timeout:?})");
+                self.end_run(
+                    &entry,
+                    RunOutcome::Cancelled { why },
+                    Some(Outcome::TimedOut),
+                    None,
+                )
+                .await;
+            } else if reason != EndReason::Released {
+                let why = reason.as_str().to_owned();
+                self.end_run(&entry, RunOutcome::Cancelled { why }, None, None)
+                    .await;
             }
+            let _ = entry.end(reason).await;
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
         // Ended by the application's call (release, done) or here (`reason`): the first wins.
@@ -376,9 +434,61 @@ impl Registry {
         self.history.record(task, record);
     }
 
-    /// Records a run's end (in the background) and counts it in the task's run series.
-    pub(crate) fn run_ended(&self, task: &LeaseName, record: RunRecord) {
-        leasehold::lifecycle::record_run_end(Some(&self.history), task, record);
+    /// Records the end of `entry`'s run as `outcome` (its result `result` when the outcome
+    /// alone does not say it: a timeout), with `output`, and counts it in the task's run
+    /// series. What follows is the core's to decide: a failed or timed-out attempt with retries
+    /// left is owed to the task as its next attempt (noted in the record); a run cut off (its
+    /// application silent, its lease lost) makes the task's next look read the history.
+    pub(crate) async fn end_run(
+        &self,
+        entry: &Entry,
+        outcome: RunOutcome,
+        result: Option<Outcome>,
+        output: Option<String>,
+    ) {
+        let (Some(run), Some(mut record)) = (&entry.run, entry.run_record(outcome)) else {
+            return;
+        };
+        record.output = output;
+        if result.is_some() {
+            record.result = result;
+        }
+        let slot = record.slot;
+        let next = match record.result() {
+            Some(outcome) => run
+                .ticks
+                .next_attempt(&run.plan, slot, run.attempt, outcome),
+            None => NextAttempt::Done,
+        };
+        let now = run.ticks.store_now_or_wall();
+        record.retry = match (next, slot) {
+            (NextAttempt::After { attempt, wait }, Some(slot)) => {
+                let from_ms = now.saturating_add(ms(wait));
+                let until_ms = run.plan.schedule.next_after(slot).unwrap_or(u64::MAX);
+                let trigger = run.trigger;
+                let owed = OwedRun {
+                    slot,
+                    attempt,
+                    trigger,
+                    from_ms,
+                    until_ms,
+                };
+                self.owed.owe(&run.task, owed, now);
+                Some(RetryNote::AtMs(from_ms))
+            }
+            (NextAttempt::Dropped { next, .. }, _) => Some(RetryNote::DroppedBeforeSlot(next)),
+            _ => None,
+        };
+        if matches!(
+            record.result(),
+            Some(Outcome::Cancelled | Outcome::Interrupted)
+        ) {
+            run.ticks.run_cut_off().await;
+        }
+        leasehold::lifecycle::record_run_end(Some(&self.history), &run.task, record);
+        // In the store before the task lease is released: the next holder's look for cut-off
+        // runs, or check of a retry, sees how this run ended.
+        self.history.flush(RECORD_BEFORE_RELEASE).await;
     }
 
     /// Ends every entry (releasing its lease) and waits for the releases, at most `limit`.

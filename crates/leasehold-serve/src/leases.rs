@@ -212,6 +212,7 @@ async fn take(
         stop_margin: config.stop_margin,
         granted: Instant::now(),
         run: None,
+        timeout: None,
     });
     // A grant that is no longer valid by the time it can be answered (a ttl too short for the
     // store's latency) is given back, as the core treats a late reply.

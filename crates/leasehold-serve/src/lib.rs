@@ -121,6 +121,7 @@ mod held;
 mod hosts;
 mod leases;
 mod listen;
+mod owed;
 mod page;
 mod prometheus;
 mod series;

@@ -172,12 +172,12 @@ class AsyncRun(_AsyncKept, _held.RunInfo):
         client: AsyncClient,
         task: str,
         slot: int,
-        manual: bool,
+        answer: protocol.TickAnswer,
         grant: Grant,
         sent_at: float,
     ) -> None:
         super().__init__(client, grant, sent_at)
-        self._run_of(task, slot, manual)
+        self._run_of(task, slot, answer)
 
     async def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -344,7 +344,7 @@ class AsyncClient:
             sent_at = time.monotonic()
             answer = protocol.ticked(task, await self._send(_held.tick_call(task, options)))
         if answer.grant is not None and answer.slot is not None:
-            return AsyncRun(self, task, answer.slot, answer.manual, answer.grant, sent_at)
+            return AsyncRun(self, task, answer.slot, answer, answer.grant, sent_at)
         if answer.ungated:
             return AsyncUngatedRun(task, answer.slot)
         return Skipped(task, answer.slot, answer.reason or "not-due")

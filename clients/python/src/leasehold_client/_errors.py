@@ -54,7 +54,8 @@ class StoreRefused(LeaseholdError):
 
 class LeaseLost(LeaseholdError):
     """The lease or run is not held (any more): stop acting on it. `reason` says why:
-    `released`, `taken-over`, `expired`, `app-silent`, `unknown`."""
+    `released`, `taken-over`, `expired`, `app-silent`, `timed-out` (a run past its `timeout`),
+    `unknown`."""
 
 
 class LeaseBusy(LeaseholdError):

@@ -11,7 +11,14 @@ from typing import Any, Literal, Required, TypedDict
 
 from . import _protocol as protocol
 from ._errors import LeaseLost, SidecarDown, StoreDown
-from ._protocol import Grant, Seconds, SidecarDownPolicy, SkipReason, StoreDownPolicy
+from ._protocol import (
+    Grant,
+    Seconds,
+    SidecarDownPolicy,
+    SkipReason,
+    StoreDownPolicy,
+    Trigger,
+)
 
 
 class TickOptions(TypedDict, total=False):
@@ -23,6 +30,16 @@ class TickOptions(TypedDict, total=False):
     task lease's, default 30 s) and `keepalive` (default the ttl) as for a lease.
     `on_store_down`: the sidecar's `--on-store-down` unless given. `catch_up_window`: how long
     after its slot a task's first tick still runs it (as `catch-up`; default one hour).
+
+    Run policies: `timeout` (each attempt's time limit: the run is then lost with reason
+    `timed-out`); `retries` (0 to 100: a failed or timed-out attempt is offered again to a later
+    tick whose slot already ran, as `trigger` `retry` with the next `attempt`, after
+    `retry_backoff` doubling up to `retry_backoff_max`, never once the next slot has come);
+    `overlap` (`skip`: a slot falling during a run answers busy; `allow`: it runs beside, under a
+    run lease of its own); `jitter` (each slot's start put off by up to this much, the same on
+    every instance); `on_interrupt` (`rerun`, the default: a run cut off, its caller silent or
+    its sidecar gone, is run again once as attempt 2; `skip`: left). `history`: how many
+    run-history entries the store keeps for the task (1 to 1000; default the sidecar's).
     """
 
     every: Seconds
@@ -33,6 +50,14 @@ class TickOptions(TypedDict, total=False):
     keepalive: Seconds
     on_store_down: StoreDownPolicy
     catch_up_window: Seconds
+    timeout: Seconds
+    retries: int
+    retry_backoff: Seconds
+    retry_backoff_max: Seconds
+    overlap: Literal["skip", "allow"]
+    jitter: Seconds
+    on_interrupt: Literal["rerun", "skip"]
+    history: int
 
 
 class TakeOptions(TypedDict, total=False):
@@ -88,6 +113,16 @@ def tick_call(task: str, options: TickOptions) -> protocol.Call:
         options.get("keepalive"),
         options.get("on_store_down"),
         options.get("catch_up_window"),
+        protocol.RunPolicies(
+            timeout=options.get("timeout"),
+            retries=options.get("retries"),
+            retry_backoff=options.get("retry_backoff"),
+            retry_backoff_max=options.get("retry_backoff_max"),
+            overlap=options.get("overlap"),
+            jitter=options.get("jitter"),
+            on_interrupt=options.get("on_interrupt"),
+            history=options.get("history"),
+        ),
     )
 
 
@@ -106,7 +141,7 @@ class HeldState:
         #: (seconds); the keeper calls it four times as often.
         self.keepalive_interval = grant.keepalive
         #: Why the lease was lost (`released`, `taken-over`, `expired`, `app-silent`,
-        #: `unknown`), or None while it is held or after it was ended here.
+        #: `timed-out`, `unknown`), or None while it is held or after it was ended here.
         self.lost_reason: str | None = None
         self._valid_until = sent_at + grant.valid_for
         self._ended = False
@@ -187,14 +222,18 @@ class RunInfo:
     #: The slot: ms since the epoch of the firing this run is for (a manual run: when it was
     #: asked for).
     slot: int
-    #: `timer` for the schedule's slot, `manual` for a run asked for with `trigger`.
-    trigger: Literal["timer", "manual"]
+    #: `timer` for the schedule's slot, `catch-up` for a slot run late, `manual` for a run asked
+    #: for with `trigger`, `retry` for a slot run again (`retries`, or a run cut off).
+    trigger: Trigger
+    #: Which attempt of the slot this is: 1, then 2, 3, ... for retries and re-runs.
+    attempt: int
     _reported: bool
 
-    def _run_of(self, task: str, slot: int, manual: bool) -> None:
+    def _run_of(self, task: str, slot: int, answer: protocol.TickAnswer) -> None:
         self.task = task
         self.slot = slot
-        self.trigger = "manual" if manual else "timer"
+        self.trigger = answer.trigger
+        self.attempt = answer.attempt
         self._reported = False
 
     def _first_report(self) -> bool:

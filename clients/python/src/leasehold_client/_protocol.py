@@ -21,6 +21,8 @@ Seconds = float | timedelta
 
 Outcome = Literal["ok", "failed"]
 StoreDownPolicy = Literal["fail-closed", "fail-open", "local"]
+#: What started a gated run (`retry`: a slot run again, after a failure or a cut-off run).
+Trigger = Literal["timer", "catch-up", "manual", "retry"]
 SidecarDownPolicy = Literal["fail-closed", "fail-open"]
 #: Why a tick did not run: the API's reasons, and `sidecar-down` (from `gate` only).
 SkipReason = Literal[
@@ -161,6 +163,7 @@ def tick(
     keepalive: Seconds | None,
     on_store_down: StoreDownPolicy | None,
     catch_up_window: Seconds | None = None,
+    policies: RunPolicies | None = None,
 ) -> Call:
     """The gated tick. Exactly one of `every` and `cron` (the sidecar says which field is
     wrong otherwise); `tz` only with `cron`."""
@@ -181,7 +184,41 @@ def tick(
         body["on_store_down"] = on_store_down
     if catch_up_window is not None:
         body["catch_up_window_ms"] = millis(catch_up_window)
+    if policies is not None:
+        body.update(policies.fields())
     return Call("POST", f"/v1/tasks/{segment(task)}/ticks", body)
+
+
+@dataclass(frozen=True)
+class RunPolicies:
+    """A tick's run policies (`TickOptions`), each left to the sidecar's default when None; the
+    sidecar checks each value and names the field of a bad one."""
+
+    timeout: Seconds | None = None
+    retries: int | None = None
+    retry_backoff: Seconds | None = None
+    retry_backoff_max: Seconds | None = None
+    overlap: str | None = None
+    jitter: Seconds | None = None
+    on_interrupt: str | None = None
+    history: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        durations = {
+            "timeout_ms": self.timeout,
+            "retry_backoff_ms": self.retry_backoff,
+            "retry_backoff_max_ms": self.retry_backoff_max,
+            "jitter_ms": self.jitter,
+        }
+        body: dict[str, Any] = {k: millis(v) for k, v in durations.items() if v is not None}
+        words = {
+            "retries": self.retries,
+            "overlap": self.overlap,
+            "on_interrupt": self.on_interrupt,
+            "history": self.history,
+        }
+        body.update({k: v for k, v in words.items() if v is not None})
+        return body
 
 
 def get(path: str) -> Call:
@@ -281,6 +318,9 @@ class TickAnswer:
     #: For a tick a little before its slot (the caller's clock ahead of the store's): seconds
     #: until the slot starts; ticking again then runs it.
     starts_in: float | None = None
+    #: For a gated run: what started it, and which attempt of the slot it is.
+    trigger: Trigger = "timer"
+    attempt: int = 1
 
 
 def ticked(task: str, body: dict[str, Any]) -> TickAnswer:
@@ -298,7 +338,18 @@ def ticked(task: str, body: dict[str, Any]) -> TickAnswer:
         )
     if body.get("gated") is False:
         return TickAnswer(slot, None, True, False, None)
-    return TickAnswer(slot, _grant(task, body, ""), False, body.get("trigger") == "manual", None)
+    trigger = body.get("trigger")
+    # A run beside another (overlap allow) keeps a run lease of its own, named in `lease`.
+    lease = body.get("lease")
+    return TickAnswer(
+        slot,
+        _grant(lease if isinstance(lease, str) else task, body, ""),
+        False,
+        trigger == "manual",
+        None,
+        trigger=trigger if trigger in ("catch-up", "manual", "retry") else "timer",
+        attempt=int(body.get("attempt", 1)),
+    )
 
 
 def local_slot(every: Seconds | None) -> int | None:

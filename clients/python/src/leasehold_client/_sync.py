@@ -151,10 +151,16 @@ class Run(_Kept, _held.RunInfo):
     gated: Literal[True] = True
 
     def __init__(
-        self, client: Client, task: str, slot: int, manual: bool, grant: Grant, sent_at: float
+        self,
+        client: Client,
+        task: str,
+        slot: int,
+        answer: protocol.TickAnswer,
+        grant: Grant,
+        sent_at: float,
     ) -> None:
         super().__init__(client, grant, sent_at)
-        self._run_of(task, slot, manual)
+        self._run_of(task, slot, answer)
 
     def done(
         self, outcome: Outcome = "ok", error: str | None = None, output: str | None = None
@@ -313,7 +319,7 @@ class Client:
             sent_at = time.monotonic()
             answer = protocol.ticked(task, self._send(_held.tick_call(task, options)))
         if answer.grant is not None and answer.slot is not None:
-            return Run(self, task, answer.slot, answer.manual, answer.grant, sent_at)
+            return Run(self, task, answer.slot, answer, answer.grant, sent_at)
         if answer.ungated:
             return UngatedRun(task, answer.slot)
         return Skipped(task, answer.slot, answer.reason or "not-due")

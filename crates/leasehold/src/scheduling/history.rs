@@ -537,6 +537,8 @@ const RETRY_MAX: usize = 256;
 struct Writer<S> {
     store: S,
     keep: usize,
+    /// Tasks that keep another number of entries ([`HistoryWriter::keep_for`]).
+    keeps: std::collections::HashMap<LeaseName, usize>,
     limit: Duration,
     warned: bool,
     again: std::collections::VecDeque<(LeaseName, Box<RunRecord>)>,
@@ -546,9 +548,8 @@ impl<S: Slots> Writer<S> {
     async fn write(&mut self, task: LeaseName, record: Box<RunRecord>) {
         let record = Box::new(record.with_text_cut());
         let json = record.to_json();
-        let write = self
-            .store
-            .record_history(&task, record.key(), &json, self.keep);
+        let keep = self.keeps.get(&task).copied().unwrap_or(self.keep);
+        let write = self.store.record_history(&task, record.key(), &json, keep);
         match crate::store::within(self.limit, write).await {
             Ok(()) => {}
             // A store without history: nothing to warn about.
@@ -587,8 +588,13 @@ impl<S: Slots> Writer<S> {
     }
 }
 
+/// The most tasks a writer keeps a length of their own for: beyond it, further tasks keep the
+/// writer's (a process told of ever more task names does not grow without bound).
+const MAX_KEEPS: usize = 10_000;
+
 enum Write {
     Record(LeaseName, Box<RunRecord>),
+    Keep(LeaseName, usize),
     Flush(oneshot::Sender<()>),
 }
 
@@ -610,6 +616,7 @@ impl HistoryWriter {
             let mut writer = Writer {
                 store,
                 keep,
+                keeps: std::collections::HashMap::new(),
                 limit,
                 warned: false,
                 again: std::collections::VecDeque::new(),
@@ -632,6 +639,13 @@ impl HistoryWriter {
                         writer.write_again().await;
                         let _ = done.send(());
                     }
+                    Some(Write::Keep(task, keep)) => {
+                        if writer.keeps.len() < MAX_KEEPS || writer.keeps.contains_key(&task) {
+                            writer
+                                .keeps
+                                .insert(task, keep.clamp(1, MAX_HISTORY_SETTING));
+                        }
+                    }
                     Some(Write::Record(task, record)) => {
                         writer.write_again().await;
                         writer.write(task, record).await;
@@ -651,6 +665,14 @@ impl HistoryWriter {
         {
             metrics::counter!("leasehold_history_dropped_total").increment(1);
         }
+    }
+
+    /// Keeps the newest `keep` entries of `task` (1 to [`MAX_HISTORY_SETTING`]) from its next
+    /// record on, rather than the writer's number: a task's own `--history` (the sidecar's
+    /// tick `history`). Every record of the task goes through this writer, misses included, so
+    /// one length holds for all of them.
+    pub fn keep_for(&self, task: &LeaseName, keep: usize) {
+        let _ = self.0.try_send(Write::Keep(task.clone(), keep));
     }
 
     /// Waits until every record queued so far was written (or given up), at most `limit`.

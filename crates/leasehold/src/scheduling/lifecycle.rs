@@ -40,6 +40,7 @@ use crate::store::answers::SlotClaim;
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
 use crate::store::timeout::within;
+use crate::store::token::FencingToken;
 use crate::store::traits::{Catalog, Slots};
 
 /// What a task is, as its ticks need it: given as values, by the driver, at each firing.
@@ -1000,8 +1001,24 @@ impl TaskTicks {
         plan: &TaskPlan,
         ticket: &Ticket,
     ) -> Vec<Rerun> {
+        if ticket.trigger() == Trigger::Manual {
+            return Vec::new();
+        }
+        self.cut_off_before(gate, plan, ticket.slot(), ticket.guard().token())
+            .await
+    }
+
+    /// [`cut_off_runs`](Self::cut_off_runs) for a driver that holds the task lease (its
+    /// tenure `held`) without a slot granted: the sidecar, when a tick's slot already ran and
+    /// the application that ran it went silent. Slots before `before` are looked at.
+    pub async fn cut_off_before<S: Slots + Catalog>(
+        &self,
+        gate: &Gate<S>,
+        plan: &TaskPlan,
+        before: u64,
+        held: FencingToken,
+    ) -> Vec<Rerun> {
         if plan.run_policy.on_interrupt == OnInterrupt::Skip
-            || ticket.trigger() == Trigger::Manual
             || std::mem::replace(&mut self.state.lock().await.history_known, true)
         {
             return Vec::new();
@@ -1021,7 +1038,6 @@ impl TaskTicks {
             .iter()
             .filter_map(|text| RunRecord::from_json(text).ok())
             .collect();
-        let held = ticket.guard().token();
         // A run still recorded `running` by another instance is cut off only once that
         // instance is gone (a live one may yet record how it ended): the catalog says.
         let live: Vec<String> = if interrupted::running_elsewhere(
@@ -1052,7 +1068,7 @@ impl TaskTicks {
         let beside = plan.run_policy.overlap == Overlap::Allow;
         let found = interrupted::cut_off(
             &records,
-            ticket.slot(),
+            before,
             held,
             self.store_now_or_wall(),
             interrupted::rerun_window(plan.catch_up),
@@ -1066,6 +1082,12 @@ impl TaskTicks {
             tracing::info!(task = %self.task, slot = rerun.slot, attempt = rerun.attempt, "a run of this task was cut off: running its slot again");
         }
         found.reruns
+    }
+
+    /// Whether the history may hold a cut-off run this instance has not looked for yet (a
+    /// driver may skip taking the task lease to look when not).
+    pub async fn may_have_cut_off(&self) -> bool {
+        !self.state.lock().await.history_known
     }
 
     /// A run here was cut off (its lease or leadership ended): the next run here looks for it.

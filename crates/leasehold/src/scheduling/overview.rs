@@ -207,6 +207,10 @@ pub struct RunSummary {
     pub missed: Option<MissedSlots>,
     /// What the run printed, as its job kept it ([`RunRecord::output`]): untrusted text.
     pub output: Option<String>,
+    /// Which attempt of its slot the run was (the record's `attempt`), when numbered: a task
+    /// with retries, or a slot run again. Left out of the JSON otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 impl From<&RunRecord> for RunSummary {
@@ -225,6 +229,7 @@ impl From<&RunRecord> for RunSummary {
             request: r.request.clone(),
             missed: miss_of(r),
             output: r.output.clone(),
+            attempt: r.attempt,
         }
     }
 }
