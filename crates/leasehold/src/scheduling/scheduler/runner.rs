@@ -23,7 +23,7 @@ use crate::scheduling::history::{
 };
 use crate::scheduling::interrupted::{OnInterrupt, Rerun};
 use crate::scheduling::lifecycle::{
-    Fired, Overlapping, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
+    BackfillRun, Fired, Overlapping, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
 };
 use crate::scheduling::placement::{Placement, View};
 use crate::scheduling::policy::{NextAttempt, Overlap};
@@ -464,6 +464,11 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     /// trigger the run left waiting), or applies the store-down policy.
     async fn outcome_of(self: &Arc<Self>, fired: Fired) -> TickOutcome {
         match fired {
+            // A backfill taken at a firing runs its slots beside the timer loop.
+            Fired::Run(ticket) if ticket.trigger() == Trigger::Backfill => {
+                self.run_manual_ticket(ticket);
+                self.answered(TickOutcome::Ran)
+            }
             Fired::Run(ticket) => {
                 self.answered(TickOutcome::Ran);
                 let (slot, trigger) = (ticket.slot(), ticket.trigger());
@@ -647,15 +652,43 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         self.run_manual_ticket(ticket);
     }
 
-    /// Runs a manual trigger's ticket beside the timer loop, holding the task lease.
+    /// Runs a manual trigger's ticket beside the timer loop, holding the task lease; a
+    /// backfill's, each slot of it in turn ([`run_backfill`](Self::run_backfill)).
     fn run_manual_ticket(self: &Arc<Self>, ticket: Ticket) {
         let runner = self.clone();
+        let ticket = match self.ticks.backfill(&self.plan, ticket) {
+            Ok(backfill) => {
+                self.manual
+                    .spawn(async move { runner.run_backfill(backfill).await });
+                return;
+            }
+            Err(ticket) => ticket,
+        };
         self.manual.spawn(async move {
             runner.run(Trigger::Manual, None, Held::of(&ticket)).await;
             if let Err(e) = ticket.into_guard().release().await {
                 tracing::warn!(task = %runner.task.name, error = %e, "task lease release failed");
             }
         });
+    }
+
+    /// Runs the slots of a backfill taken here, oldest first, one at a time, each under the
+    /// task lease ([`TaskTicks::backfill_next`]), until none is left or the task is retired.
+    async fn run_backfill(&self, mut backfill: BackfillRun) {
+        let limit = self.gate.lease().config().renew_interval;
+        while !self.retired.is_cancelled()
+            && let Some(ticket) = self.ticks.backfill_next(&self.gate, &mut backfill).await
+        {
+            self.run(Trigger::Backfill, Some(ticket.slot()), Held::of(&ticket))
+                .await;
+            // The run's end is in the store before the lease is let go: whoever takes it next
+            // (another backfill of the same range) reads that the slot ran.
+            self.common.history.flush(limit).await;
+            if let Err(e) = ticket.into_guard().release().await {
+                tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
+            }
+        }
+        tracing::info!(task = %self.task.name, id = %backfill.request().id, "backfill over");
     }
 
     /// The task's definition as the catalog shows it.
@@ -806,6 +839,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         };
         let recorded_trigger = match trigger {
             Trigger::Manual => Some(RecordTrigger::Manual),
+            Trigger::Backfill => Some(RecordTrigger::Backfill),
             Trigger::CatchUp => Some(RecordTrigger::CatchUp),
             Trigger::Timer if held.token.is_some() => Some(RecordTrigger::Timer),
             Trigger::Retry => held.rerun.map(|rerun| rerun.trigger),
@@ -935,8 +969,13 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 }
             }
         }
+        // A backfill run is not retried (its slot's next is past): asked for again, a slot
+        // without an ok run runs again.
+        let retried_slot = slot.filter(|_| trigger != Trigger::Backfill);
         let next = match ended.result() {
-            Some(outcome) => self.ticks.next_attempt(&self.plan, slot, attempt, outcome),
+            Some(outcome) => self
+                .ticks
+                .next_attempt(&self.plan, retried_slot, attempt, outcome),
             None => NextAttempt::Done,
         };
         ended.retry = match next {
