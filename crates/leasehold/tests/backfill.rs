@@ -218,7 +218,14 @@ async fn bad_ranges_are_refused() {
     };
     let err = fleet.backfill(&sweep, "ops", huge).await.unwrap_err();
     assert!(
-        matches!(err, FleetError::TooManySlots { slots: 1001, max: 1000, .. }),
+        matches!(
+            err,
+            FleetError::TooManySlots {
+                slots: 1001,
+                max: 1000,
+                ..
+            }
+        ),
         "{err:?}"
     );
     assert!(err.to_string().contains("at most 1000"), "{err}");
