@@ -1073,31 +1073,35 @@ impl TaskTicks {
         found.reruns
     }
 
-    /// The backfill `ticket` took ([`Trigger::Backfill`]; `None` for another ticket, handed
-    /// back): the slots of the plan's schedule in its range, oldest first, and the task lease
-    /// the take holds. A range of more than [`MAX_BACKFILL_SLOTS`] slots (which the fleet
-    /// refuses: this instance's schedule differs from the one the catalog gave) runs nothing.
-    pub fn backfill(&self, plan: &TaskPlan, ticket: Ticket) -> Result<BackfillRun, Ticket> {
-        let Some((request, range)) = ticket
-            .request()
-            .and_then(|r| Some((r.clone(), r.slots?)))
-            .filter(|_| ticket.trigger() == Trigger::Backfill)
-        else {
-            return Err(ticket);
-        };
-        let slots = match backfill::slots_in(&plan.schedule, range) {
-            Ok(slots) => slots,
-            Err(count) => {
+    /// The backfill `ticket` took (a ticket of [`Trigger::Backfill`]): the slots of the plan's
+    /// schedule in its range, oldest first, and the task lease the take holds. A range of more
+    /// than [`MAX_BACKFILL_SLOTS`] slots (which the fleet refuses: this instance's schedule
+    /// differs from the one the catalog gave), or another ticket, runs nothing.
+    pub fn backfill(&self, plan: &TaskPlan, ticket: Ticket) -> BackfillRun {
+        let request = ticket.request().cloned().unwrap_or_else(|| TriggerRequest {
+            id: String::new(),
+            by: String::new(),
+            at_ms: 0,
+            expires_ms: 0,
+            slots: None,
+        });
+        let range = request
+            .slots
+            .filter(|_| ticket.trigger() == Trigger::Backfill);
+        let slots = match range.map(|range| backfill::slots_in(&plan.schedule, range)) {
+            Some(Ok(slots)) => slots,
+            Some(Err(count)) => {
                 tracing::warn!(task = %self.task, id = %request.id, count, max = MAX_BACKFILL_SLOTS, "backfill not run: its range holds too many slots of this instance's schedule");
                 Vec::new()
             }
+            None => Vec::new(),
         };
         tracing::info!(task = %self.task, id = %request.id, by = %visible(&request.by), slots = slots.len(), "backfill asked for through the catalog");
-        Ok(BackfillRun {
+        BackfillRun {
             request,
             slots: slots.into(),
             held: Some(ticket),
-        })
+        }
     }
 
     /// The next slot of `backfill` to run, with the task lease held for it

@@ -656,14 +656,12 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     /// backfill's, each slot of it in turn ([`run_backfill`](Self::run_backfill)).
     fn run_manual_ticket(self: &Arc<Self>, ticket: Ticket) {
         let runner = self.clone();
-        let ticket = match self.ticks.backfill(&self.plan, ticket) {
-            Ok(backfill) => {
-                self.manual
-                    .spawn(async move { runner.run_backfill(backfill).await });
-                return;
-            }
-            Err(ticket) => ticket,
-        };
+        if ticket.trigger() == Trigger::Backfill {
+            let backfill = self.ticks.backfill(&self.plan, ticket);
+            self.manual
+                .spawn(async move { runner.run_backfill(backfill).await });
+            return;
+        }
         self.manual.spawn(async move {
             runner.run(Trigger::Manual, None, Held::of(&ticket)).await;
             if let Err(e) = ticket.into_guard().release().await {
