@@ -1101,6 +1101,7 @@ impl TaskTicks {
             request,
             slots: slots.into(),
             held: Some(ticket),
+            ran: false,
         }
     }
 
@@ -1116,6 +1117,12 @@ impl TaskTicks {
         backfill: &mut BackfillRun,
     ) -> Option<Ticket> {
         let limit = gate.lease().config().renew_interval;
+        if backfill.ran {
+            // A backfill run's history entry is filed under its start (not to replace its
+            // slot's entry): the next starts a millisecond later at least, so two quick runs
+            // do not share one entry.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         while let Some(slot) = backfill.slots.pop_front() {
             let ticket = match backfill.held.take() {
                 Some(ticket) => ticket,
@@ -1141,6 +1148,7 @@ impl TaskTicks {
                 backfill.held = Some(ticket);
                 continue;
             }
+            backfill.ran = true;
             return Some(ticket.for_slot(slot));
         }
         None
@@ -1184,6 +1192,8 @@ pub struct BackfillRun {
     request: TriggerRequest,
     slots: std::collections::VecDeque<u64>,
     held: Option<Ticket>,
+    /// A slot of it ran here.
+    ran: bool,
 }
 
 impl BackfillRun {
