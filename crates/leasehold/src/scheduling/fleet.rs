@@ -37,6 +37,9 @@ use crate::store::traits::{Catalog, Slots};
 /// How long a trigger waits for an instance to take it before it lapses.
 pub const TRIGGER_TTL: Duration = Duration::from_secs(300);
 
+/// How many history entries a wait for a manual run looks among.
+const RUN_LOOKED_AT: usize = 50;
+
 /// Compare-and-set attempts before a control write gives up (only under heavy contention).
 const CAS_ATTEMPTS: usize = 20;
 
@@ -492,7 +495,7 @@ impl<S: Catalog + Slots> Fleet<S> {
         request: &TriggerRequest,
         limit: Duration,
     ) -> Result<RunRecord, FleetError> {
-        self.poll(task, request, limit, |records, state| {
+        self.poll(task, request, limit, RUN_LOOKED_AT, |records, state| {
             let run = records
                 .iter()
                 .find(|r| r.request.as_ref().is_some_and(|q| q.id == request.id))?;
@@ -517,7 +520,7 @@ impl<S: Catalog + Slots> Fleet<S> {
         let Some(request) = &backfill.request else {
             return Ok(Vec::new());
         };
-        self.poll(task, request, limit, |records, state| {
+        self.poll(task, request, limit, HISTORY_LOOKED_AT, |records, state| {
             // Newest first: the first record of a slot is its last attempt.
             let mut runs: Vec<RunRecord> = Vec::new();
             for r in records {
@@ -542,21 +545,22 @@ impl<S: Catalog + Slots> Fleet<S> {
         .await
     }
 
-    /// Reads `task`'s history once a second until `done` answers (it may say what it saw in
-    /// `state`), at most `limit`; a `request` no instance took before it lapsed ends the wait.
+    /// Reads `task`'s newest `entries` history entries once a second until `done` answers (it
+    /// may say what it saw in `state`), at most `limit`; a `request` no instance took before
+    /// it lapsed ends the wait.
     async fn poll<T>(
         &self,
         task: &LeaseName,
         request: &TriggerRequest,
         limit: Duration,
+        entries: usize,
         mut done: impl FnMut(&[RunRecord], &mut String) -> Option<T>,
     ) -> Result<T, FleetError> {
         let task = &self.task(task).await?.name;
         let started = tokio::time::Instant::now();
         let mut state = "not taken by an instance yet".to_owned();
         loop {
-            let records =
-                crate::scheduling::history::read(&self.store, task, HISTORY_LOOKED_AT).await?;
+            let records = crate::scheduling::history::read(&self.store, task, entries).await?;
             if let Some(answer) = done(&records, &mut state) {
                 return Ok(answer);
             }
