@@ -10,8 +10,8 @@ use leasehold::catalog::{SlotRange, TaskSource};
 use leasehold::fleet::{Fleet, FleetError};
 use leasehold::history::{self, RecordTrigger, RecordedSchedule, RunOutcome, RunRecord};
 use leasehold::{
-    HolderId, LeaseConfig, LeaseName, MemoryStore, Schedule, Scheduler, SchedulerHandle, Slots,
-    Store, Trigger,
+    HolderId, LeaseConfig, LeaseName, MemoryStore, Overlap, Schedule, Scheduler, SchedulerHandle,
+    Slots, Store, Trigger,
 };
 use support::{Ledger, assert_no_overlap, recorder};
 
@@ -24,18 +24,25 @@ fn name(s: &str) -> LeaseName {
 
 /// An instance running `sweep` every 10 s, each run working 3 s, led by group `pods`.
 fn instance(store: &MemoryStore, holder: &str, ledger: &Ledger) -> SchedulerHandle {
+    instance_with(store, holder, ledger, Overlap::Skip)
+}
+
+/// [`instance`] under overlap policy `overlap`.
+fn instance_with(
+    store: &MemoryStore,
+    holder: &str,
+    ledger: &Ledger,
+    overlap: Overlap,
+) -> SchedulerHandle {
     Scheduler::new(store.clone())
         .holder(HolderId::new(holder).unwrap())
         .lease_config(LeaseConfig::new(SEC * 6))
         .grace_period(SEC)
         .leader_group(name("pods"))
         .registered_as(TaskSource::Run)
-        .task(recorder(
-            ledger,
-            "sweep",
-            Schedule::every(SEC * 10).unwrap(),
-            SEC * 3,
-        ))
+        .task(
+            recorder(ledger, "sweep", Schedule::every(SEC * 10).unwrap(), SEC * 3).overlap(overlap),
+        )
         .start(std::future::pending())
         .unwrap()
 }
@@ -235,4 +242,74 @@ async fn bad_ranges_are_refused() {
     ));
     assert!(fleet.task(&sweep).await.unwrap().trigger.is_none());
     drop(a);
+}
+
+/// Timer slots that fall while backfill runs go are decided under the task's overlap policy, as
+/// during a timer run: under `buffer-one` each runs once the backfill run ends, before the next
+/// backfill slot; under `skip` they are skipped (missed, reason overlap). Never two runs at once.
+#[tokio::test(start_paused = true)]
+async fn timer_slots_falling_during_a_backfill_follow_the_overlap_policy() {
+    for overlap in [Overlap::BufferOne, Overlap::Skip] {
+        let store = MemoryStore::new();
+        let ledger = Ledger::default();
+        let start_ms = store.now_millis().await.unwrap();
+        let to_ms = (start_ms / EVERY) * EVERY - 100_000;
+        let range = SlotRange {
+            from_ms: to_ms - 9 * EVERY,
+            to_ms,
+        };
+        let a = instance_with(&store, "a", &ledger, overlap);
+        // Its first slots ran: the ones the backfill overlaps follow them.
+        tokio::time::sleep(SEC * 22).await;
+        let fleet = Fleet::new(store.clone());
+        let backfill = fleet.backfill(&name("sweep"), "ops", range).await.unwrap();
+        fleet
+            .wait_for_backfill(&name("sweep"), &backfill, SEC * 120)
+            .await
+            .unwrap();
+        let mut runs = ledger.lock().unwrap().clone();
+        runs.sort_by_key(|r| r.start);
+        assert_no_overlap(&runs);
+        let backfilled: Vec<_> = runs
+            .iter()
+            .filter(|r| r.trigger == Trigger::Backfill)
+            .collect();
+        assert_eq!(backfilled.len(), 10);
+        let (first, last) = (backfilled[0].start, backfilled[9].end);
+        // Timer runs that started while the backfill went on, between two of its runs.
+        let timer_between: Vec<_> = runs
+            .iter()
+            .filter(|r| r.trigger == Trigger::Timer && r.start > first && r.start < last)
+            .collect();
+        match overlap {
+            Overlap::BufferOne => {
+                // Ten 3 s runs take 30 s: at least two 10 s slots fell during them, each run as
+                // soon as the backfill run it fell in ended, before the next backfill slot.
+                assert!(timer_between.len() >= 2, "{runs:#?}");
+                for timer in &timer_between {
+                    let right_after = backfilled.iter().any(|b| {
+                        b.end <= timer.start && timer.start - b.end < Duration::from_millis(100)
+                    });
+                    assert!(right_after, "{timer:?} {runs:#?}");
+                }
+            }
+            _ => {
+                assert!(timer_between.is_empty(), "{runs:#?}");
+                // The next firing's look back records them missed for the overlap.
+                tokio::time::sleep(SEC * 15).await;
+                let records = history::read(&store, &name("sweep"), 200).await.unwrap();
+                let overlapped = records.iter().any(|r| {
+                    matches!(
+                        r.outcome,
+                        RunOutcome::Missed {
+                            reason: history::MissReason::Overlap,
+                            ..
+                        }
+                    )
+                });
+                assert!(overlapped, "{records:#?}");
+            }
+        }
+        drop(a);
+    }
 }

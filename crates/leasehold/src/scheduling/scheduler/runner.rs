@@ -23,7 +23,7 @@ use crate::scheduling::history::{
 };
 use crate::scheduling::interrupted::{OnInterrupt, Rerun};
 use crate::scheduling::lifecycle::{
-    BackfillRun, Fired, Overlapping, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
+    Fired, Overlapping, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
 };
 use crate::scheduling::placement::{Placement, View};
 use crate::scheduling::policy::{NextAttempt, Overlap};
@@ -464,10 +464,10 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     /// trigger the run left waiting), or applies the store-down policy.
     async fn outcome_of(self: &Arc<Self>, fired: Fired) -> TickOutcome {
         match fired {
-            // A backfill taken at a firing runs its slots beside the timer loop.
             Fired::Run(ticket) if ticket.trigger() == Trigger::Backfill => {
-                self.run_manual_ticket(ticket);
-                self.answered(TickOutcome::Ran)
+                self.answered(TickOutcome::Ran);
+                self.run_backfill(ticket).await;
+                TickOutcome::Ran
             }
             Fired::Run(ticket) => {
                 self.answered(TickOutcome::Ran);
@@ -488,16 +488,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                         self.run_cut_off(&ticket).await;
                     }
                 };
-                if self.plan.run_policy.overlap == Overlap::Skip {
-                    work.await;
-                } else {
-                    let leader = ticket.leader_signal().cloned();
-                    tokio::select! {
-                        biased;
-                        () = work => {}
-                        () = self.watch_overlaps(slot, &replaced, leader) => {}
-                    }
-                }
+                let leader = ticket.leader_signal().cloned();
+                self.watching(work, slot, &replaced, leader).await;
                 if let Err(e) = ticket.into_guard().release().await {
                     tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
                 }
@@ -506,7 +498,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 if !self.retired.is_cancelled()
                     && let Some(ticket) = self.ticks.take_left_trigger(&self.gate).await
                 {
-                    self.run_manual_ticket(ticket);
+                    self.run_taken(ticket).await;
                 }
                 TickOutcome::Ran
             }
@@ -523,6 +515,26 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             }
             Fired::StoreDown { slot, runs, error } => self.store_down(slot, runs, &error).await,
             Fired::Refused { slot, error } => self.refused(slot, &error).await,
+        }
+    }
+
+    /// Runs `work` (the run of `slot`), and, unless the overlap policy is `skip` (whose slots
+    /// falling meanwhile the next look back records), the timer slots that fall meanwhile as
+    /// [`watch_overlaps`](Self::watch_overlaps) decides them.
+    async fn watching(
+        self: &Arc<Self>,
+        work: impl Future<Output = ()>,
+        slot: u64,
+        replaced: &Replacement,
+        leader: Option<CancellationToken>,
+    ) {
+        if self.plan.run_policy.overlap == Overlap::Skip {
+            return work.await;
+        }
+        tokio::select! {
+            biased;
+            () = work => {}
+            () = self.watch_overlaps(slot, replaced, leader) => {}
         }
     }
 
@@ -646,22 +658,24 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 return;
             }
         };
-        if let Some(request) = ticket.request() {
+        if let Some(request) = ticket.request().filter(|r| r.slots.is_none()) {
             tracing::info!(task = %self.task.name, id = %request.id, by = %request.by, "manual run asked for through the catalog");
+        }
+        self.run_taken(ticket).await;
+    }
+
+    /// Runs a trigger's ticket: a backfill's slots in the timer loop
+    /// ([`run_backfill`](Self::run_backfill)), a manual run beside it.
+    async fn run_taken(self: &Arc<Self>, ticket: Ticket) {
+        if ticket.trigger() == Trigger::Backfill {
+            return self.run_backfill(ticket).await;
         }
         self.run_manual_ticket(ticket);
     }
 
-    /// Runs a manual trigger's ticket beside the timer loop, holding the task lease; a
-    /// backfill's, each slot of it in turn ([`run_backfill`](Self::run_backfill)).
+    /// Runs a manual trigger's ticket beside the timer loop, holding the task lease.
     fn run_manual_ticket(self: &Arc<Self>, ticket: Ticket) {
         let runner = self.clone();
-        if ticket.trigger() == Trigger::Backfill {
-            let backfill = self.ticks.backfill(&self.plan, ticket);
-            self.manual
-                .spawn(async move { runner.run_backfill(backfill).await });
-            return;
-        }
         self.manual.spawn(async move {
             runner.run(Trigger::Manual, None, Held::of(&ticket)).await;
             if let Err(e) = ticket.into_guard().release().await {
@@ -670,23 +684,43 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         });
     }
 
-    /// Runs the slots of a backfill taken here, oldest first, one at a time, each under the
-    /// task lease ([`TaskTicks::backfill_next`]), until none is left or the task is retired.
-    async fn run_backfill(&self, mut backfill: BackfillRun) {
-        let limit = self.gate.lease().config().renew_interval;
-        while !self.retired.is_cancelled()
-            && let Some(ticket) = self.ticks.backfill_next(&self.gate, &mut backfill).await
-        {
-            self.run(Trigger::Backfill, Some(ticket.slot()), Held::of(&ticket))
-                .await;
-            // The run's end is in the store before the lease is let go: whoever takes it next
-            // (another backfill of the same range) reads that the slot ran.
-            self.common.history.flush(limit).await;
-            if let Err(e) = ticket.into_guard().release().await {
-                tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
+    /// Runs the slots of the backfill `ticket` took, oldest first, one at a time, each under
+    /// the task lease ([`TaskTicks::backfill_next`]), until none is left or the task is
+    /// retired. It runs in the timer loop, as a timer run does: a timer slot that falls while a
+    /// backfill run goes is decided under the overlap policy ([`watching`](Self::watching)),
+    /// and one left waiting (`buffer-one`, `buffer-all`, `replace`) runs before the next
+    /// backfill slot. Boxed: a timer run it lets through may take another backfill.
+    fn run_backfill(self: &Arc<Self>, ticket: Ticket) -> BoxFuture<()> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut backfill = this.ticks.backfill(&this.plan, ticket);
+            let limit = this.gate.lease().config().renew_interval;
+            while !this.retired.is_cancelled()
+                && let Some(ticket) = this.ticks.backfill_next(&this.gate, &mut backfill).await
+            {
+                let slot = ticket.slot();
+                let start = this.ticks.run_starts(slot);
+                let replaced = Arc::new(Replacement::default());
+                let held = Held {
+                    replaced: Some(replaced.clone()),
+                    ..Held::of(&ticket)
+                };
+                let work = async {
+                    this.run(Trigger::Backfill, Some(slot), held).await;
+                };
+                let leader = ticket.leader_signal().cloned();
+                this.watching(work, slot, &replaced, leader).await;
+                // The run's end is in the store before the lease is let go: whoever takes it
+                // next (another backfill of the same range) reads that the slot ran.
+                this.common.history.flush(limit).await;
+                if let Err(e) = ticket.into_guard().release().await {
+                    tracing::warn!(task = %this.task.name, error = %e, "task lease release failed");
+                }
+                this.ticks.run_ended(&this.task.schedule, start).await;
+                this.run_queued().await;
             }
-        }
-        tracing::info!(task = %self.task.name, id = %backfill.request().id, "backfill over");
+            tracing::info!(task = %this.task.name, id = %backfill.request().id, "backfill over");
+        })
     }
 
     /// The task's definition as the catalog shows it.
