@@ -47,6 +47,16 @@ fn instance_with(
         .unwrap()
 }
 
+/// The ten slots ending 100 s before the store's clock now (before any instance started).
+async fn ten_past_slots(store: &MemoryStore) -> SlotRange {
+    let now = store.now_millis().await.unwrap();
+    let to_ms = (now / EVERY) * EVERY - 100_000;
+    SlotRange {
+        from_ms: to_ms - 9 * EVERY,
+        to_ms,
+    }
+}
+
 /// A run of `slot` recorded in the history as ended `outcome`, as an earlier run would be.
 async fn ran_before(store: &MemoryStore, slot: u64, outcome: RunOutcome) {
     let mut record = RunRecord::started(
@@ -72,13 +82,8 @@ async fn ran_before(store: &MemoryStore, slot: u64, outcome: RunOutcome) {
 async fn a_backfill_runs_each_slot_without_an_ok_run_once_in_order() {
     let store = MemoryStore::new();
     let ledger = Ledger::default();
-    let start_ms = store.now_millis().await.unwrap();
-    // The ten slots ending 100 s before the instances start.
-    let to_ms = (start_ms / EVERY) * EVERY - 100_000;
-    let range = SlotRange {
-        from_ms: to_ms - 9 * EVERY,
-        to_ms,
-    };
+    let range = ten_past_slots(&store).await;
+    let to_ms = range.to_ms;
     let (ok_slot, failed_slot) = (range.from_ms + 2 * EVERY, range.from_ms + 5 * EVERY);
     ran_before(&store, ok_slot, RunOutcome::Ok).await;
     let failed = RunOutcome::Failed {
@@ -252,12 +257,7 @@ async fn timer_slots_falling_during_a_backfill_follow_the_overlap_policy() {
     for overlap in [Overlap::BufferOne, Overlap::Skip] {
         let store = MemoryStore::new();
         let ledger = Ledger::default();
-        let start_ms = store.now_millis().await.unwrap();
-        let to_ms = (start_ms / EVERY) * EVERY - 100_000;
-        let range = SlotRange {
-            from_ms: to_ms - 9 * EVERY,
-            to_ms,
-        };
+        let range = ten_past_slots(&store).await;
         let a = instance_with(&store, "a", &ledger, overlap);
         // Its first slots ran: the ones the backfill overlaps follow them.
         tokio::time::sleep(SEC * 22).await;
