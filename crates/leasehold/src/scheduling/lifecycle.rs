@@ -1078,25 +1078,22 @@ impl TaskTicks {
     /// than [`MAX_BACKFILL_SLOTS`] slots (which the fleet refuses: this instance's schedule
     /// differs from the one the catalog gave), or another ticket, runs nothing.
     pub fn backfill(&self, plan: &TaskPlan, ticket: Ticket) -> BackfillRun {
-        let request = ticket.request().cloned().unwrap_or_else(|| TriggerRequest {
-            id: String::new(),
-            by: String::new(),
-            at_ms: 0,
-            expires_ms: 0,
-            slots: None,
-        });
-        let range = request
-            .slots
-            .filter(|_| ticket.trigger() == Trigger::Backfill);
+        let request = ticket
+            .request()
+            .filter(|_| ticket.trigger() == Trigger::Backfill)
+            .cloned();
+        let range = request.as_ref().and_then(|r| r.slots);
         let slots = match range.map(|range| backfill::slots_in(&plan.schedule, range)) {
             Some(Ok(slots)) => slots,
             Some(Err(count)) => {
-                tracing::warn!(task = %self.task, id = %request.id, count, max = MAX_BACKFILL_SLOTS, "backfill not run: its range holds too many slots of this instance's schedule");
+                tracing::warn!(task = %self.task, count, max = MAX_BACKFILL_SLOTS, "backfill not run: its range holds too many slots of this instance's schedule");
                 Vec::new()
             }
             None => Vec::new(),
         };
-        tracing::info!(task = %self.task, id = %request.id, by = %visible(&request.by), slots = slots.len(), "backfill asked for through the catalog");
+        if let Some(request) = &request {
+            tracing::info!(task = %self.task, id = %request.id, by = %visible(&request.by), slots = slots.len(), "backfill asked for through the catalog");
+        }
         BackfillRun {
             request,
             slots: slots.into(),
@@ -1123,10 +1120,15 @@ impl TaskTicks {
             // do not share one entry.
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        let request = backfill.request.clone()?;
         while let Some(slot) = backfill.slots.pop_front() {
-            let ticket = match backfill.held.take() {
-                Some(ticket) => ticket,
-                None => gate.hold_for_backfill(slot, &backfill.request).await?,
+            let held = match backfill.held.take() {
+                Some(ticket) => Some(ticket),
+                None => gate.hold_for_backfill(slot, &request).await,
+            };
+            let Some(ticket) = held else {
+                tracing::warn!(task = %self.task, id = %request.id, left = backfill.slots.len() + 1, "backfill stopped: this instance no longer runs the task (or is stopping); the same backfill asked for again runs the rest");
+                return None;
             };
             let read = within(
                 limit,
@@ -1189,7 +1191,8 @@ impl TaskTicks {
 /// that lease go.
 #[derive(Debug)]
 pub struct BackfillRun {
-    request: TriggerRequest,
+    /// `None` for a ticket that was not a backfill's: nothing to run.
+    request: Option<TriggerRequest>,
     slots: std::collections::VecDeque<u64>,
     held: Option<Ticket>,
     /// A slot of it ran here.
@@ -1198,8 +1201,8 @@ pub struct BackfillRun {
 
 impl BackfillRun {
     /// The request it runs.
-    pub fn request(&self) -> &TriggerRequest {
-        &self.request
+    pub fn request(&self) -> Option<&TriggerRequest> {
+        self.request.as_ref()
     }
 }
 

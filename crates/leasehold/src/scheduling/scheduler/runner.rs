@@ -719,7 +719,9 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 this.ticks.run_ended(&this.task.schedule, start).await;
                 this.run_queued().await;
             }
-            tracing::info!(task = %this.task.name, id = %backfill.request().id, "backfill over");
+            if let Some(request) = backfill.request() {
+                tracing::info!(task = %this.task.name, id = %request.id, "backfill over");
+            }
         })
     }
 
