@@ -161,6 +161,20 @@ export interface TriggerRequest {
   at_ms: number;
   /** No instance takes it after this (store clock, ms). */
   expires_ms: number;
+  /** For a backfill (`backfill`): the range of slots it runs; absent for one manual run. */
+  slots?: { from_ms: number; to_ms: number } | null;
+}
+
+/** What `backfill` answers. */
+export interface BackfillAnswer {
+  task: string;
+  /** The request written (each backfill run's `request.id` is its `id`); null when every slot
+   * of the range already ran ok and nothing was asked for. */
+  request: TriggerRequest | null;
+  /** Every slot of the task's schedule in the range, oldest first. */
+  slots: number[];
+  /** Those with no ok run in the history now, oldest first: the instance runs them. */
+  to_run: number[];
 }
 
 /** A task's definition, as the instance that registered it last wrote it. */
@@ -183,6 +197,8 @@ export interface TaskDefinition {
   jitter_ms?: number | null;
   /** `buffer-one`, `buffer-all`, `replace` or `allow`; null or absent: `skip`. */
   overlap?: string | null;
+  /** The schedule as run records carry it, which `backfill` computes slots from. */
+  slot_schedule?: { every_ms?: number; cron?: string } | null;
 }
 
 export interface TaskInstance {
@@ -201,7 +217,7 @@ export interface TaskInstance {
 /** One history entry: a run, or slots that did not run (`outcome: "missed"`). */
 export interface RunEntry {
   slot_ms: number | null;
-  /** `timer`, `catch-up`, `manual`; null for missed slots. */
+  /** `timer`, `catch-up`, `manual`, `backfill`; null for missed slots. */
   trigger: string | null;
   holder: string;
   token: string | null;
@@ -634,6 +650,25 @@ export class LeaseholdClient {
   async trigger(name: string, options: { by?: string } = {}): Promise<TriggerRequest> {
     const body: Json = options.by === undefined ? {} : { by: options.by };
     return (await this.post(`/v1/tasks/${enc(name)}/trigger`, body)) as unknown as TriggerRequest;
+  }
+
+  /**
+   * Backfill (`leasehold trigger --slots`): asks whichever instance runs `name` to run each of
+   * its past slots from `fromMs` to `toMs` (both included, store clock) that has no ok run in
+   * its history, oldest first, one at a time, each holding the task lease; the runs are in the
+   * history as trigger `backfill` with the request's id. The same backfill again asks for
+   * nothing (`request: null`). Rejects with `bad-request` (400) for a range that ends before it
+   * starts or after now (field `to_ms`) or holds more than 1000 slots (field `from_ms`);
+   * `no-instance`, `no-backfill` (a task an application runs through the sidecar),
+   * `trigger-waiting` (409); `unknown-task` (404).
+   */
+  async backfill(
+    name: string,
+    options: { fromMs: number; toMs: number; by?: string },
+  ): Promise<BackfillAnswer> {
+    const body: Json = { from_ms: options.fromMs, to_ms: options.toMs };
+    if (options.by !== undefined) body.by = options.by;
+    return (await this.post(`/v1/tasks/${enc(name)}/backfill`, body)) as unknown as BackfillAnswer;
   }
 
   /**

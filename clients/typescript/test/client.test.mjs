@@ -440,6 +440,47 @@ test("fleet: a leasehold run task is listed, paused, resumed and triggered throu
   });
 });
 
+test("fleet: a backfill runs each past slot without an ok run once, in order; again, nothing", async () => {
+  const job = spawn(BIN, ["run", "--store", store, "--lease", "ts-backfill", "--every", "1s", "--ttl", "3s", "--", "true"], {
+    stdio: "ignore",
+  });
+  try {
+    let listed;
+    for (let i = 0; i < 100 && !listed; i++) {
+      listed = (await ca.tasks()).tasks.find((t) => t.name === "ts-backfill:run" && t.instances.some((x) => x.live));
+      if (!listed) await sleep(100);
+    }
+    assert.ok(listed, "the run task is in the catalog");
+    // Three slots from a minute before the instance started: none ran.
+    const toMs = Math.floor((Date.now() - 60_000) / 1000) * 1000;
+    const fromMs = toMs - 2000;
+    const asked = await cb.backfill("ts-backfill", { fromMs, toMs, by: "node" });
+    assert.deepEqual(asked.slots, [fromMs, fromMs + 1000, toMs]);
+    assert.deepEqual(asked.to_run, asked.slots);
+    assert.deepEqual(asked.request.slots, { from_ms: fromMs, to_ms: toMs });
+    let runs = [];
+    for (let i = 0; i < 100 && runs.length < 3; i++) {
+      runs = (await ca.task("ts-backfill", { limit: 100 })).history.filter(
+        (r) => r.request?.id === asked.request.id && r.outcome !== "running",
+      );
+      if (runs.length < 3) await sleep(100);
+    }
+    assert.deepEqual(runs.map((r) => r.trigger), ["backfill", "backfill", "backfill"]);
+    assert.deepEqual(runs.map((r) => r.slot_ms).sort(), asked.slots);
+    assert.ok(runs.every((r) => r.outcome === "ok" && r.token !== null));
+    const again = await ca.backfill("ts-backfill", { fromMs, toMs });
+    assert.equal(again.request, null, "every slot ran ok: nothing asked for");
+    assert.deepEqual(again.to_run, []);
+    await assert.rejects(ca.backfill("ts-backfill", { fromMs: toMs, toMs: fromMs }), (e) => {
+      assert.ok(e instanceof LeaseholdError);
+      assert.deepEqual([e.status, e.code], [400, "bad-request"]);
+      return true;
+    });
+  } finally {
+    job.kill("SIGTERM");
+  }
+});
+
 test("fleet: a sidecar task is registered by its ticks and a trigger is taken as a manual run", async () => {
   const schedule = { everyMs: 3_600_000 };
   const first = await ca.tick("ts-side", schedule);

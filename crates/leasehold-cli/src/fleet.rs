@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use clap::Args;
+use leasehold::catalog::SlotRange;
 use leasehold::fleet::{Fleet, FleetError};
 use leasehold::history::RunOutcome;
-use leasehold::{BoxStore, LeaseName, text};
+use leasehold::{BoxStore, LeaseName, Store, text};
 
 use crate::durations::duration_arg;
 use crate::failure::{
@@ -58,6 +59,47 @@ pub struct TriggerArgs {
     // a duration.
     #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "10m", value_parser = duration_arg)]
     wait: Option<Duration>,
+    /// Backfill: run each slot of the task's schedule from FROM to TO (both included) that has
+    /// no ok run in its history, oldest first, one at a time, as trigger `backfill`. FROM and
+    /// TO: RFC 3339 (2027-03-01T00:00:00Z, or a date: 2027-03-01), slot milliseconds since the
+    /// epoch (LEASEHOLD_SLOT's form), or `now` (the store's clock) for TO. At most 1000 slots;
+    /// TO not after now. E.g. --slots 2027-03-01T00:00:00Z..2027-03-02T00:00:00Z
+    #[arg(long, value_name = "FROM..TO", value_parser = slots_arg)]
+    slots: Option<SlotsArg>,
+}
+
+/// `--slots FROM..TO` as typed.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotsArg {
+    from: u64,
+    /// `None`: `now`, the store's clock.
+    to: Option<u64>,
+}
+
+fn slots_arg(text: &str) -> Result<SlotsArg, String> {
+    let (from, to) = text.split_once("..").ok_or_else(|| {
+        format!("{text:?} is not a range FROM..TO (e.g. 2027-03-01T00:00:00Z..now)")
+    })?;
+    let to = match to.trim() {
+        "now" => None,
+        to => Some(time_arg(to)?),
+    };
+    Ok(SlotsArg {
+        from: time_arg(from)?,
+        to,
+    })
+}
+
+/// A time as typed: slot milliseconds since the epoch, or RFC 3339 (a date alone is its
+/// midnight UTC).
+fn time_arg(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    let midnight = format!("{text}T00:00:00Z");
+    let is_date = text.len() == 10 && text.as_bytes().get(4) == Some(&b'-');
+    crate::next::from_arg(if is_date { &midnight } else { text })
 }
 
 #[derive(Args)]
@@ -81,6 +123,12 @@ pub fn failure(error: FleetError) -> Failure {
         FleetError::NotEnded { .. } => EXIT_NOT_ENDED,
         FleetError::Contended(_) => EXIT_BUSY,
         FleetError::Live { .. } => EXIT_TASK_LIVE,
+        FleetError::TriggerWaiting { .. } => EXIT_BUSY,
+        // A range that cannot be run: bad input, as documented for `trigger --slots`.
+        FleetError::BadRange { .. }
+        | FleetError::FutureRange { .. }
+        | FleetError::TooManySlots { .. } => EXIT_USAGE,
+        FleetError::NoBackfill { .. } => EXIT_REFUSED,
         // A --by or --reason the text rule refuses (leasehold::text): bad input.
         FleetError::Text(_) => EXIT_USAGE,
         FleetError::Store(e) => {
@@ -158,6 +206,9 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
     let (fleet, name) = open(args.store, &args.name).await?;
     let view = fleet.task(&name).await.map_err(failure)?;
     let (task, shown) = (&view.name, view.shown_name());
+    if let Some(slots) = args.slots {
+        return backfill(&fleet, (task, shown), &by, slots, args.wait).await;
+    }
     let request = fleet.trigger(task, &by).await.map_err(failure)?;
     outln!(
         "{shown}: run {} asked for by {} (an instance takes it within a third of its ttl; it lapses at {})",
@@ -190,6 +241,72 @@ pub async fn trigger(args: TriggerArgs) -> Result<u8, Failure> {
         RunOutcome::Ok => 0,
         _ => 1,
     })
+}
+
+/// `trigger --slots`: `task` is the catalog's name, `shown` the one people see.
+async fn backfill(
+    fleet: &Fleet<BoxStore>,
+    (task, shown): (&LeaseName, &str),
+    by: &str,
+    slots: SlotsArg,
+    wait: Option<Duration>,
+) -> Result<u8, Failure> {
+    let to_ms = match slots.to {
+        Some(to) => to,
+        None => fleet
+            .store()
+            .now_millis()
+            .await
+            .map_err(|e| failure(FleetError::Store(e)))?,
+    };
+    let range = SlotRange {
+        from_ms: slots.from,
+        to_ms,
+    };
+    let backfill = fleet.backfill(task, by, range).await.map_err(failure)?;
+    let span = match (backfill.slots.first(), backfill.slots.last()) {
+        (Some(&first), Some(&last)) => {
+            format!(" ({} to {})", history::time(first), history::time(last))
+        }
+        _ => String::new(),
+    };
+    let ran = backfill.slots.len() - backfill.to_run.len();
+    let Some(request) = &backfill.request else {
+        outln!(
+            "{shown}: the range holds {} slots{span}, each already ran ok: nothing to backfill",
+            backfill.slots.len()
+        )?;
+        return Ok(0);
+    };
+    outln!(
+        "{shown}: backfill {} asked for by {}: {} of {} slots{span} to run ({ran} already ran ok); an instance takes it within a third of its ttl (it lapses at {})",
+        request.id,
+        request.by,
+        backfill.to_run.len(),
+        backfill.slots.len(),
+        history::time(request.expires_ms),
+    )?;
+    let Some(limit) = wait else {
+        return Ok(0);
+    };
+    let runs = fleet
+        .wait_for_backfill(task, &backfill, limit)
+        .await
+        .map_err(failure)?;
+    for run in &runs {
+        outln!(
+            "{shown}: slot {} {}",
+            run.slot.map_or_else(|| "-".to_owned(), history::time),
+            history::outcome(run)
+        )?;
+    }
+    let failed = runs.iter().filter(|r| r.outcome != RunOutcome::Ok).count();
+    outln!(
+        "{shown}: backfill {} ended: {} slots run, {failed} not ok",
+        request.id,
+        runs.len()
+    )?;
+    Ok(u8::from(failed > 0))
 }
 
 pub async fn forget(args: ForgetArgs) -> Result<u8, Failure> {

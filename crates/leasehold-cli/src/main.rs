@@ -86,6 +86,15 @@ enum Command {
     /// each is answered with its id and who asked first, and the task runs once. A trigger
     /// made once the run has been taken asks for another run.
     ///
+    /// Backfill, --slots FROM..TO: each slot of the task's schedule in the range that has no
+    /// ok run in its history runs, oldest first, one at a time, each holding the task lease,
+    /// as trigger `backfill` (LEASEHOLD_TRIGGER=backfill, LEASEHOLD_SLOT the slot); the same
+    /// backfill again runs nothing. E.g.
+    /// `leasehold trigger nightly --slots 2027-03-01..2027-03-08T00:00:00Z --wait=1h`. Exits 2
+    /// for a range that ends before it starts, ends after now, or holds more than 1000 slots;
+    /// 78 for a task that cannot be backfilled (run by an application through the sidecar, or
+    /// registered by a release before backfill); 75 while another trigger waits to be taken.
+    ///
     /// Exits 66 when the store does not exist (a SQLite path with no file): only run, serve
     /// and demo create one, so a mistyped path fails instead of answering from a new, empty
     /// store. Exits 78 for a file that is not a leasehold store, left as it was.

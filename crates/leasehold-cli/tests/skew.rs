@@ -214,6 +214,69 @@ async fn postgres_previous_and_this_release_side_by_side() {
     side_by_side(&postgres_url()).await;
 }
 
+/// A backfill this release ran (its runs kept as `manual` with `"backfill": true`) leaves a
+/// history the previous release reads: its `history` shows the runs as manual runs of their
+/// slots, and its `status` answers.
+#[test]
+fn a_backfill_by_this_release_is_read_by_the_previous_one() {
+    let old = previous_release();
+    let dir = temp_dir();
+    let url = format!("sqlite:{}", path_str(&dir.path().join("leases.db")));
+    let ledger = ledger_in(dir.path());
+    let lease = unique("skew-backfill");
+    let args = [
+        "--store", &url, "--lease", &lease, "--every", "1s", "--ttl", "3s",
+    ];
+    let instance = Instance::start("new-1", &args, &ledger, "20ms", dir.path());
+    std::thread::sleep(Duration::from_secs(2));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let to_ms = (now - 60_000) / 1000 * 1000;
+    let range = format!("{}..{to_ms}", to_ms - 2000);
+    let asked = leasehold(
+        BIN.as_ref(),
+        &[
+            "trigger",
+            "--store",
+            &url,
+            &lease,
+            "--slots",
+            &range,
+            "--wait=30s",
+        ],
+    );
+    assert!(asked.status.success(), "{asked:?}");
+    assert_eq!(instance.stop(Duration::from_secs(10)), 0);
+    let task = format!("{lease}:run");
+    let history = leasehold(
+        &old,
+        &[
+            "history", "--store", &url, &task, "--json", "--limit", "100",
+        ],
+    );
+    assert!(history.status.success(), "{history:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
+    let manual: Vec<u64> = doc["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["trigger"] == "manual")
+        .filter_map(|r| r["slot"].as_u64().or(r["slot_ms"].as_u64()))
+        .collect();
+    assert_eq!(manual.len(), 3, "{doc}");
+    assert!(
+        manual.iter().all(|&s| s <= to_ms && s >= to_ms - 2000),
+        "{doc}"
+    );
+    let status = leasehold(&old, &["status", "--store", &url, &task]);
+    assert!(
+        status.status.success() && !status.stdout.is_empty(),
+        "{status:?}"
+    );
+}
+
 /// A release below the store's recorded oldest writer (this build, under a record a newer
 /// release wrote) refuses: exit 78, one line naming the release to upgrade to, nothing written.
 #[test]

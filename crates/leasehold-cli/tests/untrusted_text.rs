@@ -62,6 +62,7 @@ async fn hostile_store(url: &str) {
             by: format!("asker{ESCAPES}"),
             at_ms: now,
             expires_ms: now + 300_000,
+            slots: None,
         }),
     };
     store

@@ -146,6 +146,12 @@ impl ApiError {
             FleetError::NoInstance(_) => (StatusCode::CONFLICT, "no-instance"),
             FleetError::Contended(_) => (StatusCode::CONFLICT, "contended"),
             FleetError::Live { .. } => (StatusCode::CONFLICT, "task-live"),
+            FleetError::BadRange { .. } | FleetError::FutureRange { .. } => {
+                return Self::field("to_ms", e.to_string());
+            }
+            FleetError::TooManySlots { .. } => return Self::field("from_ms", e.to_string()),
+            FleetError::NoBackfill { .. } => (StatusCode::CONFLICT, "no-backfill"),
+            FleetError::TriggerWaiting { .. } => (StatusCode::CONFLICT, "trigger-waiting"),
             FleetError::NoCatalog(_) => (StatusCode::NOT_IMPLEMENTED, "no-catalog"),
             FleetError::Store(e) if e.is_transient() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "store-down")

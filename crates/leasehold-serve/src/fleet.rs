@@ -1,12 +1,12 @@
 //! The fleet over HTTP: the store's task catalog and leases as `leasehold::overview` computes
-//! them, and fleet-wide pause, resume and trigger through `leasehold::fleet::Fleet` (the same
+//! them, and fleet-wide pause, resume, trigger and backfill through `leasehold::fleet::Fleet` (the same
 //! records `leasehold status|pause|resume|trigger` read and write).
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, RawQuery, State};
-use leasehold::catalog::TriggerRequest;
+use leasehold::catalog::{SlotRange, TriggerRequest};
 use leasehold::overview::{self, LeaseList, TaskDetail, TaskList, TaskSummary};
 use leasehold::{LeaseName, text};
 use serde::{Deserialize, Serialize};
@@ -143,6 +143,48 @@ pub(crate) async fn trigger(
     let by = by(&sidecar, request.by);
     let asked = sidecar.0.fleet.trigger(&task, &by).await;
     Ok(Json(sidecar.answered(asked)?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackfillBody {
+    from_ms: u64,
+    to_ms: u64,
+    #[serde(default)]
+    by: Option<String>,
+}
+
+/// What `backfill` answers.
+#[derive(Serialize)]
+pub(crate) struct BackfillAnswer {
+    task: String,
+    /// `None` when every slot of the range already ran ok: nothing was asked for.
+    request: Option<TriggerRequest>,
+    slots: Vec<u64>,
+    to_run: Vec<u64>,
+}
+
+/// Asks for a backfill of the task's slots in `[from_ms, to_ms]` (`leasehold trigger --slots`).
+pub(crate) async fn backfill(
+    State(sidecar): State<Sidecar>,
+    Path(task): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<BackfillAnswer>, ApiError> {
+    let task = lease_name("task", &task)?;
+    let request: BackfillBody = parse(body)?;
+    let by = by(&sidecar, request.by);
+    let range = SlotRange {
+        from_ms: request.from_ms,
+        to_ms: request.to_ms,
+    };
+    let asked = sidecar.0.fleet.backfill(&task, &by, range).await;
+    let backfill = sidecar.answered(asked)?;
+    Ok(Json(BackfillAnswer {
+        task: task.to_string(),
+        request: backfill.request,
+        slots: backfill.slots,
+        to_run: backfill.to_run,
+    }))
 }
 
 #[derive(Deserialize, Default)]

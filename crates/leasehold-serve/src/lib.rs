@@ -41,8 +41,10 @@
 //! (library schedulers, `leasehold run`, sidecar ticks) with their state, instances, last run,
 //! next slot and misses of the last 24 hours; `GET /v1/tasks/{task}` adds the history;
 //! `GET /v1/leases` lists the leases. `POST /v1/tasks/{task}/pause`, `/resume` and `/trigger`
-//! act on every instance of the task through the store (`leasehold::fleet::Fleet`). Errors are
-//! typed: `unknown-task` 404, `no-instance` 409 (a trigger nobody would take), `no-catalog` 501.
+//! act on every instance of the task through the store (`leasehold::fleet::Fleet`), and
+//! `/backfill` (`{"from_ms", "to_ms"}`) asks for the task's past slots in that range without an
+//! ok run (`leasehold trigger --slots`). Errors are typed: `unknown-task` 404, `no-instance` 409
+//! (a trigger nobody would take), `no-backfill` and `trigger-waiting` 409, `no-catalog` 501.
 //!
 //! Ticks register their task in the catalog (source `sidecar`, with its schedule and policy,
 //! and as an instance the application replica the tick names in `instance`, `via` this sidecar,
@@ -192,6 +194,7 @@ impl Sidecar {
             .route("/v1/tasks/{task}/pause", post(fleet::pause))
             .route("/v1/tasks/{task}/resume", post(fleet::resume))
             .route("/v1/tasks/{task}/trigger", post(fleet::trigger))
+            .route("/v1/tasks/{task}/backfill", post(fleet::backfill))
             .route("/v1/tasks/{task}/forget", post(fleet::forget))
             .route("/v1/leases", get(fleet::leases))
             .route("/v1/leases/{name}", get(leases::state))

@@ -74,6 +74,7 @@ async fn register(store: &BoxStore, task: &str) {
         retries: None,
         jitter_ms: None,
         overlap: None,
+        slot_schedule: None,
     };
     let task = LeaseName::new(task).unwrap();
     let instance = HolderId::new("page-test:1:0123456789abcdef").unwrap();

@@ -43,7 +43,7 @@ pub struct LedgerEntry {
     /// The holder id of the instance that ran it (`LEASEHOLD_HOLDER`).
     #[serde(default)]
     pub holder: String,
-    /// What started the run (`LEASEHOLD_TRIGGER`: `timer`, `catch-up`, `manual`); left out of
+    /// What started the run (`LEASEHOLD_TRIGGER`: `timer`, `catch-up`, `manual`, `backfill`); left out of
     /// the line when empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trigger: String,

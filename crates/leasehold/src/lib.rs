@@ -38,7 +38,9 @@ pub use scheduling::scheduler::{
 pub use scheduling::task::{
     CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
 };
-pub use scheduling::{fleet, gate, history, interrupted, lifecycle, overview, policy, presence};
+pub use scheduling::{
+    backfill, fleet, gate, history, interrupted, lifecycle, overview, policy, presence,
+};
 pub use store::answers::{LeaseState, Release};
 pub use store::boxed::BoxStore;
 pub use store::capabilities::Capabilities;

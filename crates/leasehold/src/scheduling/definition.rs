@@ -59,6 +59,10 @@ pub struct TaskDefinition {
     /// `allow`); absent: `skip`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<String>,
+    /// The schedule as run records carry it, for a reader to compute its slots (a backfill's
+    /// range); absent from releases before backfill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_schedule: Option<crate::scheduling::history::RecordedSchedule>,
 }
 
 /// What an instance says about itself when it registers.

@@ -20,11 +20,14 @@
 
 use std::time::Duration;
 
+use crate::scheduling::backfill::{self, HISTORY_LOOKED_AT, MAX_BACKFILL_SLOTS};
 use crate::scheduling::definition::{InstanceInfo, TaskDefinition, TaskSource};
 use crate::scheduling::history::{RunOutcome, RunRecord};
+use crate::scheduling::schedule::Schedule;
 use crate::store::capabilities::Capabilities;
 use crate::store::catalog::{
-    CATALOG_RETENTION, Control, Forgetting, LeaseRecord, Pause, TaskRecord, TriggerRequest,
+    CATALOG_RETENTION, Control, Forgetting, LeaseRecord, Pause, SlotRange, TaskRecord,
+    TriggerRequest,
 };
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
@@ -33,6 +36,9 @@ use crate::store::traits::{Catalog, Slots};
 
 /// How long a trigger waits for an instance to take it before it lapses.
 pub const TRIGGER_TTL: Duration = Duration::from_secs(300);
+
+/// How many history entries a wait for a manual run looks among.
+const RUN_LOOKED_AT: usize = 50;
 
 /// Compare-and-set attempts before a control write gives up (only under heavy contention).
 const CAS_ATTEMPTS: usize = 20;
@@ -76,6 +82,54 @@ pub enum FleetError {
     /// The control record kept changing under this write.
     #[error("task {0}'s control record kept changing; try again")]
     Contended(LeaseName),
+    /// A backfill range whose end comes before its start.
+    #[error("the range {from_ms}..{to_ms} ends before it starts")]
+    BadRange {
+        /// Its start (ms since the Unix epoch).
+        from_ms: u64,
+        /// Its end.
+        to_ms: u64,
+    },
+    /// A backfill range that ends after the store's clock: a slot still to come is the
+    /// timer's, not a backfill's.
+    #[error(
+        "the range ends at {to_ms}, after the store's clock ({now_ms}): a backfill runs past slots only"
+    )]
+    FutureRange {
+        /// Its end (ms since the Unix epoch).
+        to_ms: u64,
+        /// The store's clock.
+        now_ms: u64,
+    },
+    /// A backfill range holding more slots of the task's schedule than one backfill runs.
+    #[error(
+        "the range holds {slots} slots of task {task}'s schedule; one backfill runs at most {max}: split it"
+    )]
+    TooManySlots {
+        /// The task.
+        task: LeaseName,
+        /// How many slots the range holds (counted up to 100,000 for cron).
+        slots: u64,
+        /// [`MAX_BACKFILL_SLOTS`].
+        max: usize,
+    },
+    /// A task that cannot be backfilled: why.
+    #[error("task {task} cannot be backfilled: {why}")]
+    NoBackfill {
+        /// The task.
+        task: LeaseName,
+        /// Why.
+        why: &'static str,
+    },
+    /// Another trigger (a manual run, or a backfill of another range) waits to be taken:
+    /// nothing was written.
+    #[error("another trigger of task {task} ({id}) waits to be taken; try again once it is")]
+    TriggerWaiting {
+        /// The task.
+        task: LeaseName,
+        /// The waiting trigger's id.
+        id: String,
+    },
     /// A `by` or `reason` that breaks [`text`](crate::text)'s rule (too long, or holding a
     /// control or bidi character); nothing was written.
     #[error(transparent)]
@@ -90,10 +144,24 @@ impl FleetError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Store(e) => e.is_transient(),
-            Self::Contended(_) | Self::NotEnded { .. } => true,
+            Self::Contended(_) | Self::NotEnded { .. } | Self::TriggerWaiting { .. } => true,
             _ => false,
         }
     }
+}
+
+/// What a backfill asked for ([`Fleet::backfill`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Backfill {
+    /// The request written to the task's control record; `None` when every slot of the range
+    /// already ran ok (nothing was asked for).
+    pub request: Option<TriggerRequest>,
+    /// Every slot of the range, oldest first.
+    pub slots: Vec<u64>,
+    /// Those with no `ok` run in the history as read now, oldest first: the instance that
+    /// takes the request runs them (reading the history again before each).
+    pub to_run: Vec<u64>,
 }
 
 /// One task as the catalog describes it.
@@ -300,34 +368,119 @@ impl<S: Catalog + Slots> Fleet<S> {
     /// Asks whichever instance runs `task` to run it once, as soon as it can (within its
     /// catalog heartbeat, a third of its lease ttl), holding the task lease; the request lapses
     /// after [`TRIGGER_TTL`] if no instance takes it. A trigger already waiting is answered
-    /// instead of a second one. `by` follows [`text::BY`] ([`FleetError::Text`] if not).
+    /// instead of a second one ([`FleetError::TriggerWaiting`] if it is a backfill). `by`
+    /// follows [`text::BY`] ([`FleetError::Text`] if not).
     pub async fn trigger(&self, task: &LeaseName, by: &str) -> Result<TriggerRequest, FleetError> {
         text::BY.check(by)?;
         let view = self.task(task).await?;
+        if !view.has_live_instance() {
+            return Err(FleetError::NoInstance(view.name));
+        }
+        let now_ms = self.store.now_millis().await?;
+        self.ask(&view.name, by, now_ms, None).await
+    }
+
+    /// Asks whichever instance runs `task` to run each of its slots in `range` (both ends
+    /// included) that has no `ok` run in its history, oldest first, one at a time, each
+    /// holding the task lease, as trigger `backfill` (see [`backfill`](crate::backfill)).
+    /// Refused, nothing written: a range that ends before it starts
+    /// ([`FleetError::BadRange`]) or after the store's clock ([`FleetError::FutureRange`]),
+    /// one of more than [`MAX_BACKFILL_SLOTS`] slots ([`FleetError::TooManySlots`]), a task
+    /// whose schedule the catalog does not give (registered by a release before backfill) or
+    /// that an application runs through the sidecar ([`FleetError::NoBackfill`]), another
+    /// trigger waiting ([`FleetError::TriggerWaiting`]). When every slot already ran ok,
+    /// nothing is asked for ([`Backfill::request`] is `None`). The request lapses like a
+    /// trigger's if no instance takes it; an identical one waiting is answered instead.
+    pub async fn backfill(
+        &self,
+        task: &LeaseName,
+        by: &str,
+        range: SlotRange,
+    ) -> Result<Backfill, FleetError> {
+        text::BY.check(by)?;
+        if range.to_ms < range.from_ms {
+            return Err(FleetError::BadRange {
+                from_ms: range.from_ms,
+                to_ms: range.to_ms,
+            });
+        }
+        let view = self.task(task).await?;
         let task = &view.name;
+        let schedule = backfill_schedule(&view)?;
+        let now_ms = self.store.now_millis().await?;
+        if range.to_ms > now_ms {
+            return Err(FleetError::FutureRange {
+                to_ms: range.to_ms,
+                now_ms,
+            });
+        }
+        let slots =
+            backfill::slots_in(&schedule, range).map_err(|slots| FleetError::TooManySlots {
+                task: view.shown(),
+                slots,
+                max: MAX_BACKFILL_SLOTS,
+            })?;
+        let records =
+            crate::scheduling::history::read(&self.store, task, HISTORY_LOOKED_AT).await?;
+        let to_run: Vec<u64> = slots
+            .iter()
+            .copied()
+            .filter(|&slot| !backfill::ran_ok(&records, slot))
+            .collect();
+        if to_run.is_empty() {
+            return Ok(Backfill {
+                request: None,
+                slots,
+                to_run,
+            });
+        }
         if !view.has_live_instance() {
             return Err(FleetError::NoInstance(view.shown()));
         }
-        let now_ms = self.store.now_millis().await?;
+        let request = self.ask(task, by, now_ms, Some(range)).await?;
+        Ok(Backfill {
+            request: Some(request),
+            slots,
+            to_run,
+        })
+    }
+
+    /// Writes a trigger request (of `slots`, for a backfill) to `task`'s control record, or
+    /// answers the same kind of request already waiting.
+    async fn ask(
+        &self,
+        task: &LeaseName,
+        by: &str,
+        now_ms: u64,
+        slots: Option<SlotRange>,
+    ) -> Result<TriggerRequest, FleetError> {
         let request = TriggerRequest {
             id: format!("{now_ms:x}-{:08x}", fastrand::u32(..)),
             by: by.to_owned(),
             at_ms: now_ms,
             expires_ms: now_ms.saturating_add(millis(TRIGGER_TTL)),
+            slots,
         };
-        let mut answer = request.clone();
+        let mut answer = Ok(request.clone());
         self.update(task, |control| match &control.trigger {
             Some(pending) if pending.expires_ms > now_ms => {
-                answer = pending.clone();
+                answer = match pending.slots == slots {
+                    true => Ok(pending.clone()),
+                    false => Err(FleetError::TriggerWaiting {
+                        task: task.clone(),
+                        id: pending.id.clone(),
+                    }),
+                };
                 false
             }
             _ => {
+                answer = Ok(request.clone());
                 control.trigger = Some(request.clone());
                 true
             }
         })
         .await?;
-        Ok(answer)
+        answer
     }
 
     /// Removes `task` from the catalog with its control record (a pause, a pending trigger),
@@ -377,25 +530,81 @@ impl<S: Catalog + Slots> Fleet<S> {
         request: &TriggerRequest,
         limit: Duration,
     ) -> Result<RunRecord, FleetError> {
-        let view = self.task(task).await?;
-        let task = &view.name;
+        self.poll(task, request, limit, RUN_LOOKED_AT, |records, state| {
+            let run = records
+                .iter()
+                .find(|r| r.request.as_ref().is_some_and(|q| q.id == request.id))?;
+            if run.outcome == RunOutcome::Running {
+                *state = "running".to_owned();
+                return None;
+            }
+            Some(run.clone())
+        })
+        .await
+    }
+
+    /// Waits (polling the history once a second) until each slot `backfill` is to run has
+    /// ended a run of its request, or has an `ok` run otherwise (another backfill ran it), at
+    /// most `limit`: the request's runs, oldest slot first (the last attempt of each).
+    pub async fn wait_for_backfill(
+        &self,
+        task: &LeaseName,
+        backfill: &Backfill,
+        limit: Duration,
+    ) -> Result<Vec<RunRecord>, FleetError> {
+        let Some(request) = &backfill.request else {
+            return Ok(Vec::new());
+        };
+        self.poll(task, request, limit, HISTORY_LOOKED_AT, |records, state| {
+            // Newest first: the first record of a slot is its last attempt.
+            let mut runs: Vec<RunRecord> = Vec::new();
+            for r in records {
+                let ours = r.request.as_ref().is_some_and(|q| q.id == request.id);
+                if ours && !runs.iter().any(|run| run.slot == r.slot) {
+                    runs.push(r.clone());
+                }
+            }
+            let ended = |slot: &u64| {
+                runs.iter()
+                    .any(|r| r.slot == Some(*slot) && r.outcome != RunOutcome::Running)
+                    || backfill::ran_ok(records, *slot)
+            };
+            let done = backfill.to_run.iter().filter(|s| ended(s)).count();
+            *state = format!("{done} of {} slots ended", backfill.to_run.len());
+            if done < backfill.to_run.len() {
+                return None;
+            }
+            runs.sort_by_key(|r| r.slot);
+            Some(runs)
+        })
+        .await
+    }
+
+    /// Reads `task`'s newest `entries` history entries once a second until `done` answers (it
+    /// may say what it saw in `state`), at most `limit`; a `request` no instance took before
+    /// it lapsed ends the wait.
+    async fn poll<T>(
+        &self,
+        task: &LeaseName,
+        request: &TriggerRequest,
+        limit: Duration,
+        entries: usize,
+        mut done: impl FnMut(&[RunRecord], &mut String) -> Option<T>,
+    ) -> Result<T, FleetError> {
+        let task = &self.task(task).await?.name;
         let started = tokio::time::Instant::now();
         let mut state = "not taken by an instance yet".to_owned();
         loop {
-            let records = crate::scheduling::history::read(&self.store, task, 50).await?;
-            let run = records
-                .into_iter()
-                .find(|r| r.request.as_ref().is_some_and(|q| q.id == request.id));
-            match run {
-                Some(run) if run.outcome != RunOutcome::Running => return Ok(run),
-                Some(_) => state = "running".to_owned(),
-                None => {
-                    let now = self.store.now_millis().await?;
-                    if now > request.expires_ms {
-                        state = "lapsed: no instance took it in time".to_owned();
-                        break;
-                    }
-                }
+            let records = crate::scheduling::history::read(&self.store, task, entries).await?;
+            if let Some(answer) = done(&records, &mut state) {
+                return Ok(answer);
+            }
+            let taken = records
+                .iter()
+                .any(|r| r.request.as_ref().is_some_and(|q| q.id == request.id));
+            if !taken && self.store.now_millis().await? > request.expires_ms {
+                state = "lapsed: no instance took it in time".to_owned();
+                break;
             }
             if started.elapsed() >= limit {
                 break;
@@ -438,6 +647,30 @@ impl<S: Catalog + Slots> Fleet<S> {
         }
         Err(FleetError::Contended(task.clone()))
     }
+}
+
+/// The schedule a backfill of `view` computes its slots from, or why there is none.
+fn backfill_schedule(view: &TaskView) -> Result<Schedule, FleetError> {
+    let refuse = |why| FleetError::NoBackfill {
+        task: view.name.clone(),
+        why,
+    };
+    let definition = view
+        .definition
+        .as_ref()
+        .ok_or_else(|| refuse("no instance registered its schedule"))?;
+    if definition.source == TaskSource::Sidecar {
+        return Err(refuse(
+            "an application runs it through the sidecar, which runs one slot per tick: backfill needs an instance that runs the task itself (the library's Scheduler, `leasehold run`, `leasehold crontab`)",
+        ));
+    }
+    definition
+        .slot_schedule
+        .as_ref()
+        .and_then(|recorded| recorded.schedule())
+        .ok_or_else(|| {
+            refuse("the instance that registered it predates backfill (upgrade it), or its schedule is one this build cannot read")
+        })
 }
 
 fn millis(d: Duration) -> u64 {

@@ -186,6 +186,12 @@ impl Ticket {
         self.request.as_ref()
     }
 
+    /// This ticket, for the run of `slot` (a backfill's, under the lease its take held).
+    pub(crate) fn for_slot(mut self, slot: u64) -> Self {
+        self.slot = slot;
+        self
+    }
+
     /// The task lease held for the run (its token fences the run's writes).
     pub fn guard(&self) -> &LeaseGuard {
         &self.guard
@@ -618,11 +624,16 @@ impl<S: Slots + Catalog> Gate<S> {
             .lease
             .store()
             .set_control(self.task(), Some(version), &taken);
+        // A backfill's ticket holds the lease for its first slot (the lifecycle names it).
+        let trigger = match request.slots {
+            Some(_) => Trigger::Backfill,
+            None => Trigger::Manual,
+        };
         match crate::store::within(self.limit(), write).await {
             Ok(Some(_)) => Ok(Some(Ticket {
                 guard,
                 slot: request.at_ms,
-                trigger: Trigger::Manual,
+                trigger,
                 request: Some(request),
                 leader,
                 _exclusive: exclusive,
@@ -635,6 +646,47 @@ impl<S: Slots + Catalog> Gate<S> {
             Err(e) => {
                 release_in_background(guard);
                 Err(e)
+            }
+        }
+    }
+
+    /// The task lease for a backfill run of `slot`, asked for by `request`: once no gated run
+    /// of the task is going here and the task lease is free (both waited for, the lease's
+    /// holder elsewhere for as long as it holds it). The slot is not claimed: a backfill runs
+    /// past slots, and the forward-only claim stays where the timer left it. `None`: this
+    /// instance is no longer entitled, the gate was stopped, or the store refused.
+    pub async fn hold_for_backfill(&self, slot: u64, request: &TriggerRequest) -> Option<Ticket> {
+        let exclusive = tokio::select! {
+            () = self.stop.cancelled() => return None,
+            held = self.exclusive.clone().lock_owned() => held,
+        };
+        loop {
+            let leader = self.entitled().await.ok()?;
+            let wait = match self.lease.try_acquire().await {
+                Ok(TryAcquire::Acquired(guard)) => {
+                    return Some(Ticket {
+                        guard,
+                        slot,
+                        trigger: Trigger::Backfill,
+                        request: Some(request.clone()),
+                        leader,
+                        _exclusive: exclusive,
+                    });
+                }
+                Ok(TryAcquire::Busy { remaining, .. }) => {
+                    remaining.min(self.lease.config().ttl) + Duration::from_millis(10)
+                }
+                Err(crate::lease::guard::LeaseError::Store(e)) if !e.is_transient() => {
+                    tracing::warn!(task = %self.task(), slot, error = %e, "backfill stopped: the store refused the task lease");
+                    return None;
+                }
+                // An outage: tried again after a renew interval.
+                Err(_) => self.limit(),
+            };
+            tokio::select! {
+                () = self.stop.cancelled() => return None,
+                () = fired(leader.as_ref()) => return None,
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -709,7 +761,7 @@ async fn fired(token: Option<&CancellationToken>) {
     }
 }
 
-fn release_in_background(guard: LeaseGuard) {
+pub(crate) fn release_in_background(guard: LeaseGuard) {
     tokio::spawn(async move {
         if let Err(e) = guard.release().await {
             tracing::debug!(error = %e, "task lease release failed; it expires after its ttl");

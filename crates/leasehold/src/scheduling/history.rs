@@ -40,15 +40,19 @@ pub enum RecordTrigger {
     CatchUp,
     /// A manual run.
     Manual,
+    /// A past slot run on purpose (`leasehold trigger --slots`). The store keeps it as
+    /// `manual` with `"backfill": true` ([`RunRecord::to_json`]), which releases before it read.
+    Backfill,
 }
 
 impl RecordTrigger {
-    /// `timer`, `catch-up`, `manual`.
+    /// `timer`, `catch-up`, `manual`, `backfill`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Timer => "timer",
             Self::CatchUp => "catch-up",
             Self::Manual => "manual",
+            Self::Backfill => "backfill",
         }
     }
 }
@@ -262,6 +266,9 @@ impl RecordedSchedule {
     }
 }
 
+/// The field that marks a `manual` record as a backfill run in the store ([`RunRecord::to_json`]).
+const BACKFILL_FIELD: &str = "backfill";
+
 /// One entry of a task's run history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -446,6 +453,11 @@ impl RunRecord {
     /// (attempt 2 on) goes under its start time, at least a millisecond per attempt after the
     /// slot, so each attempt keeps an entry of its own (and they stay in order).
     pub fn key(&self) -> u64 {
+        // A backfill run goes under its start time: its slot's key may hold the slot's miss
+        // or an earlier run, which it must not replace.
+        if self.trigger == Some(RecordTrigger::Backfill) {
+            return self.started_ms.or(self.slot).unwrap_or_default();
+        }
         match (self.slot, self.attempt) {
             (Some(slot), Some(attempt)) if attempt > 1 => self
                 .started_ms
@@ -489,16 +501,37 @@ impl RunRecord {
         self
     }
 
-    /// The record as the store keeps it.
+    /// The record as the store keeps it. A backfill run is kept as `manual` with
+    /// `"backfill": true`: a release before backfill reads it (a trigger word it does not know
+    /// would make it refuse the whole history).
     pub fn to_json(&self) -> String {
         // A struct of strings, numbers and enums always serializes.
-        serde_json::to_string(self).unwrap_or_default()
+        if self.trigger != Some(RecordTrigger::Backfill) {
+            return serde_json::to_string(self).unwrap_or_default();
+        }
+        let as_manual = Self {
+            trigger: Some(RecordTrigger::Manual),
+            ..self.clone()
+        };
+        let mut value = serde_json::to_value(as_manual).unwrap_or_default();
+        if let Some(fields) = value.as_object_mut() {
+            fields.insert(BACKFILL_FIELD.to_owned(), true.into());
+        }
+        value.to_string()
     }
 
     /// Reads a record the store kept.
     pub fn from_json(text: &str) -> Result<Self, StoreError> {
-        serde_json::from_str(text)
-            .map_err(|e| StoreError::Corrupt(format!("history entry is not a run record: {e}")))
+        let corrupt = |e: serde_json::Error| {
+            StoreError::Corrupt(format!("history entry is not a run record: {e}"))
+        };
+        let value: serde_json::Value = serde_json::from_str(text).map_err(corrupt)?;
+        let backfill = value.get(BACKFILL_FIELD) == Some(&serde_json::Value::Bool(true));
+        let mut record: Self = serde_json::from_value(value).map_err(corrupt)?;
+        if backfill && record.trigger == Some(RecordTrigger::Manual) {
+            record.trigger = Some(RecordTrigger::Backfill);
+        }
+        Ok(record)
     }
 }
 
@@ -785,6 +818,37 @@ mod tests {
         assert_eq!(
             RecordedSchedule::of(&every),
             RecordedSchedule::EveryMs(30_000)
+        );
+    }
+
+    /// A backfill run is kept as `manual` plus a flag, so a release before backfill (which
+    /// refuses a history holding a trigger word it does not know) still reads it; this release
+    /// reads it back as `backfill`, filed under its start time, not its slot.
+    #[test]
+    fn a_backfill_run_is_kept_as_manual_with_a_flag_and_reads_back() {
+        let run = RunRecord::started(
+            Some(60_000),
+            RecordTrigger::Backfill,
+            "host:1:ab",
+            Some(FencingToken(7)),
+            900_000,
+            None,
+        )
+        .ended(901_000, RunOutcome::Ok);
+        let json = run.to_json();
+        assert!(json.contains("\"trigger\":\"manual\""), "{json}");
+        assert!(json.contains("\"backfill\":true"), "{json}");
+        assert_eq!(RunRecord::from_json(&json).unwrap(), run);
+        assert_eq!(run.key(), 900_000);
+        // What the previous release's reader sees: a manual run of the slot.
+        let plain: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(plain["trigger"], "manual");
+        assert_eq!(plain["slot"], 60_000);
+        // Served as JSON (the sidecar's API, `history --json`), the word is `backfill`.
+        assert!(
+            serde_json::to_string(&run)
+                .unwrap()
+                .contains("\"trigger\":\"backfill\"")
         );
     }
 

@@ -130,7 +130,7 @@ pub(crate) fn cut_off(
             continue;
         };
         if slot >= granted
-            || trigger == RecordTrigger::Manual
+            || matches!(trigger, RecordTrigger::Manual | RecordTrigger::Backfill)
             || matches!(record.outcome, RunOutcome::Missed { .. })
         {
             continue;

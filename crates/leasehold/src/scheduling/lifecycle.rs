@@ -29,16 +29,21 @@ use tokio::time::Instant;
 
 use crate::lease::guard::{Lease, LeaseGuard, TryAcquire};
 use crate::metrics_help::TaskCounters;
+use crate::scheduling::backfill::{self, HISTORY_LOOKED_AT, MAX_BACKFILL_SLOTS};
 use crate::scheduling::definition::{TaskDefinition, TaskSource};
-use crate::scheduling::gate::{Decision, Gate, Reading, Skip, StoreClock, Ticket, TimerDecision};
+use crate::scheduling::gate::{
+    Decision, Gate, Reading, Skip, StoreClock, Ticket, TimerDecision, release_in_background,
+};
 use crate::scheduling::history::{HistoryWriter, MissReason, Outcome, RecordedSchedule, RunRecord};
 use crate::scheduling::interrupted::{self, OnInterrupt, Rerun};
 use crate::scheduling::policy::{NextAttempt, Overlap, RunPolicy};
 use crate::scheduling::schedule::Schedule;
 use crate::scheduling::task::{CatchUp, StoreDownPolicy, Trigger};
 use crate::store::answers::SlotClaim;
+use crate::store::catalog::TriggerRequest;
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
+use crate::store::text::visible;
 use crate::store::timeout::within;
 use crate::store::token::FencingToken;
 use crate::store::traits::{Catalog, Slots};
@@ -129,6 +134,7 @@ impl TaskPlan {
             overlap: Some(self.run_policy.overlap)
                 .filter(|&o| o != Overlap::Skip)
                 .map(|o| o.as_str().to_owned()),
+            slot_schedule: Some(RecordedSchedule::of(&self.schedule)),
         }
     }
 }
@@ -1001,7 +1007,7 @@ impl TaskTicks {
         plan: &TaskPlan,
         ticket: &Ticket,
     ) -> Vec<Rerun> {
-        if ticket.trigger() == Trigger::Manual {
+        if matches!(ticket.trigger(), Trigger::Manual | Trigger::Backfill) {
             return Vec::new();
         }
         self.cut_off_before(gate, plan, ticket.slot(), ticket.guard().token())
@@ -1090,6 +1096,89 @@ impl TaskTicks {
         !self.state.lock().await.history_known
     }
 
+    /// The backfill `ticket` took (a ticket of [`Trigger::Backfill`]): the slots of the plan's
+    /// schedule in its range, oldest first, and the task lease the take holds. A range of more
+    /// than [`MAX_BACKFILL_SLOTS`] slots (which the fleet refuses: this instance's schedule
+    /// differs from the one the catalog gave), or another ticket, runs nothing.
+    pub fn backfill(&self, plan: &TaskPlan, ticket: Ticket) -> BackfillRun {
+        let request = ticket
+            .request()
+            .filter(|_| ticket.trigger() == Trigger::Backfill)
+            .cloned();
+        let range = request.as_ref().and_then(|r| r.slots);
+        let slots = match range.map(|range| backfill::slots_in(&plan.schedule, range)) {
+            Some(Ok(slots)) => slots,
+            Some(Err(count)) => {
+                tracing::warn!(task = %self.task, count, max = MAX_BACKFILL_SLOTS, "backfill not run: its range holds too many slots of this instance's schedule");
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        if let Some(request) = &request {
+            tracing::info!(task = %self.task, id = %request.id, by = %visible(&request.by), slots = slots.len(), "backfill asked for through the catalog");
+        }
+        BackfillRun {
+            request,
+            slots: slots.into(),
+            held: Some(ticket),
+            ran: false,
+        }
+    }
+
+    /// The next slot of `backfill` to run, with the task lease held for it
+    /// ([`Gate::hold_for_backfill`]): the oldest slot left with no `ok` run in the task's
+    /// history, read while the lease is held (so a slot another backfill ran meanwhile is not
+    /// run again). `None` once no slot is left, or when this instance cannot go on (no longer
+    /// entitled, stopping, the store not answering): the rest is not run here, and the same
+    /// backfill asked for again runs it.
+    pub async fn backfill_next<S: Slots + Catalog>(
+        &self,
+        gate: &Gate<S>,
+        backfill: &mut BackfillRun,
+    ) -> Option<Ticket> {
+        let limit = gate.lease().config().renew_interval;
+        if backfill.ran {
+            // A backfill run's history entry is filed under its start (not to replace its
+            // slot's entry): the next starts a millisecond later at least, so two quick runs
+            // do not share one entry.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let request = backfill.request.clone()?;
+        while let Some(slot) = backfill.slots.pop_front() {
+            let held = match backfill.held.take() {
+                Some(ticket) => Some(ticket),
+                None => gate.hold_for_backfill(slot, &request).await,
+            };
+            let Some(ticket) = held else {
+                tracing::warn!(task = %self.task, id = %request.id, left = backfill.slots.len() + 1, "backfill stopped: this instance no longer runs the task (or is stopping); the same backfill asked for again runs the rest");
+                return None;
+            };
+            let read = within(
+                limit,
+                gate.lease().store().history(&self.task, HISTORY_LOOKED_AT),
+            );
+            let records: Vec<RunRecord> = match read.await {
+                Ok(texts) => texts
+                    .iter()
+                    .filter_map(|text| RunRecord::from_json(text).ok())
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(task = %self.task, slot, error = %e, left = backfill.slots.len() + 1, "backfill stopped: the history could not be read");
+                    release_in_background(ticket.into_guard());
+                    return None;
+                }
+            };
+            if backfill::ran_ok(&records, slot) {
+                tracing::debug!(task = %self.task, slot, "backfill: the slot already ran ok");
+                backfill.held = Some(ticket);
+                continue;
+            }
+            backfill.ran = true;
+            return Some(ticket.for_slot(slot));
+        }
+        None
+    }
+
     /// A run here was cut off (its lease or leadership ended): the next run here looks for it.
     pub async fn run_cut_off(&self) {
         self.state.lock().await.history_known = false;
@@ -1117,6 +1206,34 @@ impl TaskTicks {
         let mut record = RunRecord::missed(first, count, last_slot, reason, &self.holder);
         record.schedule = Some(RecordedSchedule::of(schedule));
         self.history.record(&self.task, record);
+    }
+}
+
+/// A backfill taken here ([`TaskTicks::backfill`]): the slots of its range left to look at,
+/// oldest first, and the task lease its take held, until a slot runs under it. Dropped, it lets
+/// that lease go.
+#[derive(Debug)]
+pub struct BackfillRun {
+    /// `None` for a ticket that was not a backfill's: nothing to run.
+    request: Option<TriggerRequest>,
+    slots: std::collections::VecDeque<u64>,
+    held: Option<Ticket>,
+    /// A slot of it ran here.
+    ran: bool,
+}
+
+impl BackfillRun {
+    /// The request it runs.
+    pub fn request(&self) -> Option<&TriggerRequest> {
+        self.request.as_ref()
+    }
+}
+
+impl Drop for BackfillRun {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.held.take() {
+            release_in_background(ticket.into_guard());
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! ([`definition`]), the scheduler ([`scheduler`]), and the operator's view and hand
 //! ([`fleet`], [`overview`]). Built on the `lease` and `store` layers.
 
+pub mod backfill;
 pub(crate) mod campaigns;
 #[cfg(feature = "cron")]
 pub(crate) mod cron;

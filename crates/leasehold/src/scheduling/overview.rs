@@ -181,7 +181,7 @@ pub struct MissedSlots {
 pub struct RunSummary {
     /// The slot, for timer and catch-up runs and misses.
     pub slot_ms: Option<u64>,
-    /// `timer`, `catch-up`, `manual`; `None` for misses.
+    /// `timer`, `catch-up`, `manual`, `backfill`; `None` for misses.
     pub trigger: Option<String>,
     /// The instance that ran it (or recorded the miss).
     pub holder: String,

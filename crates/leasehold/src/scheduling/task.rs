@@ -107,16 +107,20 @@ pub enum Trigger {
     /// leadership ended, a drain ran out): see [`OnInterrupt`](crate::OnInterrupt). The
     /// context's attempt number says which attempt of the slot this is.
     Retry,
+    /// A past slot run on purpose ([`Fleet::backfill`](crate::fleet::Fleet::backfill),
+    /// `leasehold trigger --slots`), under the task lease, without moving the slot claim.
+    Backfill,
 }
 
 impl Trigger {
-    /// `timer`, `catch-up`, `manual` or `retry`.
+    /// `timer`, `catch-up`, `manual`, `retry` or `backfill`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Timer => "timer",
             Self::CatchUp => "catch-up",
             Self::Manual => "manual",
             Self::Retry => "retry",
+            Self::Backfill => "backfill",
         }
     }
 }

@@ -143,6 +143,21 @@ pub struct TriggerRequest {
     pub at_ms: u64,
     /// After this (store clock, ms) no instance takes it any more.
     pub expires_ms: u64,
+    /// For a backfill (`leasehold trigger --slots`): the range of the task's slots to run, each
+    /// that has no ok run in the task's history. Absent: one manual run. (A release before it
+    /// ignores the field and takes the request as one manual run.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<SlotRange>,
+}
+
+/// The slots of a backfill: every slot of the task's schedule in `[from_ms, to_ms]` (store
+/// clock, ms since the Unix epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotRange {
+    /// The first time of the range.
+    pub from_ms: u64,
+    /// The last time of the range (included).
+    pub to_ms: u64,
 }
 
 /// `to_json` and `from_json` for records kept as JSON text.

@@ -464,6 +464,11 @@ impl<S: Slots + Catalog> TaskRunner<S> {
     /// trigger the run left waiting), or applies the store-down policy.
     async fn outcome_of(self: &Arc<Self>, fired: Fired) -> TickOutcome {
         match fired {
+            Fired::Run(ticket) if ticket.trigger() == Trigger::Backfill => {
+                self.answered(TickOutcome::Ran);
+                self.run_backfill(ticket).await;
+                TickOutcome::Ran
+            }
             Fired::Run(ticket) => {
                 self.answered(TickOutcome::Ran);
                 let (slot, trigger) = (ticket.slot(), ticket.trigger());
@@ -483,16 +488,8 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                         self.run_cut_off(&ticket).await;
                     }
                 };
-                if self.plan.run_policy.overlap == Overlap::Skip {
-                    work.await;
-                } else {
-                    let leader = ticket.leader_signal().cloned();
-                    tokio::select! {
-                        biased;
-                        () = work => {}
-                        () = self.watch_overlaps(slot, &replaced, leader) => {}
-                    }
-                }
+                let leader = ticket.leader_signal().cloned();
+                self.watching(work, slot, &replaced, leader).await;
                 if let Err(e) = ticket.into_guard().release().await {
                     tracing::warn!(task = %self.task.name, error = %e, "task lease release failed");
                 }
@@ -501,7 +498,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 if !self.retired.is_cancelled()
                     && let Some(ticket) = self.ticks.take_left_trigger(&self.gate).await
                 {
-                    self.run_manual_ticket(ticket);
+                    self.run_taken(ticket).await;
                 }
                 TickOutcome::Ran
             }
@@ -518,6 +515,26 @@ impl<S: Slots + Catalog> TaskRunner<S> {
             }
             Fired::StoreDown { slot, runs, error } => self.store_down(slot, runs, &error).await,
             Fired::Refused { slot, error } => self.refused(slot, &error).await,
+        }
+    }
+
+    /// Runs `work` (the run of `slot`), and, unless the overlap policy is `skip` (whose slots
+    /// falling meanwhile the next look back records), the timer slots that fall meanwhile as
+    /// [`watch_overlaps`](Self::watch_overlaps) decides them.
+    async fn watching(
+        self: &Arc<Self>,
+        work: impl Future<Output = ()>,
+        slot: u64,
+        replaced: &Replacement,
+        leader: Option<CancellationToken>,
+    ) {
+        if self.plan.run_policy.overlap == Overlap::Skip {
+            return work.await;
+        }
+        tokio::select! {
+            biased;
+            () = work => {}
+            () = self.watch_overlaps(slot, replaced, leader) => {}
         }
     }
 
@@ -641,8 +658,17 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 return;
             }
         };
-        if let Some(request) = ticket.request() {
+        if let Some(request) = ticket.request().filter(|r| r.slots.is_none()) {
             tracing::info!(task = %self.task.name, id = %request.id, by = %request.by, "manual run asked for through the catalog");
+        }
+        self.run_taken(ticket).await;
+    }
+
+    /// Runs a trigger's ticket: a backfill's slots in the timer loop
+    /// ([`run_backfill`](Self::run_backfill)), a manual run beside it.
+    async fn run_taken(self: &Arc<Self>, ticket: Ticket) {
+        if ticket.trigger() == Trigger::Backfill {
+            return self.run_backfill(ticket).await;
         }
         self.run_manual_ticket(ticket);
     }
@@ -656,6 +682,47 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 tracing::warn!(task = %runner.task.name, error = %e, "task lease release failed");
             }
         });
+    }
+
+    /// Runs the slots of the backfill `ticket` took, oldest first, one at a time, each under
+    /// the task lease ([`TaskTicks::backfill_next`]), until none is left or the task is
+    /// retired. It runs in the timer loop, as a timer run does: a timer slot that falls while a
+    /// backfill run goes is decided under the overlap policy ([`watching`](Self::watching)),
+    /// and one left waiting (`buffer-one`, `buffer-all`, `replace`) runs before the next
+    /// backfill slot. Boxed: a timer run it lets through may take another backfill.
+    fn run_backfill(self: &Arc<Self>, ticket: Ticket) -> BoxFuture<()> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut backfill = this.ticks.backfill(&this.plan, ticket);
+            let limit = this.gate.lease().config().renew_interval;
+            while !this.retired.is_cancelled()
+                && let Some(ticket) = this.ticks.backfill_next(&this.gate, &mut backfill).await
+            {
+                let slot = ticket.slot();
+                let start = this.ticks.run_starts(slot);
+                let replaced = Arc::new(Replacement::default());
+                let held = Held {
+                    replaced: Some(replaced.clone()),
+                    ..Held::of(&ticket)
+                };
+                let work = async {
+                    this.run(Trigger::Backfill, Some(slot), held).await;
+                };
+                let leader = ticket.leader_signal().cloned();
+                this.watching(work, slot, &replaced, leader).await;
+                // The run's end is in the store before the lease is let go: whoever takes it
+                // next (another backfill of the same range) reads that the slot ran.
+                this.common.history.flush(limit).await;
+                if let Err(e) = ticket.into_guard().release().await {
+                    tracing::warn!(task = %this.task.name, error = %e, "task lease release failed");
+                }
+                this.ticks.run_ended(&this.task.schedule, start).await;
+                this.run_queued().await;
+            }
+            if let Some(request) = backfill.request() {
+                tracing::info!(task = %this.task.name, id = %request.id, "backfill over");
+            }
+        })
     }
 
     /// The task's definition as the catalog shows it.
@@ -806,6 +873,7 @@ impl<S: Slots + Catalog> TaskRunner<S> {
         };
         let recorded_trigger = match trigger {
             Trigger::Manual => Some(RecordTrigger::Manual),
+            Trigger::Backfill => Some(RecordTrigger::Backfill),
             Trigger::CatchUp => Some(RecordTrigger::CatchUp),
             Trigger::Timer if held.token.is_some() => Some(RecordTrigger::Timer),
             Trigger::Retry => held.rerun.map(|rerun| rerun.trigger),
@@ -935,8 +1003,13 @@ impl<S: Slots + Catalog> TaskRunner<S> {
                 }
             }
         }
+        // A backfill run is not retried (its slot's next is past): asked for again, a slot
+        // without an ok run runs again.
+        let retried_slot = slot.filter(|_| trigger != Trigger::Backfill);
         let next = match ended.result() {
-            Some(outcome) => self.ticks.next_attempt(&self.plan, slot, attempt, outcome),
+            Some(outcome) => self
+                .ticks
+                .next_attempt(&self.plan, retried_slot, attempt, outcome),
             None => NextAttempt::Done,
         };
         ended.retry = match next {
