@@ -591,7 +591,8 @@ impl<S: Catalog + Slots> Fleet<S> {
         entries: usize,
         mut done: impl FnMut(&[RunRecord], &mut String) -> Option<T>,
     ) -> Result<T, FleetError> {
-        let task = &self.task(task).await?.name;
+        let view = self.task(task).await?;
+        let task = &view.name;
         let started = tokio::time::Instant::now();
         let mut state = "not taken by an instance yet".to_owned();
         loop {
