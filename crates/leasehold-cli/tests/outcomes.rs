@@ -196,7 +196,11 @@ async fn failing_runs_are_failed_everywhere(url: &str) {
     loop {
         let out = leasehold(&["status", "--store", url]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let line = text.lines().find(|l| l.starts_with(&task)).unwrap_or("");
+        // The table shows a run task by the name given to `run` (docs/cli.md, "Task names").
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{lease} ")))
+            .unwrap_or("");
         if line.contains("failing (") {
             assert!(line.contains("failed"), "{text}");
             assert!(
