@@ -211,6 +211,15 @@ impl MariaDb {
     }
 
     fn install_db(&self, program: &Path) -> Result<()> {
+        // Once more on a failure (seen once in CI, within a second, while other servers
+        // started): a fresh data directory each time.
+        self.install_db_once(program).or_else(|first| {
+            let _ = std::fs::remove_dir_all(self.dir().join("data"));
+            self.install_db_once(program).map_err(|_| first)
+        })
+    }
+
+    fn install_db_once(&self, program: &Path) -> Result<()> {
         let (out, err) = append_to(self.log())?;
         let mut c = self.command(program);
         // First: no option file of the machine's (its datadir, port, socket) applies.
