@@ -77,6 +77,33 @@ struct Inner {
     server: native::Server,
 }
 
+impl Inner {
+    fn new(
+        config: &RedisConfig,
+        setup: &Setup,
+        conn: Conn,
+        access: watch::Receiver<Access>,
+        server: native::Server,
+    ) -> Self {
+        let channel = format!("{}:released", setup.prefix);
+        let releases = config
+            .notifications
+            .then(|| listener::feed(setup.source.clone(), channel.clone(), config, &setup.url));
+        Self {
+            conn: RwLock::new(conn),
+            prefix: setup.prefix.clone(),
+            channel,
+            op_timeout: config.max_op_timeout(),
+            op_timeout_from_ttl: config.op_timeout.is_none(),
+            retention: config.retention,
+            url: setup.url.clone(),
+            releases,
+            access,
+            server,
+        }
+    }
+}
+
 /// What a lazily connecting store's background connection attempts have learnt. Operations
 /// wait for the first attempt to end, so that their first answer already tells a refusal from
 /// an outage: some clients (a Redis Cluster's) answer later commands "no connection" whatever
@@ -270,7 +297,6 @@ impl Setup {
 impl RedisStore {
     pub(crate) fn open_lazy(config: RedisConfig) -> Result<Self> {
         let setup = Setup::new(&config)?;
-        let prefix = setup.prefix.clone();
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(RedisSetupError::Config(
                 "a lazily connecting redis store must be created within a tokio runtime".into(),
@@ -278,26 +304,16 @@ impl RedisStore {
             .into());
         }
         let conn = setup.lazy_conn()?;
-        let channel = format!("{prefix}:released");
-        let op_timeout = config.max_op_timeout();
-        let releases = config
-            .notifications
-            .then(|| listener::feed(setup.source.clone(), channel.clone(), &config, &setup.url));
-        tracing::debug!(url = %setup.url, prefix = %prefix, "connecting to redis in the background");
+        tracing::debug!(url = %setup.url, prefix = %setup.prefix, "connecting to redis in the background");
         let (access_tx, access) = watch::channel(Access::Connecting);
         let store = Self {
-            inner: Arc::new(Inner {
-                conn: RwLock::new(conn),
-                prefix,
-                channel,
-                op_timeout,
-                op_timeout_from_ttl: config.op_timeout.is_none(),
-                retention: config.retention,
-                url: setup.url.clone(),
-                releases,
+            inner: Arc::new(Inner::new(
+                &config,
+                &setup,
+                conn,
                 access,
-                server: native::Server::default(),
-            }),
+                native::Server::default(),
+            )),
         };
         tokio::spawn(warm_up(
             Arc::downgrade(&store.inner),
@@ -330,30 +346,15 @@ impl RedisStore {
                 source,
             })?;
 
-        let channel = format!("{prefix}:released");
-        let op_timeout = config.max_op_timeout();
-        let releases = config
-            .notifications
-            .then(|| listener::feed(setup.source, channel.clone(), &config, &url));
         // Nothing to wait for: the listener subscribes when a waiter first waits.
         tracing::debug!(url = %url, prefix = %prefix, "connected to redis");
         let server = native::Server::default();
         if !conn.is_cluster() {
             server.detect(&mut RedisConnection(conn.clone())).await;
         }
+        let access = watch::channel(Access::Known).1;
         Ok(Self {
-            inner: Arc::new(Inner {
-                conn: RwLock::new(conn),
-                prefix,
-                channel,
-                op_timeout,
-                op_timeout_from_ttl: config.op_timeout.is_none(),
-                retention: config.retention,
-                url,
-                releases,
-                access: watch::channel(Access::Known).1,
-                server,
-            }),
+            inner: Arc::new(Inner::new(&config, &setup, conn, access, server)),
         })
     }
 

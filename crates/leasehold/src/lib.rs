@@ -26,8 +26,7 @@ pub use lease::tenure::LossReason;
 pub use metrics_help::describe_metrics;
 #[cfg(feature = "cron")]
 pub use scheduling::cron::CronSchedule;
-pub use scheduling::interrupted::OnInterrupt;
-pub use scheduling::policy::{Backoff, Overlap, RunPolicy};
+pub use scheduling::policy::{Backoff, CatchUp, OnInterrupt, Overlap, RunPolicy};
 pub use scheduling::schedule::Schedule;
 pub use scheduling::schedule_error::ScheduleError;
 #[cfg(feature = "cron")]
@@ -36,7 +35,7 @@ pub use scheduling::scheduler::{
     Scheduler, SchedulerError, SchedulerHandle, SchedulerStatus, SchedulerStore, TaskStatus,
 };
 pub use scheduling::task::{
-    CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
+    RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger, UnknownPolicy,
 };
 pub use scheduling::{
     backfill, fleet, gate, history, interrupted, lifecycle, overview, policy, presence,

@@ -8,6 +8,10 @@ export interface Entry {
   phase: "start" | "end";
   slot: number | null;
   token: string | null;
+  /** The run's trigger (`timer`, `catch-up`, `retry`, ...; `ungated` when the store was down). */
+  trigger: string;
+  /** 1, then 2, ... when a cut-off run of the slot is run again. */
+  attempt: number;
   start: number;
   end?: number;
 }

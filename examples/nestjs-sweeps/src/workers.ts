@@ -21,7 +21,9 @@ async function sweep(worker: string): Promise<void> {
   const run = leaseholdRun();
   if (run === undefined) throw new Error(`${worker}: not in a leasehold run`);
   const start = Date.now();
-  const entry = { worker, slot: run.slot, token: run.token, start };
+  // A timer slot whose run was cut off (its replica SIGKILLed) runs again as `retry`, attempt 2.
+  const [trigger, attempt] = run.gated ? [run.trigger, run.attempt] : ["ungated", 1];
+  const entry = { worker, slot: run.slot, token: run.token, trigger, attempt, start };
   record({ ...entry, phase: "start" });
   await work(run.signal);
   record({ ...entry, phase: "end", end: Date.now() });

@@ -2,7 +2,7 @@
 //! stopped answering: its record still says `running` under a tenure that is gone), or that was
 //! told to stop because its lease or leadership ended or a shutdown's drain ran out (its record
 //! says `cancelled`, not for the timeout). Such a slot started and did not finish; it is not a
-//! missed slot. Unless the task says [`OnInterrupt::Skip`], the instance that next holds the
+//! missed slot. Unless the task says [`OnInterrupt::Skip`](crate::scheduling::policy::OnInterrupt::Skip), the instance that next holds the
 //! task runs it once more, as attempt n + 1, right after the slot it was granted: at least once
 //! for interrupted runs, the fencing token telling the first attempt's writes from the next's.
 //!
@@ -13,55 +13,11 @@
 //! time does not go round the fleet for ever.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use crate::scheduling::history::{Outcome, RecordTrigger, RunOutcome, RunRecord};
-use crate::scheduling::task::CatchUp;
+use crate::scheduling::policy::CatchUp;
 use crate::store::token::FencingToken;
-
-/// What becomes of a run that was cut off: see the module documentation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OnInterrupt {
-    /// The next holder runs the slot again (the default).
-    #[default]
-    Rerun,
-    /// The slot is left as it ended.
-    Skip,
-}
-
-impl OnInterrupt {
-    /// `rerun` or `skip`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rerun => "rerun",
-            Self::Skip => "skip",
-        }
-    }
-}
-
-impl fmt::Display for OnInterrupt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for OnInterrupt {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "rerun" => Ok(Self::Rerun),
-            "skip" => Ok(Self::Skip),
-            other => Err(format!(
-                "`{}` is not an interrupt policy: use rerun or skip",
-                other.escape_debug()
-            )),
-        }
-    }
-}
 
 /// How long after it started a cut-off run is still run again when the task's catch-up policy
 /// gives no window (`skip`): a cut-off slot is not a missed one, so it is run again all the same.
@@ -188,6 +144,7 @@ fn was_cut_off(record: &RunRecord, held: FencingToken) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduling::policy::OnInterrupt;
 
     const MIN: u64 = 60_000;
     const NOW: u64 = 1_800_000_000_000;

@@ -35,10 +35,10 @@ use crate::scheduling::gate::{
     Decision, Gate, Reading, Skip, StoreClock, Ticket, TimerDecision, release_in_background,
 };
 use crate::scheduling::history::{HistoryWriter, MissReason, Outcome, RecordedSchedule, RunRecord};
-use crate::scheduling::interrupted::{self, OnInterrupt, Rerun};
-use crate::scheduling::policy::{NextAttempt, Overlap, RunPolicy};
+use crate::scheduling::interrupted::{self, Rerun};
+use crate::scheduling::policy::{CatchUp, NextAttempt, OnInterrupt, Overlap, RunPolicy};
 use crate::scheduling::schedule::Schedule;
-use crate::scheduling::task::{CatchUp, StoreDownPolicy, Trigger};
+use crate::scheduling::task::{StoreDownPolicy, Trigger};
 use crate::store::answers::SlotClaim;
 use crate::store::catalog::TriggerRequest;
 use crate::store::error::StoreError;

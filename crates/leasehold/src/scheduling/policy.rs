@@ -12,7 +12,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::scheduling::history::Outcome;
-use crate::scheduling::interrupted::OnInterrupt;
 use crate::scheduling::schedule::Schedule;
 use crate::store::name::LeaseName;
 
@@ -335,6 +334,100 @@ pub(crate) fn stable_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What becomes of a run that was cut off: see [`interrupted`](crate::scheduling::interrupted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnInterrupt {
+    /// The next holder runs the slot again (the default).
+    #[default]
+    Rerun,
+    /// The slot is left as it ended.
+    Skip,
+}
+
+impl OnInterrupt {
+    /// `rerun` or `skip`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rerun => "rerun",
+            Self::Skip => "skip",
+        }
+    }
+}
+
+impl fmt::Display for OnInterrupt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OnInterrupt {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "rerun" => Ok(Self::Rerun),
+            "skip" => Ok(Self::Skip),
+            other => Err(format!(
+                "`{}` is not an interrupt policy: use rerun or skip",
+                other.escape_debug()
+            )),
+        }
+    }
+}
+
+/// What happens to slots that no instance ran when they were due (a crashed leader's lease was
+/// running out, every instance was down, the store was down under fail-closed, a run
+/// overlapped). Checked by the instance that wins leadership (or, without a leader group, on
+/// start and when the store answers again), against the highest claimed slot on the store's
+/// clock. Catch-up runs are gated and claimed like timer runs, one at a time and in order; since
+/// slot claims only move forward, no slot runs twice, even when an old leader comes back.
+///
+/// Missed slots are recorded in the run history whatever the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CatchUp {
+    /// Missed slots are not run. The default for interval schedules: the next tick comes soon.
+    Skip,
+    /// The most recent missed slot runs once, if it is younger than `window`. The default for
+    /// cron schedules, with a one-hour window: a nightly job whose leader died a second before
+    /// it was due runs as soon as the next leader is elected.
+    Latest {
+        /// How old a missed slot may be and still run.
+        window: Duration,
+    },
+    /// Every missed slot younger than `window` runs, oldest first, at most `max` of them (the
+    /// newest ones).
+    All {
+        /// How old a missed slot may be and still run.
+        window: Duration,
+        /// The most slots one catch-up runs.
+        max: usize,
+    },
+}
+
+impl CatchUp {
+    /// `skip`, `latest` or `all`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::Latest { .. } => "latest",
+            Self::All { .. } => "all",
+        }
+    }
+
+    /// The default for a schedule: `Skip` for intervals, `Latest` within an hour for cron.
+    pub fn default_for(schedule: &Schedule) -> Self {
+        match schedule {
+            Schedule::Every(_) => Self::Skip,
+            #[cfg(feature = "cron")]
+            Schedule::Cron(_) => Self::Latest {
+                window: Duration::from_secs(3600),
+            },
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::guard::HeldProbe;
-use crate::scheduling::policy::{Backoff, RunPolicy};
+use crate::scheduling::policy::{Backoff, CatchUp, OnInterrupt, Overlap, RunPolicy};
 use crate::scheduling::schedule::Schedule;
 use crate::store::error::BoxError;
 use crate::store::name::{HolderId, LeaseName};
@@ -283,58 +283,6 @@ pub struct Task {
     pub(crate) job: Job,
 }
 
-/// What happens to slots that no instance ran when they were due (a crashed leader's lease was
-/// running out, every instance was down, the store was down under fail-closed, a run
-/// overlapped). Checked by the instance that wins leadership (or, without a leader group, on
-/// start and when the store answers again), against the highest claimed slot on the store's
-/// clock. Catch-up runs are gated and claimed like timer runs, one at a time and in order; since
-/// slot claims only move forward, no slot runs twice, even when an old leader comes back.
-///
-/// Missed slots are recorded in the run history whatever the policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CatchUp {
-    /// Missed slots are not run. The default for interval schedules: the next tick comes soon.
-    Skip,
-    /// The most recent missed slot runs once, if it is younger than `window`. The default for
-    /// cron schedules, with a one-hour window: a nightly job whose leader died a second before
-    /// it was due runs as soon as the next leader is elected.
-    Latest {
-        /// How old a missed slot may be and still run.
-        window: Duration,
-    },
-    /// Every missed slot younger than `window` runs, oldest first, at most `max` of them (the
-    /// newest ones).
-    All {
-        /// How old a missed slot may be and still run.
-        window: Duration,
-        /// The most slots one catch-up runs.
-        max: usize,
-    },
-}
-
-impl CatchUp {
-    /// `skip`, `latest` or `all`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Skip => "skip",
-            Self::Latest { .. } => "latest",
-            Self::All { .. } => "all",
-        }
-    }
-
-    /// The default for a schedule: `Skip` for intervals, `Latest` within an hour for cron.
-    pub fn default_for(schedule: &Schedule) -> Self {
-        match schedule {
-            Schedule::Every(_) => Self::Skip,
-            #[cfg(feature = "cron")]
-            Schedule::Cron(_) => Self::Latest {
-                window: Duration::from_secs(3600),
-            },
-        }
-    }
-}
-
 impl fmt::Debug for Task {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Task")
@@ -450,7 +398,7 @@ impl Task {
     /// lease or leadership lost, shutdown's grace period run out): by default the next instance
     /// to hold the task runs its slot again, with [`Trigger::Retry`] and the next attempt
     /// number ([`OnInterrupt`](crate::OnInterrupt)).
-    pub fn on_interrupt(mut self, on_interrupt: crate::OnInterrupt) -> Self {
+    pub fn on_interrupt(mut self, on_interrupt: OnInterrupt) -> Self {
         self.run_policy = self.run_policy.on_interrupt(on_interrupt);
         self
     }
@@ -472,7 +420,7 @@ impl Task {
     /// .overlap(Overlap::BufferOne); // a slow sync is followed by one more, never two at once
     /// # Ok(()) }
     /// ```
-    pub fn overlap(mut self, overlap: crate::Overlap) -> Self {
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
         self.run_policy = self.run_policy.overlap(overlap);
         self
     }

@@ -21,14 +21,14 @@ use crate::scheduling::history::{
     HistoryWriter, MissReason, Outcome, RecordTrigger, RecordedSchedule, RetryNote, RunOutcome,
     RunRecord, RunRequest,
 };
-use crate::scheduling::interrupted::{OnInterrupt, Rerun};
+use crate::scheduling::interrupted::Rerun;
 use crate::scheduling::lifecycle::{
     Fired, Overlapping, RunsPerFiring, TaskPlan, TaskTicks, Timer, record_run_end,
 };
 use crate::scheduling::placement::{Placement, View};
-use crate::scheduling::policy::{NextAttempt, Overlap};
+use crate::scheduling::policy::{CatchUp, NextAttempt, OnInterrupt, Overlap};
 use crate::scheduling::task::{
-    CatchUp, RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger,
+    RunResult, StoreDownPolicy, Task, TaskContext, TickOutcome, Trigger,
 };
 use crate::store::catalog::{Control, Versioned};
 use crate::store::error::StoreError;

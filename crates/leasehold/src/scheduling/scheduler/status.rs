@@ -3,7 +3,8 @@
 
 use crate::lease::config::ConfigError;
 use crate::lease::guard::LeaseError;
-use crate::scheduling::task::{CatchUp, StoreDownPolicy, TickOutcome};
+use crate::scheduling::policy::CatchUp;
+use crate::scheduling::task::{StoreDownPolicy, TickOutcome};
 use crate::store::capabilities::Capabilities;
 use crate::store::error::StoreError;
 use crate::store::name::{HolderId, LeaseName};
