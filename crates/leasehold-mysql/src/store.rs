@@ -9,7 +9,7 @@ use leasehold::StoreError;
 use leasehold::catalog::{Forgetting, Registration};
 use leasehold::store::{Operation as Op, ReleaseSubscription, StoreResult, within};
 use leasehold::{HolderId, LeaseName};
-use leasehold_sql::lazy::{self, Failure, Readiness};
+use leasehold_sql::lazy::{self, Readiness};
 use leasehold_sql::store::{
     Arg, Attempt, ControlColumns, LeaseRow, Renewed, Rows, SlotRow, Statement, TaskRow,
     control_columns, forgetting,
@@ -309,16 +309,7 @@ impl MySql {
             url.clone(),
             max_delay,
             attempt,
-            move |e| match e {
-                Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
-                Error::MissingDatabase { source, .. } => Failure::Refused(source),
-                e if !e.is_transient() => {
-                    let reason = Causes(&e).to_string();
-                    tracing::error!(url = %url, error = %reason, "mysql store unusable; every operation will be refused");
-                    Failure::Unusable(reason)
-                }
-                e => Failure::Unreachable(Causes(&e).to_string()),
-            },
+            lazy::judge("mysql", url),
         );
         Ok(SqlStore::connecting(dialect, task))
     }

@@ -9,7 +9,7 @@ use leasehold::catalog::{Forgetting, Registration};
 pub(crate) use leasehold::store::Operation as Op;
 use leasehold::store::{ReleaseFeed, ReleaseSubscription, StoreResult, within};
 use leasehold::{HolderId, LeaseName, StoreError};
-use leasehold_sql::lazy::{self, Failure, Readiness};
+use leasehold_sql::lazy::{self, Readiness};
 use leasehold_sql::store::{
     Arg, Attempt, ControlColumns, LeaseRow, Renewed, Rows, SlotRow, Statement, TaskRow,
     control_columns, forgetting, no_row,
@@ -21,7 +21,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use crate::config::{PgConfig, Tls};
-use crate::error::{Error, PgSetupError, Result};
+use crate::error::{PgSetupError, Result};
 use crate::listener;
 
 mod migration;
@@ -175,19 +175,7 @@ impl Postgres {
             url.clone(),
             max_delay,
             attempt,
-            move |e| match e {
-                Error::TooOld { source, .. } => {
-                    tracing::error!(url = %url, error = %source, "every operation will be refused");
-                    Failure::Unusable(source.to_string())
-                }
-                Error::Migrate { source, .. } if !source.is_transient() => {
-                    tracing::error!(url = %url, error = %source, "postgres refused the migration; every operation will be refused");
-                    Failure::Unusable(format!("migration refused: {source}"))
-                }
-                Error::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
-                Error::MissingDatabase { source, .. } => Failure::Refused(source),
-                e => Failure::Unreachable(Causes(&e).to_string()),
-            },
+            lazy::judge("postgres", url),
         );
         Ok(SqlStore::connecting(dialect, task))
     }

@@ -6,9 +6,11 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use leasehold::StoreError;
-use leasehold::store::{Operation, StoreResult};
+use leasehold::store::{Operation, SetupError, StoreResult, StoreSetupError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use crate::Causes;
 
 /// How far a lazily connecting store has got. Operations wait while the first attempt is
 /// under way ([`check`]).
@@ -129,6 +131,26 @@ where
             delay = (delay * 2).min(max_delay);
         }
     })
+}
+
+/// How [`spawn`]'s loop acts on a SQL store's failed setup: a refused connection or a missing
+/// database is `Refused` (a fix on the server is picked up); any other error that waiting cannot
+/// mend (a refused migration, tables it cannot use, a newer release's data) is `Unusable`,
+/// logged once; the rest is `Unreachable`.
+pub fn judge<E: StoreSetupError>(
+    server: &'static str,
+    url: String,
+) -> impl FnMut(SetupError<E>) -> Failure + Send + 'static {
+    move |e| match e {
+        SetupError::Connect { source, .. } if !source.is_transient() => Failure::Refused(source),
+        SetupError::MissingDatabase { source, .. } => Failure::Refused(source),
+        e if !e.is_transient() => {
+            let reason = Causes(&e).to_string();
+            tracing::error!(url = %url, error = %reason, "{server} store unusable; every operation will be refused");
+            Failure::Unusable(reason)
+        }
+        e => Failure::Unreachable(Causes(&e).to_string()),
+    }
 }
 
 /// The [`Readiness`] channel of a store about to connect in the background: `Connecting`
