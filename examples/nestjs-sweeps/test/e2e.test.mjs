@@ -202,6 +202,7 @@ test("3 replicas + 3 sidecars on one Redis: one sweep per slot through SIGTERM, 
       report[worker] = {
         nextAfterSigterm: { slot: next.slot, replica: next.replica, lateMs: next.start - next.slot, afterExitMs: next.start - appExited },
         missedAfterSigkill: afterKill.length,
+        rerunAfterSigkill: starts(lines, worker).filter((l) => l.trigger === "retry").map((l) => l.slot),
         firstAfterSigkillMs: firstAfterKill - t2,
         firstAfterRedisBackMs: Math.min(...resumed.map((l) => l.start)) - t4,
       };
