@@ -11,39 +11,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::*;
 use serde_json::Value;
 
-fn history(url: &str, task: &str) -> Vec<Value> {
-    json_of(&["history", "--store", url, task, "--json", "--limit", "200"])["runs"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
 fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-/// The instances are listed live in the catalog (at most 20 s).
-fn wait_for_two_live(url: &str, task: &str) {
-    for _ in 0..100 {
-        let out = leasehold(&["status", "--store", url, "--json"]);
-        if code(&out) == 0 {
-            let status: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let live = status["tasks"].as_array().unwrap().iter().any(|t| {
-                t["name"] == task
-                    && t["instances"]
-                        .as_array()
-                        .is_some_and(|i| i.iter().filter(|i| i["live"] == true).count() == 2)
-            });
-            if live {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("{task}: two live instances not listed");
 }
 
 /// Refused with `code` and one line on stderr containing `says`.
@@ -60,14 +32,8 @@ fn backfill_on(url: &str) {
     let ledger = ledger_in(dir.path());
     let lease = unique("backfill");
     let task = format!("{lease}:run");
-    let args = [
-        "--store", url, "--lease", &lease, "--every", "1s", "--ttl", "3s",
-    ];
-    let instances: Vec<Instance> = ["i1", "i2"]
-        .iter()
-        .map(|name| Instance::start(name, &args, &ledger, "20ms", dir.path()))
-        .collect();
-    wait_for_two_live(url, &task);
+    let instances = two_every_second(url, &lease, &ledger, dir.path());
+    task_when(url, &task, "two live instances", two_live);
     // Ten slots from a minute before the instances started: none ran.
     let to_ms = (wall_ms() - 60_000) / 1000 * 1000;
     let from_ms = to_ms - 9_000;

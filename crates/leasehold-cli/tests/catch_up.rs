@@ -20,14 +20,6 @@ fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{tag}-{:08x}", nanos ^ std::process::id())
-}
-
 async fn leader(store: &BoxStore, lease: &str) -> Option<String> {
     let state = store
         .inspect(&LeaseName::new(lease).unwrap())

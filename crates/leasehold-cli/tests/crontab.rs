@@ -73,10 +73,6 @@ fn now_ns() -> u128 {
         .as_nanos()
 }
 
-fn unique(tag: &str) -> String {
-    format!("{tag}-{}-{}", std::process::id(), now_ns() % 1_000_000_007)
-}
-
 /// The marker script each line runs: `mark.sh LINE EXIT SLEEP` appends a start line, sleeps,
 /// appends an end line and exits with EXIT.
 fn mark_script(dir: &Path) -> String {

@@ -7,53 +7,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::sidecar::Sidecar;
 use common::*;
-use leasehold_testkit::free_port;
 use serde_json::{Value, json};
-
-/// `status --store URL --json`'s entry for `task` once `check` holds for it (at most 20 s); a
-/// SQLite store the instances have not created yet (exit 66) is waited for too.
-fn task_when(url: &str, task: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let args = ["status", "--store", url, "--json"];
-        if code(&leasehold(&args)) == 66 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(200));
-            continue;
-        }
-        let status = json_of(&args);
-        let found = status["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["name"] == task)
-            .cloned();
-        if let Some(t) = found.filter(|t| check(t)) {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{task}: {what}: {status}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn history(url: &str, task: &str) -> Vec<Value> {
-    json_of(&["history", "--store", url, task, "--json", "--limit", "100"])["runs"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
-fn two_live(task: &Value) -> bool {
-    let instances = task["instances"].as_array().unwrap();
-    instances.iter().filter(|i| i["live"] == true).count() == 2
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), free_port())
-}
 
 /// Two `leasehold run --every 1s` instances: status lists the task with both and its group's
 /// leader; pause stops the runs and records the paused slots; resume and trigger --wait run
@@ -63,13 +21,7 @@ fn run_task(url: &str) {
     let ledger = ledger_in(dir.path());
     let lease = unique("ctl");
     let task = format!("{lease}:run");
-    let args = [
-        "--store", url, "--lease", &lease, "--every", "1s", "--ttl", "3s",
-    ];
-    let instances: Vec<Instance> = ["i1", "i2"]
-        .iter()
-        .map(|name| Instance::start(name, &args, &ledger, "20ms", dir.path()))
-        .collect();
+    let instances = two_every_second(url, &lease, &ledger, dir.path());
     let listed = task_when(url, &task, "two live instances", two_live);
     assert_eq!(listed["definition"]["source"], "run", "{listed}");
     assert_eq!(listed["definition"]["leader_group"], lease.as_str());

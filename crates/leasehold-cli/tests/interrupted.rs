@@ -30,11 +30,6 @@ async fn next_run_starts(
     }
 }
 
-fn history(url: &str, lease: &str) -> Vec<serde_json::Value> {
-    let doc = json_of(&["history", "--store", url, lease, "--json", "--limit", "100"]);
-    doc["runs"].as_array().unwrap().clone()
-}
-
 fn token_of(record: &serde_json::Value) -> Option<u64> {
     let token = &record["token"];
     token

@@ -14,14 +14,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use leasehold_testkit::free_port;
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{tag}-{:08x}", nanos ^ std::process::id())
-}
-
 /// `GET /metrics` on `port`, `None` until something answers.
 fn scrape(port: u16) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;

@@ -9,16 +9,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sidecar::{Sidecar, exchange, http};
-use common::{BIN, temp_dir};
-use leasehold_testkit::free_port;
+use common::{BIN, temp_dir, unique};
 use serde_json::{Value, json};
 
 fn redis_url() -> String {
     std::env::var("LEASEHOLD_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), free_port())
 }
 
 #[test]

@@ -52,14 +52,6 @@ fn previous_version() -> String {
         .expect("CHANGELOG.md names a released commit")
 }
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{tag}-{:08x}", nanos ^ std::process::id())
-}
-
 fn leasehold(program: &Path, args: &[&str]) -> Output {
     Command::new(program).args(args).output().unwrap()
 }

@@ -552,7 +552,7 @@ impl PgConfig {
     /// permission) makes every operation answer `Rejected` for good. Operations wait for the
     /// first attempt to end (within their timeout), so the first answer already tells a refusal
     /// from an outage. Fails only on settings or a URL that can never work, or outside a Tokio
-    /// runtime; never with [`Error::Connect`].
+    /// runtime; never with [`Error::Connect`](crate::Error::Connect).
     pub fn connect_lazy(self) -> Result<PgStore> {
         Postgres::connect_lazy(self)
     }

@@ -315,3 +315,60 @@ macro_rules! on_sqlite_and_redis {
 
 #[allow(unused_imports)]
 pub(crate) use on_sqlite_and_redis;
+
+/// `history --json` of `task`: its runs, newest first (at most 1000).
+pub fn history(url: &str, task: &str) -> Vec<serde_json::Value> {
+    let doc = json_of(&["history", "--store", url, task, "--json", "--limit", "1000"]);
+    doc["runs"].as_array().unwrap().clone()
+}
+
+/// Two `leasehold run --every 1s --ttl 3s` instances of `lease`, `i1` and `i2`, each running the
+/// witness into `ledger` (20 ms of work).
+pub fn two_every_second(url: &str, lease: &str, ledger: &Path, dir: &Path) -> Vec<Instance> {
+    let args = [
+        "--store", url, "--lease", lease, "--every", "1s", "--ttl", "3s",
+    ];
+    ["i1", "i2"]
+        .iter()
+        .map(|name| Instance::start(name, &args, ledger, "20ms", dir))
+        .collect()
+}
+
+/// `status --store URL --json`'s entry for `task` once `check` holds for it (at most 20 s); a
+/// SQLite store the instances have not created yet (exit 66) is waited for too.
+pub fn task_when(
+    url: &str,
+    task: &str,
+    what: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let args = ["status", "--store", url, "--json"];
+        if code(&leasehold(&args)) == 66 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let status = json_of(&args);
+        let found = status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == task)
+            .cloned();
+        if let Some(t) = found.filter(|t| check(t)) {
+            return t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{task}: {what}: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Whether a `status --json` task entry lists two live instances.
+pub fn two_live(task: &serde_json::Value) -> bool {
+    let instances = task["instances"].as_array().unwrap();
+    instances.iter().filter(|i| i["live"] == true).count() == 2
+}
