@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use leasehold::{
     HolderId, LeaseConfig, LeaseName, Schedule, Scheduler, StoreDownPolicy, Task, TaskContext,
-    Trigger,
 };
 
 #[derive(clap::Parser)]
@@ -97,12 +96,12 @@ async fn replica(o: ReplicaOptions) -> Result<(), Box<dyn std::error::Error>> {
             LeaseName::new(task_name(&run, i))?,
             Schedule::every(o.common.every)?,
             move |ctx: TaskContext| async move {
-                let trigger = match ctx.trigger {
-                    Trigger::Timer => "timer",
-                    Trigger::CatchUp => "catch-up",
-                    _ => "manual",
-                };
-                say(format!("ran {i} {} {trigger}", ctx.slot.unwrap_or(0)));
+                say(format!(
+                    "ran {i} {} {} {}",
+                    ctx.slot.unwrap_or(0),
+                    ctx.trigger.as_str(),
+                    ctx.attempt
+                ));
                 Ok::<(), std::io::Error>(())
             },
         );
@@ -155,8 +154,8 @@ struct Line {
 struct Seen {
     owned: Vec<BTreeSet<usize>>,
     members: Vec<usize>,
-    /// (task, slot) -> replicas that ran it.
-    runs: BTreeMap<(usize, u64), Vec<usize>>,
+    /// (task, slot) -> the runs of it: (replica, trigger, attempt).
+    runs: BTreeMap<(usize, u64), Vec<(usize, String, u32)>>,
 }
 
 impl Seen {
@@ -173,12 +172,14 @@ impl Seen {
             (Some("members"), Some(n), _, _) => {
                 self.members[line.replica] = n.parse().unwrap_or(0);
             }
-            (Some("ran"), Some(task), Some(slot), _) => {
+            (Some("ran"), Some(task), Some(slot), Some(trigger)) => {
+                let attempt = words.next().and_then(|a| a.parse().ok()).unwrap_or(1);
                 if let (Ok(task), Ok(slot)) = (task.parse(), slot.parse()) {
-                    self.runs
-                        .entry((task, slot))
-                        .or_default()
-                        .push(line.replica);
+                    self.runs.entry((task, slot)).or_default().push((
+                        line.replica,
+                        trigger.to_owned(),
+                        attempt,
+                    ));
                 }
             }
             _ => {}
@@ -396,9 +397,24 @@ fn bench(o: BenchOptions) -> Result<bool, Box<dyn std::error::Error>> {
             moved.len()
         ),
     }
-    let duplicates = seen.runs.values().filter(|r| r.len() > 1).count();
+    // A slot whose run the SIGKILL cut off (started on the victim, its end never recorded) is
+    // run again by the next holder as attempt 2, trigger retry: at least once for cut-off runs.
+    // Any other second run of a slot is a duplicate.
+    let rerun = |runs: &[(usize, String, u32)]| {
+        runs.len() == 2
+            && runs[0].0 == victim
+            && runs[1].0 != victim
+            && runs[1].1 == "retry"
+            && runs[1].2 > 1
+    };
+    let duplicates = seen
+        .runs
+        .values()
+        .filter(|r| r.len() > 1 && !rerun(r))
+        .count();
+    let reruns = seen.runs.values().filter(|r| rerun(r)).count();
     println!(
-        "slots run twice: {duplicates} (of {} slots run)",
+        "slots run twice: {duplicates} (of {} slots run; cut off by the SIGKILL and run again: {reruns})",
         seen.runs.len()
     );
     let ok = duplicates == 0 && first_run.len() == moved.len() && view_changed.is_some();
