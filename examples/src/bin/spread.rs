@@ -154,8 +154,15 @@ struct Line {
 struct Seen {
     owned: Vec<BTreeSet<usize>>,
     members: Vec<usize>,
-    /// (task, slot) -> the runs of it: (replica, trigger, attempt).
-    runs: BTreeMap<(usize, u64), Vec<(usize, String, u32)>>,
+    /// (task, slot) -> the runs of it.
+    runs: BTreeMap<(usize, u64), Vec<SlotRun>>,
+}
+
+/// One run of a slot: the replica that ran it, its trigger and attempt.
+struct SlotRun {
+    replica: usize,
+    trigger: String,
+    attempt: u32,
 }
 
 impl Seen {
@@ -175,11 +182,11 @@ impl Seen {
             (Some("ran"), Some(task), Some(slot), Some(trigger)) => {
                 let attempt = words.next().and_then(|a| a.parse().ok()).unwrap_or(1);
                 if let (Ok(task), Ok(slot)) = (task.parse(), slot.parse()) {
-                    self.runs.entry((task, slot)).or_default().push((
-                        line.replica,
-                        trigger.to_owned(),
+                    self.runs.entry((task, slot)).or_default().push(SlotRun {
+                        replica: line.replica,
+                        trigger: trigger.to_owned(),
                         attempt,
-                    ));
+                    });
                 }
             }
             _ => {}
@@ -400,12 +407,12 @@ fn bench(o: BenchOptions) -> Result<bool, Box<dyn std::error::Error>> {
     // A slot whose run the SIGKILL cut off (started on the victim, its end never recorded) is
     // run again by the next holder as attempt 2, trigger retry: at least once for cut-off runs.
     // Any other second run of a slot is a duplicate.
-    let rerun = |runs: &[(usize, String, u32)]| {
-        runs.len() == 2
-            && runs[0].0 == victim
-            && runs[1].0 != victim
-            && runs[1].1 == "retry"
-            && runs[1].2 > 1
+    let rerun = |runs: &[SlotRun]| {
+        let [first, again] = runs else { return false };
+        first.replica == victim
+            && again.replica != victim
+            && again.trigger == "retry"
+            && again.attempt > 1
     };
     let duplicates = seen
         .runs
