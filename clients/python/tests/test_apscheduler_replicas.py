@@ -82,14 +82,17 @@ def test_three_replicas_one_sweep_per_slot_through_sigterm_and_sigkill(
     assert following["replica"] != leaving.name
     assert following["at"] * 1000 - following["slot"] < 1000, following
     for job, task in JOBS.items():
-        assert_once_per_slot(lines, job)
+        assert_once_per_slot(lines, job, killed.name)
         # Every sweep ended, but the one on the SIGKILLed replica.
         for start in starts(lines, job):
             if start["replica"] == killed.name and start["at"] > t2 - 1:
                 continue
             if start["at"] > t3 - 1:
                 continue
-            assert any(e["slot"] == start["slot"] for e in ends(lines, job)), start
+            assert any(
+                e["slot"] == start["slot"] and e["token"] == start["token"]
+                for e in ends(lines, job)
+            ), start
         # Normal operation and the SIGTERM handover: nothing missed.
         assert missing(lines, job, t0, t2 - 1) == [], f"{job}: missed before the kill"
         # Nothing started on the SIGTERMed replica once it had exited.
@@ -101,10 +104,9 @@ def test_three_replicas_one_sweep_per_slot_through_sigterm_and_sigkill(
         # Then steady again.
         assert missing(lines, job, t2 + TTL + 1.5, t3 - 1) == []
         # Every sweep that ended is in the run history as ok, with its token and replica.
-        recorded = {h["slot"]: h for h in settled_history(store, task)}
+        recorded = {(h["slot"], str(h.get("token"))): h for h in settled_history(store, task)}
         for end in ends(lines, job):
-            entry = recorded[end["slot"]]
+            entry = recorded[(end["slot"], end["token"])]
             assert entry["outcome"] == "ok", entry
-            assert entry["token"] == end["token"]
             # INSTANCE@SIDECAR#N: the app's instance, through its replica's sidecar.
             assert entry["holder"].split("#")[0].split("@")[-1] == end["replica"], entry

@@ -12,7 +12,7 @@ import time
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from leasehold_client import Client
+from leasehold_client import Client, Run
 from leasehold_client.apscheduler import LeaseholdExecutor, current_run
 from tests.replicas import ledger
 
@@ -25,7 +25,16 @@ TTL = float(os.environ.get("TTL_SECONDS", "3"))
 def sweep(job: str) -> None:
     run = current_run()
     assert run is not None
-    line = {"job": job, "slot": run.slot, "token": str(run.token), "replica": REPLICA}
+    # A slot whose run was cut off (its replica SIGKILLed) runs again as `retry`, attempt 2.
+    trigger, attempt = (run.trigger, run.attempt) if isinstance(run, Run) else ("ungated", 1)
+    line = {
+        "job": job,
+        "slot": run.slot,
+        "token": str(run.token),
+        "trigger": trigger,
+        "attempt": attempt,
+        "replica": REPLICA,
+    }
     ledger.write(LEDGER, phase="start", **line)
     time.sleep(WORK)
     run.check()
