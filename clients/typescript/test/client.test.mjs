@@ -115,13 +115,21 @@ test("one run per slot across two sidecars ticking at the same moment, and done 
 });
 
 test("a cron schedule in a time zone: one run per slot, the history carries the zone", async () => {
+  // A daily slot 9 to 13 hours ago in Berlin (a tick within an hour of its slot is on time),
+  // never at 01:00-03:59, where a DST change can drop or double a slot.
+  const berlinHour = Number(
+    new Intl.DateTimeFormat("en-GB", { timeZone: "Europe/Berlin", hour: "2-digit", hourCycle: "h23" }).format(new Date()),
+  );
+  let hour = (berlinHour + 12) % 24;
+  if (hour >= 1 && hour <= 3) hour += 3;
+  const cron = `0 ${hour} * * *`;
   // The first tick of a daily task comes hours after its latest slot: that slot runs only
   // within the catch-up window (an hour by default), so a day's window here.
-  const late = await ca.tick("ts-nightly", { cron: "0 3 * * *", timeZone: "Europe/Berlin", catchUpWindowMs: 1 });
+  const late = await ca.tick("ts-nightly", { cron, timeZone: "Europe/Berlin", catchUpWindowMs: 1 });
   assert.equal(late.run, false, JSON.stringify(late));
   assert.equal(late.reason, "not-due");
   assert.ok(late.startsInMs > 0 && late.startsInMs <= 86_400_000, JSON.stringify(late));
-  const schedule = { cron: "0 3 * * *", timeZone: "Europe/Berlin", catchUpWindowMs: 86_400_000 };
+  const schedule = { cron, timeZone: "Europe/Berlin", catchUpWindowMs: 86_400_000 };
   let trigger;
   const results = await Promise.all(
     [ca, cb].map((c) => c.gate("ts-nightly", schedule, async (run) => { trigger = run.trigger; await sleep(30); })),
@@ -131,14 +139,15 @@ test("a cron schedule in a time zone: one run per slot, the history carries the 
   assert.ok(results.every((r) => ["ran", "already-run", "busy", "not-due"].includes(r)), JSON.stringify(results));
   assert.equal(trigger, "catch-up", "a slot run late says so");
   const [run] = JSON.parse(execFileSync(BIN, ["history", "--store", store, "ts-nightly", "--json"]).toString()).runs;
-  assert.deepEqual(run.schedule, { cron: "CRON_TZ=Europe/Berlin 0 3 * * *" });
-  // The slot is the latest 03:00 in Berlin: `leasehold next` after the day before names it.
+  assert.deepEqual(run.schedule, { cron: `CRON_TZ=Europe/Berlin ${cron}` });
+  // The slot is the latest HOUR:00 in Berlin: `leasehold next` after the day before names it.
   const next = JSON.parse(
-    execFileSync(BIN, ["next", "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--json", "-n", "2", "--after",
+    execFileSync(BIN, ["next", "--cron", cron, "--tz", "Europe/Berlin", "--json", "-n", "2", "--after",
       new Date(run.slot - 86_400_000 - 1000).toISOString()]).toString(),
   );
   assert.ok(next.firings.some((f) => f.slot_ms === run.slot), JSON.stringify({ run, next }));
-  assert.match(next.firings.find((f) => f.slot_ms === run.slot).local, /T03:00:00\+0[12]:00$/);
+  const local = new RegExp(`T${String(hour).padStart(2, "0")}:00:00\\+0[12]:00$`);
+  assert.match(next.firings.find((f) => f.slot_ms === run.slot).local, local);
 });
 
 test("a failed job is recorded failed with its error", async () => {
